@@ -1,0 +1,21 @@
+// Small pieces several subcommands share.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "lockstep/train/evaluate.h"
+
+namespace lockstep::cli {
+
+// Adds --threads; apply_threads() then sets torch's intra-op thread count (0 = all cores).
+void add_threads_option(CLI::App& cmd, int& threads);
+void apply_threads(int threads);
+
+bool stdout_is_terminal();
+
+// "mse 0.00612  psnr 22.13 dB  codes used 812/1000 (81.2%)  perplexity 530.2"
+std::string format_eval(const train::EvalResult& r);
+
+}  // namespace lockstep::cli

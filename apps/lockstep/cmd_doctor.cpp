@@ -1,0 +1,210 @@
+// `lockstep doctor`: what this machine is, how fast it multiplies and streams memory, and what to
+// fix before training. It reports; it never fails because of what it finds.
+#include <ATen/Parallel.h>
+#include <strings.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "blas_env.h"
+#include "commands.h"
+#include "lockstep/config_build.h"
+#include "lockstep/core/machine.h"
+#include "lockstep/data/image_set.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct DoctorOptions {
+  int threads = 0;  // 0: one per logical core
+  std::string data_dir = data::kFashionMnistDefaultDir;
+  bool quick = false;
+};
+
+// Below this per-thread rate the BLAS is misconfigured: OpenBLAS on its Prescott kernels gives
+// ~30 here, the right kernels 100-165, and any AVX2 core of the last decade exceeds 40.
+constexpr double kMinSgemmGflopsPerThread = 40.0;
+constexpr int64_t kSgemmN = 1024;
+// Triad arrays far above the 260 MB L3 of this Xeon generation: 3 x 64M floats is 768 MB. Here
+// 3 x 8M floats still ran at L3 speed (26 GB/s) and 3 x 16M at DRAM speed (13 GB/s).
+constexpr int64_t kTriadElements = int64_t{64} << 20;
+constexpr int64_t kTriadElementsQuick = int64_t{32} << 20;
+// Seconds per measurement: a full run stays under ~5 s, --quick under ~1.5 s with the re-exec.
+constexpr double kSgemmSeconds = 1.0, kSgemmSecondsQuick = 0.1;
+constexpr double kTriadSeconds = 0.8, kTriadSecondsQuick = 0.1;
+
+std::string fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
+}
+
+std::string with_threads(int n) { return " with " + std::to_string(n) + (n == 1 ? " thread" : " threads"); }
+
+std::string cpu_features(const CpuInfo& cpu) {
+  const std::pair<const char*, bool> flags[] = {{"avx2", cpu.avx2},
+                                                {"fma", cpu.fma},
+                                                {"avx512f", cpu.avx512f},
+                                                {"avx512bw", cpu.avx512bw},
+                                                {"avx512vl", cpu.avx512vl},
+                                                {"avx512dq", cpu.avx512dq},
+                                                {"avx512_bf16", cpu.avx512_bf16}};
+  std::string have, lack;
+  for (const auto& [name, on] : flags) {
+    std::string& list = on ? have : lack;
+    list += std::string(list.empty() ? "" : " ") + name;
+  }
+  if (have.empty()) have = "none of avx2/fma/avx512";
+  return lack.empty() ? have : have + " (no " + lack + ")";
+}
+
+std::string nccl_status() {
+#if LOCKSTEP_HAVE_CUDA
+  if (torch::cuda::is_available()) {
+    return "available (" + std::to_string(torch::cuda::device_count()) + " CUDA devices)";
+  }
+  return "CUDA build, but no CUDA device is visible";
+#else
+  return "not in this LibTorch build";
+#endif
+}
+
+// Everything the doctor found out, gathered before anything is printed.
+struct Findings {
+  CpuInfo cpu;
+  BlasInfo blas;
+  std::string recommended_core;  // "" when OpenBLAS's own choice is fine
+  std::string core_by_lockstep;  // the OPENBLAS_CORETYPE a re-exec set, else ""
+  const char* core_env = nullptr;
+  int threads = 1;
+  bool threads_from_flag = false;
+  double sgemm_gflops = 0;
+  double triad_gbs = 0;
+  FashionMnistStatus data;
+};
+
+Findings examine(const DoctorOptions& opt) {
+  Findings f;
+  f.cpu = detect_cpu();
+  f.threads = opt.threads > 0 ? opt.threads : f.cpu.logical_cores;
+  f.threads_from_flag = opt.threads > 0;
+  at::set_num_threads(f.threads);
+  // Measure before asking the BLAS its thread count: OpenMP OpenBLAS adopts it at its next call.
+  f.sgemm_gflops = measure_sgemm_gflops(kSgemmN, opt.quick ? kSgemmSecondsQuick : kSgemmSeconds);
+  f.triad_gbs = measure_triad_bandwidth_gbs(opt.quick ? kTriadElementsQuick : kTriadElements,
+                                            opt.quick ? kTriadSecondsQuick : kTriadSeconds);
+  f.blas = detect_blas();
+  f.recommended_core = recommended_openblas_coretype(f.cpu);
+  f.core_by_lockstep = coretype_set_by_lockstep();
+  f.core_env = std::getenv(kCoretypeEnv);
+  f.data = locate_fashion_mnist(opt.data_dir);
+  return f;
+}
+
+std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) {
+  const auto& cpu = f.cpu;
+  const auto& blas = f.blas;
+  std::vector<std::pair<std::string, std::string>> rows;
+  rows.emplace_back("lockstep", LOCKSTEP_VERSION);
+  rows.emplace_back("LibTorch", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                                    std::to_string(TORCH_VERSION_PATCH));
+  rows.emplace_back("CPU", cpu.model_name + " (" + cpu.vendor + " family " + std::to_string(cpu.family) + " model " +
+                               std::to_string(cpu.model) + ", " + std::to_string(cpu.logical_cores) +
+                               " logical cores)");
+  rows.emplace_back("CPU features", cpu_features(cpu));
+  rows.emplace_back("BLAS library", blas.library_path.empty() ? "none found loaded" : blas.library_path);
+  rows.emplace_back("BLAS vendor", blas.config.empty() ? blas.vendor : blas.vendor + " (" + blas.config + ")");
+  if (blas.vendor == "OpenBLAS") {
+    const std::string want = f.recommended_core;
+    rows.emplace_back("BLAS core", blas.core + (want.empty() ? "" : " (recommended for this CPU: " + want + ")"));
+    rows.emplace_back(kCoretypeEnv, !f.core_by_lockstep.empty()
+                                        ? f.core_by_lockstep + " (set by lockstep, which re-executed itself)"
+                                    : f.core_env ? std::string(f.core_env) + " (from the environment)"
+                                                 : std::string("unset"));
+  }
+  rows.emplace_back("BLAS threads", blas.threads > 0 ? std::to_string(blas.threads) : "unknown");
+  rows.emplace_back("intra-op threads", std::to_string(at::get_num_threads()) +
+                                            (f.threads_from_flag ? " (--threads)" : " (one per logical core)"));
+  rows.emplace_back("sgemm n=" + std::to_string(kSgemmN), fixed(f.sgemm_gflops, 1) + " GFLOP/s" +
+                                                              with_threads(f.threads) + " (" +
+                                                              fixed(f.sgemm_gflops / f.threads, 1) + " per thread)");
+  rows.emplace_back("triad bandwidth", fixed(f.triad_gbs, 1) + " GB/s" + with_threads(f.threads));
+  rows.emplace_back("Gloo backend", LOCKSTEP_HAVE_GLOO ? "available" : "not built (install libgloo-dev, rebuild)");
+  rows.emplace_back("NCCL backend", nccl_status());
+  rows.emplace_back("Fashion-MNIST", f.data.found ? "found in " + f.data.dir
+                                                  : "missing (" + std::to_string(f.data.missing_files.size()) +
+                                                        " of 4 files absent from " + f.data.dir + ")");
+  return rows;
+}
+
+std::vector<std::string> report_warnings(const Findings& f) {
+  std::vector<std::string> warnings;
+  const auto& blas = f.blas;
+  if (blas.vendor == "reference") {
+    warnings.push_back("BLAS is the reference implementation (~4 GFLOP/s): install libopenblas0-openmp");
+  }
+  if (blas.vendor == "OpenBLAS" && f.core_env && strcasecmp(f.core_env, blas.core.c_str()) != 0) {
+    warnings.push_back(std::string("OPENBLAS_CORETYPE is ") + f.core_env + " but OpenBLAS runs its " + blas.core +
+                       " kernels: this OpenBLAS does not know that name");
+  } else if (blas.vendor == "OpenBLAS" && !f.core_env && !f.recommended_core.empty() &&
+             strcasecmp(f.recommended_core.c_str(), blas.core.c_str()) != 0) {
+    warnings.push_back("OpenBLAS chose its " + blas.core + " kernels; this CPU should use " + f.recommended_core +
+                       ": export OPENBLAS_CORETYPE=" + f.recommended_core + " (or unset LOCKSTEP_NO_REEXEC)");
+  }
+  const double per_thread = f.sgemm_gflops / f.threads;
+  if (!std::isfinite(per_thread) || per_thread < kMinSgemmGflopsPerThread) {
+    warnings.push_back("sgemm reached only " + fixed(per_thread, 1) +
+                       " GFLOP/s per thread; expected >= " + fixed(kMinSgemmGflopsPerThread, 0) +
+                       " on a modern x86-64 core: check OPENBLAS_CORETYPE and that the machine is idle");
+  }
+  if (!f.data.found) {
+    warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +
+                       ": install it with `apt-get install dataset-fashion-mnist` (or scripts/install-deps), "
+                       "or pass --data DIR");
+  }
+  return warnings;
+}
+
+int run_doctor(const DoctorOptions& opt) {
+  const Findings findings = examine(opt);
+  const auto rows = report_rows(findings);
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  for (const auto& [label, value] : rows) {
+    std::cout << std::left << std::setw(static_cast<int>(width) + 2) << label << value << "\n";
+  }
+  const auto warnings = report_warnings(findings);
+  for (const auto& w : warnings) std::cout << "WARNING: " << w << "\n";
+  if (warnings.empty()) std::cout << "no problems found\n";
+  std::cout.flush();
+  return kExitOk;  // the doctor reports; warnings are not failures
+}
+
+}  // namespace
+
+void add_doctor_command(CLI::App& app, Runner& run) {
+  auto opt = std::make_shared<DoctorOptions>();
+  auto* cmd = app.add_subcommand(
+      "doctor",
+      "Check this machine and print, one item per line: lockstep and LibTorch versions, CPU model and "
+      "features, the BLAS in use (library, vendor, OpenBLAS core type, threads), measured sgemm "
+      "GFLOP/s and memory (triad) GB/s, distributed backends (Gloo, NCCL) and where Fashion-MNIST "
+      "is; then warnings. Exits 0 even when it warns.");
+  cmd->add_option("--threads", opt->threads, "Intra-op threads to measure with (default: one per logical core)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--data", opt->data_dir, "Directory to look for Fashion-MNIST in")->capture_default_str();
+  cmd->add_flag("--quick", opt->quick, "Shorter measurements (about 1 s in all instead of 3-5)");
+  cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });
+}
+
+}  // namespace lockstep::cli

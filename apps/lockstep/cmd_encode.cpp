@@ -1,0 +1,91 @@
+// lockstep encode: images -> token ids, saved as a .npy array NumPy reads directly.
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "lockstep/core/error.h"
+#include "lockstep/data/batch.h"
+#include "lockstep/io/npy.h"
+#include "lockstep/io/tensor_convert.h"
+#include "lockstep/train/model_factory.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct EncodeArgs {
+  std::string checkpoint;
+  std::string output;
+  std::vector<std::string> images;
+  std::string data_dir;
+  std::string split = "test";
+  int64_t limit = 0;
+  int64_t batch_size = 500;
+  int threads = 0;
+};
+
+data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t) {
+  const int channels = static_cast<int>(t.model->options().in_channels());
+  if (!args.images.empty()) {
+    std::vector<io::Image> images;
+    for (const auto& path : args.images) {
+      images.push_back(io::load_png(path, channels));
+      LOCKSTEP_CHECK_ARG(images.back().width == images.front().width && images.back().height == images.front().height,
+                         path, " is ", images.back().width, "x", images.back().height, " but ", args.images.front(),
+                         " is ", images.front().width, "x", images.front().height,
+                         "; encode images of one size per call");
+    }
+    return data::image_set_from_images(images, channels);
+  }
+  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  data::ImageSet set = data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test);
+  if (args.limit > 0 && args.limit < set.count) {
+    set.pixels.resize(args.limit * set.channels * set.height * set.width);
+    set.count = args.limit;
+  }
+  return set;
+}
+
+int run_encode(const EncodeArgs& args) {
+  apply_threads(args.threads);
+  train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  const data::ImageSet set = load_inputs(args, t);
+  LOCKSTEP_CHECK_ARG(set.count > 0, "no images to encode");
+  std::vector<at::Tensor> parts;
+  for (int64_t first = 0; first < set.count; first += args.batch_size) {
+    const int64_t count = std::min(args.batch_size, set.count - first);
+    parts.push_back(t.model->encode(data::images_to_tensor(set, first, count)));
+  }
+  const at::Tensor tokens = torch::cat(parts).to(torch::kInt32);
+  io::save_npy(args.output, io::to_raw(tokens));
+  std::cout << "encoded " << set.count << " images of " << set.height << "x" << set.width << " into tokens of shape "
+            << tokens.sizes() << " (int32, codebook of " << t.model->quantizer().codebook_size() << ") -> "
+            << args.output << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_encode_command(CLI::App& app, Runner& run) {
+  auto args = std::make_shared<EncodeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "encode", "Turn images into token ids with a trained tokenizer. Writes an int32 .npy array of shape "
+                "(images, h, w) (or (images, h, w, k) for quantizers with k indices per token). Input: PNG files "
+                "given with --images, or else a Fashion-MNIST split.");
+  cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
+  cmd->add_option("-o,--output", args->output, "The .npy file to write")->required();
+  cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--data", args->data_dir, "Directory of the Fashion-MNIST .gz files (default: the run's data.dir)");
+  cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
+      ->check(CLI::IsMember({"test", "train"}))->capture_default_str();
+  cmd->add_option("--limit", args->limit, "Encode only the first N images of the split (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_threads_option(*cmd, args->threads);
+  cmd->callback([&run, args] { run = [args] { return run_encode(*args); }; });
+}
+
+}  // namespace lockstep::cli

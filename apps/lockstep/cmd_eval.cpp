@@ -1,0 +1,62 @@
+// lockstep eval: reconstruction error and code usage of a trained tokenizer on a data split.
+#include <iostream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "lockstep/io/image.h"
+#include "lockstep/train/model_factory.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct EvalArgs {
+  std::string checkpoint;
+  std::string data_dir;
+  std::string split = "test";
+  int64_t limit = 0;
+  int64_t batch_size = 500;
+  std::string grid;
+  int threads = 0;
+};
+
+int run_eval(const EvalArgs& args) {
+  apply_threads(args.threads);
+  train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  data::ImageSet set = data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test);
+  if (args.limit > 0 && args.limit < set.count) {
+    set.pixels.resize(args.limit * set.channels * set.height * set.width);
+    set.count = args.limit;
+  }
+  const train::EvalResult r =
+      train::evaluate(*t.model, set, train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16));
+  std::cout << "checkpoint " << t.checkpoint << " (step " << t.step << "), " << args.split << " split, " << r.images
+            << " images\n"
+            << format_eval(r) << "\n";
+  if (!args.grid.empty()) {
+    io::save_png(args.grid, r.grid);
+    std::cout << "wrote " << args.grid << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, Runner& run) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Evaluate a trained tokenizer on Fashion-MNIST: MSE and PSNR of the reconstructions (pixels in "
+              "[0, 1]), the fraction of codes used, and the perplexity of the code histogram.");
+  cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
+  cmd->add_option("--data", args->data_dir, "Directory of the Fashion-MNIST .gz files (default: the run's data.dir)");
+  cmd->add_option("--split", args->split, "Which split to evaluate")->check(CLI::IsMember({"test", "train"}))
+      ->capture_default_str();
+  cmd->add_option("--limit", args->limit, "Evaluate only the first N images (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
+  add_threads_option(*cmd, args->threads);
+  cmd->callback([&run, args] { run = [args] { return run_eval(*args); }; });
+}
+
+}  // namespace lockstep::cli

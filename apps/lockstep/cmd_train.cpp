@@ -1,0 +1,128 @@
+// lockstep train: train an autoencoder into a run directory, or resume one.
+#include <csignal>
+#include <ctime>
+#include <iostream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "lockstep/core/error.h"
+#include "lockstep/dist/group.h"
+#include "lockstep/train/run_dir.h"
+#include "lockstep/train/trainer.h"
+#include "progress.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct TrainArgs {
+  std::string config_file;
+  std::vector<std::string> sets;
+  std::string run_dir;
+  std::string resume;
+  bool print_config = false;
+  // Shortcuts for common keys; each becomes a --set.
+  std::vector<std::pair<std::string, std::string>> shortcuts;
+};
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_interrupt(int) { g_stop.store(true); }
+
+std::string default_run_dir() {
+  char buf[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+void add_shortcut(CLI::App& cmd, TrainArgs& args, const std::string& flag, const std::string& type,
+                  const std::string& key, const std::string& help) {
+  cmd.add_option_function<std::string>(
+         flag, [&args, key](const std::string& v) { args.shortcuts.emplace_back(key, v); },
+         help + " (same as --set " + key + "=...)")
+      ->type_name(type);
+}
+
+std::vector<std::string> overrides(const TrainArgs& args) {
+  std::vector<std::string> all;
+  for (const auto& [key, value] : args.shortcuts) all.push_back(key + "=" + value);
+  all.insert(all.end(), args.sets.begin(), args.sets.end());
+  return all;
+}
+
+int run_train(const TrainArgs& args) {
+  std::unique_ptr<train::Trainer> trainer;
+  auto group = dist::make_single_process_group();
+  if (!args.resume.empty()) {
+    LOCKSTEP_CHECK_ARG(args.config_file.empty() && args.run_dir.empty(),
+                       "--resume continues a run with its own config and directory; do not combine it with ",
+                       "--config or --run-dir");
+    trainer = train::Trainer::resume(args.resume, overrides(args), group);
+  } else {
+    train::Config config(train::lockstep_schema());
+    if (!args.config_file.empty()) config.load_toml_file(args.config_file);
+    for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
+    if (args.print_config) {
+      std::cout << config.to_toml();
+      return kExitOk;
+    }
+    trainer = train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group);
+  }
+
+  ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [&](const train::StepReport& r) { progress.step(r); };
+  callbacks.on_info = [&](const std::string& text) { progress.message(text); };
+  callbacks.on_eval = [&](int64_t step, const train::EvalResult& r) {
+    progress.message("eval at step " + std::to_string(step) + ": " + format_eval(r));
+  };
+  callbacks.stop_requested = &g_stop;
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+
+  const train::TrainSummary summary = trainer->run(callbacks);
+  progress.finish();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (summary.interrupted) {
+    std::cout << "interrupted at step " << summary.steps << "; checkpoint saved. Continue with:\n  lockstep train --resume "
+              << summary.run_dir << "\n";
+    return 130;
+  }
+  std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds) << "\n"
+            << "test: " << format_eval(summary.test) << "\n"
+            << "run directory: " << summary.run_dir << " (config.toml, metrics.jsonl, checkpoint.safetensors, "
+            << "reconstructions.png, summary.json)\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, Runner& run) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a tokenizer. With no options: an FSQ autoencoder on Fashion-MNIST (Debian package "
+      "dataset-fashion-mnist), writing runs/<date-time>/ with config.toml, metrics.jsonl, "
+      "checkpoint.safetensors, reconstructions.png and summary.json. Ctrl-C saves a checkpoint and stops.");
+  cmd->add_option("--config", args->config_file, "TOML file of settings (see docs/configuration.md)")
+      ->check(CLI::ExistingFile)
+      ->type_name("FILE");
+  cmd->add_option("--set", args->sets, "Override one setting, KEY=VALUE (repeatable), e.g. --set train.lr=1e-3")
+      ->type_name("KEY=VALUE");
+  cmd->add_option("--run-dir", args->run_dir, "Where to write the run (default runs/<date-time>)")->type_name("DIR");
+  cmd->add_option("--resume", args->resume,
+                  "Continue the run in this directory from its checkpoint, exactly where it stopped")
+      ->type_name("RUN_DIR");
+  cmd->add_flag("--print-config", args->print_config, "Print the resolved configuration as TOML and exit");
+  add_shortcut(*cmd, *args, "--epochs", "INT", "train.epochs", "Epochs to train");
+  add_shortcut(*cmd, *args, "--steps", "INT", "train.steps", "Stop after this many steps (0 = all epochs)");
+  add_shortcut(*cmd, *args, "--batch-size", "INT", "train.batch_size", "Images per step");
+  add_shortcut(*cmd, *args, "--lr", "FLOAT", "train.lr", "Learning rate");
+  add_shortcut(*cmd, *args, "--seed", "INT", "train.seed", "Seed of every random choice");
+  add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", "Intra-op threads (0 = one per core)");
+  add_shortcut(*cmd, *args, "--quantizer", "NAME", "quantizer.name", "Quantizer");
+  add_shortcut(*cmd, *args, "--data", "DIR", "data.dir", "Directory of the Fashion-MNIST .gz files");
+  cmd->callback([&run, args] { run = [args] { return run_train(*args); }; });
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,63 @@
+// lockstep: train, evaluate and use image tokenizers. Each subcommand lives in its own file.
+#include <algorithm>
+#include <iostream>
+
+#include "blas_env.h"
+#include "commands.h"
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+
+int main(int argc, char** argv) {
+  // May re-execute this program once with OPENBLAS_CORETYPE set (it is read at library load).
+  lockstep::cli::ensure_fast_blas(argc, argv);
+
+  CLI::App app{"lockstep: train vector-quantized image tokenizers on one process or many, "
+               "where ranks cannot silently hang or disagree."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("lockstep ") + LOCKSTEP_VERSION);
+  lockstep::cli::Runner run;
+  lockstep::cli::add_train_command(app, run);
+  lockstep::cli::add_eval_command(app, run);
+  lockstep::cli::add_encode_command(app, run);
+  lockstep::cli::add_decode_command(app, run);
+  lockstep::cli::add_doctor_command(app, run);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (argc < 2) {
+      // Bare `lockstep`: show what it can do rather than only what is missing.
+      std::cout << app.help();
+      std::cerr << "lockstep: a subcommand is required\n";
+      return lockstep::cli::kExitUsage;
+    }
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+    }
+    if (argv[1][0] != '-' && std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::cerr << "lockstep: unknown subcommand '" << argv[1] << "'; valid: " << lockstep::detail::concat_list(names)
+                << "\n";
+      return lockstep::cli::kExitUsage;
+    }
+    app.exit(e);
+    return lockstep::cli::kExitUsage;
+  }
+
+  try {
+    return run();
+  } catch (const lockstep::Error& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+    return lockstep::cli::kExitError;
+  } catch (const std::exception& e) {
+    // Torch and the standard library throw these; still an error report, never a crash.
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+    return lockstep::cli::kExitError;
+  }
+}

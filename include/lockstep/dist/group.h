@@ -1,0 +1,74 @@
+// The process group every collective in lockstep goes through. Code that may run distributed
+// takes a Group and never asks "am I distributed?": on one process it gets a SingleProcessGroup,
+// whose collectives are exact identities. Issue-#4 groups (c10d/Gloo/NCCL) implement the same
+// interface behind the checked channel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lockstep::dist {
+
+enum class ReduceOp { Sum, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+// Where a collective is issued from: a short tag plus the source location, so that a mismatch
+// between ranks can name both call sites. Build one with LOCKSTEP_CALL_SITE("tag").
+struct CallSite {
+  const char* tag = "";
+  const char* file = "";
+  int line = 0;
+  std::string to_string() const;  // "tag (file:line)"
+};
+
+// Options every collective takes (gloo's style): who calls, and how long to wait at most.
+struct CollectiveOptions {
+  CallSite site;
+  // Zero means the group's default timeout.
+  std::chrono::milliseconds timeout{0};
+
+  CollectiveOptions() = default;
+  CollectiveOptions(CallSite s) : site(s) {}  // NOLINT: a call site alone is the common case
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // A short description for logs and errors ("single process", "gloo 2 ranks via 127.0.0.1:29500").
+  virtual std::string describe() const = 0;
+
+  // In place: each tensor holds this rank's values on entry and the reduction over all ranks on
+  // return. All tensors of one call are reduced together (one collective).
+  virtual void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) = 0;
+  // Returns one tensor per rank, in rank order; every rank passes the same shape and dtype.
+  virtual std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) = 0;
+  // In place: every rank's tensors receive `root`'s values.
+  virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) = 0;
+  virtual void barrier(const CollectiveOptions& opts) = 0;
+};
+
+// The group of one process: rank 0 of 1. Checks its arguments like a real group would, so that
+// single-process tests catch calls that would be wrong on many ranks.
+class SingleProcessGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string describe() const override { return "single process"; }
+  void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override;
+  std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override;
+  void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) override;
+  void barrier(const CollectiveOptions& opts) override;
+};
+
+std::shared_ptr<Group> make_single_process_group();
+
+}  // namespace lockstep::dist
+
+#define LOCKSTEP_CALL_SITE(tag) (::lockstep::dist::CallSite{(tag), __FILE__, __LINE__})

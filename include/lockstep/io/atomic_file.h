@@ -1,0 +1,16 @@
+// Writing files so that a crash never leaves a partial file under the final name.
+#pragma once
+
+#include <string>
+
+namespace lockstep::io {
+
+// Writes `bytes` to a temporary file beside `path`, flushes it to disk, then renames it over
+// `path` (and syncs the directory). Throws IoError naming the path on any failure and removes the
+// temporary file; an existing file at `path` is untouched unless the whole write succeeded.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Reads a whole file. Throws IoError naming the path when it cannot be opened or read.
+std::string read_file(const std::string& path);
+
+}  // namespace lockstep::io

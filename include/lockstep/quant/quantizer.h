@@ -1,0 +1,54 @@
+// The interface every quantizer implements (FAISS's Quantizer in spirit: encode, decode, and a
+// forward for training), as a torch module whose buffers are its explicit state.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "lockstep/quant/reduce.h"
+
+namespace lockstep::quant {
+
+// What the caller hands a quantizer for one forward.
+struct QuantizeContext {
+  // Sums statistics over the global batch; null means this process holds all of it.
+  Reducer* reducer = nullptr;
+  // Randomness that must agree across ranks: seeded once and advanced by step counters by the
+  // caller. Undefined means the quantizer must not need randomness.
+  at::Generator generator;
+};
+
+struct QuantizerOutput {
+  at::Tensor quantized;  // same shape as the input; its gradient follows the quantizer's estimator
+  at::Tensor indices;    // int64: (b, n) or (b, n, num_indices())
+  std::map<std::string, at::Tensor> losses;  // named scalar losses, already weighted
+
+  // Sum of `losses` (a zero scalar when there are none).
+  at::Tensor total_loss() const;
+};
+
+class Quantizer : public torch::nn::Module {
+ public:
+  explicit Quantizer(const std::string& name) : torch::nn::Module(name) {}
+
+  virtual std::string kind() const = 0;          // registry name, e.g. "fsq"
+  virtual int64_t dim() const = 0;               // size of each input token vector
+  virtual int64_t codebook_size() const = 0;     // codes available to each index
+  virtual int64_t num_indices() const { return 1; }  // indices per token
+
+  // x: (b, n, dim). Training behaviour (statistics, randomness) only in training mode.
+  virtual QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) = 0;
+  // x: (b, n, dim) -> int64 indices (b, n) or (b, n, num_indices()); never changes state.
+  virtual at::Tensor encode(const at::Tensor& x) = 0;
+  // indices as returned by encode -> (b, n, dim) vectors equal to quantize's forward value.
+  virtual at::Tensor decode(const at::Tensor& indices) = 0;
+};
+
+// Images (b, dim, h, w) as tokens (b, h*w, dim) and back.
+at::Tensor image_to_tokens(const at::Tensor& x);
+at::Tensor tokens_to_image(const at::Tensor& tokens, int64_t height, int64_t width);
+
+}  // namespace lockstep::quant

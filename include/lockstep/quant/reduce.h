@@ -1,0 +1,29 @@
+// The only communication a quantizer sees: summing (count, sum) statistics over everyone who
+// holds part of the global batch. Quantizers call it the same number of times whatever their
+// data; the trainer plugs a process group in (issue #4), a single process uses LocalReducer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace lockstep::quant {
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  // In place, not differentiable: each tensor becomes its sum over all holders of the batch.
+  // `tag` names the call site in errors. All tensors of one call travel together.
+  virtual void sum_(std::vector<at::Tensor>& tensors, const char* tag) = 0;
+  // Differentiable global sum: the gradient of the result reaches every holder's `local`.
+  virtual at::Tensor sum(const at::Tensor& local, const char* tag) = 0;
+};
+
+// This process holds the whole batch: sums are identities.
+class LocalReducer final : public Reducer {
+ public:
+  void sum_(std::vector<at::Tensor>&, const char*) override {}
+  at::Tensor sum(const at::Tensor& local, const char*) override { return local; }
+};
+
+}  // namespace lockstep::quant

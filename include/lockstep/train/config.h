@@ -1,0 +1,125 @@
+// Typed configuration for `lockstep train`: a schema of dotted keys ("train.batch_size") with
+// types, defaults and limits, and a Config that resolves TOML files and "key=value" overrides
+// against it. Every bad key or value is an InvalidArgument naming the key, where it came from and
+// what would be valid. The TOML parser stays out of this header; see src/train/config.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace lockstep::train {
+
+// The order matches Value's alternatives, so ValueType(value.index()) is the value's type.
+enum class ValueType { Bool, Int, Float, String, IntList, FloatList };
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+
+// "an integer", "a list of numbers", ...: the wording used in error messages and the docs.
+std::string describe_type(ValueType type);
+// The value as TOML writes it: true, 64, 0.002, "fsq", [8, 5, 5, 5]. Doubles round-trip exactly.
+std::string format_value(const Value& value);
+
+// One key: its type, default and limits. Build with a factory and chain the limits, e.g.
+// KeySpec::integer("train.batch_size", 64, "Images per step.").in_range(1, 65536).
+struct KeySpec {
+  std::string key;  // dotted: the section path, then the name ("quantizer.fsq.levels")
+  ValueType type = ValueType::Int;
+  Value default_value;
+  std::string help;                        // one line, shown in the resolved config and the docs
+  std::optional<double> min, max;          // for numbers and for each list element
+  bool min_exclusive = false;              // min is a strict bound ("> 0" rather than ">= 0")
+  std::vector<std::string> choices;        // for strings; empty means any string
+  std::optional<size_t> min_len, max_len;  // for lists
+
+  static KeySpec boolean(std::string key, bool default_value, std::string help);
+  static KeySpec integer(std::string key, int64_t default_value, std::string help);
+  static KeySpec floating(std::string key, double default_value, std::string help);
+  static KeySpec string(std::string key, std::string default_value, std::string help);
+  static KeySpec int_list(std::string key, std::vector<int64_t> default_value, std::string help);
+  static KeySpec float_list(std::string key, std::vector<double> default_value, std::string help);
+
+  KeySpec& at_least(double lo);
+  KeySpec& greater_than(double lo);
+  KeySpec& at_most(double hi);
+  KeySpec& in_range(double lo, double hi);
+  KeySpec& one_of(std::vector<std::string> allowed);
+  KeySpec& length(size_t lo, size_t hi);
+
+  std::string section() const;  // "quantizer.fsq" for "quantizer.fsq.levels"
+  std::string name() const;     // "levels"
+  // The limits in words ("in [1, 65536]", "one of: fsq", "1 to 5 elements, each in [1, 1024]"),
+  // or "" when there are none.
+  std::string constraint_text() const;
+};
+
+// The table of every key a Config accepts. Keys have at least one section ("train.lr"); sections
+// nest ("quantizer.fsq"). A name cannot be both a key and a section.
+class Schema {
+ public:
+  // Throws InvalidArgument for a malformed or duplicate key, or a default that breaks its limits.
+  void add(KeySpec spec);
+
+  const KeySpec* find(const std::string& key) const;          // nullptr when unknown
+  const std::vector<KeySpec>& keys() const { return keys_; }  // in the order they were added
+  bool is_section(const std::string& section) const;
+  // Every section, parents included, in order of first appearance.
+  std::vector<std::string> sections() const;
+  // Names of the keys directly in `section`, sorted: "batch_size", "epochs", ...
+  std::vector<std::string> keys_in_section(const std::string& section) const;
+  // Names of the sections directly under `section` ("" for the top level), sorted.
+  std::vector<std::string> subsections(const std::string& section) const;
+
+ private:
+  std::vector<KeySpec> keys_;
+  std::map<std::string, size_t> index_;
+};
+
+// The keys of `lockstep train` (src/train/config_schema.cpp; documented in docs/configuration.md).
+const Schema& lockstep_schema();
+
+// Resolved values for one schema. Later sources override earlier ones: load the file, then apply
+// overrides. Every setter is all-or-nothing: on error the Config is unchanged.
+class Config {
+ public:
+  // Every key starts at its default. `schema` must outlive the Config.
+  explicit Config(const Schema& schema);
+
+  // Throws IoError when the file cannot be read; InvalidArgument for bad TOML, an unknown
+  // key or a bad value, with the path and line.
+  void load_toml_file(const std::string& path);
+  // `origin` names the text in error messages, e.g. "resolved config run/config.toml".
+  void load_toml_string(std::string_view text, const std::string& origin);
+  // An integer is accepted for a float key; anything else must match the key's type.
+  void set(const std::string& key, Value value);
+  // "key=value" as given on the command line: train.lr=1e-3, train.batch_size=64,
+  // data.dataset=fashion-mnist (quotes optional), model.channels=[32,64] or 32,64.
+  void set_from_string(const std::string& assignment);
+
+  const Value& get(const std::string& key) const;  // throws InvalidArgument for an unknown key
+  // These also throw InvalidArgument when the key has another type.
+  bool get_bool(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  double get_float(const std::string& key) const;
+  const std::string& get_string(const std::string& key) const;
+  const std::vector<int64_t>& get_int_list(const std::string& key) const;
+  const std::vector<double>& get_float_list(const std::string& key) const;
+
+  // Every key with its resolved value, grouped by section, each under its help as a comment.
+  // load_toml_string(to_toml()) reproduces every value exactly.
+  std::string to_toml() const;
+  // True when no source has set the key (it holds its default).
+  bool is_default(const std::string& key) const;
+  std::vector<std::string> explicitly_set_keys() const;  // in schema order
+  const Schema& schema() const { return *schema_; }
+
+ private:
+  const Schema* schema_;
+  std::map<std::string, Value> set_values_;  // only keys some source set
+};
+
+}  // namespace lockstep::train

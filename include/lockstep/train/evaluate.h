@@ -1,0 +1,34 @@
+// Test-set evaluation of an autoencoder: reconstruction error and how the codebook is used.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/data/image_set.h"
+#include "lockstep/io/image.h"
+#include "lockstep/model/autoencoder.h"
+
+namespace lockstep::train {
+
+struct EvalOptions {
+  EvalOptions& batch_size(int64_t n) { batch_size_ = n; return *this; }
+  EvalOptions& grid_images(int64_t n) { grid_images_ = n; return *this; }
+  int64_t batch_size_ = 500;
+  int64_t grid_images_ = 16;  // the first N images and their reconstructions, for a PNG grid
+};
+
+struct EvalResult {
+  int64_t images = 0;
+  double mse = 0;         // mean squared error per pixel, pixels scaled to [0, 1]
+  double psnr_db = 0;     // 10 log10(1 / mse)
+  double code_usage = 0;  // fraction of the codebook's codes used at least once
+  double perplexity = 0;  // exp(entropy of the code histogram)
+  int64_t codes_used = 0;
+  int64_t codebook_size = 0;
+  io::Image grid;  // originals above their reconstructions, grid_images of each
+};
+
+// Runs `model` in evaluation mode (restoring its mode after) on every image of `set`.
+EvalResult evaluate(model::AutoencoderImpl& model, const data::ImageSet& set, const EvalOptions& options);
+
+}  // namespace lockstep::train

@@ -1,0 +1,66 @@
+// Training an autoencoder on Fashion-MNIST into a run directory: the resolved config, metrics,
+// checkpoints and a reconstruction grid. A run interrupted at step k and resumed reaches bit for
+// bit the parameters an uninterrupted run has at every later step.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/dist/group.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/evaluate.h"
+
+namespace lockstep::train {
+
+struct StepReport {
+  int64_t step = 0;  // steps completed
+  int64_t total_steps = 0;
+  int64_t epoch = 0;  // 0-based epoch of the step just taken
+  int64_t epochs = 0;
+  double loss = 0;
+  double images_per_s = 0;  // over the last logging window
+  double elapsed_s = 0;     // in this process
+};
+
+struct TrainCallbacks {
+  std::function<void(const StepReport&)> on_step;         // after every step
+  std::function<void(const std::string&)> on_info;        // notable events (checkpoint, resume)
+  std::function<void(int64_t step, const EvalResult&)> on_eval;
+  // Checked before every step: when it becomes true the trainer saves a checkpoint and returns.
+  const std::atomic<bool>* stop_requested = nullptr;
+};
+
+struct TrainSummary {
+  std::string run_dir;
+  int64_t steps = 0;        // steps completed in total
+  bool interrupted = false;  // stopped by stop_requested before the last step
+  double seconds = 0;        // wall time in this process
+  EvalResult test;           // final evaluation (absent when interrupted)
+};
+
+class Trainer {
+ public:
+  // A new run in `run_dir`, which must not already hold one; it is created if needed.
+  static std::unique_ptr<Trainer> create(const Config& config, const std::string& run_dir,
+                                         std::shared_ptr<dist::Group> group);
+  // Continues the run in `run_dir` from its checkpoint. `overrides` ("key=value") may change only
+  // keys that do not alter the model or the data order (see resumable_keys()).
+  static std::unique_ptr<Trainer> resume(const std::string& run_dir, const std::vector<std::string>& overrides,
+                                         std::shared_ptr<dist::Group> group);
+  static const std::vector<std::string>& resumable_keys();
+
+  ~Trainer();
+  TrainSummary run(const TrainCallbacks& callbacks);
+  const Config& config() const;
+  int64_t step() const;
+
+ private:
+  struct State;
+  explicit Trainer(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace lockstep::train

@@ -1,0 +1,50 @@
+#include "lockstep/dist/group.h"
+
+#include <torch/torch.h>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "unknown";
+}
+
+std::string CallSite::to_string() const {
+  return detail::concat(tag, " (", file, ":", line, ")");
+}
+
+namespace {
+void check_defined(const std::vector<at::Tensor>& tensors, const char* op, const CollectiveOptions& opts) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_CHECK_ARG(tensors[i].defined(), op, " at ", opts.site.to_string(), ": tensor ", i,
+                       " is undefined");
+  }
+}
+}  // namespace
+
+void SingleProcessGroup::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp, const CollectiveOptions& opts) {
+  check_defined(tensors, "all_reduce", opts);
+}
+
+std::vector<at::Tensor> SingleProcessGroup::all_gather(const at::Tensor& input, const CollectiveOptions& opts) {
+  check_defined({input}, "all_gather", opts);
+  return {input.clone()};
+}
+
+void SingleProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) {
+  check_defined(tensors, "broadcast", opts);
+  LOCKSTEP_CHECK_ARG(root == 0, "broadcast at ", opts.site.to_string(), ": root ", root,
+                     " is not a rank of a group of size 1");
+}
+
+void SingleProcessGroup::barrier(const CollectiveOptions&) {}
+
+std::shared_ptr<Group> make_single_process_group() { return std::make_shared<SingleProcessGroup>(); }
+
+}  // namespace lockstep::dist

@@ -1,0 +1,129 @@
+#include "lockstep/model/autoencoder.h"
+
+#include <torch/torch.h>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::model {
+namespace {
+namespace nn = torch::nn;
+
+// conv3x3 -> SiLU -> conv3x3, added to the input.
+struct ResBlockImpl : nn::Module {
+  explicit ResBlockImpl(int64_t channels)
+      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(channels, channels, 3).padding(1)))),
+        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, channels, 3).padding(1)))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + conv2(torch::silu(conv1(torch::silu(x)))); }
+  nn::Conv2d conv1, conv2;
+};
+TORCH_MODULE(ResBlock);
+
+nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1));
+}
+nn::Functional silu() {
+  return nn::Functional([](at::Tensor t) { return torch::silu(t); });
+}
+// Doubles height and width exactly.
+nn::ConvTranspose2d upsample(int64_t in, int64_t out) {
+  return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(2).padding(1));
+}
+}  // namespace
+
+void AutoencoderOptions::validate() const {
+  LOCKSTEP_CHECK_ARG(in_channels_ >= 1, "model: in_channels = ", in_channels_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(!channels_.empty() && channels_.size() <= 8, "model: channels must list 1 to 8 levels, got ",
+                     channels_.size());
+  for (size_t i = 0; i < channels_.size(); ++i) {
+    LOCKSTEP_CHECK_ARG(channels_[i] >= 1, "model: channels[", i, "] = ", channels_[i], " must be >= 1");
+  }
+  LOCKSTEP_CHECK_ARG(res_blocks_ >= 0, "model: res_blocks = ", res_blocks_, " must be >= 0");
+}
+
+void AutoencoderOptions::check_image_size(int64_t height, int64_t width) const {
+  const int64_t f = downsampling();
+  LOCKSTEP_CHECK_ARG(height % f == 0 && width % f == 0 && height >= f && width >= f, "model: images of ", height,
+                     "x", width, " cannot pass through ", channels_.size(), " levels (each dimension must be a",
+                     " positive multiple of ", f, "); use fewer model.channels entries");
+}
+
+AutoencoderImpl::AutoencoderImpl(AutoencoderOptions options, std::shared_ptr<quant::Quantizer> quantizer)
+    : options_(std::move(options)), quantizer_(std::move(quantizer)) {
+  options_.validate();
+  LOCKSTEP_CHECK_ARG(quantizer_ != nullptr, "model: no quantizer given");
+  const auto& ch = options_.channels();
+  const int64_t levels = static_cast<int64_t>(ch.size());
+  const int64_t latent = quantizer_->dim();
+
+  nn::Sequential enc;
+  enc->push_back(conv3x3(options_.in_channels(), ch[0]));
+  for (int64_t i = 1; i < levels; ++i) {
+    enc->push_back(silu());
+    enc->push_back(conv3x3(ch[i - 1], ch[i], 2));
+  }
+  for (int64_t i = 0; i < options_.res_blocks(); ++i) enc->push_back(ResBlock(ch.back()));
+  enc->push_back(silu());
+  encoder_ = register_module("encoder", enc);
+  to_latent_ = register_module("to_latent", nn::Conv2d(nn::Conv2dOptions(ch.back(), latent, 1)));
+  register_module("quantizer", quantizer_);
+  from_latent_ = register_module("from_latent", nn::Conv2d(nn::Conv2dOptions(latent, ch.back(), 1)));
+
+  nn::Sequential dec;
+  for (int64_t i = 0; i < options_.res_blocks(); ++i) dec->push_back(ResBlock(ch.back()));
+  for (int64_t i = levels - 1; i >= 1; --i) {
+    dec->push_back(silu());
+    dec->push_back(upsample(ch[i], ch[i - 1]));
+  }
+  dec->push_back(silu());
+  dec->push_back(conv3x3(ch[0], options_.in_channels()));
+  decoder_ = register_module("decoder", dec);
+}
+
+at::Tensor AutoencoderImpl::latent_tokens(const at::Tensor& x, int64_t* h, int64_t* w) {
+  LOCKSTEP_CHECK_ARG(x.dim() == 4 && x.size(1) == options_.in_channels(), "model: expected images (b, ",
+                     options_.in_channels(), ", h, w), got ", x.sizes());
+  options_.check_image_size(x.size(2), x.size(3));
+  const at::Tensor z = to_latent_(encoder_->forward(x));
+  *h = z.size(2);
+  *w = z.size(3);
+  return quant::image_to_tokens(z);
+}
+
+at::Tensor AutoencoderImpl::decode_tokens(const at::Tensor& tokens, int64_t h, int64_t w) {
+  return decoder_->forward(from_latent_(quant::tokens_to_image(tokens, h, w)));
+}
+
+at::Tensor AutoencoderImpl::indices_as_grid(const at::Tensor& indices, int64_t b, int64_t h, int64_t w) const {
+  std::vector<int64_t> shape{b, h, w};
+  if (indices.dim() == 3) shape.push_back(indices.size(2));
+  return indices.reshape(shape);
+}
+
+AutoencoderOutput AutoencoderImpl::forward(const at::Tensor& x, const quant::QuantizeContext& ctx) {
+  int64_t h = 0, w = 0;
+  const at::Tensor tokens = latent_tokens(x, &h, &w);
+  AutoencoderOutput out;
+  out.quant = quantizer_->quantize(tokens, ctx);
+  out.quant.indices = indices_as_grid(out.quant.indices, x.size(0), h, w);
+  out.reconstruction = decode_tokens(out.quant.quantized, h, w);
+  return out;
+}
+
+at::Tensor AutoencoderImpl::encode(const at::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  int64_t h = 0, w = 0;
+  const at::Tensor tokens = latent_tokens(x, &h, &w);
+  return indices_as_grid(quantizer_->encode(tokens), x.size(0), h, w);
+}
+
+at::Tensor AutoencoderImpl::decode(const at::Tensor& indices) {
+  torch::NoGradGuard no_grad;
+  const bool multi = quantizer_->num_indices() > 1;
+  LOCKSTEP_CHECK_ARG(indices.dim() == (multi ? 4 : 3), "model: expected indices (b, h, w", multi ? ", k" : "",
+                     "), got ", indices.sizes());
+  const int64_t b = indices.size(0), h = indices.size(1), w = indices.size(2);
+  const at::Tensor flat = multi ? indices.reshape({b, h * w, indices.size(3)}) : indices.reshape({b, h * w});
+  return decode_tokens(quantizer_->decode(flat), h, w);
+}
+
+}  // namespace lockstep::model

@@ -1,0 +1,3 @@
+// Precompiled for every lockstep target: torch's headers dominate compile time.
+#pragma once
+#include <torch/torch.h>

@@ -1,0 +1,70 @@
+#include "lockstep/train/adam.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::train {
+
+Adam::Adam(std::vector<std::pair<std::string, at::Tensor>> params, AdamOptions options) : options_(options) {
+  LOCKSTEP_CHECK_ARG(options_.lr_ > 0, "adam: lr = ", options_.lr_, " must be > 0");
+  LOCKSTEP_CHECK_ARG(options_.beta1_ >= 0 && options_.beta1_ < 1 && options_.beta2_ >= 0 && options_.beta2_ < 1,
+                     "adam: betas (", options_.beta1_, ", ", options_.beta2_, ") must lie in [0, 1)");
+  LOCKSTEP_CHECK_ARG(options_.weight_decay_ >= 0, "adam: weight_decay = ", options_.weight_decay_, " must be >= 0");
+  for (auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    slots_.push_back({name, p, torch::zeros_like(p), torch::zeros_like(p)});
+  }
+}
+
+void Adam::zero_grad() {
+  for (auto& s : slots_) {
+    if (s.param.grad().defined()) s.param.mutable_grad().zero_();
+  }
+}
+
+void Adam::step() {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double bc1 = 1 - std::pow(options_.beta1_, static_cast<double>(steps_));
+  const double bc2 = 1 - std::pow(options_.beta2_, static_cast<double>(steps_));
+  for (auto& s : slots_) {
+    const at::Tensor& g = s.param.grad();
+    if (!g.defined()) continue;
+    if (options_.weight_decay_ != 0) s.param.mul_(1 - options_.lr_ * options_.weight_decay_);
+    s.exp_avg.mul_(options_.beta1_).add_(g, 1 - options_.beta1_);
+    s.exp_avg_sq.mul_(options_.beta2_).addcmul_(g, g, 1 - options_.beta2_);
+    const at::Tensor denom = (s.exp_avg_sq / bc2).sqrt_().add_(options_.eps_);
+    s.param.addcdiv_(s.exp_avg, denom, -options_.lr_ / bc1);
+  }
+}
+
+std::map<std::string, at::Tensor> Adam::state() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& s : slots_) {
+    out["exp_avg." + s.name] = s.exp_avg;
+    out["exp_avg_sq." + s.name] = s.exp_avg_sq;
+  }
+  return out;
+}
+
+void Adam::load_state(const std::map<std::string, at::Tensor>& state, int64_t steps) {
+  LOCKSTEP_THROW_IF_NOT(steps >= 0, CorruptInput, "adam: negative step count ", steps);
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const std::pair<std::string, at::Tensor*> parts[] = {{"exp_avg." + s.name, &s.exp_avg},
+                                                         {"exp_avg_sq." + s.name, &s.exp_avg_sq}};
+    for (const auto& [key, dst] : parts) {
+      auto it = state.find(key);
+      LOCKSTEP_THROW_IF_NOT(it != state.end(), CorruptInput, "optimizer state has no tensor '", key, "'");
+      LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst->sizes(), CorruptInput, "optimizer state '", key,
+                            "' has shape ", it->second.sizes(), ", the model needs ", dst->sizes());
+      dst->copy_(it->second);
+    }
+  }
+  steps_ = steps;
+}
+
+}  // namespace lockstep::train

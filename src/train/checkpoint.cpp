@@ -1,0 +1,105 @@
+#include "lockstep/train/checkpoint.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+#include "lockstep/io/safetensors.h"
+#include "lockstep/io/tensor_convert.h"
+
+namespace lockstep::train {
+namespace {
+constexpr const char* kFormat = "lockstep-checkpoint-1";
+constexpr const char* kModelPrefix = "model/";
+constexpr const char* kOptimizerPrefix = "optim/";
+constexpr const char* kRngKey = "rng/torch_cpu";
+
+int64_t parse_int(const io::SafetensorsData& data, const std::string& key) {
+  auto it = data.metadata.find(key);
+  LOCKSTEP_THROW_IF_NOT(it != data.metadata.end(), CorruptInput, data.origin, ": checkpoint metadata has no '", key,
+                        "'");
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw CorruptInput(detail::concat(data.origin, ": checkpoint metadata '", key, "' = '", it->second,
+                                    "' is not a non-negative integer"));
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+}  // namespace
+
+std::string checkpoint_path(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "checkpoint.safetensors").string();
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  io::SafetensorsData data;
+  for (const auto& [name, t] : c.model) data.tensors[kModelPrefix + name] = io::to_raw(t);
+  for (const auto& [name, t] : c.optimizer) data.tensors[kOptimizerPrefix + name] = io::to_raw(t);
+  if (c.torch_rng.defined()) data.tensors[kRngKey] = io::to_raw(c.torch_rng);
+  data.metadata = {{"format", kFormat},
+                   {"lockstep_version", LOCKSTEP_VERSION},
+                   {"step", std::to_string(c.step)},
+                   {"optimizer_steps", std::to_string(c.optimizer_steps)},
+                   {"config", c.config_toml}};
+  io::save_safetensors(path, data);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  const io::SafetensorsData data = io::load_safetensors(path);
+  auto format = data.metadata.find("format");
+  LOCKSTEP_THROW_IF_NOT(format != data.metadata.end() && format->second == kFormat, CorruptInput, path,
+                        ": not a lockstep checkpoint (metadata 'format' is '",
+                        format == data.metadata.end() ? "<missing>" : format->second, "', expected '", kFormat, "')");
+  Checkpoint c;
+  c.step = parse_int(data, "step");
+  c.optimizer_steps = parse_int(data, "optimizer_steps");
+  auto config = data.metadata.find("config");
+  LOCKSTEP_THROW_IF_NOT(config != data.metadata.end(), CorruptInput, path, ": checkpoint metadata has no 'config'");
+  c.config_toml = config->second;
+  for (const auto& [name, raw] : data.tensors) {
+    if (starts_with(name, kModelPrefix)) {
+      c.model[name.substr(std::strlen(kModelPrefix))] = io::from_raw(raw);
+    } else if (starts_with(name, kOptimizerPrefix)) {
+      c.optimizer[name.substr(std::strlen(kOptimizerPrefix))] = io::from_raw(raw);
+    } else if (name == kRngKey) {
+      c.torch_rng = io::from_raw(raw);
+    } else {
+      throw CorruptInput(detail::concat(path, ": unexpected tensor '", name, "' in a lockstep checkpoint"));
+    }
+  }
+  LOCKSTEP_THROW_IF_NOT(!c.model.empty(), CorruptInput, path, ": checkpoint holds no model tensors");
+  return c;
+}
+
+std::map<std::string, at::Tensor> module_state(const torch::nn::Module& module) {
+  std::map<std::string, at::Tensor> state;
+  for (const auto& p : module.named_parameters(true)) state[p.key()] = p.value();
+  for (const auto& b : module.named_buffers(true)) state[b.key()] = b.value();
+  return state;
+}
+
+void load_module_state(torch::nn::Module& module, const std::map<std::string, at::Tensor>& state,
+                       const std::string& origin) {
+  torch::NoGradGuard no_grad;
+  const auto own = module_state(module);
+  for (const auto& [name, src] : state) {
+    LOCKSTEP_THROW_IF_NOT(own.count(name), CorruptInput, origin, ": tensor '", name,
+                          "' does not belong to this model (was it written with another configuration?)");
+  }
+  for (const auto& [name, dst] : own) {
+    auto it = state.find(name);
+    LOCKSTEP_THROW_IF_NOT(it != state.end(), CorruptInput, origin, ": no tensor '", name, "' for the model");
+    LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst.sizes() && it->second.scalar_type() == dst.scalar_type(),
+                          CorruptInput, origin, ": tensor '", name, "' is ", it->second.scalar_type(), " ",
+                          it->second.sizes(), ", the model needs ", dst.scalar_type(), " ", dst.sizes());
+    at::Tensor(dst).copy_(it->second);
+  }
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,604 @@
+// Schema and Config: validation, TOML loading and writing, and "key=value" overrides.
+#include "lockstep/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::train {
+namespace {
+
+// Joins `parts` with ", ".
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  const char* space = " \t\r\n";
+  size_t begin = s.find_first_not_of(space);
+  if (begin == std::string_view::npos) return "";
+  return std::string(s.substr(begin, s.find_last_not_of(space) - begin + 1));
+}
+
+std::string parent_of(const std::string& dotted) {
+  size_t dot = dotted.rfind('.');
+  return dot == std::string::npos ? "" : dotted.substr(0, dot);
+}
+
+std::string format_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  // Shortest text that reads back as the same double.
+  std::string s(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";  // TOML would read "2" as an integer
+  return s;
+}
+
+// Bounds are doubles; show integral ones without ".0" so integer limits read naturally.
+std::string format_bound(double v) {
+  if (std::abs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
+  return format_double(v);
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", u);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+template <typename T, typename F>
+std::string format_list(const std::vector<T>& items, F format_one) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + format_one(items[i]);
+  return out + "]";
+}
+
+// "integer 5", "string \"abc\"": what a value of the wrong type was.
+std::string describe_value(const Value& v) {
+  static const char* kinds[] = {"boolean", "integer", "float", "string", "list", "list"};
+  return std::string(kinds[v.index()]) + " " + format_value(v);
+}
+
+[[noreturn]] void fail(const std::string& what, const std::string& where, const std::string& hint = "") {
+  throw InvalidArgument(what + where + (hint.empty() ? "" : "; " + hint));
+}
+
+[[noreturn]] void fail_type(const KeySpec& spec, const std::string& got, const std::string& where) {
+  fail(spec.key + " must be " + describe_type(spec.type) + ", got " + got, where);
+}
+
+std::string range_text(const KeySpec& spec) {
+  if (spec.min && spec.max) {
+    return std::string("in ") + (spec.min_exclusive ? "(" : "[") + format_bound(*spec.min) + ", " +
+           format_bound(*spec.max) + "]";
+  }
+  if (spec.min) return (spec.min_exclusive ? "> " : ">= ") + format_bound(*spec.min);
+  if (spec.max) return "<= " + format_bound(*spec.max);
+  return "";
+}
+
+std::string length_text(const KeySpec& spec) {
+  if (spec.min_len && spec.max_len) {
+    return std::to_string(*spec.min_len) + " to " + std::to_string(*spec.max_len) + " elements";
+  }
+  if (spec.min_len) return "at least " + std::to_string(*spec.min_len) + " elements";
+  if (spec.max_len) return "at most " + std::to_string(*spec.max_len) + " elements";
+  return "";
+}
+
+// Throws when the number `x` (shown as `shown`, e.g. "model.channels[1] = 2000") breaks the limits.
+void check_number(const KeySpec& spec, double x, const std::string& shown, const std::string& where) {
+  if (!std::isfinite(x)) fail(shown + " is not a finite number", where);
+  bool low = spec.min && (spec.min_exclusive ? x <= *spec.min : x < *spec.min);
+  bool high = spec.max && x > *spec.max;
+  if (low || high) fail(shown + " is out of range: must be " + range_text(spec), where);
+}
+
+template <typename T>
+void check_list(const KeySpec& spec, const std::vector<T>& items, const std::string& where) {
+  bool short_ = spec.min_len && items.size() < *spec.min_len;
+  bool long_ = spec.max_len && items.size() > *spec.max_len;
+  if (short_ || long_) {
+    fail(spec.key + " = " + format_list(items, [](T x) { return format_value(Value(x)); }) + " has " +
+             std::to_string(items.size()) + " elements, must have " + length_text(spec),
+         where);
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    check_number(spec, static_cast<double>(items[i]),
+                 spec.key + "[" + std::to_string(i) + "] = " + format_value(Value(items[i])), where);
+  }
+}
+
+// Converts an integer to a float where the key wants one, then checks type and limits.
+Value checked(const KeySpec& spec, Value v, const std::string& where) {
+  if (spec.type == ValueType::Float && std::holds_alternative<int64_t>(v)) {
+    v = static_cast<double>(std::get<int64_t>(v));
+  }
+  if (spec.type == ValueType::FloatList && std::holds_alternative<std::vector<int64_t>>(v)) {
+    const auto& ints = std::get<std::vector<int64_t>>(v);
+    v = std::vector<double>(ints.begin(), ints.end());
+  }
+  if (static_cast<ValueType>(v.index()) != spec.type) fail_type(spec, describe_value(v), where);
+  switch (spec.type) {
+    case ValueType::Bool:
+      break;
+    case ValueType::Int:
+      check_number(spec, static_cast<double>(std::get<int64_t>(v)), spec.key + " = " + format_value(v), where);
+      break;
+    case ValueType::Float:
+      check_number(spec, std::get<double>(v), spec.key + " = " + format_value(v), where);
+      break;
+    case ValueType::String: {
+      const auto& s = std::get<std::string>(v);
+      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+        fail(spec.key + " = " + quote(s) + " is not valid", where, "choose one of: " + join(spec.choices));
+      }
+      break;
+    }
+    case ValueType::IntList:
+      check_list(spec, std::get<std::vector<int64_t>>(v), where);
+      break;
+    case ValueType::FloatList:
+      check_list(spec, std::get<std::vector<double>>(v), where);
+      break;
+  }
+  return v;
+}
+
+// "valid keys in [train]: batch_size, ..." plus the sections nested under it, if any.
+std::string section_hint(const Schema& schema, const std::string& section) {
+  std::string hint;
+  std::vector<std::string> keys = schema.keys_in_section(section);
+  if (!keys.empty()) hint = "valid keys in [" + section + "]: " + join(keys);
+  std::vector<std::string> subs = schema.subsections(section);
+  for (std::string& s : subs) s = detail::concat("[", section, ".", s, "]");
+  if (!subs.empty()) hint += (hint.empty() ? "" : "; ") + ("sections in [" + section + "]: " + join(subs));
+  return hint;
+}
+
+std::string sections_hint(const Schema& schema) {
+  std::vector<std::string> all = schema.sections();
+  std::sort(all.begin(), all.end());
+  return "valid sections: " + join(all);
+}
+
+// `key` is not in the schema: name the first unknown section in it, or list the keys of its section.
+[[noreturn]] void fail_unknown(const Schema& schema, const std::string& key, const std::string& where, bool is_table) {
+  for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', dot + 1)) {
+    std::string prefix = key.substr(0, dot);
+    if (!schema.is_section(prefix)) {
+      fail(detail::concat("unknown section [", prefix, "] in key '", key, "'"), where, sections_hint(schema));
+    }
+  }
+  if (is_table) fail("unknown section [" + key + "]", where, sections_hint(schema));
+  std::string section = parent_of(key);
+  if (section.empty()) fail("unknown key '" + key + "'", where, "every key is in a section; " + sections_hint(schema));
+  fail("unknown key '" + key + "'", where, section_hint(schema, section));
+}
+
+std::string where_in(const std::string& origin, const toml::node& node) {
+  auto line = node.source().begin.line;
+  return " (" + origin + (line > 0 ? ", line " + std::to_string(line) : "") + ")";
+}
+
+std::string describe_node(const toml::node& node) {
+  static const std::map<toml::node_type, std::string> kinds = {{toml::node_type::table, "table"},
+                                                               {toml::node_type::array, "array"},
+                                                               {toml::node_type::string, "string"},
+                                                               {toml::node_type::integer, "integer"},
+                                                               {toml::node_type::floating_point, "float"},
+                                                               {toml::node_type::boolean, "boolean"},
+                                                               {toml::node_type::date, "date"},
+                                                               {toml::node_type::time, "time"},
+                                                               {toml::node_type::date_time, "date-time"}};
+  if (node.is_table()) return "a table";
+  if (node.is_string()) return "string " + quote(node.as_string()->get());  // toml++ would use '...'
+  std::ostringstream out;
+  node.visit([&](auto&& n) { out << n; });
+  return kinds.at(node.type()) + " " + out.str();
+}
+
+// One list element or scalar of type `t`; nullopt when the node holds something else.
+std::optional<Value> scalar_from_node(ValueType t, const toml::node& node) {
+  if (t == ValueType::Bool && node.is_boolean()) return Value(node.as_boolean()->get());
+  if (t == ValueType::Int && node.is_integer()) return Value(node.as_integer()->get());
+  if (t == ValueType::Float && node.is_floating_point()) return Value(node.as_floating_point()->get());
+  if (t == ValueType::Float && node.is_integer()) return Value(static_cast<double>(node.as_integer()->get()));
+  if (t == ValueType::String && node.is_string()) return Value(node.as_string()->get());
+  return std::nullopt;
+}
+
+template <typename T>
+Value list_from_node(const KeySpec& spec, ValueType element, const toml::array& array, const std::string& where) {
+  std::vector<T> items;
+  for (size_t i = 0; i < array.size(); ++i) {
+    std::optional<Value> v = scalar_from_node(element, array[i]);
+    if (!v) fail_type(spec, describe_node(array[i]) + " as element " + std::to_string(i), where);
+    items.push_back(std::get<T>(*v));
+  }
+  return items;
+}
+
+Value from_node(const KeySpec& spec, const toml::node& node, const std::string& where) {
+  if (spec.type == ValueType::IntList || spec.type == ValueType::FloatList) {
+    const toml::array* array = node.as_array();
+    if (!array) fail_type(spec, describe_node(node), where);
+    if (spec.type == ValueType::IntList) return list_from_node<int64_t>(spec, ValueType::Int, *array, where);
+    return list_from_node<double>(spec, ValueType::Float, *array, where);
+  }
+  std::optional<Value> v = scalar_from_node(spec.type, node);
+  if (!v) fail_type(spec, describe_node(node), where);
+  return *v;
+}
+
+// Walks a parsed TOML table, converting and checking every value into `out`.
+void collect(const Schema& schema, const toml::table& table, const std::string& prefix, const std::string& origin,
+             std::map<std::string, Value>& out) {
+  for (auto&& [name, node] : table) {
+    std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    std::string where = where_in(origin, node);
+    if (const KeySpec* spec = schema.find(key)) {
+      out[key] = checked(*spec, from_node(*spec, node, where), where);
+    } else if (schema.is_section(key) && node.is_table()) {
+      collect(schema, *node.as_table(), key, origin, out);
+    } else if (schema.is_section(key)) {
+      fail("'" + key + "' is a section, not a key", where, section_hint(schema, key));
+    } else {
+      fail_unknown(schema, key, where, node.is_table());
+    }
+  }
+}
+
+// One override element of type `t` ("64", "1e-3", "true", "fsq"); nullopt when it does not parse.
+std::optional<Value> scalar_from_text(ValueType t, const std::string& text) {
+  const char* begin = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
+  const char* end = text.data() + text.size();
+  if (t == ValueType::Bool && (text == "true" || text == "false")) return Value(text == "true");
+  if (t == ValueType::Int) {
+    int64_t x = 0;
+    auto [ptr, ec] = std::from_chars(begin, end, x);
+    if (ec == std::errc() && ptr == end && begin != end) return Value(x);
+  }
+  if (t == ValueType::Float) {
+    double x = 0;
+    auto [ptr, ec] = std::from_chars(begin, end, x);
+    if (ec == std::errc() && ptr == end && begin != end) return Value(x);
+  }
+  if (t == ValueType::String) {
+    bool quoted = text.size() >= 2 && (text[0] == '"' || text[0] == '\'') && text.back() == text[0];
+    return Value(quoted ? text.substr(1, text.size() - 2) : text);
+  }
+  return std::nullopt;
+}
+
+template <typename T>
+Value list_from_text(const KeySpec& spec, ValueType element, std::string text, const std::string& where) {
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = trim(text.substr(1, text.size() - 2));
+  std::vector<T> items;
+  if (text.empty()) return items;
+  std::stringstream parts(text);
+  std::string part;
+  while (std::getline(parts, part, ',')) {
+    std::optional<Value> v = scalar_from_text(element, trim(part));
+    if (!v) fail_type(spec, "'" + trim(part) + "' as element " + std::to_string(items.size()), where);
+    items.push_back(std::get<T>(*v));
+  }
+  if (text.back() == ',') fail_type(spec, "an empty element after the last ','", where);
+  return items;
+}
+
+Value from_text(const KeySpec& spec, const std::string& text, const std::string& where) {
+  if (spec.type == ValueType::IntList) return list_from_text<int64_t>(spec, ValueType::Int, text, where);
+  if (spec.type == ValueType::FloatList) return list_from_text<double>(spec, ValueType::Float, text, where);
+  std::optional<Value> v = scalar_from_text(spec.type, text);
+  if (!v) fail_type(spec, "'" + text + "'", where);
+  return *v;
+}
+
+bool is_bare_key(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+std::string describe_type(ValueType type) {
+  switch (type) {
+    case ValueType::Bool:
+      return "a boolean (true or false)";
+    case ValueType::Int:
+      return "an integer";
+    case ValueType::Float:
+      return "a number";
+    case ValueType::String:
+      return "a string";
+    case ValueType::IntList:
+      return "a list of integers";
+    case ValueType::FloatList:
+      return "a list of numbers";
+  }
+  return "?";
+}
+
+std::string format_value(const Value& value) {
+  struct Formatter {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return format_double(d); }
+    std::string operator()(const std::string& s) const { return quote(s); }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      return format_list(v, [](int64_t i) { return std::to_string(i); });
+    }
+    std::string operator()(const std::vector<double>& v) const { return format_list(v, format_double); }
+  };
+  return std::visit(Formatter{}, value);
+}
+
+// ---- KeySpec ----
+
+namespace {
+KeySpec make_spec(std::string key, ValueType type, Value default_value, std::string help) {
+  KeySpec spec;
+  spec.key = std::move(key);
+  spec.type = type;
+  spec.default_value = std::move(default_value);
+  spec.help = std::move(help);
+  return spec;
+}
+}  // namespace
+
+KeySpec KeySpec::boolean(std::string key, bool d, std::string help) {
+  return make_spec(std::move(key), ValueType::Bool, d, std::move(help));
+}
+KeySpec KeySpec::integer(std::string key, int64_t d, std::string help) {
+  return make_spec(std::move(key), ValueType::Int, d, std::move(help));
+}
+KeySpec KeySpec::floating(std::string key, double d, std::string help) {
+  return make_spec(std::move(key), ValueType::Float, d, std::move(help));
+}
+KeySpec KeySpec::string(std::string key, std::string d, std::string help) {
+  return make_spec(std::move(key), ValueType::String, std::move(d), std::move(help));
+}
+KeySpec KeySpec::int_list(std::string key, std::vector<int64_t> d, std::string help) {
+  return make_spec(std::move(key), ValueType::IntList, std::move(d), std::move(help));
+}
+KeySpec KeySpec::float_list(std::string key, std::vector<double> d, std::string help) {
+  return make_spec(std::move(key), ValueType::FloatList, std::move(d), std::move(help));
+}
+
+KeySpec& KeySpec::at_least(double lo) {
+  min = lo;
+  min_exclusive = false;
+  return *this;
+}
+KeySpec& KeySpec::greater_than(double lo) {
+  min = lo;
+  min_exclusive = true;
+  return *this;
+}
+KeySpec& KeySpec::at_most(double hi) {
+  max = hi;
+  return *this;
+}
+KeySpec& KeySpec::in_range(double lo, double hi) { return at_least(lo).at_most(hi); }
+KeySpec& KeySpec::one_of(std::vector<std::string> allowed) {
+  choices = std::move(allowed);
+  return *this;
+}
+KeySpec& KeySpec::length(size_t lo, size_t hi) {
+  min_len = lo;
+  max_len = hi;
+  return *this;
+}
+
+std::string KeySpec::section() const { return parent_of(key); }
+std::string KeySpec::name() const { return key.substr(key.rfind('.') + 1); }
+
+std::string KeySpec::constraint_text() const {
+  if (type == ValueType::String) return choices.empty() ? "" : "one of: " + join(choices);
+  bool list = type == ValueType::IntList || type == ValueType::FloatList;
+  std::string range = range_text(*this);
+  if (!list) return range;
+  std::string len = length_text(*this);
+  if (range.empty()) return len;
+  return len.empty() ? "each " + range : len + ", each " + range;
+}
+
+// ---- Schema ----
+
+void Schema::add(KeySpec spec) {
+  std::string where = " (schema key '" + spec.key + "')";
+  LOCKSTEP_CHECK_ARG(spec.key.find('.') != std::string::npos, "schema key '", spec.key,
+                     "' must be dotted as section.name");
+  std::stringstream parts(spec.key);
+  for (std::string part; std::getline(parts, part, '.');) {
+    LOCKSTEP_CHECK_ARG(is_bare_key(part), "schema key '", spec.key, "': '", part,
+                       "' must be non-empty letters, digits, '_' or '-'");
+  }
+  LOCKSTEP_CHECK_ARG(index_.count(spec.key) == 0, "schema key '", spec.key, "' is added twice");
+  LOCKSTEP_CHECK_ARG(!is_section(spec.key), "schema key '", spec.key, "' is already a section");
+  for (std::string s = spec.section(); !s.empty(); s = parent_of(s)) {
+    LOCKSTEP_CHECK_ARG(index_.count(s) == 0, "schema key '", spec.key, "' is inside '", s, "', which is a key");
+  }
+  spec.default_value = checked(spec, spec.default_value, where);
+  index_[spec.key] = keys_.size();
+  keys_.push_back(std::move(spec));
+}
+
+const KeySpec* Schema::find(const std::string& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &keys_[it->second];
+}
+
+bool Schema::is_section(const std::string& section) const {
+  if (section.empty()) return false;
+  auto it = index_.lower_bound(section + ".");
+  return it != index_.end() && it->first.compare(0, section.size() + 1, section + ".") == 0;
+}
+
+std::vector<std::string> Schema::sections() const {
+  std::vector<std::string> out;
+  for (const KeySpec& spec : keys_) {
+    // Parents before children: "quantizer" before "quantizer.fsq".
+    std::vector<std::string> chain;
+    for (std::string s = spec.section(); !s.empty(); s = parent_of(s)) chain.push_back(s);
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      if (std::find(out.begin(), out.end(), *it) == out.end()) out.push_back(*it);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Schema::keys_in_section(const std::string& section) const {
+  std::vector<std::string> out;
+  for (const KeySpec& spec : keys_) {
+    if (spec.section() == section) out.push_back(spec.name());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> Schema::subsections(const std::string& section) const {
+  std::vector<std::string> out;
+  for (const std::string& s : sections()) {
+    if (parent_of(s) == section) out.push_back(section.empty() ? s : s.substr(section.size() + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- Config ----
+
+Config::Config(const Schema& schema) : schema_(&schema) {}
+
+void Config::load_toml_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("cannot open config file '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw IoError("cannot read config file '" + path + "'");
+  load_toml_string(text.str(), "config file " + path);
+}
+
+void Config::load_toml_string(std::string_view text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw InvalidArgument("invalid TOML in " + origin + ", line " + std::to_string(at.line) + ", column " +
+                          std::to_string(at.column) + ": " + std::string(e.description()));
+  }
+  std::map<std::string, Value> loaded;  // applied only when the whole text is valid
+  collect(*schema_, root, "", origin, loaded);
+  for (auto& [key, value] : loaded) set_values_[key] = std::move(value);
+}
+
+void Config::set(const std::string& key, Value value) {
+  const KeySpec* spec = schema_->find(key);
+  if (!spec) fail_unknown(*schema_, key, "", false);
+  set_values_[key] = checked(*spec, std::move(value), "");
+}
+
+void Config::set_from_string(const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  std::string key = trim(std::string_view(assignment).substr(0, eq));
+  if (eq == std::string::npos || key.empty()) {
+    throw InvalidArgument("invalid override '" + assignment + "': expected key=value, e.g. train.lr=1e-3");
+  }
+  std::string where = " (override '" + assignment + "')";
+  const KeySpec* spec = schema_->find(key);
+  if (!spec) fail_unknown(*schema_, key, where, false);
+  Value value = from_text(*spec, trim(std::string_view(assignment).substr(eq + 1)), where);
+  set_values_[key] = checked(*spec, std::move(value), where);
+}
+
+const Value& Config::get(const std::string& key) const {
+  const KeySpec* spec = schema_->find(key);
+  if (!spec) fail_unknown(*schema_, key, "", false);
+  auto it = set_values_.find(key);
+  return it == set_values_.end() ? spec->default_value : it->second;
+}
+
+namespace {
+template <typename T>
+const T& get_as(const Value& v, const std::string& key, ValueType wanted) {
+  if (const T* p = std::get_if<T>(&v)) return *p;
+  throw InvalidArgument("config key '" + key + "' holds " + describe_type(static_cast<ValueType>(v.index())) +
+                        ", not " + describe_type(wanted));
+}
+}  // namespace
+
+bool Config::get_bool(const std::string& key) const { return get_as<bool>(get(key), key, ValueType::Bool); }
+int64_t Config::get_int(const std::string& key) const { return get_as<int64_t>(get(key), key, ValueType::Int); }
+double Config::get_float(const std::string& key) const { return get_as<double>(get(key), key, ValueType::Float); }
+const std::string& Config::get_string(const std::string& key) const {
+  return get_as<std::string>(get(key), key, ValueType::String);
+}
+const std::vector<int64_t>& Config::get_int_list(const std::string& key) const {
+  return get_as<std::vector<int64_t>>(get(key), key, ValueType::IntList);
+}
+const std::vector<double>& Config::get_float_list(const std::string& key) const {
+  return get_as<std::vector<double>>(get(key), key, ValueType::FloatList);
+}
+
+std::string Config::to_toml() const {
+  std::string out;
+  for (const std::string& section : schema_->sections()) {
+    if (schema_->keys_in_section(section).empty()) continue;  // a parent that only holds sections
+    out += (out.empty() ? "[" : "\n[") + section + "]\n";
+    for (const KeySpec& spec : schema_->keys()) {
+      if (spec.section() != section) continue;
+      std::stringstream help(spec.help);
+      for (std::string line; std::getline(help, line);) out += "# " + line + "\n";
+      out += spec.name() + " = " + format_value(get(spec.key)) + "\n";
+    }
+  }
+  return out;
+}
+
+bool Config::is_default(const std::string& key) const {
+  get(key);  // rejects unknown keys
+  return set_values_.count(key) == 0;
+}
+
+std::vector<std::string> Config::explicitly_set_keys() const {
+  std::vector<std::string> out;
+  for (const KeySpec& spec : schema_->keys()) {
+    if (set_values_.count(spec.key)) out.push_back(spec.key);
+  }
+  return out;
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,62 @@
+// Every key `lockstep train` accepts. docs/configuration.md documents this table (a test checks
+// that they list the same keys), so change both together.
+#include "lockstep/train/config.h"
+
+namespace lockstep::train {
+namespace {
+
+Schema build_schema() {
+  // The names users may choose; a new quantizer or dataset adds its name here and its section below.
+  // (Not taken from quant::quantizer_names(), which would pull torch in; a test keeps them equal.)
+  const std::vector<std::string> kDatasets = {"fashion-mnist"};
+  const std::vector<std::string> kQuantizers = {"fsq"};
+
+  Schema s;
+  using K = KeySpec;
+
+  s.add(K::string("data.dataset", "fashion-mnist", "Which dataset to train and evaluate on.").one_of(kDatasets));
+  s.add(
+      K::string("data.dir", "/usr/share/datasets/fashion-mnist", "Directory that holds the dataset's IDX .gz files."));
+  s.add(K::integer("data.train_subset", 0, "Use only the first N training images; 0 uses them all.").at_least(0));
+  s.add(K::integer("data.test_subset", 0, "Use only the first N test images; 0 uses them all.").at_least(0));
+
+  s.add(K::int_list("model.channels", {16, 32, 64},
+                    "Channels at each resolution level; each level after the first halves the image size.")
+            .in_range(1, 1024)
+            .length(1, 5));
+  s.add(K::integer("model.res_blocks", 1, "Residual blocks at the lowest resolution, in the encoder and in the decoder.").in_range(0, 8));
+
+  s.add(K::string("quantizer.name", "fsq", "Which quantizer turns the encoder's output into tokens.")
+            .one_of(kQuantizers));
+  s.add(K::int_list("quantizer.fsq.levels", {8, 5, 5, 5},
+                    "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
+            .in_range(2, 256)
+            .length(1, 16));
+
+  s.add(K::integer("train.epochs", 1, "Passes over the training set.").in_range(1, 100000));
+  s.add(K::integer("train.steps", 0, "Stop after this many optimizer steps; 0 runs all the epochs.").at_least(0));
+  s.add(K::integer("train.batch_size", 64, "Training images per optimizer step.").in_range(1, 65536));
+  s.add(K::floating("train.lr", 2e-3, "Learning rate of the optimizer.").greater_than(0).at_most(10));
+  s.add(K::floating("train.weight_decay", 0.0, "Weight decay of the optimizer; 0 turns it off.").in_range(0, 10));
+  s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
+            .at_least(0));
+  s.add(K::integer("train.threads", 0, "Intra-op CPU threads; 0 uses all cores.").at_least(0));
+  s.add(K::integer("train.log_every", 50, "Steps between two lines of training metrics.").at_least(1));
+  s.add(K::integer("train.checkpoint_every", 500, "Steps between checkpoints; 0 saves only at the end.").at_least(0));
+  s.add(K::integer("train.eval_every", 0, "Steps between test-set evaluations; 0 evaluates only at the end.")
+            .at_least(0));
+
+  s.add(K::integer("eval.batch_size", 500, "Test images per batch when evaluating.").in_range(1, 65536));
+  s.add(K::integer("eval.grid_images", 16, "Test images shown beside their reconstructions in the PNG grid.")
+            .in_range(1, 256));
+  return s;
+}
+
+}  // namespace
+
+const Schema& lockstep_schema() {
+  static const Schema schema = build_schema();
+  return schema;
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,55 @@
+#include "lockstep/train/model_factory.h"
+
+namespace lockstep::train {
+
+quant::OptionReader quantizer_options(const Config& config, const std::string& name) {
+  const std::string prefix = "quantizer." + name + ".";
+  const Config* c = &config;
+  quant::OptionReader r;
+  r.integer = [c, prefix](const std::string& key) { return c->get_int(prefix + key); };
+  r.real = [c, prefix](const std::string& key) { return c->get_float(prefix + key); };
+  r.boolean = [c, prefix](const std::string& key) { return c->get_bool(prefix + key); };
+  r.string = [c, prefix](const std::string& key) { return c->get_string(prefix + key); };
+  r.int_list = [c, prefix](const std::string& key) { return c->get_int_list(prefix + key); };
+  return r;
+}
+
+model::Autoencoder build_model(const Config& config, int64_t in_channels) {
+  const std::string name = config.get_string("quantizer.name");
+  auto quantizer = quant::make_quantizer(name, quantizer_options(config, name));
+  model::AutoencoderOptions options(in_channels, config.get_int_list("model.channels"));
+  options.res_blocks(config.get_int("model.res_blocks"));
+  return model::Autoencoder(options, quantizer);
+}
+
+}  // namespace lockstep::train
+
+#include <filesystem>
+
+#include "lockstep/core/error.h"
+#include "lockstep/train/checkpoint.h"
+
+namespace lockstep::train {
+
+TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir) {
+  namespace fs = std::filesystem;
+  std::string path = checkpoint_or_run_dir;
+  if (fs::is_directory(path)) path = checkpoint_path(path);
+  LOCKSTEP_THROW_IF_NOT(fs::is_regular_file(path), IoError, "no checkpoint at ", checkpoint_or_run_dir,
+                        " (expected a .safetensors file or a run directory holding checkpoint.safetensors)");
+  Checkpoint c = load_checkpoint(path);
+  TrainedModel t;
+  t.config.load_toml_string(c.config_toml, path + " (embedded config)");
+  // The input channel count is the data's, not the config's: read it off the first convolution.
+  auto first = c.model.find("encoder.0.weight");
+  LOCKSTEP_THROW_IF_NOT(first != c.model.end() && first->second.dim() == 4, CorruptInput, path,
+                        ": checkpoint has no encoder.0.weight of shape (out, in, kh, kw)");
+  t.model = build_model(t.config, first->second.size(1));
+  load_module_state(*t.model, c.model, path);
+  t.model->eval();
+  t.step = c.step;
+  t.checkpoint = path;
+  return t;
+}
+
+}  // namespace lockstep::train

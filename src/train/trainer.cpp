@@ -1,0 +1,244 @@
+#include "lockstep/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
+#include "lockstep/data/batch.h"
+#include "lockstep/io/atomic_file.h"
+#include "lockstep/train/adam.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/metrics.h"
+#include "lockstep/train/model_factory.h"
+#include "lockstep/train/run_dir.h"
+
+namespace lockstep::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+// Keys that change neither the model nor the order of the data, so a resumed run may alter them.
+const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.steps",     "train.log_every",
+                                                 "train.checkpoint_every", "train.eval_every", "eval.batch_size",
+                                                 "eval.grid_images", "data.dir"};
+
+bool is_resumable(const std::string& key) {
+  return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+data::ImageSet subset(data::ImageSet set, int64_t count) {
+  if (count <= 0 || count >= set.count) return set;
+  set.pixels.resize(count * set.channels * set.height * set.width);
+  if (!set.labels.empty()) set.labels.resize(count);
+  set.count = count;
+  return set;
+}
+}  // namespace
+
+struct Trainer::State {
+  Config config{lockstep_schema()};
+  std::string run_dir;
+  std::shared_ptr<dist::Group> group;
+  data::ImageSet train_set, test_set;
+  model::Autoencoder model{nullptr};
+  std::unique_ptr<Adam> adam;
+  int64_t step = 0;
+  int64_t batch_size = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  int64_t epoch_of_order = -1;  // the epoch whose sample order `order` holds
+  std::vector<int64_t> order;
+
+  // Everything a run needs from its configuration, for both new and resumed runs.
+  void build() {
+    LOCKSTEP_CHECK_ARG(group && group->size() == 1, "trainer: this build trains on one process; got a group of ",
+                       group ? group->size() : 0, " ranks");
+    const int64_t threads = config.get_int("train.threads");
+    at::set_num_threads(threads > 0 ? static_cast<int>(threads)
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
+
+    const std::string dir = config.get_string("data.dir");
+    train_set = subset(data::load_fashion_mnist(dir, data::Split::Train), config.get_int("data.train_subset"));
+    test_set = subset(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset"));
+    batch_size = config.get_int("train.batch_size");
+    LOCKSTEP_CHECK_ARG(batch_size <= train_set.count, "train.batch_size = ", batch_size, " exceeds the ",
+                       train_set.count, " training images (data.train_subset = ", config.get_int("data.train_subset"),
+                       ")");
+    steps_per_epoch = train_set.count / batch_size;
+    const int64_t steps = config.get_int("train.steps");
+    total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
+
+    model = build_model(config, train_set.channels);
+    model->options().check_image_size(train_set.height, train_set.width);
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());
+    adam = std::make_unique<Adam>(std::move(params), AdamOptions()
+                                                         .lr(config.get_float("train.lr"))
+                                                         .weight_decay(config.get_float("train.weight_decay")));
+  }
+
+  // The training images of step `s`: a slice of the epoch's permutation, a pure function of
+  // (seed, epoch), so that a resumed run sees exactly the batches an uninterrupted one would.
+  std::vector<int64_t> batch_indices(int64_t s) {
+    const int64_t epoch = s / steps_per_epoch;
+    if (epoch != epoch_of_order) {
+      order = permutation(train_set.count, derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
+                                                        static_cast<uint64_t>(epoch), /*purpose=*/1));
+      epoch_of_order = epoch;
+    }
+    const int64_t first = (s % steps_per_epoch) * batch_size;
+    return {order.begin() + first, order.begin() + first + batch_size};
+  }
+
+  void save() {
+    Checkpoint c;
+    c.model = module_state(*model);
+    c.optimizer = adam->state();
+    c.torch_rng = at::detail::getDefaultCPUGenerator().get_state();
+    c.step = step;
+    c.optimizer_steps = adam->steps();
+    c.config_toml = config.to_toml();
+    save_checkpoint(checkpoint_path(run_dir), c);
+  }
+
+  EvalResult evaluate_test() {
+    return evaluate(*model, test_set,
+                    EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
+Trainer::~Trainer() = default;
+const Config& Trainer::config() const { return s_->config; }
+int64_t Trainer::step() const { return s_->step; }
+const std::vector<std::string>& Trainer::resumable_keys() { return kResumableKeys; }
+
+std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string& run_dir,
+                                         std::shared_ptr<dist::Group> group) {
+  auto s = std::make_unique<State>();
+  s->config = config;
+  s->run_dir = run_dir;
+  s->group = std::move(group);
+  prepare_new_run_dir(run_dir);
+  s->build();
+  io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
+}
+
+std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::vector<std::string>& overrides,
+                                         std::shared_ptr<dist::Group> group) {
+  auto s = std::make_unique<State>();
+  s->run_dir = run_dir;
+  s->group = std::move(group);
+  LOCKSTEP_THROW_IF_NOT(fs::is_directory(run_dir), IoError, "cannot resume: ", run_dir, " is not a directory");
+  s->config.load_toml_file(config_path(run_dir));
+  for (const auto& assignment : overrides) {
+    std::string key = assignment.substr(0, assignment.find('='));
+    key.erase(0, key.find_first_not_of(" \t"));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    LOCKSTEP_CHECK_ARG(is_resumable(key), "cannot change '", key, "' when resuming: it would change the model or",
+                       " the data order; keys a resumed run may change: ", detail::concat_list(kResumableKeys));
+    s->config.set_from_string(assignment);
+  }
+  const std::string path = checkpoint_path(run_dir);
+  LOCKSTEP_THROW_IF_NOT(fs::exists(path), IoError, "cannot resume ", run_dir, ": it has no checkpoint (", path,
+                        "); the run stopped before its first checkpoint, so start it again");
+  Checkpoint c = load_checkpoint(path);
+  // The checkpoint carries the config it was trained with; keys that shape the model or the
+  // data order must still agree with the run directory's config.toml.
+  Config saved(lockstep_schema());
+  saved.load_toml_string(c.config_toml, path + " (embedded config)");
+  for (const auto& spec : lockstep_schema().keys()) {
+    LOCKSTEP_THROW_IF_NOT(is_resumable(spec.key) || saved.get(spec.key) == s->config.get(spec.key), CorruptInput,
+                          "cannot resume ", run_dir, ": '", spec.key, "' is ", format_value(s->config.get(spec.key)),
+                          " in ", config_path(run_dir), " but ", format_value(saved.get(spec.key)),
+                          " in the checkpoint");
+  }
+  s->build();
+  load_module_state(*s->model, c.model, path);
+  s->adam->load_state(c.optimizer, c.optimizer_steps);
+  LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
+  at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
+  cpu_generator.set_state(c.torch_rng);
+  s->step = c.step;
+  if (!overrides.empty()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
+}
+
+TrainSummary Trainer::run(const TrainCallbacks& cb) {
+  State& s = *s_;
+  const auto start = Clock::now();
+  MetricsLog metrics(metrics_path(s.run_dir), s.step);
+  const int64_t log_every = s.config.get_int("train.log_every");
+  const int64_t checkpoint_every = s.config.get_int("train.checkpoint_every");
+  const int64_t eval_every = s.config.get_int("train.eval_every");
+  const int64_t epochs = (s.total_steps + s.steps_per_epoch - 1) / s.steps_per_epoch;
+  if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.total_steps));
+
+  auto record_eval = [&](const EvalResult& r) {
+    metrics.write({"eval", s.step, {{"mse", r.mse}, {"psnr_db", r.psnr_db}, {"code_usage", r.code_usage},
+                                    {"perplexity", r.perplexity}, {"images", static_cast<double>(r.images)}}});
+    if (cb.on_eval) cb.on_eval(s.step, r);
+  };
+
+  TrainSummary summary;
+  summary.run_dir = s.run_dir;
+  s.model->train();
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  auto window_start = Clock::now();
+  while (s.step < s.total_steps) {
+    if (cb.stop_requested && cb.stop_requested->load()) {
+      summary.interrupted = true;
+      break;
+    }
+    const at::Tensor x = data::images_to_tensor(s.train_set, s.batch_indices(s.step));
+    const model::AutoencoderOutput out = s.model->forward(x, quant::QuantizeContext{});
+    const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
+    const at::Tensor loss = reconstruction_loss + out.quant.total_loss();
+    s.adam->zero_grad();
+    loss.backward();
+    s.adam->step();
+    ++s.step;
+
+    window_loss += loss.item<double>();
+    ++window_steps;
+    StepReport report{s.step, s.total_steps, (s.step - 1) / s.steps_per_epoch, epochs, window_loss / window_steps,
+                      window_steps * s.batch_size / seconds_since(window_start), seconds_since(start)};
+    if (cb.on_step) cb.on_step(report);
+    if (s.step % log_every == 0 || s.step == s.total_steps) {
+      metrics.write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},
+                                       {"images_per_s", report.images_per_s}, {"elapsed_s", report.elapsed_s}}});
+      window_loss = 0;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+    if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {
+      s.save();
+      if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
+    }
+    if (eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) record_eval(s.evaluate_test());
+  }
+
+  s.save();
+  summary.steps = s.step;
+  if (!summary.interrupted) {
+    summary.test = s.evaluate_test();
+    record_eval(summary.test);
+    if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
+  }
+  summary.seconds = seconds_since(start);
+  write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
+  return summary;
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,30 @@
+# `lockstep doctor`: it runs, says what it prints, picks OpenBLAS's kernels and never fails on warnings.
+lockstep_cli_test(doctor_runs EXIT 0 OUTPUT "LibTorch +1\\.13.*BLAS.*sgemm n=1024 +[0-9.]+ GFLOP/s.*triad bandwidth +[0-9.]+ GB/s.*Fashion-MNIST"
+                  ARGS doctor --quick)
+lockstep_cli_test(doctor_help EXIT 0 OUTPUT "sgemm GFLOP/s.*--threads.*--data.*--quick" ARGS doctor --help)
+lockstep_cli_test(doctor_threads_flag EXIT 0 OUTPUT "intra-op threads +1 \\(--threads\\).*GFLOP/s with 1 thread \\(.*GB/s with 1 thread"
+                  ARGS doctor --quick --threads 1)
+lockstep_cli_test(doctor_rejects_zero_threads EXIT 2 ARGS doctor --quick --threads 0)
+# A missing data directory is a warning, not a failure.
+lockstep_cli_test(doctor_missing_data EXIT 0
+                  OUTPUT "Fashion-MNIST +missing.*WARNING: Fashion-MNIST is missing.*apt-get install dataset-fashion-mnist"
+                  ARGS doctor --quick --data ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir)
+
+# With OPENBLAS_CORETYPE unset, lockstep re-executes itself so OpenBLAS loads the right kernels
+# (this CI's Xeons have AVX-512; an AVX2-only CPU gets Haswell).
+lockstep_cli_test(doctor_reexec_sets_coretype EXIT 0
+                  OUTPUT "BLAS core +(SkylakeX|Haswell).*OPENBLAS_CORETYPE +(SkylakeX|Haswell) \\(set by lockstep"
+                  ARGS doctor --quick --threads 1)
+set_tests_properties(cli.doctor_reexec_sets_coretype PROPERTIES ENVIRONMENT_MODIFICATION
+                     "OPENBLAS_CORETYPE=unset:;LOCKSTEP_NO_REEXEC=unset:;LOCKSTEP_BLAS_REEXEC=unset:")
+# A user's own choice is respected, never overridden.
+lockstep_cli_test(doctor_respects_user_coretype EXIT 0
+                  OUTPUT "BLAS core +Haswell.*OPENBLAS_CORETYPE +Haswell \\(from the environment\\)"
+                  REJECT "set by lockstep" ARGS doctor --quick --threads 1)
+set_tests_properties(cli.doctor_respects_user_coretype PROPERTIES ENVIRONMENT_MODIFICATION
+                     "OPENBLAS_CORETYPE=set:Haswell;LOCKSTEP_NO_REEXEC=unset:;LOCKSTEP_BLAS_REEXEC=unset:")
+# LOCKSTEP_NO_REEXEC opts out: no re-exec, and the variable stays unset.
+lockstep_cli_test(doctor_no_reexec EXIT 0 OUTPUT "OPENBLAS_CORETYPE +unset" REJECT "set by lockstep"
+                  ARGS doctor --quick --threads 1)
+set_tests_properties(cli.doctor_no_reexec PROPERTIES ENVIRONMENT_MODIFICATION
+                     "OPENBLAS_CORETYPE=unset:;LOCKSTEP_NO_REEXEC=set:1;LOCKSTEP_BLAS_REEXEC=unset:")

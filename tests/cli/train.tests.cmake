@@ -1,0 +1,52 @@
+# CLI tests of train, eval, encode and decode: exit codes and messages a user sees.
+set(FMNIST /usr/share/datasets/fashion-mnist)
+set(LS $<TARGET_FILE:lockstep_cli>)
+set(MAKE_NPY ${CMAKE_CURRENT_LIST_DIR}/make_npy.py)
+# A few training steps on a slice of the data: the run directory the other tests use.
+set(TINY_RUN "${LS} train --run-dir run --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8] > /dev/null")
+
+lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a subcommand is required" ARGS)
+lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian'; valid: train, eval, encode, decode, doctor" ARGS trian)
+lockstep_cli_test(version EXIT 0 OUTPUT "lockstep [0-9]+\\.[0-9]+" ARGS --version)
+lockstep_cli_test(train_help EXIT 0 OUTPUT "Fashion-MNIST.*--set KEY=VALUE.*--resume.*--epochs INT" ARGS train --help)
+lockstep_cli_test(train_unknown_key EXIT 1 OUTPUT "unknown key 'train.batch'.*batch_size" ARGS train --set train.batch=3)
+lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set train.lr=fast)
+lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
+lockstep_cli_test(train_unknown_quantizer EXIT 1 OUTPUT "fsq" ARGS train --quantizer nope)
+lockstep_cli_test(train_print_config EXIT 0 OUTPUT "\\[quantizer.fsq\\].*levels = \\[8, 5, 5, 5\\]" ARGS train --print-config)
+lockstep_cli_test(train_missing_dataset EXIT 1 OUTPUT "dataset-fashion-mnist" ARGS train --run-dir run --data nowhere)
+lockstep_cli_test(train_unwritable_run_dir EXIT 1 OUTPUT "/proc/lockstep-run" ARGS train --run-dir /proc/lockstep-run)
+lockstep_cli_test(train_impossible_model EXIT 1 OUTPUT "28x28.*model.channels"
+                  ARGS train --run-dir run --set model.channels=[4,4,4,4])
+lockstep_cli_test(train_missing_config_file EXIT 2 OUTPUT "nothere.toml" ARGS train --config nothere.toml)
+lockstep_cli_test(train_bad_config_file EXIT 1 OUTPUT "bad.toml.*line 2"
+                  SETUP "printf '[train]\\nepochz = 3\\n' > bad.toml" ARGS train --config bad.toml)
+
+lockstep_cli_test(train_tiny_run EXIT 0 OUTPUT "step 4/4.*test: mse [0-9.]+  psnr [0-9.]+ dB  codes used"
+                  TIMEOUT 120 ARGS train --run-dir run --steps 4 --batch-size 16 --threads 1
+                  --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8])
+lockstep_cli_test(train_run_dir_taken EXIT 1 OUTPUT "already holds a run.*--resume" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS train --run-dir run)
+lockstep_cli_test(train_resume_extends EXIT 0 OUTPUT "resumed at step 4 of 6.*trained 6 steps" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS train --resume run --steps 6)
+lockstep_cli_test(train_resume_refuses_model_change EXIT 1 OUTPUT "cannot change 'model.channels'" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS train --resume run --set model.channels=[4,4])
+lockstep_cli_test(train_resume_nothing EXIT 1 OUTPUT "not a directory" ARGS train --resume nowhere)
+
+lockstep_cli_test(eval_run EXIT 0 OUTPUT "step 4.*mse [0-9.]+  psnr" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS eval run --limit 50 --grid grid.png)
+lockstep_cli_test(eval_corrupt_checkpoint EXIT 1 OUTPUT "bad.safetensors"
+                  SETUP "head -c 300 /dev/urandom > bad.safetensors" ARGS eval bad.safetensors)
+lockstep_cli_test(eval_missing_checkpoint EXIT 1 OUTPUT "no checkpoint at nowhere" ARGS eval nowhere)
+lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out" TIMEOUT 120
+                  SETUP "${TINY_RUN} && ${LS} encode run --limit 10 -o tokens.npy | grep -q 'tokens of shape \\[10, 14, 14\\]'"
+                  ARGS decode run --tokens tokens.npy -o out --grid grid.png)
+lockstep_cli_test(encode_png_inputs EXIT 0 OUTPUT "encoded 3 images of 28x28" TIMEOUT 120
+                  SETUP "${TINY_RUN} && ${LS} encode run --limit 3 -o t.npy && ${LS} decode run --tokens t.npy -o imgs"
+                  ARGS encode run --images imgs/000000.png imgs/000001.png imgs/000002.png -o again.npy)
+lockstep_cli_test(decode_rejects_float_tokens EXIT 1 OUTPUT "must be integers" TIMEOUT 120
+                  SETUP "${TINY_RUN} && python3 ${MAKE_NPY} f.npy '<f4' 1,14,14 0"
+                  ARGS decode run --tokens f.npy -o out)
+lockstep_cli_test(decode_rejects_out_of_range EXIT 1 OUTPUT "indices must lie in .0, 1000. " TIMEOUT 120
+                  SETUP "${TINY_RUN} && python3 ${MAKE_NPY} f.npy '<i4' 1,14,14 127"
+                  ARGS decode run --tokens f.npy -o out)

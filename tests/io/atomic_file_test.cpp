@@ -1,0 +1,102 @@
+#include "lockstep/io/atomic_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/core/error.h"
+
+namespace {
+
+using lockstep::IoError;
+using lockstep::io::read_file;
+using lockstep::io::write_file_atomic;
+using lockstep::test_util::TempDir;
+
+TEST(AtomicFile, WritesNewFileAndLeavesNoTemporary) {
+  TempDir dir;
+  const std::string path = dir.file("out.bin");
+  std::string bytes("a\0b\xff", 4);
+  write_file_atomic(path, bytes);
+  EXPECT_EQ(read_file(path), bytes);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"out.bin"});
+}
+
+TEST(AtomicFile, ReplacesExistingFileAndWritesEmptyFiles) {
+  TempDir dir;
+  const std::string path = dir.file("out.txt");
+  write_file_atomic(path, "a longer first version");
+  write_file_atomic(path, "short");
+  EXPECT_EQ(read_file(path), "short");
+  write_file_atomic(path, "");
+  EXPECT_EQ(read_file(path), "");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"out.txt"});
+}
+
+// Renaming a file over a directory fails late, after the temporary file has been written.
+TEST(AtomicFile, FailureOnDirectoryTargetKeepsItAndRemovesTemporary) {
+  TempDir dir;
+  const std::string target = dir.file("target");
+  std::filesystem::create_directory(target);
+  lockstep::test_util::write_bytes(target + "/keep.txt", "old");
+  try {
+    write_file_atomic(target, "new contents");
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(target), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("directory"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::is_directory(target));
+  EXPECT_EQ(read_file(target + "/keep.txt"), "old");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"target"});
+}
+
+TEST(AtomicFile, MissingParentDirectoryThrowsWithPathAndReason) {
+  TempDir dir;
+  const std::string path = dir.file("no/such/dir/out.bin");
+  try {
+    write_file_atomic(path, "x");
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// Ranks run as threads may save to the same path; every reader must see one complete version.
+TEST(AtomicFile, ConcurrentWritersNeverInterleave) {
+  TempDir dir;
+  const std::string path = dir.file("shared.bin");
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) write_file_atomic(path, std::string(4096 + t, static_cast<char>('a' + t)));
+    });
+  }
+  for (auto& th : threads) th.join();
+  const std::string got = read_file(path);
+  ASSERT_GE(got.size(), 4096u);
+  const int t = static_cast<int>(got.size()) - 4096;
+  EXPECT_EQ(got, std::string(got.size(), static_cast<char>('a' + t)));
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"shared.bin"});
+}
+
+TEST(AtomicFile, ReadFileErrorsNameThePath) {
+  TempDir dir;
+  const std::string missing = dir.file("missing.bin");
+  try {
+    read_file(missing);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_file(dir.path()), IoError);
+}
+
+}  // namespace

@@ -1,0 +1,65 @@
+#include "lockstep/model/autoencoder.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/fsq.h"
+
+namespace lockstep::model {
+namespace {
+
+Autoencoder make(std::vector<int64_t> channels, int64_t in_channels = 1) {
+  return Autoencoder(AutoencoderOptions(in_channels, std::move(channels)).res_blocks(1),
+                     std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
+}
+
+TEST(Autoencoder, ShapesFollowTheLevels) {
+  auto m = make({8, 16, 16});
+  const at::Tensor x = torch::rand({2, 1, 28, 28}) * 2 - 1;
+  const AutoencoderOutput out = m->forward(x, {});
+  EXPECT_EQ(out.reconstruction.sizes(), x.sizes());
+  EXPECT_EQ(out.quant.indices.sizes(), (std::vector<int64_t>{2, 7, 7}));
+  EXPECT_EQ(m->encode(x).sizes(), (std::vector<int64_t>{2, 7, 7}));
+}
+
+TEST(Autoencoder, DecodeOfEncodeIsTheForwardReconstruction) {
+  auto m = make({8, 16}, 3);
+  m->eval();
+  const at::Tensor x = torch::rand({3, 3, 16, 12}) * 2 - 1;
+  const at::Tensor ids = m->encode(x);
+  EXPECT_TRUE(torch::allclose(m->decode(ids), m->forward(x, {}).reconstruction, 1e-5, 1e-6));
+}
+
+TEST(Autoencoder, GradientsReachTheEncoderThroughTheQuantizer) {
+  auto m = make({8, 16});
+  const at::Tensor x = torch::rand({2, 1, 8, 8});
+  torch::mse_loss(m->forward(x, {}).reconstruction, x).backward();
+  // Every parameter gets a gradient; those before the quantizer get a non-zero one only if the
+  // straight-through estimator passes it on. (from_latent's may be zero when every code is 0.)
+  int before_quantizer = 0;
+  for (const auto& p : m->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    if (p.key().rfind("encoder.", 0) == 0 || p.key().rfind("to_latent.", 0) == 0) {
+      ++before_quantizer;
+      EXPECT_GT(p.value().grad().abs().sum().item<float>(), 0.0f) << p.key() << " has a zero gradient";
+    }
+  }
+  EXPECT_GE(before_quantizer, 4);
+}
+
+TEST(Autoencoder, ImpossibleShapesAreNamedErrors) {
+  EXPECT_THROW(make({}), InvalidArgument);
+  EXPECT_THROW(make({8, 0}), InvalidArgument);
+  auto m = make({8, 16, 16, 16});
+  try {
+    m->forward(torch::zeros({1, 1, 28, 28}), {});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("28x28"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(m->forward(torch::zeros({1, 3, 32, 32}), {}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::model

@@ -1,0 +1,120 @@
+#include "lockstep/train/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/core/error.h"
+#include "lockstep/io/atomic_file.h"
+#include "lockstep/io/safetensors.h"
+#include "lockstep/model/autoencoder.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/train/adam.h"
+
+namespace lockstep::train {
+namespace {
+
+model::Autoencoder small_model(std::vector<int64_t> channels) {
+  return model::Autoencoder(model::AutoencoderOptions(1, std::move(channels)),
+                            std::make_shared<quant::Fsq>(quant::FsqOptions({5, 5})));
+}
+
+Checkpoint sample_checkpoint(model::Autoencoder& m) {
+  Checkpoint c;
+  c.model = module_state(*m);
+  c.optimizer = {{"exp_avg.x", torch::randn({3})}};
+  c.torch_rng = at::detail::getDefaultCPUGenerator().get_state();
+  c.step = 42;
+  c.optimizer_steps = 41;
+  c.config_toml = "[train]\nlr = 0.5\n";
+  return c;
+}
+
+TEST(Checkpoint, RoundTripsEveryPart) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  const Checkpoint c = sample_checkpoint(m);
+  save_checkpoint(tmp.file("c.safetensors"), c);
+  const Checkpoint r = load_checkpoint(tmp.file("c.safetensors"));
+  EXPECT_EQ(r.step, 42);
+  EXPECT_EQ(r.optimizer_steps, 41);
+  EXPECT_EQ(r.config_toml, c.config_toml);
+  EXPECT_TRUE(torch::equal(r.torch_rng, c.torch_rng));
+  ASSERT_EQ(r.model.size(), c.model.size());
+  for (const auto& [name, t] : c.model) EXPECT_TRUE(torch::equal(r.model.at(name), t)) << name;
+  EXPECT_TRUE(torch::equal(r.optimizer.at("exp_avg.x"), c.optimizer.at("exp_avg.x")));
+
+  auto other = small_model({4, 8});
+  load_module_state(*other, r.model, "test");
+  for (const auto& [name, t] : module_state(*other)) EXPECT_TRUE(torch::equal(t, c.model.at(name))) << name;
+}
+
+TEST(Checkpoint, AModelOfAnotherShapeIsRefusedByName) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  save_checkpoint(tmp.file("c.safetensors"), sample_checkpoint(m));
+  auto wider = small_model({6, 8});
+  try {
+    load_module_state(*wider, load_checkpoint(tmp.file("c.safetensors")).model, tmp.file("c.safetensors"));
+    FAIL() << "a checkpoint of another shape was loaded";
+  } catch (const CorruptInput& e) {
+    const std::string what = e.what();
+    // Names a tensor whose shape changed, both shapes, and the file.
+    EXPECT_NE(what.find("' is Float [4], the model needs Float [6]"), std::string::npos) << what;
+    EXPECT_NE(what.find("c.safetensors"), std::string::npos) << what;
+  }
+}
+
+TEST(Checkpoint, DamagedOrForeignFilesAreNamedErrors) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  save_checkpoint(tmp.file("c.safetensors"), sample_checkpoint(m));
+  const std::string bytes = io::read_file(tmp.file("c.safetensors"));
+  io::write_file_atomic(tmp.file("truncated.safetensors"), bytes.substr(0, bytes.size() / 2));
+  EXPECT_THROW(load_checkpoint(tmp.file("truncated.safetensors")), CorruptInput);
+
+  io::SafetensorsData foreign;
+  foreign.tensors["weight"] = io::RawTensor{io::DType::F32, {1}, std::string(4, '\0')};
+  io::save_safetensors(tmp.file("foreign.safetensors"), foreign);
+  try {
+    load_checkpoint(tmp.file("foreign.safetensors"));
+    FAIL();
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("not a lockstep checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_checkpoint(tmp.file("missing.safetensors")), IoError);
+}
+
+TEST(Adam, StateRoundTripsAndContinuesIdentically) {
+  torch::manual_seed(0);
+  at::Tensor w1 = torch::randn({4, 3}, torch::requires_grad());
+  at::Tensor w2 = w1.detach().clone().requires_grad_();
+  const at::Tensor initial = w1.detach().clone();
+  Adam a({{"w", w1}}, AdamOptions().lr(0.1));
+  Adam b({{"w", w2}}, AdamOptions().lr(0.1));
+  const at::Tensor target = torch::randn({4, 3});
+  auto step = [&](Adam& opt, at::Tensor& w) {
+    opt.zero_grad();
+    (w - target).pow(2).sum().backward();
+    opt.step();
+  };
+  for (int i = 0; i < 3; ++i) step(a, w1);
+  // b takes a's state and parameters, then both continue in lockstep.
+  {
+    torch::NoGradGuard g;
+    w2.copy_(w1);
+  }
+  b.load_state(a.state(), a.steps());
+  for (int i = 0; i < 4; ++i) {
+    step(a, w1);
+    step(b, w2);
+  }
+  EXPECT_TRUE(torch::equal(w1, w2));
+  EXPECT_LT((w1 - target).pow(2).sum().item<float>(), 0.5f * (initial - target).pow(2).sum().item<float>());
+  EXPECT_THROW(b.load_state({}, 1), CorruptInput);
+}
+
+}  // namespace
+}  // namespace lockstep::train

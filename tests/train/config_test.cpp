@@ -1,0 +1,420 @@
+// Config and Schema: defaults, TOML and override parsing, error messages, exact round-trips.
+#include "lockstep/train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/registry.h"
+
+namespace lockstep::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A TOML file under the temp directory, removed when the test ends.
+class TempToml {
+ public:
+  explicit TempToml(const std::string& text) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            (std::string("lockstep_config_") + info->test_suite_name() + "_" + info->name() + ".toml");
+    std::ofstream(path_) << text;
+  }
+  ~TempToml() { fs::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// The message of the E that `f` throws; a test failure when it throws nothing.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+void expect_contains(const std::string& message, std::initializer_list<std::string> parts) {
+  for (const std::string& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+  }
+}
+
+// One key of every type, with a nested section.
+Schema all_types_schema() {
+  Schema s;
+  s.add(KeySpec::boolean("a.flag", false, "A flag."));
+  s.add(KeySpec::integer("a.count", 3, "A count.").in_range(0, 10));
+  s.add(KeySpec::floating("a.rate", 0.5, "A rate.").greater_than(0));
+  s.add(KeySpec::string("a.name", "x", "A name."));
+  s.add(KeySpec::int_list("b.sizes", {1, 2}, "Sizes.").length(1, 3));
+  s.add(KeySpec::float_list("b.weights", {0.5}, "Weights.").in_range(0, 1));
+  s.add(KeySpec::string("b.c.mode", "on", "A mode.").one_of({"on", "off"}));
+  return s;
+}
+
+std::string load_error(const std::string& text) {
+  TempToml file(text);
+  Config config(lockstep_schema());
+  return error_of<InvalidArgument>([&] { config.load_toml_file(file.path()); });
+}
+
+std::string set_error(const std::string& assignment) {
+  Config config(lockstep_schema());
+  return error_of<InvalidArgument>([&] { config.set_from_string(assignment); });
+}
+
+TEST(ConfigTest, StartsAtTheDefaults) {
+  Config c(lockstep_schema());
+  EXPECT_EQ(c.get_string("data.dataset"), "fashion-mnist");
+  EXPECT_EQ(c.get_int("data.train_subset"), 0);
+  EXPECT_EQ(c.get_int_list("model.channels"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(c.get_string("quantizer.name"), "fsq");
+  EXPECT_EQ(c.get_int_list("quantizer.fsq.levels"), (std::vector<int64_t>{8, 5, 5, 5}));
+  EXPECT_EQ(c.get_int("train.batch_size"), 64);
+  EXPECT_EQ(c.get_float("train.lr"), 2e-3);
+  EXPECT_EQ(c.get_int("train.checkpoint_every"), 500);
+  EXPECT_EQ(c.get_int("eval.grid_images"), 16);
+  for (const KeySpec& spec : lockstep_schema().keys()) {
+    EXPECT_TRUE(c.is_default(spec.key)) << spec.key;
+    EXPECT_EQ(c.get(spec.key), spec.default_value) << spec.key;
+  }
+  EXPECT_TRUE(c.explicitly_set_keys().empty());
+}
+
+TEST(ConfigTest, LoadsEveryTypeFromToml) {
+  Schema schema = all_types_schema();
+  Config c(schema);
+  c.load_toml_string(
+      "[a]\nflag = true\ncount = 7\nrate = 1e-3\nname = \"hello world\"\n"
+      "[b]\nsizes = [4, 5, 6]\nweights = [0.25, 1]\n"
+      "[b.c]\nmode = \"off\"\n",
+      "test");
+  EXPECT_TRUE(c.get_bool("a.flag"));
+  EXPECT_EQ(c.get_int("a.count"), 7);
+  EXPECT_EQ(c.get_float("a.rate"), 1e-3);
+  EXPECT_EQ(c.get_string("a.name"), "hello world");
+  EXPECT_EQ(c.get_int_list("b.sizes"), (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_EQ(c.get_float_list("b.weights"), (std::vector<double>{0.25, 1.0}));
+  EXPECT_EQ(c.get_string("b.c.mode"), "off");
+  EXPECT_EQ(c.explicitly_set_keys().size(), schema.keys().size());
+}
+
+TEST(ConfigTest, LoadsNestedSectionsAndDottedKeys) {
+  TempToml file("train.lr = 1e-4\n[quantizer.fsq]\nlevels = [4, 4]\n[quantizer]\nname = \"fsq\"\n");
+  Config c(lockstep_schema());
+  c.load_toml_file(file.path());
+  EXPECT_EQ(c.get_float("train.lr"), 1e-4);
+  EXPECT_EQ(c.get_int_list("quantizer.fsq.levels"), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(c.explicitly_set_keys(), (std::vector<std::string>{"quantizer.name", "quantizer.fsq.levels", "train.lr"}));
+  EXPECT_FALSE(c.is_default("train.lr"));
+  EXPECT_TRUE(c.is_default("train.epochs"));
+}
+
+TEST(ConfigTest, AcceptsIntegersForFloats) {
+  Config c(lockstep_schema());
+  c.load_toml_string("[train]\nlr = 1\n", "test");
+  EXPECT_EQ(c.get_float("train.lr"), 1.0);
+  c.set("train.lr", int64_t{2});
+  EXPECT_EQ(c.get_float("train.lr"), 2.0);
+  c.set_from_string("train.lr=3");
+  EXPECT_EQ(c.get_float("train.lr"), 3.0);
+
+  Schema schema = all_types_schema();
+  Config d(schema);
+  d.load_toml_string("b.weights = [0, 0.5, 1]\n", "test");
+  EXPECT_EQ(d.get_float_list("b.weights"), (std::vector<double>{0.0, 0.5, 1.0}));
+}
+
+TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
+  TempToml file("[train]\nbatch = 3\n");
+  Config c(lockstep_schema());
+  std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
+  expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
+                        "valid keys in [train]: batch_size, checkpoint_every, epochs, eval_every, log_every, lr, "
+                        "seed, steps, threads, weight_decay"});
+  expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
+                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: levels"});
+  expect_contains(set_error("quantizer.x=1"),
+                  {"unknown key 'quantizer.x'", "valid keys in [quantizer]: name", "[quantizer.fsq]"});
+  expect_contains(set_error("train.batch=1"),
+                  {"unknown key 'train.batch'", "override 'train.batch=1'", "valid keys in [train]: batch_size"});
+  expect_contains(load_error("epochs = 3\n"), {"unknown key 'epochs'", "line 1", "valid sections: data"});
+}
+
+TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
+  const std::string sections = "valid sections: data, eval, model, quantizer, quantizer.fsq, train";
+  expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
+                  {"unknown section [trian]", "line 3", sections});
+  expect_contains(load_error("[quantizer.vq]\nsize = 4\n"), {"unknown section [quantizer.vq]", sections});
+  expect_contains(set_error("trian.epochs=1"), {"unknown section [trian] in key 'trian.epochs'", sections});
+  expect_contains(load_error("train = 5\n"), {"'train' is a section, not a key", "valid keys in [train]"});
+}
+
+TEST(ConfigErrorTest, WrongTypeNamesExpectedAndGot) {
+  expect_contains(load_error("[model]\nchannels = \"abc\"\n"),
+                  {"model.channels must be a list of integers, got string \"abc\"", "line 2"});
+  expect_contains(load_error("[model]\nchannels = [1, \"x\"]\n"),
+                  {"model.channels must be a list of integers, got string \"x\" as element 1"});
+  expect_contains(load_error("[train]\nbatch_size = 1.5\n"),
+                  {"train.batch_size must be an integer, got float 1.5", "line 2"});
+  expect_contains(load_error("[train]\nlr = \"fast\"\n"), {"train.lr must be a number, got string \"fast\""});
+  expect_contains(load_error("[quantizer]\nname = 3\n"), {"quantizer.name must be a string, got integer 3"});
+  expect_contains(load_error("[train.lr]\nx = 1\n"), {"train.lr must be a number, got a table"});
+
+  Config c(lockstep_schema());
+  expect_contains(error_of<InvalidArgument>([&] { c.set("train.batch_size", std::string("x")); }),
+                  {"train.batch_size must be an integer, got string \"x\""});
+  expect_contains(error_of<InvalidArgument>([&] { c.set("train.batch_size", 2.0); }),
+                  {"train.batch_size must be an integer, got float 2.0"});
+}
+
+TEST(ConfigErrorTest, OutOfRangeShowsTheRange) {
+  TempToml file("[train]\nepochs = 3\nbatch_size = 0\n");
+  Config c(lockstep_schema());
+  std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
+  expect_contains(
+      msg, {"train.batch_size = 0 is out of range: must be in [1, 65536] (config file " + file.path() + ", line 3)"});
+  EXPECT_EQ(c.get_int("train.epochs"), 2) << "a failed load must change nothing";
+
+  expect_contains(load_error("[train]\nlr = 0.0\n"), {"train.lr = 0.0 is out of range: must be in (0, 10]"});
+  expect_contains(load_error("[train]\nsteps = -1\n"), {"train.steps = -1 is out of range: must be >= 0"});
+  expect_contains(load_error("[model]\nchannels = [8, 2000]\n"),
+                  {"model.channels[1] = 2000 is out of range: must be in [1, 1024]", "line 2"});
+  expect_contains(set_error("train.lr=inf"), {"train.lr = inf is not a finite number"});
+  expect_contains(set_error("eval.grid_images=257"), {"eval.grid_images = 257 is out of range: must be in [1, 256]"});
+}
+
+TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
+  expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
+                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq"});
+  expect_contains(set_error("data.dataset=mnist"),
+                  {"data.dataset = \"mnist\" is not valid", "choose one of: fashion-mnist"});
+}
+
+TEST(ConfigErrorTest, ListLengthIsChecked) {
+  expect_contains(load_error("[model]\nchannels = []\n"),
+                  {"model.channels = [] has 0 elements, must have 1 to 5 elements", "line 2"});
+  expect_contains(load_error("[model]\nchannels = [1, 2, 3, 4, 5, 6]\n"),
+                  {"has 6 elements, must have 1 to 5 elements"});
+  expect_contains(set_error("quantizer.fsq.levels=[]"), {"quantizer.fsq.levels = [] has 0 elements"});
+}
+
+TEST(ConfigErrorTest, BrokenTomlNamesFileAndLine) {
+  TempToml file("[train]\nepochs = 3\nlr = = 2\n");
+  Config c(lockstep_schema());
+  std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
+  expect_contains(msg, {"invalid TOML in config file " + file.path() + ", line 3"});
+  expect_contains(load_error("[train\n"), {"invalid TOML", "line 1"});
+  expect_contains(load_error("[train]\nepochs = 1\nepochs = 2\n"), {"invalid TOML", "line 3"});
+}
+
+TEST(ConfigErrorTest, MissingFileIsIoErrorNamingThePath) {
+  Config c(lockstep_schema());
+  std::string path = (fs::temp_directory_path() / "lockstep_no_such_config.toml").string();
+  expect_contains(error_of<IoError>([&] { c.load_toml_file(path); }), {path});
+}
+
+TEST(ConfigErrorTest, GetChecksKeyAndType) {
+  Config c(lockstep_schema());
+  expect_contains(error_of<InvalidArgument>([&] { c.get("train.batch"); }), {"unknown key 'train.batch'"});
+  expect_contains(error_of<InvalidArgument>([&] { c.get_int("train.lr"); }),
+                  {"'train.lr' holds a number, not an integer"});
+  EXPECT_THROW(c.is_default("nope.key"), InvalidArgument);
+}
+
+TEST(ConfigOverrideTest, ParsesEveryType) {
+  Schema schema = all_types_schema();
+  Config c(schema);
+  c.set_from_string("a.flag=true");
+  EXPECT_TRUE(c.get_bool("a.flag"));
+  c.set_from_string(" a.flag = false ");
+  EXPECT_FALSE(c.get_bool("a.flag"));
+  c.set_from_string("a.count=+7");
+  EXPECT_EQ(c.get_int("a.count"), 7);
+  c.set_from_string("a.rate=1e-3");
+  EXPECT_EQ(c.get_float("a.rate"), 1e-3);
+  c.set_from_string("a.rate=.25");
+  EXPECT_EQ(c.get_float("a.rate"), 0.25);
+  c.set_from_string("a.name=\"hello world\"");
+  EXPECT_EQ(c.get_string("a.name"), "hello world");
+  c.set_from_string("a.name='single'");
+  EXPECT_EQ(c.get_string("a.name"), "single");
+  c.set_from_string("a.name=plain=text");
+  EXPECT_EQ(c.get_string("a.name"), "plain=text");
+  c.set_from_string("b.sizes=[3, 2,1]");
+  EXPECT_EQ(c.get_int_list("b.sizes"), (std::vector<int64_t>{3, 2, 1}));
+  c.set_from_string("b.sizes=4,5");
+  EXPECT_EQ(c.get_int_list("b.sizes"), (std::vector<int64_t>{4, 5}));
+  c.set_from_string("b.sizes=9");
+  EXPECT_EQ(c.get_int_list("b.sizes"), (std::vector<int64_t>{9}));
+  c.set_from_string("b.weights=0.25, 1, 1e-3");
+  EXPECT_EQ(c.get_float_list("b.weights"), (std::vector<double>{0.25, 1.0, 1e-3}));
+  c.set_from_string("b.c.mode=off");
+  EXPECT_EQ(c.get_string("b.c.mode"), "off");
+
+  Config l(lockstep_schema());
+  l.set_from_string("model.channels=[8,5,5,5]");
+  EXPECT_EQ(l.get_int_list("model.channels"), (std::vector<int64_t>{8, 5, 5, 5}));
+  l.set_from_string("quantizer.fsq.levels=8,8");
+  EXPECT_EQ(l.get_int_list("quantizer.fsq.levels"), (std::vector<int64_t>{8, 8}));
+  l.set_from_string("data.dir=/tmp/data");
+  EXPECT_EQ(l.get_string("data.dir"), "/tmp/data");
+}
+
+TEST(ConfigOverrideTest, RejectsMalformedAssignments) {
+  expect_contains(set_error("x"), {"invalid override 'x': expected key=value"});
+  expect_contains(set_error("=1"), {"invalid override '=1': expected key=value"});
+  expect_contains(set_error("train.batch_size=abc"),
+                  {"train.batch_size must be an integer, got 'abc'", "override 'train.batch_size=abc'"});
+  expect_contains(set_error("train.batch_size=1.5"), {"train.batch_size must be an integer, got '1.5'"});
+  expect_contains(set_error("train.batch_size="), {"train.batch_size must be an integer, got ''"});
+  expect_contains(set_error("train.batch_size=99999999999999999999"), {"must be an integer"});
+  expect_contains(set_error("train.lr=fast"), {"train.lr must be a number, got 'fast'"});
+  expect_contains(set_error("model.channels=[8,x]"),
+                  {"model.channels must be a list of integers, got 'x' as element 1"});
+  expect_contains(set_error("model.channels=8,"), {"model.channels must be a list of integers"});
+
+  Schema schema = all_types_schema();
+  Config c(schema);
+  expect_contains(error_of<InvalidArgument>([&] { c.set_from_string("a.flag=yes"); }),
+                  {"a.flag must be a boolean (true or false), got 'yes'"});
+  EXPECT_TRUE(c.explicitly_set_keys().empty()) << "failed overrides must change nothing";
+}
+
+TEST(ConfigOverrideTest, LaterSourcesOverrideEarlierOnes) {
+  TempToml file("[train]\nbatch_size = 32\nlr = 0.01\n");
+  Config c(lockstep_schema());
+  c.load_toml_file(file.path());
+  c.set_from_string("train.batch_size=16");
+  EXPECT_EQ(c.get_int("train.batch_size"), 16);
+  EXPECT_EQ(c.get_float("train.lr"), 0.01);
+  c.load_toml_string("[train]\nbatch_size = 8\n", "second file");
+  EXPECT_EQ(c.get_int("train.batch_size"), 8);
+  EXPECT_EQ(c.get_float("train.lr"), 0.01);
+}
+
+void expect_round_trip(const Config& original) {
+  std::string text = original.to_toml();
+  Config copy(original.schema());
+  copy.load_toml_string(text, "resolved config");
+  for (const KeySpec& spec : original.schema().keys()) {
+    EXPECT_EQ(copy.get(spec.key), original.get(spec.key)) << spec.key << " in:\n" << text;
+  }
+  EXPECT_EQ(copy.to_toml(), text);
+}
+
+TEST(ConfigRoundTripTest, ToTomlReadsBackExactly) {
+  Config c(lockstep_schema());
+  expect_round_trip(c);
+  c.set("train.lr", 0.1);
+  c.set("train.weight_decay", 1e-7);
+  c.set("data.dir", std::string("C:\\data \"quoted\"\tand\nnewline and \x01 and \xc3\xa9"));
+  c.set("model.channels", std::vector<int64_t>{1, 1024, 7});
+  c.set("train.seed", int64_t{9007199254740993});  // not representable as a double
+  expect_round_trip(c);
+  for (double lr : {1.0 / 3.0, 10.0, 2e-3, 1e-12, 0.30000000000000004, std::nextafter(0.1, 1.0)}) {
+    c.set("train.lr", lr);
+    expect_round_trip(c);
+  }
+
+  Schema schema = all_types_schema();
+  Config d(schema);
+  d.set("a.flag", true);
+  d.set("a.rate", 1e300);
+  d.set("b.weights", std::vector<double>{0.1, 1.0 / 3.0, 5e-324, 0.0, 1.0});
+  expect_round_trip(d);
+}
+
+TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
+  Config c(lockstep_schema());
+  std::string text = c.to_toml();
+  expect_contains(text, {"[data]\n", "[quantizer]\n# Which quantizer", "[quantizer.fsq]\n", "levels = [8, 5, 5, 5]\n",
+                         "# Training images per optimizer step.\nbatch_size = 64\n", "lr = 0.002\n",
+                         "weight_decay = 0.0\n", "dataset = \"fashion-mnist\"\n"});
+  EXPECT_LT(text.find("[train]"), text.find("[eval]"));
+}
+
+TEST(SchemaTest, ListsSectionsAndKeys) {
+  const Schema& s = lockstep_schema();
+  EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "train", "eval"}));
+  EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
+  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq"}));
+  EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "model", "quantizer", "train"}));
+  EXPECT_TRUE(s.is_section("quantizer.fsq"));
+  EXPECT_FALSE(s.is_section("quantizer.fs"));
+  EXPECT_FALSE(s.is_section("train.lr"));
+  ASSERT_NE(s.find("quantizer.fsq.levels"), nullptr);
+  EXPECT_EQ(s.find("quantizer.fsq.levels")->section(), "quantizer.fsq");
+  EXPECT_EQ(s.find("quantizer.fsq.levels")->name(), "levels");
+  EXPECT_EQ(s.find("train.lr2"), nullptr);
+}
+
+TEST(SchemaTest, DescribesConstraints) {
+  const Schema& s = lockstep_schema();
+  EXPECT_EQ(s.find("train.lr")->constraint_text(), "in (0, 10]");
+  EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
+  EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
+  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq");
+  EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
+}
+
+TEST(SchemaTest, RejectsBadKeySpecs) {
+  Schema s;
+  s.add(KeySpec::integer("a.b.c", 1, "x"));
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a.b.c", 1, "x")); }), {"added twice"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a.b", 1, "x")); }),
+                  {"'a.b' is already a section"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a.b.c.d", 1, "x")); }),
+                  {"inside 'a.b.c', which is a key"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("flat", 1, "x")); }), {"must be dotted"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a..x", 1, "x")); }), {"'a..x'"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a.x y", 1, "x")); }), {"'x y'"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::integer("a.n", 0, "x").at_least(1)); }),
+                  {"a.n = 0 is out of range", "schema key 'a.n'"});
+  expect_contains(error_of<InvalidArgument>([&] { s.add(KeySpec::string("a.s", "z", "x").one_of({"y"})); }),
+                  {"a.s = \"z\" is not valid"});
+  KeySpec mistyped = KeySpec::integer("a.t", 1, "x");
+  mistyped.default_value = std::string("one");
+  expect_contains(error_of<InvalidArgument>([&] { s.add(mistyped); }), {"a.t must be an integer, got string"});
+  EXPECT_EQ(s.keys().size(), 1u);
+}
+
+// The schema keeps its own list of quantizer names so that it stays free of torch; this keeps it honest.
+TEST(SchemaTest, QuantizerChoicesMatchTheRegistry) {
+  EXPECT_EQ(lockstep_schema().find("quantizer.name")->choices, quant::quantizer_names());
+}
+
+// docs/configuration.md documents every key of the schema and no others.
+TEST(SchemaTest, DocsListEveryKey) {
+  fs::path docs = fs::path(LOCKSTEP_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "configuration.md";
+  std::ifstream in(docs);
+  ASSERT_TRUE(in) << "cannot open " << docs;
+  std::stringstream text;
+  text << in.rdbuf();
+  const Schema& schema = lockstep_schema();
+  for (const KeySpec& spec : schema.keys()) {
+    EXPECT_NE(text.str().find("| `" + spec.key + "` |"), std::string::npos) << spec.key << " is not in " << docs;
+  }
+  std::string line;
+  for (std::istringstream lines(text.str()); std::getline(lines, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::string key = line.substr(3, line.find('`', 3) - 3);
+    EXPECT_NE(schema.find(key), nullptr) << docs << " documents '" << key << "', which the schema lacks";
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::train

@@ -1,0 +1,165 @@
+// End-to-end training on a slice of Fashion-MNIST: the loss falls, and a resumed run is bit for bit
+// the uninterrupted one.
+#include "lockstep/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/core/error.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/metrics.h"
+#include "lockstep/train/run_dir.h"
+
+namespace lockstep::train {
+namespace {
+
+Config small_config(int64_t steps) {
+  Config c(lockstep_schema());
+  c.set("data.dir", std::string(LOCKSTEP_FASHION_MNIST_DIR));
+  c.set("data.train_subset", int64_t{640});
+  c.set("data.test_subset", int64_t{128});
+  c.set("model.channels", std::vector<int64_t>{8, 16});
+  c.set("train.batch_size", int64_t{32});
+  c.set("train.steps", steps);
+  c.set("train.threads", int64_t{1});
+  c.set("train.log_every", int64_t{5});
+  c.set("train.checkpoint_every", int64_t{0});
+  c.set("eval.grid_images", int64_t{4});
+  return c;
+}
+
+std::shared_ptr<dist::Group> one() { return dist::make_single_process_group(); }
+
+TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  const TrainSummary s = Trainer::create(small_config(60), run, one())->run({});
+  EXPECT_EQ(s.steps, 60);
+  EXPECT_FALSE(s.interrupted);
+
+  std::vector<double> losses;
+  bool saw_eval = false;
+  for (const auto& r : read_metrics(metrics_path(run))) {
+    for (const auto& [k, v] : r.values) {
+      if (r.kind == "train" && k == "loss") losses.push_back(v);
+    }
+    saw_eval |= r.kind == "eval" && r.step == 60;
+  }
+  ASSERT_EQ(losses.size(), 12u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
+  EXPECT_TRUE(saw_eval);
+  EXPECT_GT(s.test.psnr_db, 10.0);
+  EXPECT_GT(s.test.codes_used, 1);
+  for (const auto& path : {config_path(run), checkpoint_path(run), reconstructions_path(run), summary_path(run)}) {
+    EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  }
+  // The checkpoint is self-describing: its embedded config is the run's.
+  const Checkpoint c = load_checkpoint(checkpoint_path(run));
+  EXPECT_EQ(c.step, 60);
+  EXPECT_EQ(c.config_toml, small_config(60).to_toml());
+}
+
+void expect_same_checkpoints(const std::string& a, const std::string& b) {
+  const Checkpoint ca = load_checkpoint(a), cb = load_checkpoint(b);
+  EXPECT_EQ(ca.step, cb.step);
+  EXPECT_EQ(ca.optimizer_steps, cb.optimizer_steps);
+  ASSERT_EQ(ca.model.size(), cb.model.size());
+  for (const auto& [name, t] : ca.model) {
+    EXPECT_TRUE(torch::equal(t, cb.model.at(name))) << "model tensor " << name << " differs";
+  }
+  ASSERT_EQ(ca.optimizer.size(), cb.optimizer.size());
+  for (const auto& [name, t] : ca.optimizer) {
+    EXPECT_TRUE(torch::equal(t, cb.optimizer.at(name))) << "optimizer tensor " << name << " differs";
+  }
+}
+
+TEST(Trainer, InterruptedAndResumedRunIsBitwiseTheUninterruptedOne) {
+  test_util::TempDir tmp;
+  // 640 / 32 = 20 steps per epoch: the runs cross an epoch boundary after the interruption.
+  Trainer::create(small_config(30), tmp.file("straight"), one())->run({});
+
+  std::atomic<bool> stop{false};
+  TrainCallbacks cb;
+  cb.stop_requested = &stop;
+  cb.on_step = [&](const StepReport& r) { stop = r.step == 13; };
+  const TrainSummary first = Trainer::create(small_config(30), tmp.file("resumed"), one())->run(cb);
+  EXPECT_TRUE(first.interrupted);
+  EXPECT_EQ(first.steps, 13);
+
+  const TrainSummary rest = Trainer::resume(tmp.file("resumed"), {}, one())->run({});
+  EXPECT_EQ(rest.steps, 30);
+  expect_same_checkpoints(checkpoint_path(tmp.file("straight")), checkpoint_path(tmp.file("resumed")));
+  // The resumed run's metrics hold each step once.
+  std::vector<int64_t> steps;
+  for (const auto& r : read_metrics(metrics_path(tmp.file("resumed")))) {
+    if (r.kind == "train") steps.push_back(r.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{5, 10, 15, 20, 25, 30}));
+}
+
+TEST(Trainer, CrashAfterACheckpointResumesFromItExactly) {
+  test_util::TempDir tmp;
+  Trainer::create(small_config(24), tmp.file("straight"), one())->run({});
+
+  Config c = small_config(24);
+  c.set("train.checkpoint_every", int64_t{8});
+  TrainCallbacks crash;
+  crash.on_step = [](const StepReport& r) {
+    if (r.step == 19) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(Trainer::create(c, tmp.file("crashed"), one())->run(crash), std::runtime_error);
+  EXPECT_EQ(load_checkpoint(checkpoint_path(tmp.file("crashed"))).step, 16);
+
+  auto resumed = Trainer::resume(tmp.file("crashed"), {}, one());
+  EXPECT_EQ(resumed->step(), 16);
+  resumed->run({});
+  expect_same_checkpoints(checkpoint_path(tmp.file("straight")), checkpoint_path(tmp.file("crashed")));
+}
+
+TEST(Trainer, ResumeMayExtendTrainingButNotChangeTheModel) {
+  test_util::TempDir tmp;
+  Trainer::create(small_config(5), tmp.file("run"), one())->run({});
+  try {
+    Trainer::resume(tmp.file("run"), {"model.channels=[4,8]"}, one());
+    FAIL() << "changing the model on resume was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.channels"), std::string::npos) << e.what();
+  }
+  const TrainSummary s = Trainer::resume(tmp.file("run"), {"train.steps=8"}, one())->run({});
+  EXPECT_EQ(s.steps, 8);
+}
+
+TEST(Trainer, RefusesARunDirectoryThatHoldsARun) {
+  test_util::TempDir tmp;
+  Trainer::create(small_config(2), tmp.file("run"), one())->run({});
+  try {
+    Trainer::create(small_config(2), tmp.file("run"), one());
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, ImpossibleSettingsFailBeforeTraining) {
+  test_util::TempDir tmp;
+  Config big_batch = small_config(2);
+  big_batch.set("train.batch_size", int64_t{1000});
+  EXPECT_THROW(Trainer::create(big_batch, tmp.file("a"), one()), InvalidArgument);
+  Config deep = small_config(2);
+  deep.set("model.channels", std::vector<int64_t>{4, 4, 4, 4});  // 28 is not a multiple of 8
+  EXPECT_THROW(Trainer::create(deep, tmp.file("b"), one()), InvalidArgument);
+  Config no_data = small_config(2);
+  no_data.set("data.dir", tmp.file("nowhere"));
+  try {
+    Trainer::create(no_data, tmp.file("c"), one());
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset-fashion-mnist"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::train
