@@ -1,6 +1,8 @@
 # Everything lockstep links against, found once for every target.
 find_package(Torch REQUIRED)
 find_package(Threads REQUIRED)
+# ATen's at::parallel_for splits work only in code compiled with OpenMP (_OPENMP defined).
+find_package(OpenMP REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(PNG REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)

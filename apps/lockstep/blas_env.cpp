@@ -22,6 +22,14 @@ void ensure_fast_blas(int argc, char** argv) {
     const std::string want = recommended_openblas_coretype(detect_cpu());
     if (want.empty() || strcasecmp(want.c_str(), blas.core.c_str()) == 0) return;
     if (setenv(kCoretypeEnv, want.c_str(), 1) == 0 && setenv(kReexecMarkerEnv, want.c_str(), 1) == 0) {
+      // The real path first, so ps and top still say "lockstep" (exec'ing /proc/self/exe names the
+      // process "exe"); /proc/self/exe still works if the binary was deleted since it started.
+      char path[4096];
+      const ssize_t len = readlink("/proc/self/exe", path, sizeof(path) - 1);
+      if (len > 0) {
+        path[len] = '\0';
+        execv(path, argv);
+      }
       execv("/proc/self/exe", argv);
     }
   } catch (...) {

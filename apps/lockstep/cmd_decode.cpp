@@ -63,9 +63,9 @@ int run_decode(const DecodeArgs& args) {
 
 void add_decode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<DecodeArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "decode", "Turn token ids (a .npy array as `lockstep encode` writes it) back into images with a trained "
-                "tokenizer: one PNG per image in --output, and/or one grid PNG with --grid.");
+  CLI::App* cmd = app.add_subcommand("decode", "Token ids (.npy) -> PNG images");
+  cmd->footer("Reads token ids as `lockstep encode` writes them (any integer dtype) and writes one PNG per image "
+              "in --output, and/or one grid PNG with --grid.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("--tokens", args->tokens, "The .npy file of token ids")->required()->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)");

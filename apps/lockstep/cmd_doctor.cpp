@@ -163,9 +163,10 @@ std::vector<std::string> report_warnings(const Findings& f) {
   }
   const double per_thread = f.sgemm_gflops / f.threads;
   if (!std::isfinite(per_thread) || per_thread < kMinSgemmGflopsPerThread) {
-    warnings.push_back("sgemm reached only " + fixed(per_thread, 1) +
-                       " GFLOP/s per thread; expected >= " + fixed(kMinSgemmGflopsPerThread, 0) +
-                       " on a modern x86-64 core: check OPENBLAS_CORETYPE and that the machine is idle");
+    warnings.push_back(
+        "sgemm reached only " + fixed(per_thread, 1) +
+        " GFLOP/s per thread; expected >= " + fixed(kMinSgemmGflopsPerThread, 0) + " on a modern x86-64 core: check " +
+        (blas.vendor == "OpenBLAS" ? "OPENBLAS_CORETYPE" : "which BLAS is loaded") + " and that the machine is idle");
   }
   if (!f.data.found) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +

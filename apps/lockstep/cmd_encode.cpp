@@ -69,10 +69,9 @@ int run_encode(const EncodeArgs& args) {
 
 void add_encode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<EncodeArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "encode", "Turn images into token ids with a trained tokenizer. Writes an int32 .npy array of shape "
-                "(images, h, w) (or (images, h, w, k) for quantizers with k indices per token). Input: PNG files "
-                "given with --images, or else a Fashion-MNIST split.");
+  CLI::App* cmd = app.add_subcommand("encode", "Images -> token ids (.npy)");
+  cmd->footer("Writes an int32 .npy array of shape (images, h, w), or (images, h, w, k) for quantizers with k indices "
+              "per token. Input: PNG files given with --images, or else a Fashion-MNIST split.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("-o,--output", args->output, "The .npy file to write")->required();
   cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")

@@ -44,9 +44,9 @@ int run_eval(const EvalArgs& args) {
 
 void add_eval_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<EvalArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "eval", "Evaluate a trained tokenizer on Fashion-MNIST: MSE and PSNR of the reconstructions (pixels in "
-              "[0, 1]), the fraction of codes used, and the perplexity of the code histogram.");
+  CLI::App* cmd = app.add_subcommand("eval", "Measure a trained tokenizer on Fashion-MNIST");
+  cmd->footer("Prints the MSE and PSNR of the reconstructions (pixels in [0, 1]), the fraction of codes used, and the "
+              "perplexity of the code histogram.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("--data", args->data_dir, "Directory of the Fashion-MNIST .gz files (default: the run's data.dir)");
   cmd->add_option("--split", args->split, "Which split to evaluate")->check(CLI::IsMember({"test", "train"}))

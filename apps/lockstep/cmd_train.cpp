@@ -99,11 +99,13 @@ int run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "train",
-      "Train a tokenizer. With no options: an FSQ autoencoder on Fashion-MNIST (Debian package "
-      "dataset-fashion-mnist), writing runs/<date-time>/ with config.toml, metrics.jsonl, "
-      "checkpoint.safetensors, reconstructions.png and summary.json. Ctrl-C saves a checkpoint and stops.");
+  CLI::App* cmd = app.add_subcommand("train", "Train a tokenizer, or resume a run");
+  cmd->footer(
+      "With no options, trains an FSQ autoencoder on Fashion-MNIST (Debian package dataset-fashion-mnist) and "
+      "writes runs/<date-time>/ with config.toml, metrics.jsonl, checkpoint.safetensors, reconstructions.png and "
+      "summary.json. Settings: a --config file, then the flags above, then --set, later ones winning; every key is "
+      "listed in docs/configuration.md and by --print-config. Ctrl-C saves a checkpoint and stops; --resume "
+      "continues bit for bit.");
   cmd->add_option("--config", args->config_file, "TOML file of settings (see docs/configuration.md)")
       ->check(CLI::ExistingFile)
       ->type_name("FILE");

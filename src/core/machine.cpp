@@ -151,6 +151,8 @@ void* find_symbol(const std::string& object, const char* symbol) {
   return sym;
 }
 
+std::string or_empty(const char* s) { return s ? s : ""; }
+
 }  // namespace
 
 CpuInfo detect_cpu() {
@@ -191,9 +193,9 @@ BlasInfo detect_blas() {
   using CountFn = int (*)();
   if (auto corename = reinterpret_cast<NameFn>(find_symbol(primary, "openblas_get_corename"))) {
     info.vendor = "OpenBLAS";
-    info.core = corename();
+    info.core = or_empty(corename());
     if (auto config = reinterpret_cast<NameFn>(find_symbol(primary, "openblas_get_config"))) {
-      info.config = config();
+      info.config = or_empty(config());
     }
     if (auto threads = reinterpret_cast<CountFn>(find_symbol(primary, "openblas_get_num_threads"))) {
       info.threads = threads();

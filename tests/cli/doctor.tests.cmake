@@ -28,3 +28,15 @@ lockstep_cli_test(doctor_no_reexec EXIT 0 OUTPUT "OPENBLAS_CORETYPE +unset" REJE
                   ARGS doctor --quick --threads 1)
 set_tests_properties(cli.doctor_no_reexec PROPERTIES ENVIRONMENT_MODIFICATION
                      "OPENBLAS_CORETYPE=unset:;LOCKSTEP_NO_REEXEC=set:1;LOCKSTEP_BLAS_REEXEC=unset:")
+
+# The reference BLAS (Debian's libblas3, which libtorch's packages pull in) is named as the problem.
+set(LOCKSTEP_REFERENCE_BLAS_DIR /usr/lib/x86_64-linux-gnu/blas)
+if(EXISTS ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3)
+  lockstep_cli_test(doctor_warns_about_reference_blas EXIT 0
+                    OUTPUT "BLAS vendor +reference.*WARNING: BLAS is the reference implementation.*libopenblas0-openmp"
+                    REJECT "OPENBLAS_CORETYPE" ARGS doctor --quick --threads 1)
+  set_tests_properties(cli.doctor_warns_about_reference_blas PROPERTIES ENVIRONMENT_MODIFICATION
+                       "LD_LIBRARY_PATH=set:${LOCKSTEP_REFERENCE_BLAS_DIR};OPENBLAS_CORETYPE=unset:")
+else()
+  message(STATUS "cli.doctor_warns_about_reference_blas not defined: no ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3")
+endif()

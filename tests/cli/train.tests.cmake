@@ -8,7 +8,7 @@ set(TINY_RUN "${LS} train --run-dir run --steps 4 --batch-size 16 --threads 1 --
 lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a subcommand is required" ARGS)
 lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian'; valid: train, eval, encode, decode, doctor" ARGS trian)
 lockstep_cli_test(version EXIT 0 OUTPUT "lockstep [0-9]+\\.[0-9]+" ARGS --version)
-lockstep_cli_test(train_help EXIT 0 OUTPUT "Fashion-MNIST.*--set KEY=VALUE.*--resume.*--epochs INT" ARGS train --help)
+lockstep_cli_test(train_help EXIT 0 OUTPUT "--set KEY=VALUE.*--resume.*--epochs INT.*Fashion-MNIST.*docs/configuration.md" ARGS train --help)
 lockstep_cli_test(train_unknown_key EXIT 1 OUTPUT "unknown key 'train.batch'.*batch_size" ARGS train --set train.batch=3)
 lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set train.lr=fast)
 lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
