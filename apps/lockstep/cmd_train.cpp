@@ -70,10 +70,15 @@ int run_train(const TrainArgs& args) {
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
   train::TrainCallbacks callbacks;
-  callbacks.on_step = [&](const train::StepReport& r) { progress.step(r); };
+  int64_t total_steps = 0;
+  callbacks.on_step = [&](const train::StepReport& r) {
+    total_steps = r.total_steps;
+    progress.step(r);
+  };
   callbacks.on_info = [&](const std::string& text) { progress.message(text); };
   callbacks.on_eval = [&](int64_t step, const train::EvalResult& r) {
-    progress.message("eval at step " + std::to_string(step) + ": " + format_eval(r));
+    // The final evaluation is printed once, in the summary below.
+    if (step < total_steps) progress.message("eval at step " + std::to_string(step) + ": " + format_eval(r));
   };
   callbacks.stop_requested = &g_stop;
   std::signal(SIGINT, on_interrupt);

@@ -52,7 +52,8 @@ void ProgressPrinter::step(const train::StepReport& r) {
 }
 
 void ProgressPrinter::message(const std::string& text) {
-  if (bar_showing_) std::cout << "\r\x1b[K";
+  // Keep the bar's last state on its line; the next step draws a fresh bar below the message.
+  if (bar_showing_) std::cout << "\n";
   std::cout << text << "\n" << std::flush;
   bar_showing_ = false;
   last_draw_ = {};  // redraw the bar at the next step
