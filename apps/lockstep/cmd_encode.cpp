@@ -40,11 +40,7 @@ data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t)
   }
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
   data::ImageSet set = data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test);
-  if (args.limit > 0 && args.limit < set.count) {
-    set.pixels.resize(args.limit * set.channels * set.height * set.width);
-    set.count = args.limit;
-  }
-  return set;
+  return data::first_images(std::move(set), args.limit);
 }
 
 int run_encode(const EncodeArgs& args) {

@@ -3,6 +3,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "lockstep/data/batch.h"
 #include "lockstep/io/image.h"
 #include "lockstep/train/model_factory.h"
 
@@ -23,11 +24,8 @@ int run_eval(const EvalArgs& args) {
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
-  data::ImageSet set = data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test);
-  if (args.limit > 0 && args.limit < set.count) {
-    set.pixels.resize(args.limit * set.channels * set.height * set.width);
-    set.count = args.limit;
-  }
+  const data::ImageSet set = data::first_images(
+      data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test), args.limit);
   const train::EvalResult r =
       train::evaluate(*t.model, set, train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16));
   std::cout << "checkpoint " << t.checkpoint << " (step " << t.step << "), " << args.split << " split, " << r.images

@@ -50,6 +50,15 @@ std::vector<io::Image> tensor_to_images(const at::Tensor& x) {
   return images;
 }
 
+ImageSet first_images(ImageSet set, int64_t count) {
+  LOCKSTEP_CHECK_ARG(count >= 0, "image count ", count, " must be >= 0");
+  if (count == 0 || count >= set.count) return set;
+  set.pixels.resize(count * image_bytes(set));
+  if (!set.labels.empty()) set.labels.resize(count);
+  set.count = count;
+  return set;
+}
+
 ImageSet image_set_from_images(const std::vector<io::Image>& images, int channels) {
   LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "channels = ", channels, " must be 1 or 3");
   ImageSet set;

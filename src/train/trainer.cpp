@@ -34,13 +34,6 @@ bool is_resumable(const std::string& key) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-data::ImageSet subset(data::ImageSet set, int64_t count) {
-  if (count <= 0 || count >= set.count) return set;
-  set.pixels.resize(count * set.channels * set.height * set.width);
-  if (!set.labels.empty()) set.labels.resize(count);
-  set.count = count;
-  return set;
-}
 }  // namespace
 
 struct Trainer::State {
@@ -67,8 +60,8 @@ struct Trainer::State {
     torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
 
     const std::string dir = config.get_string("data.dir");
-    train_set = subset(data::load_fashion_mnist(dir, data::Split::Train), config.get_int("data.train_subset"));
-    test_set = subset(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset"));
+    train_set = data::first_images(data::load_fashion_mnist(dir, data::Split::Train), config.get_int("data.train_subset"));
+    test_set = data::first_images(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset"));
     batch_size = config.get_int("train.batch_size");
     LOCKSTEP_CHECK_ARG(batch_size <= train_set.count, "train.batch_size = ", batch_size, " exceeds the ",
                        train_set.count, " training images (data.train_subset = ", config.get_int("data.train_subset"),

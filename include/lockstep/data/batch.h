@@ -16,6 +16,8 @@ at::Tensor images_to_tensor(const ImageSet& set, const std::vector<int64_t>& ind
 at::Tensor images_to_tensor(const ImageSet& set, int64_t first, int64_t count);
 // x: (b, c, h, w) in [-1, 1] (clamped) -> 8-bit images.
 std::vector<io::Image> tensor_to_images(const at::Tensor& x);
+// The first `count` images of `set` (all of them when count is 0 or exceeds the set).
+ImageSet first_images(ImageSet set, int64_t count);
 // Converts 8-bit images of one size (gray or RGB) to an ImageSet with `channels` channels.
 ImageSet image_set_from_images(const std::vector<io::Image>& images, int channels);
 
