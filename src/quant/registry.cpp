@@ -2,6 +2,8 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
 
@@ -10,6 +12,30 @@ const std::vector<RegistryEntry>& quantizer_registry() {
       {"fsq", "finite scalar quantization: per-dimension levels, no codebook to learn",
        [](const OptionReader& o) {
          return std::make_shared<Fsq>(FsqOptions(o.int_list("levels")));
+       }},
+      {"lfq", "lookup-free quantization: each latent channel is one bit; BSQ with spherical",
+       [](const OptionReader& o) {
+         LfqOptions options(o.integer("codebook_size"));
+         options.entropy_loss_weight(o.real("entropy_loss_weight"))
+             .commitment_loss_weight(o.real("commitment_loss_weight"))
+             .diversity_gamma(o.real("diversity_gamma"))
+             .inv_temperature(o.real("inv_temperature"))
+             .codebook_scale(o.real("codebook_scale"))
+             .spherical(o.boolean("spherical"));
+         if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: log2 codebook_size
+         return std::make_shared<Lfq>(options);
+       }},
+      {"vq", "vector quantization with an EMA codebook (optional k-means init, dead-code replacement)",
+       [](const OptionReader& o) {
+         VqOptions options(o.integer("dim"), o.integer("codebook_size"));
+         options.decay(o.real("decay"))
+             .commitment_weight(o.real("commitment_weight"))
+             .use_cosine_sim(o.boolean("cosine"))
+             .estimator(o.boolean("rotation_trick") ? VqEstimator::RotationTrick : VqEstimator::StraightThrough)
+             .kmeans_init(o.boolean("kmeans_init"))
+             .kmeans_iters(o.integer("kmeans_iters"))
+             .threshold_ema_dead_code(o.real("threshold_ema_dead_code"));
+         return std::make_shared<Vq>(options);  // codebook drawn from torch's default generator
        }},
   };
   return entries;

@@ -9,7 +9,7 @@ Schema build_schema() {
   // The names users may choose; a new quantizer or dataset adds its name here and its section below.
   // (Not taken from quant::quantizer_names(), which would pull torch in; a test keeps them equal.)
   const std::vector<std::string> kDatasets = {"fashion-mnist"};
-  const std::vector<std::string> kQuantizers = {"fsq"};
+  const std::vector<std::string> kQuantizers = {"fsq", "lfq", "vq"};
 
   Schema s;
   using K = KeySpec;
@@ -32,6 +32,37 @@ Schema build_schema() {
                     "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
             .in_range(2, 256)
             .length(1, 16));
+  s.add(K::integer("quantizer.lfq.codebook_size", 1024,
+                    "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
+            .in_range(2, 1 << 24));
+  s.add(K::integer("quantizer.lfq.dim", 0, "Channels fed to LFQ, projected to log2 K bits and back; 0 means log2 K.")
+            .in_range(0, 4096));
+  s.add(K::floating("quantizer.lfq.entropy_loss_weight", 0.1, "Weight of the entropy loss (per-sample minus codebook).")
+            .at_least(0));
+  s.add(K::floating("quantizer.lfq.commitment_loss_weight", 0.0,
+                    "Weight of the commitment loss mse(x, code); 0 leaves it out.")
+            .at_least(0));
+  s.add(K::floating("quantizer.lfq.diversity_gamma", 1.0,
+                    "How much the codebook entropy (usage across the global batch) counts in the entropy loss.")
+            .at_least(0));
+  s.add(K::floating("quantizer.lfq.inv_temperature", 100.0, "Inverse temperature of the code probabilities.")
+            .greater_than(0));
+  s.add(K::floating("quantizer.lfq.codebook_scale", 1.0, "Each code coordinate is +scale or -scale.").greater_than(0));
+  s.add(K::boolean("quantizer.lfq.spherical", false,
+                   "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."));
+  s.add(K::integer("quantizer.vq.dim", 8, "Channels of each latent token, the length of each code vector.")
+            .in_range(1, 4096));
+  s.add(K::integer("quantizer.vq.codebook_size", 512, "Number of codes K.").in_range(1, 1 << 20));
+  s.add(K::floating("quantizer.vq.decay", 0.8, "EMA decay of the codebook statistics.").in_range(0, 0.9999));
+  s.add(K::floating("quantizer.vq.commitment_weight", 1.0, "Weight of the commitment loss mse(q, x).").in_range(0, 1000));
+  s.add(K::boolean("quantizer.vq.kmeans_init", false, "Initialise the codebook by k-means on the first training batch."));
+  s.add(K::integer("quantizer.vq.kmeans_iters", 10, "Rounds of k-means when kmeans_init is on.").in_range(1, 1000));
+  s.add(K::floating("quantizer.vq.threshold_ema_dead_code", 0.0,
+                    "Codes whose EMA cluster size falls below this get a batch vector; 0 turns it off.")
+            .at_least(0));
+  s.add(K::boolean("quantizer.vq.cosine", false, "Cosine similarity: l2-normalise tokens and codes."));
+  s.add(K::boolean("quantizer.vq.rotation_trick", true,
+                   "Rotation-trick gradient estimator; false uses straight-through."));
 
   s.add(K::integer("train.epochs", 1, "Passes over the training set.").in_range(1, 100000));
   s.add(K::integer("train.steps", 0, "Stop after this many optimizer steps; 0 runs all the epochs.").at_least(0));

@@ -155,10 +155,11 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 }
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
-  const std::string sections = "valid sections: data, eval, model, quantizer, quantizer.fsq, train";
+  const std::string sections =
+      "valid sections: data, eval, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.vq, train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});
-  expect_contains(load_error("[quantizer.vq]\nsize = 4\n"), {"unknown section [quantizer.vq]", sections});
+  expect_contains(load_error("[quantizer.pq]\nsize = 4\n"), {"unknown section [quantizer.pq]", sections});
   expect_contains(set_error("trian.epochs=1"), {"unknown section [trian] in key 'trian.epochs'", sections});
   expect_contains(load_error("train = 5\n"), {"'train' is a section, not a key", "valid keys in [train]"});
 }
@@ -199,7 +200,7 @@ TEST(ConfigErrorTest, OutOfRangeShowsTheRange) {
 
 TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
   expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
-                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq"});
+                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq, lfq, vq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: fashion-mnist"});
 }
@@ -349,9 +350,10 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
 
 TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
-  EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "train", "eval"}));
+  EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
+                                                   "quantizer.vq", "train", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
-  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq"}));
+  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
   EXPECT_FALSE(s.is_section("quantizer.fs"));
@@ -367,7 +369,7 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.lr")->constraint_text(), "in (0, 10]");
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
-  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq");
+  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq, lfq, vq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }
 

@@ -1,0 +1,69 @@
+// VQ's nearest-code search and a VQ training step on one thread, beside BM_Sgemm
+// (bench_machine.cpp): the fused search should run near sgemm speed, the unfused one does not.
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include "lockstep/quant/nearest_code.h"
+#include "lockstep/quant/vq.h"
+
+namespace {
+
+using lockstep::quant::Metric;
+
+// Counters for a search of n tokens over k codes of dimension d: 2 n k d flops per search.
+void search_counters(benchmark::State& state, int64_t n, int64_t k, int64_t d) {
+  const double flop = 2.0 * double(n) * double(k) * double(d);
+  state.counters["GFLOP"] = benchmark::Counter(flop * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tokens"] = benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel("1 thread");
+}
+
+// args: tokens, codes, dim
+void BM_NearestCode(benchmark::State& state) {
+  at::set_num_threads(1);
+  const int64_t n = state.range(0), k = state.range(1), d = state.range(2);
+  const at::Tensor x = torch::randn({n, d});
+  const at::Tensor codebook = torch::randn({k, d});
+  for (auto _ : state) {
+    auto found = lockstep::quant::nearest_code(x, codebook, Metric::Euclidean);
+    benchmark::DoNotOptimize(found.indices.data_ptr<int64_t>());
+  }
+  search_counters(state, n, k, d);
+}
+BENCHMARK(BM_NearestCode)->Args({16384, 512, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The unfused baseline: the whole n x k matrix |e|^2 - 2 x.e, then torch's argmin.
+void BM_NearestCodeUnfused(benchmark::State& state) {
+  at::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  const int64_t n = state.range(0), k = state.range(1), d = state.range(2);
+  const at::Tensor x = torch::randn({n, d});
+  const at::Tensor codebook = torch::randn({k, d});
+  const at::Tensor norms = codebook.pow(2).sum(1);
+  for (auto _ : state) {
+    const at::Tensor idx = torch::addmm(norms, x, codebook.t(), 1, -2).argmin(1);
+    benchmark::DoNotOptimize(idx.data_ptr<int64_t>());
+  }
+  search_counters(state, n, k, d);
+}
+BENCHMARK(BM_NearestCodeUnfused)->Args({16384, 512, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One VQ training step: forward (search, rotation trick, commitment loss, EMA update) and backward.
+// args: batch, tokens per item, dim, codes
+void BM_VqForwardBackward(benchmark::State& state) {
+  at::set_num_threads(1);
+  const int64_t b = state.range(0), n = state.range(1), d = state.range(2), k = state.range(3);
+  lockstep::quant::Vq vq(lockstep::quant::VqOptions(d, k), at::detail::createCPUGenerator(0));
+  const at::Tensor x = torch::randn({b, n, d}, torch::requires_grad());
+  for (auto _ : state) {
+    const auto out = vq.quantize(x, {});
+    (out.quantized.sum() + out.total_loss()).backward();
+    benchmark::DoNotOptimize(x.grad().data_ptr<float>());
+  }
+  state.counters["tokens"] = benchmark::Counter(double(b * n) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel("1 thread");
+}
+BENCHMARK(BM_VqForwardBackward)->Args({16, 1024, 64, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace

@@ -1,0 +1,114 @@
+// Lookup-free quantization (Yu et al. 2023) and, with `spherical`, binary spherical quantization
+// (Zhao et al. 2024), as defined in docs/quantizers.md: each of log2 K code dimensions becomes
+// +scale or -scale; the index is the bit pattern, first dimension most significant.
+#pragma once
+
+#include <optional>
+
+#include "lockstep/quant/quantizer.h"
+
+namespace lockstep::quant {
+
+struct LfqOptions {
+  // codebook_size: a power of two K; the code space has log2 K dimensions.
+  explicit LfqOptions(int64_t codebook_size) : codebook_size_(codebook_size) {}
+
+  // Input dimension; unset (or 0 through the registry) means log2 K (no projection).
+  LfqOptions& dim(int64_t d) { dim_ = d; return *this; }
+  LfqOptions& entropy_loss_weight(double w) { entropy_loss_weight_ = w; return *this; }
+  LfqOptions& commitment_loss_weight(double w) { commitment_loss_weight_ = w; return *this; }
+  LfqOptions& diversity_gamma(double g) { diversity_gamma_ = g; return *this; }
+  LfqOptions& codebook_scale(double s) { codebook_scale_ = s; return *this; }
+  LfqOptions& inv_temperature(double t) { inv_temperature_ = t; return *this; }
+  // Only 1 is supported (every token enters the per-sample entropy).
+  LfqOptions& frac_per_sample_entropy(double f) { frac_per_sample_entropy_ = f; return *this; }
+  // BSQ: l2-normalise the inputs and the codes (times codebook_scale).
+  LfqOptions& spherical(bool on) { spherical_ = on; return *this; }
+  // Only 1 is supported.
+  LfqOptions& num_codebooks(int64_t n) { num_codebooks_ = n; return *this; }
+
+  int64_t codebook_size() const { return codebook_size_; }
+  std::optional<int64_t> dim() const { return dim_; }
+  double entropy_loss_weight() const { return entropy_loss_weight_; }
+  double commitment_loss_weight() const { return commitment_loss_weight_; }
+  double diversity_gamma() const { return diversity_gamma_; }
+  double codebook_scale() const { return codebook_scale_; }
+  double inv_temperature() const { return inv_temperature_; }
+  double frac_per_sample_entropy() const { return frac_per_sample_entropy_; }
+  bool spherical() const { return spherical_; }
+  int64_t num_codebooks() const { return num_codebooks_; }
+
+  // Throws InvalidArgument naming the value: K not a power of two in [2, 2^24], dim < 1, negative
+  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy != 1, num_codebooks != 1.
+  void validate() const;
+
+ private:
+  int64_t codebook_size_;
+  std::optional<int64_t> dim_;
+  double entropy_loss_weight_ = 0.1;
+  double commitment_loss_weight_ = 0.0;
+  double diversity_gamma_ = 1.0;
+  double codebook_scale_ = 1.0;
+  double inv_temperature_ = 100.0;
+  double frac_per_sample_entropy_ = 1.0;
+  bool spherical_ = false;
+  int64_t num_codebooks_ = 1;
+};
+
+class Lfq final : public Quantizer {
+ public:
+  explicit Lfq(LfqOptions options);
+
+  std::string kind() const override { return "lfq"; }
+  int64_t dim() const override { return dim_; }
+  int64_t codebook_size() const override { return options_.codebook_size(); }
+
+  // Training: losses "entropy" (always, one reducer call "lfq.avg_probs") and "commitment" (when
+  // its weight > 0). Eval: no losses, no reducer call.
+  QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  at::Tensor encode(const at::Tensor& x) override;
+  at::Tensor decode(const at::Tensor& indices) override;
+
+  // indices (...) int64 -> codes (..., bits) of +-scale (normalised when spherical), float32.
+  at::Tensor indices_to_codes(const at::Tensor& indices) const;
+  // codes (..., bits) -> indices (...): bit j set where code j > 0, bit 0 of the code is the MSB.
+  at::Tensor codes_to_indices(const at::Tensor& codes) const;
+  int64_t bits() const { return bits_; }
+
+  const LfqOptions& options() const { return options_; }
+
+ private:
+  // (b, n, dim) -> (b, n, bits) in code space: projected, normalised when spherical.
+  at::Tensor to_code_space(const at::Tensor& x);
+  at::Tensor from_code_space(const at::Tensor& codes);
+  // z (b, n, bits) -> q with the same shape: +-scale, normalised when spherical.
+  at::Tensor quantize_codes(const at::Tensor& z) const;
+
+  LfqOptions options_;
+  int64_t dim_;
+  int64_t bits_;
+  torch::nn::Linear project_in_{nullptr};
+  torch::nn::Linear project_out_{nullptr};
+};
+
+// The entropy terms, exposed for tests and benchmarks. Tokens are rows x: (n, d) in code space;
+// every code coordinate is +-code_value (codebook_scale, or codebook_scale / sqrt(d) when spherical).
+
+// mean_t H(p_t) with p_t = softmax_c(2 * inv_temperature * <x_t, c>), computed per bit in O(n d)
+// (p_t factorises into Bernoullis with P(bit j) = sigmoid(4 * inv_temperature * code_value * x_tj)).
+// Unclamped entropy: see lfq_entropy.cpp for how it differs from the reference's log clamp. 0 for n = 0.
+at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, double code_value);
+
+// sum_t p_t: (K,), differentiable wrt x, over `chunk_tokens` tokens at a time so that no (n, K)
+// matrix is ever held. codebook: (K, d), the codes c.
+at::Tensor lfq_sum_probs(const at::Tensor& x, const at::Tensor& codebook, double inv_temperature,
+                         int64_t chunk_tokens);
+
+// Tokens per chunk so that one (chunk, K) matrix of `element_bytes` elements fits `budget_bytes`
+// (at least 1).
+int64_t lfq_chunk_tokens(int64_t codebook_size, int64_t element_bytes, int64_t budget_bytes = int64_t{32} << 20);
+
+// -sum p log(max(p, 1e-5)) over the last dimension, the reference's clamped entropy.
+at::Tensor lfq_clamped_entropy(const at::Tensor& probs);
+
+}  // namespace lockstep::quant

@@ -1,0 +1,136 @@
+#include "lockstep/quant/lfq.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::quant {
+namespace {
+
+at::Tensor l2_normalize(const at::Tensor& t) {
+  return torch::nn::functional::normalize(t, torch::nn::functional::NormalizeFuncOptions().dim(-1));
+}
+
+// LFQ computes in float32 (the reference's force_quantization_f32), or double when given double.
+at::ScalarType compute_type(const at::Tensor& x) {
+  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+}
+
+}  // namespace
+
+void LfqOptions::validate() const {
+  const int64_t k = codebook_size_;
+  LOCKSTEP_CHECK_ARG(k >= 2 && k <= (int64_t{1} << 24) && (k & (k - 1)) == 0, "lfq: codebook_size = ", k,
+                     " must be a power of two in [2, 2^24]");
+  LOCKSTEP_CHECK_ARG(!dim_ || *dim_ >= 1, "lfq: dim = ", dim_.value_or(0), " must be >= 1");
+  LOCKSTEP_CHECK_ARG(entropy_loss_weight_ >= 0, "lfq: entropy_loss_weight = ", entropy_loss_weight_,
+                     " must be >= 0");
+  LOCKSTEP_CHECK_ARG(commitment_loss_weight_ >= 0, "lfq: commitment_loss_weight = ", commitment_loss_weight_,
+                     " must be >= 0");
+  LOCKSTEP_CHECK_ARG(std::isfinite(diversity_gamma_), "lfq: diversity_gamma = ", diversity_gamma_,
+                     " must be finite");
+  LOCKSTEP_CHECK_ARG(codebook_scale_ > 0 && std::isfinite(codebook_scale_), "lfq: codebook_scale = ", codebook_scale_,
+                     " must be > 0");
+  LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_), "lfq: inv_temperature = ",
+                     inv_temperature_, " must be > 0");
+  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ == 1.0, "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_,
+                     " is not supported: sub-sampling the per-sample entropy is not implemented yet; use 1");
+  LOCKSTEP_CHECK_ARG(num_codebooks_ == 1, "lfq: num_codebooks = ", num_codebooks_,
+                     " is not supported yet; use 1");
+}
+
+Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
+  options_.validate();
+  bits_ = 0;
+  while ((int64_t{1} << bits_) < options_.codebook_size()) ++bits_;
+  dim_ = options_.dim().value_or(bits_);
+  if (dim_ != bits_) {
+    project_in_ = register_module("project_in", torch::nn::Linear(dim_, bits_));
+    project_out_ = register_module("project_out", torch::nn::Linear(bits_, dim_));
+  }
+}
+
+at::Tensor Lfq::quantize_codes(const at::Tensor& z) const {
+  const double scale = options_.codebook_scale();
+  const at::Tensor q = torch::where(z > 0, torch::full_like(z, scale), torch::full_like(z, -scale));
+  return options_.spherical() ? l2_normalize(q) * scale : q;
+}
+
+at::Tensor Lfq::codes_to_indices(const at::Tensor& codes) const {
+  // First code dimension is the most significant bit, as the reference's mask 2^(d-1) ... 1.
+  const at::Tensor mask = torch::pow(2, torch::arange(bits_ - 1, -1, -1, torch::kInt64));
+  return ((codes > 0).to(torch::kInt64) * mask).sum(-1);
+}
+
+at::Tensor Lfq::indices_to_codes(const at::Tensor& indices) const {
+  const at::Tensor shifts = torch::arange(bits_ - 1, -1, -1, torch::kInt64);
+  const at::Tensor bit = indices.unsqueeze(-1).__rshift__(shifts).bitwise_and(1).to(torch::kFloat32);
+  const double scale = options_.codebook_scale();
+  const at::Tensor codes = bit * (2 * scale) - scale;
+  return options_.spherical() ? l2_normalize(codes) * scale : codes;
+}
+
+at::Tensor Lfq::to_code_space(const at::Tensor& x) {
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "lfq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
+  at::Tensor z = (project_in_ ? project_in_->forward(x) : x).to(compute_type(x));
+  return options_.spherical() ? l2_normalize(z) * options_.codebook_scale() : z;
+}
+
+at::Tensor Lfq::from_code_space(const at::Tensor& codes) {
+  if (!project_out_) return codes;
+  return project_out_->forward(codes.to(project_out_->weight.scalar_type()));
+}
+
+QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  const at::Tensor z = to_code_space(x);  // (b, n, bits)
+  const at::Tensor q = quantize_codes(z.detach());
+  QuantizerOutput out;
+  out.indices = codes_to_indices(q);
+  if (!is_training()) {
+    out.quantized = from_code_space(q).to(x.scalar_type());
+    return out;
+  }
+  out.quantized = from_code_space(z + (q - z).detach()).to(x.scalar_type());
+
+  const at::Tensor tokens = z.reshape({-1, bits_});
+  const int64_t element_bytes = static_cast<int64_t>(tokens.element_size());
+  const at::Tensor codebook = indices_to_codes(torch::arange(codebook_size(), torch::kInt64)).to(tokens.scalar_type());
+  const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
+                                                 : options_.codebook_scale();
+  const double inv_t = options_.inv_temperature();
+  const at::Tensor per_sample = lfq_per_sample_entropy(tokens, inv_t, code_value);
+  // One (count, sum) reduction over everyone holding the batch, whatever the data.
+  const at::Tensor local_sum = lfq_sum_probs(tokens, codebook, inv_t, lfq_chunk_tokens(codebook_size(), element_bytes));
+  const at::Tensor count = torch::full({1}, static_cast<double>(tokens.size(0)), tokens.options());
+  at::Tensor packed = torch::cat({count, local_sum});
+  LocalReducer local;
+  Reducer* reducer = ctx.reducer ? ctx.reducer : &local;
+  packed = reducer->sum(packed, "lfq.avg_probs");
+  const at::Tensor avg_probs = packed.narrow(0, 1, codebook_size()) / packed.narrow(0, 0, 1).detach().clamp_min(1);
+  const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs);
+  const at::Tensor aux = per_sample - options_.diversity_gamma() * codebook_entropy;
+  out.losses["entropy"] = aux * options_.entropy_loss_weight();
+  if (options_.commitment_loss_weight() > 0) {
+    const at::Tensor commitment =
+        tokens.size(0) == 0 ? torch::zeros({}, z.options()) : torch::mse_loss(z, q.detach());
+    out.losses["commitment"] = commitment * options_.commitment_loss_weight();
+  }
+  return out;
+}
+
+at::Tensor Lfq::encode(const at::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  return codes_to_indices(to_code_space(x));
+}
+
+at::Tensor Lfq::decode(const at::Tensor& indices) {
+  LOCKSTEP_CHECK_ARG(indices.dim() == 2, "lfq: expected indices (b, n), got ", indices.sizes());
+  LOCKSTEP_CHECK_ARG(
+      indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < codebook_size()),
+      "lfq: indices must lie in [0, ", codebook_size(), ")");
+  return from_code_space(indices_to_codes(indices));
+}
+
+}  // namespace lockstep::quant

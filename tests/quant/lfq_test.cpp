@@ -1,0 +1,283 @@
+#include "lockstep/quant/lfq.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/registry.h"
+
+namespace lockstep::quant {
+namespace {
+
+// The reference's definition with the explicit (n, K) softmax: what the factorised and chunked
+// computations must agree with.
+struct BruteForce {
+  at::Tensor per_sample_clamped;  // mean_t -sum_c p log(max(p, 1e-5))
+  at::Tensor per_sample_exact;    // mean_t -sum_c p log p
+  at::Tensor codebook;            // H(mean_t p_t), clamped
+  at::Tensor min_prob;
+};
+
+BruteForce brute_force(const at::Tensor& tokens, const at::Tensor& codebook, double inv_t) {
+  const at::Tensor logits = torch::matmul(tokens, codebook.t().to(tokens.scalar_type())) * (2 * inv_t);
+  const at::Tensor p = logits.softmax(-1);
+  const at::Tensor avg = p.mean(0);
+  return {-(p * p.clamp_min(1e-5).log()).sum(-1).mean(), -(p * logits.log_softmax(-1)).sum(-1).mean(),
+          -(avg * avg.clamp_min(1e-5).log()).sum(), p.min()};
+}
+
+at::Tensor code_space(const at::Tensor& x, const LfqOptions& o) {
+  if (!o.spherical()) return x;
+  return torch::nn::functional::normalize(x, torch::nn::functional::NormalizeFuncOptions().dim(-1)) *
+         o.codebook_scale();
+}
+
+TEST(Lfq, EveryIndexRoundTripsThroughADistinctCode) {
+  for (bool spherical : {false, true}) {
+    Lfq lfq(LfqOptions(16).codebook_scale(0.5).spherical(spherical));
+    const at::Tensor all = torch::arange(16, torch::kInt64);
+    const at::Tensor codes = lfq.indices_to_codes(all);
+    ASSERT_EQ(codes.sizes(), (std::vector<int64_t>{16, 4}));
+    EXPECT_TRUE(torch::equal(lfq.codes_to_indices(codes), all));
+    EXPECT_EQ(std::get<0>(torch::unique_dim(codes, 0)).size(0), 16);
+    const double value = spherical ? 0.5 / 2 : 0.5;  // scale / sqrt(bits) on the sphere
+    EXPECT_TRUE(torch::allclose(codes.abs(), torch::full_like(codes, value)));
+  }
+}
+
+TEST(Lfq, FirstDimensionIsTheMostSignificantBit) {
+  Lfq lfq(LfqOptions(8));
+  // Signs (+,-,-) -> 100b = 4; (-,-,+) -> 1; (+,+,-) -> 6; 0 counts as negative.
+  const at::Tensor x = torch::tensor({1.0f, -1.0f, -1.0f, -1.0f, -1.0f, 1.0f, 0.5f, 0.5f, -0.2f, 0.0f, 0.0f, 0.0f})
+                           .reshape({1, 4, 3});
+  EXPECT_TRUE(torch::equal(lfq.encode(x), torch::tensor({{4, 1, 6, 0}}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(lfq.decode(torch::tensor({{4}}, torch::kInt64)),
+                           torch::tensor({1.0f, -1.0f, -1.0f}).reshape({1, 1, 3})));
+}
+
+TEST(Lfq, DecodeOfEncodeIsTheForwardValueInTrainingAndEval) {
+  torch::manual_seed(2);
+  for (bool spherical : {false, true}) {
+    for (int64_t dim : {5, 9}) {  // 5: no projection; 9: projections in and out
+      Lfq lfq(LfqOptions(32).dim(dim).spherical(spherical).codebook_scale(1.5).commitment_loss_weight(0.25));
+      const at::Tensor x = torch::randn({2, 11, dim});
+      const QuantizerOutput train = lfq.quantize(x, {});
+      EXPECT_TRUE(torch::equal(lfq.encode(x), train.indices));
+      EXPECT_TRUE(torch::allclose(lfq.decode(train.indices), train.quantized, 1e-5, 1e-6));
+      EXPECT_EQ(train.losses.size(), 2u);
+      lfq.eval();
+      const QuantizerOutput eval = lfq.quantize(x, {});
+      EXPECT_TRUE(eval.losses.empty());
+      EXPECT_TRUE(torch::allclose(eval.quantized, train.quantized, 1e-5, 1e-6));
+    }
+  }
+}
+
+// (bits, spherical): the entropy loss and its gradient equal the clamped brute-force definition
+// on inputs where every code has p >= 1e-5 (where clamping changes nothing).
+class LfqEntropy : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(LfqEntropy, EqualsTheBruteForceDefinitionWithItsGradient) {
+  const auto [bits, spherical] = GetParam();
+  torch::manual_seed(bits);
+  const LfqOptions options =
+      LfqOptions(int64_t{1} << bits).spherical(spherical).inv_temperature(1.0).diversity_gamma(0.7).entropy_loss_weight(0.3);
+  Lfq lfq(options);
+  const at::Tensor x = (torch::randn({3, 40, bits}) * 0.1).requires_grad_();
+  lfq.quantize(x, {}).losses.at("entropy").backward();
+  const at::Tensor got_grad = x.grad().clone();
+  const at::Tensor loss = lfq.quantize(x, {}).losses.at("entropy");
+
+  const at::Tensor xr = x.detach().clone().requires_grad_();
+  const at::Tensor codebook = lfq.indices_to_codes(torch::arange(int64_t{1} << bits));
+  const BruteForce ref = brute_force(code_space(xr, options).reshape({-1, bits}), codebook, 1.0);
+  ASSERT_GE(ref.min_prob.item<float>(), 1e-5f) << "the inputs must leave every p above the clamp";
+  const at::Tensor expected = (ref.per_sample_clamped - 0.7 * ref.codebook) * 0.3;
+  expected.backward();
+  EXPECT_NEAR(loss.item<float>(), expected.item<float>(), 1e-5);
+  EXPECT_TRUE(torch::allclose(got_grad, xr.grad(), 1e-4, 1e-5)) << (got_grad - xr.grad()).abs().max();
+}
+
+INSTANTIATE_TEST_SUITE_P(Bits, LfqEntropy, ::testing::Combine(::testing::Range<int64_t>(3, 9), ::testing::Bool()));
+
+TEST(Lfq, SaturatedBitsKeepTheExactEntropyWithinTheClampBound) {
+  // Default inv_temperature 100 on unit inputs: most codes fall below 1e-5. The per-sample term is
+  // the exact entropy; it differs from the clamped one by at most K * 1e-5 / e (lfq_entropy.cpp).
+  torch::manual_seed(5);
+  const int64_t bits = 8, k = 256;
+  Lfq lfq{LfqOptions(k)};
+  const at::Tensor x = torch::randn({2, 64, bits}, torch::kFloat64) * 0.01;
+  const at::Tensor loss = lfq.quantize(x, {}).losses.at("entropy");
+  const BruteForce ref = brute_force(x.reshape({-1, bits}), lfq.indices_to_codes(torch::arange(k)), 100.0);
+  ASSERT_LT(ref.min_prob.item<double>(), 1e-5);
+  EXPECT_NEAR(loss.item<double>(), ((ref.per_sample_exact - ref.codebook) * 0.1).item<double>(), 1e-10);
+  const double gap = (ref.per_sample_clamped - ref.per_sample_exact).abs().item<double>();
+  EXPECT_LE(gap, k * 1e-5 / std::exp(1.0));
+}
+
+TEST(Lfq, ChunkedProbabilitySumsAgreeForEveryChunkSize) {
+  torch::manual_seed(3);
+  Lfq lfq(LfqOptions(64));
+  const at::Tensor codebook = lfq.indices_to_codes(torch::arange(64));
+  const at::Tensor x = torch::randn({37, 6}) * 0.05;
+  const at::Tensor w = torch::randn({64});
+  const at::Tensor xr = x.clone().requires_grad_();
+  const at::Tensor expected = torch::matmul(xr, codebook.t() * 20.0).softmax(-1).sum(0);
+  (expected * w).sum().backward();
+  for (int64_t chunk : {1, 2, 5, 16, 37, 100}) {
+    const at::Tensor xc = x.clone().requires_grad_();
+    const at::Tensor got = lfq_sum_probs(xc, codebook, 10.0, chunk);
+    (got * w).sum().backward();
+    EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-4, 1e-5)) << "chunk " << chunk;
+  }
+}
+
+TEST(Lfq, ChunkSizeKeepsOneChunkMatrixWithinTheBudget) {
+  EXPECT_EQ(lfq_chunk_tokens(int64_t{1} << 16, 4), 128);  // 128 x 65536 floats = 32 MiB
+  EXPECT_EQ(lfq_chunk_tokens(1024, 4), 8192);
+  EXPECT_EQ(lfq_chunk_tokens(int64_t{1} << 24, 8), 1);  // never below one token
+  for (int64_t k : {2, 1000, 1 << 10, 1 << 16, 1 << 20}) {
+    const int64_t t = lfq_chunk_tokens(k, 4, 1 << 20);
+    EXPECT_LE(t * k * 4, std::max<int64_t>(1 << 20, k * 4));
+    EXPECT_GT((t + 1) * k * 4, 1 << 20);
+  }
+}
+
+TEST(Lfq, LargeCodebookTrainsWithoutTheFullMatrix) {
+  torch::manual_seed(4);
+  Lfq lfq(LfqOptions(int64_t{1} << 16));
+  const at::Tensor x = torch::randn({2, 1024, 16}, torch::requires_grad());
+  const QuantizerOutput out = lfq.quantize(x, {});
+  const at::Tensor loss = out.total_loss();
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<float>()));
+  EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
+  EXPECT_GT(x.grad().abs().sum().item<float>(), 0.0f);
+}
+
+// Counts calls; optionally adds another holder's statistics, as a two-rank sum would.
+class CountingReducer final : public Reducer {
+ public:
+  void sum_(std::vector<at::Tensor>&, const char*) override { ++in_place_calls; }
+  at::Tensor sum(const at::Tensor& local, const char* tag) override {
+    ++calls;
+    last_tag = tag;
+    last_local = local.detach().clone();
+    return other.defined() ? local + other : local;
+  }
+  int calls = 0, in_place_calls = 0;
+  std::string last_tag;
+  at::Tensor last_local, other;
+};
+
+TEST(Lfq, ReducesOncePerTrainingForwardAndNeverInEval) {
+  Lfq lfq(LfqOptions(16).commitment_loss_weight(1.0));
+  CountingReducer reducer;
+  QuantizeContext ctx;
+  ctx.reducer = &reducer;
+  for (int64_t n : {0, 1, 13}) {
+    reducer.calls = 0;
+    const QuantizerOutput out = lfq.quantize(torch::randn({2, n, 4}), ctx);
+    EXPECT_EQ(reducer.calls, 1) << "n = " << n;
+    EXPECT_EQ(reducer.in_place_calls, 0);
+    EXPECT_EQ(reducer.last_tag, "lfq.avg_probs");
+    EXPECT_TRUE(torch::isfinite(out.total_loss()).item<bool>()) << "n = " << n;
+  }
+  lfq.eval();
+  reducer.calls = 0;
+  lfq.quantize(torch::randn({2, 5, 4}), ctx);
+  EXPECT_EQ(reducer.calls, 0);
+}
+
+TEST(Lfq, TwoHoldersGetTheWholeBatchCodebookEntropy) {
+  torch::manual_seed(6);
+  const LfqOptions options = LfqOptions(32).inv_temperature(2.0);
+  Lfq lfq(options);
+  const at::Tensor a = torch::randn({1, 9, 5}) * 0.2, b = torch::randn({1, 4, 5}) * 0.2;
+  CountingReducer capture;  // the other holder's (count, sum)
+  QuantizeContext ctx;
+  ctx.reducer = &capture;
+  lfq.quantize(b, ctx);
+  CountingReducer two_ranks;
+  two_ranks.other = capture.last_local;
+  ctx.reducer = &two_ranks;
+  const at::Tensor got = lfq.quantize(a, ctx).losses.at("entropy");
+  const at::Tensor codebook = lfq.indices_to_codes(torch::arange(32));
+  const BruteForce whole = brute_force(torch::cat({a, b}, 1).reshape({-1, 5}), codebook, 2.0);
+  const at::Tensor per_sample_a = lfq_per_sample_entropy(a.reshape({-1, 5}), 2.0, 1.0);
+  EXPECT_NEAR(got.item<float>(), ((per_sample_a - whole.codebook) * 0.1).item<float>(), 1e-6);
+}
+
+TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
+  for (bool spherical : {false, true}) {
+    Lfq lfq(LfqOptions(8).spherical(spherical).inv_temperature(1.5).commitment_loss_weight(0.25).diversity_gamma(0.6));
+    const at::Tensor x0 = torch::tensor({0.3, -0.7, 0.2, -0.4, 0.9, 0.5, 0.6, 0.1, -0.8, -0.3, -0.2, 0.4},
+                                        torch::kFloat64).reshape({1, 4, 3});
+    const at::Tensor x = x0.clone().requires_grad_();
+    lfq.quantize(x, {}).total_loss().backward();
+    const double eps = 1e-6;
+    for (int64_t i = 0; i < x0.numel(); ++i) {
+      at::Tensor plus = x0.clone(), minus = x0.clone();
+      plus.view(-1)[i] += eps;
+      minus.view(-1)[i] -= eps;
+      const double numeric = (lfq.quantize(plus, {}).total_loss() - lfq.quantize(minus, {}).total_loss()).item<double>() /
+                             (2 * eps);
+      EXPECT_NEAR(x.grad().view(-1)[i].item<double>(), numeric, 1e-7) << "element " << i << " spherical " << spherical;
+    }
+  }
+}
+
+TEST(Lfq, InvalidOptionsNameTheValue) {
+  const auto message = [](const LfqOptions& o) {
+    try {
+      Lfq lfq(o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(LfqOptions(12)).find("codebook_size = 12"), std::string::npos);
+  EXPECT_NE(message(LfqOptions(1)).find("codebook_size = 1 "), std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).frac_per_sample_entropy(0.5)).find("frac_per_sample_entropy = 0.5"),
+            std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).num_codebooks(2)).find("num_codebooks = 2"), std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).inv_temperature(0)).find("inv_temperature = 0"), std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).dim(0)).find("dim = 0"), std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).entropy_loss_weight(-1)).find("entropy_loss_weight = -1"), std::string::npos);
+  EXPECT_NE(message(LfqOptions(16).codebook_scale(0)).find("codebook_scale = 0"), std::string::npos);
+  Lfq lfq(LfqOptions(16));
+  EXPECT_THROW(lfq.decode(torch::tensor({{16}}, torch::kInt64)), InvalidArgument);
+  EXPECT_THROW(lfq.quantize(torch::randn({2, 3, 5}), {}), InvalidArgument);
+}
+
+TEST(Lfq, RegistryBuildsItFromEveryKey) {
+  const std::map<std::string, double> values = {{"codebook_size", 64}, {"dim", 9}, {"entropy_loss_weight", 0.2},
+                                                {"commitment_loss_weight", 0.5}, {"diversity_gamma", 0.9},
+                                                {"inv_temperature", 50}, {"codebook_scale", 2}};
+  OptionReader reader;
+  reader.integer = [&](const std::string& key) { return static_cast<int64_t>(values.at(key)); };
+  reader.real = [&](const std::string& key) { return values.at(key); };
+  reader.boolean = [](const std::string& key) {
+    EXPECT_EQ(key, "spherical");
+    return true;
+  };
+  const auto q = std::dynamic_pointer_cast<Lfq>(make_quantizer("lfq", reader));
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->dim(), 9);
+  EXPECT_EQ(q->bits(), 6);
+  const LfqOptions& o = q->options();
+  EXPECT_EQ(o.entropy_loss_weight(), 0.2);
+  EXPECT_EQ(o.commitment_loss_weight(), 0.5);
+  EXPECT_EQ(o.diversity_gamma(), 0.9);
+  EXPECT_EQ(o.inv_temperature(), 50);
+  EXPECT_EQ(o.codebook_scale(), 2);
+  EXPECT_TRUE(o.spherical());
+}
+
+}  // namespace
+}  // namespace lockstep::quant

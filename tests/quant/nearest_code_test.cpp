@@ -1,0 +1,112 @@
+#include "lockstep/quant/nearest_code.h"
+
+#include <gtest/gtest.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <tuple>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::quant {
+namespace {
+
+// Brute force with the full distance matrix: what nearest_code must agree with.
+std::tuple<at::Tensor, at::Tensor> brute_force(const at::Tensor& x, const at::Tensor& codebook, Metric metric) {
+  if (metric == Metric::Cosine) {
+    const at::Tensor sim = x.mm(codebook.t());
+    auto [score, idx] = sim.max(1);
+    return {idx, score};
+  }
+  const at::Tensor dist = torch::cdist(x.to(torch::kFloat64), codebook.to(torch::kFloat64)).pow(2);
+  auto [score, idx] = dist.min(1);
+  return {idx, score.to(torch::kFloat32)};
+}
+
+class NearestCodeSizes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, Metric>> {};
+
+TEST_P(NearestCodeSizes, EqualsBruteForce) {
+  const auto [n, k, d, metric] = GetParam();
+  torch::manual_seed(n * 1000 + k * 10 + d);
+  at::Tensor x = torch::randn({n, d});
+  at::Tensor codebook = torch::randn({k, d});
+  if (metric == Metric::Cosine) {
+    x = torch::nn::functional::normalize(x, torch::nn::functional::NormalizeFuncOptions().dim(1));
+    codebook = torch::nn::functional::normalize(codebook, torch::nn::functional::NormalizeFuncOptions().dim(1));
+  }
+  const NearestCode got = nearest_code(x, codebook, metric);
+  ASSERT_EQ(got.indices.sizes(), (std::vector<int64_t>{n}));
+  ASSERT_EQ(got.indices.scalar_type(), torch::kInt64);
+  ASSERT_EQ(got.score.sizes(), (std::vector<int64_t>{n}));
+  const auto [idx, score] = brute_force(x, codebook, metric);
+  EXPECT_TRUE(torch::allclose(got.score, score, 1e-4, 1e-4));
+  // Where the indices differ (float32 rounding on a near-tie), the chosen code must be as good as
+  // the brute-force one. With d > 1 near-ties are rare; with d = 1 and many codes they are common.
+  const at::Tensor differ = got.indices != idx;
+  if (d > 1) {
+    EXPECT_LE(differ.sum().item<int64_t>(), std::max<int64_t>(1, n / 1000)) << "n=" << n << " k=" << k << " d=" << d;
+  }
+  if (differ.any().item<bool>()) {
+    const at::Tensor rows = differ.nonzero().squeeze(1);
+    const at::Tensor a = (x.index_select(0, rows) - codebook.index_select(0, got.indices.index_select(0, rows))).pow(2).sum(1);
+    const at::Tensor b = (x.index_select(0, rows) - codebook.index_select(0, idx.index_select(0, rows))).pow(2).sum(1);
+    EXPECT_TRUE(torch::allclose(a, b, 1e-4, 1e-4));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, NearestCodeSizes,
+    ::testing::Combine(::testing::Values<int64_t>(0, 1, 7, 257, 1000, 2100),
+                       ::testing::Values<int64_t>(1, 3, 511, 512, 513, 1300),
+                       ::testing::Values<int64_t>(1, 5, 64), ::testing::Values(Metric::Euclidean, Metric::Cosine)));
+
+TEST(NearestCode, ExactTiesGoToTheLowestIndex) {
+  torch::manual_seed(3);
+  // Codes 2 and 700 (different code tiles) and 5 are copies of code 1; tokens equal to code 1.
+  at::Tensor codebook = torch::randn({1100, 8});
+  for (int64_t copy : {2, 5, 700}) codebook[copy] = codebook[1];
+  const at::Tensor x = codebook[1].unsqueeze(0).repeat({600, 1});
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    at::Tensor cb = codebook;
+    at::Tensor xs = x;
+    if (metric == Metric::Cosine) {
+      cb = codebook / codebook.norm(2, 1, true);
+      xs = x / x.norm(2, 1, true);
+    }
+    const NearestCode got = nearest_code(xs, cb, metric);
+    EXPECT_TRUE((got.indices == 1).all().item<bool>()) << std::get<0>(at::_unique(got.indices));
+  }
+  // All codes equal: index 0 everywhere.
+  const NearestCode same = nearest_code(torch::randn({300, 4}), torch::ones({600, 4}), Metric::Euclidean);
+  EXPECT_TRUE((same.indices == 0).all().item<bool>());
+}
+
+TEST(NearestCode, RejectsMismatchedShapesAndEmptyCodebooks) {
+  EXPECT_THROW(nearest_code(torch::randn({3, 4}), torch::randn({5, 3}), Metric::Euclidean), InvalidArgument);
+  EXPECT_THROW(nearest_code(torch::randn({3, 4}), torch::randn({0, 4}), Metric::Euclidean), InvalidArgument);
+  EXPECT_THROW(nearest_code(torch::randn({3}), torch::randn({5, 3}), Metric::Euclidean), InvalidArgument);
+}
+
+TEST(NearestCode, AcceptsTensorsThatRequireGradAndNonContiguousInputs) {
+  const at::Tensor x = torch::randn({40, 6}, torch::requires_grad());
+  const at::Tensor codebook = torch::randn({6, 30}).t();  // (30, 6), transposed view
+  const NearestCode got = nearest_code(x, codebook, Metric::Euclidean);
+  const auto [idx, score] = brute_force(x.detach(), codebook.contiguous(), Metric::Euclidean);
+  EXPECT_TRUE(torch::equal(got.indices, idx));
+}
+
+TEST(NearestCode, SeveralThreadsGiveTheSameAnswer) {
+  torch::manual_seed(9);
+  const at::Tensor x = torch::randn({5000, 16});
+  const at::Tensor codebook = torch::randn({300, 16});
+  const NearestCode one = nearest_code(x, codebook, Metric::Euclidean);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const NearestCode two = nearest_code(x, codebook, Metric::Euclidean);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.indices, two.indices));
+  EXPECT_TRUE(torch::equal(one.score, two.score));
+}
+
+}  // namespace
+}  // namespace lockstep::quant

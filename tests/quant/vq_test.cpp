@@ -1,0 +1,242 @@
+#include "lockstep/quant/vq.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/registry.h"
+
+namespace lockstep::quant {
+namespace {
+
+// Records every reduction; sums are identities, as for a single holder.
+class CountingReducer final : public Reducer {
+ public:
+  void sum_(std::vector<at::Tensor>& tensors, const char* tag) override {
+    tags.emplace_back(tag);
+    first_totals.push_back(tensors.at(0).sum().item<double>());
+  }
+  at::Tensor sum(const at::Tensor& local, const char*) override { return local; }
+  std::vector<std::string> tags;
+  std::vector<double> first_totals;
+};
+
+void set_buffer(Vq& vq, const std::string& name, const at::Tensor& value) {
+  torch::NoGradGuard no_grad;
+  vq.named_buffers()[name].copy_(value);
+}
+
+std::map<std::string, at::Tensor> snapshot(Vq& vq) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& b : vq.named_buffers()) out[b.key()] = b.value().clone();
+  return out;
+}
+
+at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+class VqEstimators : public ::testing::TestWithParam<std::tuple<bool, VqEstimator>> {};
+
+TEST_P(VqEstimators, DecodeOfEncodeIsTheForwardValue) {
+  const auto [cosine, estimator] = GetParam();
+  Vq vq(VqOptions(6, 37).use_cosine_sim(cosine).estimator(estimator), seeded(1));
+  torch::manual_seed(2);
+  const at::Tensor x = torch::randn({3, 20, 6}, torch::requires_grad());
+  const at::Tensor indices = vq.encode(x);
+  const at::Tensor decoded = vq.decode(indices);  // before the training call moves the codebook
+  CountingReducer reducer;
+  const QuantizerOutput out = vq.quantize(x, {&reducer, seeded(3)});
+  ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{3, 20}));
+  EXPECT_GE(out.indices.min().item<int64_t>(), 0);
+  EXPECT_LT(out.indices.max().item<int64_t>(), 37);
+  EXPECT_TRUE(torch::equal(out.indices, indices));
+  EXPECT_TRUE(torch::allclose(out.quantized, decoded, 1e-5, 1e-5));
+  if (cosine) {
+    EXPECT_TRUE(torch::allclose(decoded.norm(2, -1), torch::ones({3, 20}), 1e-5, 1e-5));
+  }
+  EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
+  // Commitment: mse(q, x) with the default weight 1.
+  EXPECT_NEAR(out.losses.at("commitment").item<float>(), (decoded - x.detach()).pow(2).mean().item<float>(), 1e-5);
+  out.total_loss().backward();
+  EXPECT_TRUE(x.grad().defined());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, VqEstimators,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(VqEstimator::StraightThrough,
+                                                                                   VqEstimator::RotationTrick)));
+
+TEST(Vq, DefaultEstimatorIsTheRotationTrickAboveOneDimension) {
+  EXPECT_EQ(VqOptions(2, 4).estimator(), VqEstimator::RotationTrick);
+  EXPECT_EQ(VqOptions(1, 4).estimator(), VqEstimator::StraightThrough);
+}
+
+TEST(Vq, StraightThroughGradientIsTheIdentity) {
+  Vq vq(VqOptions(4, 8).estimator(VqEstimator::StraightThrough).commitment_weight(0), seeded(1));
+  const at::Tensor x = torch::randn({2, 5, 4}, torch::requires_grad());
+  const at::Tensor upstream = torch::randn({2, 5, 4});
+  (vq.quantize(x, {}).quantized * upstream).sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), upstream, 0, 1e-6));
+}
+
+TEST(Vq, RotationTrickValueIsTheCodeAndItsGradientIsTheRotation) {
+  const at::Tensor x = torch::tensor({{1.0f, 2.0f, -0.5f}, {0.3f, -1.0f, 2.0f}}, torch::requires_grad());
+  const at::Tensor q = torch::tensor({{0.5f, 1.0f, 1.0f}, {-2.0f, 0.1f, 0.4f}});
+  const at::Tensor out = rotate_to(x, q);
+  EXPECT_TRUE(torch::allclose(out, q, 1e-5, 1e-6)) << out;
+  const at::Tensor g = torch::tensor({{0.7f, -0.2f, 1.1f}, {0.4f, 0.9f, -0.6f}});
+  (out * g).sum().backward();
+  // out = s (I - 2 w w^T + 2 q^ u^T) x with s = |q|/|x|, u = x/|x|, q^ = q/|q|, w = (u+q^)/|u+q^|
+  // constant, so dL/dx = s (g - 2 (g.w) w + 2 (g.q^) u). Computed here in double.
+  const at::Tensor xd = x.detach().to(torch::kFloat64), qd = q.to(torch::kFloat64), gd = g.to(torch::kFloat64);
+  const at::Tensor u = xd / xd.norm(2, 1, true), qh = qd / qd.norm(2, 1, true);
+  const at::Tensor w = (u + qh) / (u + qh).norm(2, 1, true);
+  const at::Tensor s = qd.norm(2, 1, true) / xd.norm(2, 1, true);
+  const at::Tensor expected = s * (gd - 2 * (gd * w).sum(1, true) * w + 2 * (gd * qh).sum(1, true) * u);
+  EXPECT_TRUE(torch::allclose(x.grad().to(torch::kFloat64), expected, 1e-5, 1e-6)) << x.grad() << expected;
+}
+
+TEST(Vq, EmaUpdateWithLaplaceSmoothingMatchesHandComputedValues) {
+  Vq vq(VqOptions(2, 2).decay(0.5), seeded(1));
+  set_buffer(vq, "embed", torch::tensor({{0.0f, 0.0f}, {10.0f, 10.0f}}));
+  set_buffer(vq, "embed_avg", torch::tensor({{0.0f, 0.0f}, {10.0f, 10.0f}}));
+  // Tokens (1,1), (3,3) -> code 0 and (9,9) -> code 1: n = [2, 1], s = [[4,4], [9,9]].
+  const at::Tensor x = torch::tensor({{1.0f, 1.0f}, {3.0f, 3.0f}, {9.0f, 9.0f}}).unsqueeze(0);
+  const QuantizerOutput out = vq.quantize(x, {});
+  EXPECT_TRUE(torch::equal(out.indices, torch::tensor({{0, 0, 1}}, torch::kInt64)));
+  // N = lerp([1, 1], [2, 1], 0.5) = [1.5, 1]; m = lerp([[0,0],[10,10]], s, 0.5) = [[2,2],[9.5,9.5]];
+  // N~ = (N + 1e-5) / (2.5 + 2e-5) * 2.5 = [1.499998, 1.000002]; e = m / N~ = [1.3333351, 9.499981].
+  EXPECT_TRUE(torch::allclose(vq.cluster_size(), torch::tensor({1.5f, 1.0f}), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(vq.embed_avg(), torch::tensor({{2.0f, 2.0f}, {9.5f, 9.5f}}), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(vq.embed(), torch::tensor({{1.3333351f, 1.3333351f}, {9.499981f, 9.499981f}}), 0, 2e-6))
+      << vq.embed();
+}
+
+TEST(Vq, EvaluationChangesNoStateAndCallsNoReducer) {
+  Vq vq(VqOptions(4, 16).threshold_ema_dead_code(2.0), seeded(1));
+  vq.eval();
+  const auto before = snapshot(vq);
+  CountingReducer reducer;
+  vq.quantize(torch::randn({2, 9, 4}), {&reducer, seeded(2)});
+  EXPECT_TRUE(reducer.tags.empty());
+  for (const auto& [name, value] : snapshot(vq)) EXPECT_TRUE(torch::equal(value, before.at(name))) << name;
+}
+
+TEST(Vq, ReducesExactlyOncePerTrainingCallEvenForAnEmptyBatch) {
+  Vq vq(VqOptions(4, 16).threshold_ema_dead_code(0.9), seeded(1));
+  CountingReducer reducer;
+  const QuantizerOutput out = vq.quantize(torch::randn({0, 7, 4}, torch::requires_grad()), {&reducer, seeded(2)});
+  EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
+  EXPECT_EQ(reducer.first_totals, std::vector<double>{0.0});
+  EXPECT_EQ(out.indices.sizes(), (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(out.losses.at("commitment").item<float>(), 0.0f);
+  vq.quantize(torch::randn({3, 7, 4}), {&reducer, seeded(3)});
+  EXPECT_EQ(reducer.tags.size(), 2u);
+  EXPECT_EQ(reducer.first_totals.back(), 21.0);
+}
+
+TEST(Vq, KmeansInitLowersInertiaOnClusteredData) {
+  torch::manual_seed(5);
+  const at::Tensor centers = torch::randn({8, 4}) * 10;
+  const at::Tensor x = (centers.repeat({64, 1}) + torch::randn({512, 4}) * 0.1).unsqueeze(0);
+  auto inertia = [&](Vq& vq) { return nearest_code(x[0], vq.embed(), Metric::Euclidean).score.mean().item<float>(); };
+  Vq random_init(VqOptions(4, 8), seeded(1));
+  Vq kmeans(VqOptions(4, 8).kmeans_init(true).kmeans_iters(10), seeded(1));
+  EXPECT_FALSE(kmeans.initted());
+  CountingReducer reducer;
+  random_init.quantize(x, {});
+  kmeans.quantize(x, {&reducer, seeded(2)});
+  EXPECT_TRUE(kmeans.initted());
+  EXPECT_EQ(reducer.tags.size(), 11u);
+  EXPECT_EQ(reducer.tags.front(), "vq.kmeans");
+  EXPECT_EQ(reducer.tags.back(), "vq.ema");
+  EXPECT_LT(inertia(kmeans), 0.5f * inertia(random_init)) << inertia(kmeans) << " vs " << inertia(random_init);
+  EXPECT_NEAR(kmeans.cluster_size().sum().item<float>(), 512.0f, 1e-2);
+  kmeans.quantize(x, {&reducer, seeded(3)});  // initialised once only
+  EXPECT_EQ(reducer.tags.size(), 12u);
+}
+
+TEST(Vq, DeadCodesAreReplacedByBatchVectors) {
+  // Every token lands on one code; the others decay to N = 0.8 < 0.9 and are replaced.
+  Vq vq(VqOptions(3, 16).threshold_ema_dead_code(0.9), seeded(1));
+  const at::Tensor x = (torch::full({1, 3}, 50.0f) + torch::randn({40, 3})).unsqueeze(0);
+  const QuantizerOutput out = vq.quantize(x, {nullptr, seeded(4)});
+  const int64_t used = out.indices[0][0].item<int64_t>();
+  ASSERT_TRUE((out.indices == used).all().item<bool>());
+  for (int64_t k = 0; k < 16; ++k) {
+    if (k == used) continue;
+    EXPECT_FLOAT_EQ(vq.cluster_size()[k].item<float>(), 0.9f);
+    const at::Tensor row = vq.embed()[k];
+    EXPECT_TRUE((x[0] == row).all(1).any().item<bool>()) << "code " << k << " is not a batch vector";
+    EXPECT_TRUE(torch::allclose(vq.embed_avg()[k], row * 0.9, 1e-6, 1e-5));
+  }
+}
+
+TEST(Vq, StateRoundTripsThroughNamedBuffers) {
+  Vq a(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(1));
+  for (int step = 0; step < 3; ++step) a.quantize(torch::randn({2, 30, 5}), {nullptr, seeded(step)});
+  Vq b(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(99));
+  std::set<std::string> names;
+  for (const auto& buffer : a.named_buffers()) {
+    names.insert(buffer.key());
+    set_buffer(b, buffer.key(), buffer.value());
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"embed", "cluster_size", "embed_avg", "initted"}));
+  for (const auto& [name, value] : snapshot(a)) EXPECT_TRUE(torch::equal(value, snapshot(b).at(name))) << name;
+  const at::Tensor x = torch::randn({2, 10, 5});
+  EXPECT_TRUE(torch::equal(a.encode(x), b.encode(x)));
+  EXPECT_TRUE(torch::equal(a.decode(a.encode(x)), b.decode(b.encode(x))));
+}
+
+void expect_invalid(const VqOptions& options, const std::string& fragment) {
+  try {
+    Vq vq(options);
+    FAIL() << "accepted; expected an error naming " << fragment;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(Vq, InvalidOptionsNameTheValue) {
+  expect_invalid(VqOptions(4, 0), "codebook_size = 0");
+  expect_invalid(VqOptions(0, 8), "dim = 0");
+  expect_invalid(VqOptions(4, 8).decay(1.0), "decay = 1");
+  expect_invalid(VqOptions(4, 8).decay(-0.25), "decay = -0.25");
+  expect_invalid(VqOptions(4, 8).kmeans_iters(0), "kmeans_iters = 0");
+  Vq vq(VqOptions(4, 8), seeded(1));
+  EXPECT_THROW(vq.decode(torch::tensor({{8}}, torch::kInt64)), InvalidArgument);
+  EXPECT_THROW(vq.quantize(torch::randn({2, 3, 5}), {}), InvalidArgument);
+}
+
+TEST(Vq, RegistryBuildsItFromOptionKeys) {
+  OptionReader o;
+  o.integer = [](const std::string& key) -> int64_t {
+    if (key == "dim") return 6;
+    if (key == "codebook_size") return 20;
+    if (key == "kmeans_iters") return 3;
+    throw InvalidArgument("unknown key " + key);
+  };
+  o.real = [](const std::string& key) -> double {
+    if (key == "decay") return 0.9;
+    if (key == "commitment_weight") return 0.25;
+    if (key == "threshold_ema_dead_code") return 0.0;
+    throw InvalidArgument("unknown key " + key);
+  };
+  o.boolean = [](const std::string& key) -> bool {
+    if (key == "cosine" || key == "kmeans_init") return false;
+    if (key == "rotation_trick") return false;
+    throw InvalidArgument("unknown key " + key);
+  };
+  const auto q = make_quantizer("vq", o);
+  ASSERT_EQ(q->kind(), "vq");
+  const auto& vq = dynamic_cast<const Vq&>(*q);
+  EXPECT_EQ(vq.dim(), 6);
+  EXPECT_EQ(vq.codebook_size(), 20);
+  EXPECT_DOUBLE_EQ(vq.options().decay(), 0.9);
+  EXPECT_DOUBLE_EQ(vq.options().commitment_weight(), 0.25);
+  EXPECT_EQ(vq.options().kmeans_iters(), 3);
+  EXPECT_EQ(vq.options().estimator(), VqEstimator::StraightThrough);
+}
+
+}  // namespace
+}  // namespace lockstep::quant
