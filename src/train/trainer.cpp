@@ -195,7 +195,15 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       break;
     }
     const at::Tensor x = data::images_to_tensor(s.train_set, s.batch_indices(s.step));
-    const model::AutoencoderOutput out = s.model->forward(x, quant::QuantizeContext{});
+    // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
+    // function of (seed, step): the same on every rank and after a resume, with no collective.
+    quant::LocalReducer local;
+    quant::QuantizeContext ctx;
+    ctx.reducer = &local;
+    ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+        derive_seed(static_cast<uint64_t>(s.config.get_int("train.seed")), static_cast<uint64_t>(s.step),
+                    /*purpose=*/2));
+    const model::AutoencoderOutput out = s.model->forward(x, ctx);
     const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
     const at::Tensor loss = reconstruction_loss + out.quant.total_loss();
     s.adam->zero_grad();

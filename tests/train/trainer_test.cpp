@@ -76,16 +76,30 @@ void expect_same_checkpoints(const std::string& a, const std::string& b) {
   }
 }
 
-TEST(Trainer, InterruptedAndResumedRunIsBitwiseTheUninterruptedOne) {
+// Each quantizer with the options that use randomness and statistics during training.
+struct QuantizerSetup {
+  std::string name;
+  std::vector<std::string> settings;
+};
+
+class TrainerResume : public ::testing::TestWithParam<QuantizerSetup> {};
+
+TEST_P(TrainerResume, InterruptedAndResumedRunIsBitwiseTheUninterruptedOne) {
   test_util::TempDir tmp;
+  auto config = [&] {
+    Config c = small_config(30);
+    c.set("quantizer.name", GetParam().name);
+    for (const auto& assignment : GetParam().settings) c.set_from_string(assignment);
+    return c;
+  };
   // 640 / 32 = 20 steps per epoch: the runs cross an epoch boundary after the interruption.
-  Trainer::create(small_config(30), tmp.file("straight"), one())->run({});
+  Trainer::create(config(), tmp.file("straight"), one())->run({});
 
   std::atomic<bool> stop{false};
   TrainCallbacks cb;
   cb.stop_requested = &stop;
   cb.on_step = [&](const StepReport& r) { stop = r.step == 13; };
-  const TrainSummary first = Trainer::create(small_config(30), tmp.file("resumed"), one())->run(cb);
+  const TrainSummary first = Trainer::create(config(), tmp.file("resumed"), one())->run(cb);
   EXPECT_TRUE(first.interrupted);
   EXPECT_EQ(first.steps, 13);
 
@@ -99,6 +113,15 @@ TEST(Trainer, InterruptedAndResumedRunIsBitwiseTheUninterruptedOne) {
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{5, 10, 15, 20, 25, 30}));
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Quantizers, TrainerResume,
+    ::testing::Values(QuantizerSetup{"fsq", {}},
+                      QuantizerSetup{"vq",
+                                     {"quantizer.vq.codebook_size=64", "quantizer.vq.kmeans_init=true",
+                                      "quantizer.vq.kmeans_iters=2", "quantizer.vq.threshold_ema_dead_code=1"}},
+                      QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}}),
+    [](const ::testing::TestParamInfo<QuantizerSetup>& info) { return info.param.name; });
 
 TEST(Trainer, CrashAfterACheckpointResumesFromItExactly) {
   test_util::TempDir tmp;
