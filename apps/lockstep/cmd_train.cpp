@@ -53,6 +53,8 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<train::Trainer> trainer;
   auto group = dist::make_single_process_group();
   if (!args.resume.empty()) {
+    LOCKSTEP_CHECK_ARG(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",
+                       "keeps its own in ", args.resume, "/config.toml");
     LOCKSTEP_CHECK_ARG(args.config_file.empty() && args.run_dir.empty(),
                        "--resume continues a run with its own config and directory; do not combine it with ",
                        "--config or --run-dir");

@@ -36,7 +36,7 @@ void LfqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_), "lfq: inv_temperature = ",
                      inv_temperature_, " must be > 0");
   LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ == 1.0, "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_,
-                     " is not supported: sub-sampling the per-sample entropy is not implemented yet; use 1");
+                     " is not supported: the per-sample entropy is computed over every token; use 1");
   LOCKSTEP_CHECK_ARG(num_codebooks_ == 1, "lfq: num_codebooks = ", num_codebooks_,
                      " is not supported yet; use 1");
 }

@@ -50,3 +50,5 @@ lockstep_cli_test(decode_rejects_float_tokens EXIT 1 OUTPUT "must be integers" T
 lockstep_cli_test(decode_rejects_out_of_range EXIT 1 OUTPUT "indices must lie in .0, 1000. " TIMEOUT 120
                   SETUP "${TINY_RUN} && python3 ${MAKE_NPY} f.npy '<i4' 1,14,14 127"
                   ARGS decode run --tokens f.npy -o out)
+lockstep_cli_test(train_resume_print_config EXIT 1 OUTPUT "run being resumed keeps its own in nowhere/config.toml"
+                  ARGS train --resume nowhere --print-config)
