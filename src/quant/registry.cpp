@@ -3,39 +3,85 @@
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
+#include "lockstep/quant/residual.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
 
+namespace {
+
+FsqOptions fsq_options(const OptionReader& o) {
+  FsqOptions options(o.int_list("levels"));
+  options.num_codebooks(o.integer("num_codebooks")).preserve_symmetry(o.boolean("preserve_symmetry"));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
+  return options;
+}
+
+LfqOptions lfq_options(const OptionReader& o) {
+  LfqOptions options(o.integer("codebook_size"));
+  options.entropy_loss_weight(o.real("entropy_loss_weight"))
+      .commitment_loss_weight(o.real("commitment_loss_weight"))
+      .diversity_gamma(o.real("diversity_gamma"))
+      .inv_temperature(o.real("inv_temperature"))
+      .codebook_scale(o.real("codebook_scale"))
+      .spherical(o.boolean("spherical"));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: log2 codebook_size
+  return options;
+}
+
+VqOptions vq_options(const OptionReader& o) {
+  VqOptions options(o.integer("dim"), o.integer("codebook_size"));
+  options.decay(o.real("decay"))
+      .commitment_weight(o.real("commitment_weight"))
+      .use_cosine_sim(o.boolean("cosine"))
+      .estimator(o.boolean("rotation_trick") ? VqEstimator::RotationTrick : VqEstimator::StraightThrough)
+      .kmeans_init(o.boolean("kmeans_init"))
+      .kmeans_iters(o.integer("kmeans_iters"))
+      .threshold_ema_dead_code(o.real("threshold_ema_dead_code"))
+      .heads(o.integer("heads"))
+      .separate_codebook_per_head(o.boolean("separate_codebook_per_head"))
+      .orthogonal_reg_weight(o.real("orthogonal_reg_weight"))
+      .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))
+      .sample_codebook_temp(o.real("sample_codebook_temp"));
+  if (const int64_t cd = o.integer("codebook_dim"); cd != 0) options.codebook_dim(cd);  // 0: dim
+  return options;
+}
+
+ResidualOptions residual_options(const OptionReader& o) {
+  ResidualOptions options(o.integer("num_quantizers"));
+  options.quantize_dropout(o.boolean("quantize_dropout"))
+      .quantize_dropout_cutoff_index(o.integer("quantize_dropout_cutoff_index"))
+      .quantize_dropout_multiple_of(o.integer("quantize_dropout_multiple_of"));
+  return options;
+}
+
+OptionReader section_of(const OptionReader& o, const std::string& name) {
+  LOCKSTEP_CHECK_ARG(static_cast<bool>(o.section), "this option reader has no section '", name, "'");
+  return o.section(name);
+}
+
+}  // namespace
+
 const std::vector<RegistryEntry>& quantizer_registry() {
+  // Codebooks and projections are drawn from torch's default generator (the trainer seeds it).
   static const std::vector<RegistryEntry> entries = {
       {"fsq", "finite scalar quantization: per-dimension levels, no codebook to learn",
-       [](const OptionReader& o) {
-         return std::make_shared<Fsq>(FsqOptions(o.int_list("levels")));
-       }},
+       [](const OptionReader& o) { return std::make_shared<Fsq>(fsq_options(o)); }},
       {"lfq", "lookup-free quantization: each latent channel is one bit; BSQ with spherical",
-       [](const OptionReader& o) {
-         LfqOptions options(o.integer("codebook_size"));
-         options.entropy_loss_weight(o.real("entropy_loss_weight"))
-             .commitment_loss_weight(o.real("commitment_loss_weight"))
-             .diversity_gamma(o.real("diversity_gamma"))
-             .inv_temperature(o.real("inv_temperature"))
-             .codebook_scale(o.real("codebook_scale"))
-             .spherical(o.boolean("spherical"));
-         if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: log2 codebook_size
-         return std::make_shared<Lfq>(options);
-       }},
+       [](const OptionReader& o) { return std::make_shared<Lfq>(lfq_options(o)); }},
       {"vq", "vector quantization with an EMA codebook (optional k-means init, dead-code replacement)",
+       [](const OptionReader& o) { return std::make_shared<Vq>(vq_options(o)); }},
+      {"residual-vq", "residual VQ: quantizer.residual.num_quantizers VQ layers, each with quantizer.vq options",
        [](const OptionReader& o) {
-         VqOptions options(o.integer("dim"), o.integer("codebook_size"));
-         options.decay(o.real("decay"))
-             .commitment_weight(o.real("commitment_weight"))
-             .use_cosine_sim(o.boolean("cosine"))
-             .estimator(o.boolean("rotation_trick") ? VqEstimator::RotationTrick : VqEstimator::StraightThrough)
-             .kmeans_init(o.boolean("kmeans_init"))
-             .kmeans_iters(o.integer("kmeans_iters"))
-             .threshold_ema_dead_code(o.real("threshold_ema_dead_code"));
-         return std::make_shared<Vq>(options);  // codebook drawn from torch's default generator
+         return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));
+       }},
+      {"residual-fsq", "residual FSQ: layers with quantizer.fsq levels, symmetric bound, scales levels^-l",
+       [](const OptionReader& o) {
+         return make_residual_fsq(residual_options(section_of(o, "residual")), fsq_options(section_of(o, "fsq")));
+       }},
+      {"residual-lfq", "residual LFQ: layers with quantizer.lfq options, codebook scale 2^-l",
+       [](const OptionReader& o) {
+         return make_residual_lfq(residual_options(section_of(o, "residual")), lfq_options(section_of(o, "lfq")));
        }},
   };
   return entries;
@@ -53,7 +99,7 @@ const RegistryEntry& find_quantizer(const std::string& name) {
     if (e.name == name) return e;
     valid += (valid.empty() ? "" : ", ") + e.name;
   }
-  throw InvalidArgument(detail::concat("unknown quantizer '", name, "'; valid: ", valid));
+  throw InvalidArgument(lockstep::detail::concat("unknown quantizer '", name, "'; valid: ", valid));
 }
 
 std::shared_ptr<Quantizer> make_quantizer(const std::string& name, const OptionReader& options) {

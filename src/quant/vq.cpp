@@ -26,22 +26,55 @@ at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator g
   return samples.index_select(0, rows);
 }
 
-// Per-code token counts (K) and token sums (K, d) of tokens `flat` (n, d) assigned `indices` (n).
-std::vector<at::Tensor> count_and_sum(const at::Tensor& flat, const at::Tensor& indices, int64_t k) {
-  at::Tensor counts = torch::zeros({k}, torch::kFloat32).index_add_(0, indices, torch::ones({indices.size(0)}));
-  at::Tensor sums = torch::zeros({k, flat.size(1)}, torch::kFloat32).index_add_(0, indices, flat);
+// Per-code token counts (C*K) and token sums (C*K, cd) of tokens (C, M, cd) assigned `indices`
+// (C, M): codebook c's code i is row c*K + i, so all codebooks travel in one reduction.
+std::vector<at::Tensor> count_and_sum(const at::Tensor& tokens, const at::Tensor& indices, int64_t k) {
+  const int64_t codebooks = tokens.size(0);
+  const at::Tensor rows = (indices + torch::arange(codebooks, torch::kInt64).mul_(k).unsqueeze(1)).flatten();
+  at::Tensor counts = torch::zeros({codebooks * k}, torch::kFloat32).index_add_(0, rows, torch::ones({rows.size(0)}));
+  at::Tensor sums = torch::zeros({codebooks * k, tokens.size(2)}, torch::kFloat32)
+                        .index_add_(0, rows, tokens.reshape({-1, tokens.size(2)}));
   return {counts, sums};
+}
+
+// Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
+// Euclidean distance or the cosine similarity; tokens in chunks so no (n, K) matrix is held whole.
+at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Metric metric, double temperature,
+                        at::Generator generator) {
+  const int64_t n = tokens.size(0);
+  const int64_t k = codebook.size(0);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / k);  // 32 MiB of logits
+  at::Tensor indices = torch::empty({n}, torch::kInt64);
+  const at::Tensor code_norms = codebook.pow(2).sum(1);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    const at::Tensor x = tokens.narrow(0, start, len);
+    const at::Tensor dots = torch::matmul(x, codebook.t());
+    at::Tensor logits = metric == Metric::Cosine
+                            ? dots
+                            : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
+    const at::Tensor u = torch::empty({len, k}, torch::kFloat32).uniform_(0, 1, generator);
+    const at::Tensor gumbel = -(-(u.clamp_min(1e-20).log())).clamp_min(1e-20).log();
+    indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
+  }
+  return indices;
 }
 }  // namespace
 
 void VqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(dim_ >= 1, "vq: dim = ", dim_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(codebook_size_ >= 1, "vq: codebook_size = ", codebook_size_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(heads_ >= 1, "vq: heads = ", heads_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(codebook_dim() >= 1, "vq: codebook_dim = ", codebook_dim(), " must be >= 1");
   LOCKSTEP_CHECK_ARG(decay_ >= 0 && decay_ < 1, "vq: decay = ", decay_, " must lie in [0, 1)");
   LOCKSTEP_CHECK_ARG(eps_ > 0, "vq: eps = ", eps_, " must be > 0");
   LOCKSTEP_CHECK_ARG(commitment_weight_ >= 0, "vq: commitment_weight = ", commitment_weight_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(orthogonal_reg_weight_ >= 0, "vq: orthogonal_reg_weight = ", orthogonal_reg_weight_,
+                     " must be >= 0");
   LOCKSTEP_CHECK_ARG(kmeans_iters_ >= 1, "vq: kmeans_iters = ", kmeans_iters_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ >= 0, "vq: threshold_ema_dead_code = ", threshold_ema_dead_code_,
+                     " must be >= 0");
+  LOCKSTEP_CHECK_ARG(sample_codebook_temp_ >= 0, "vq: sample_codebook_temp = ", sample_codebook_temp_,
                      " must be >= 0");
 }
 
@@ -49,27 +82,76 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
   options_.validate();
   metric_ = options_.use_cosine_sim() ? Metric::Cosine : Metric::Euclidean;
   const int64_t k = options_.codebook_size();
-  const int64_t d = options_.dim();
-  at::Tensor embed = torch::zeros({k, d});
+  const int64_t cd = options_.codebook_dim();
+  const int64_t codebooks = options_.num_codebooks();
+  if (options_.heads() * cd != options_.dim()) {
+    project_in_ = register_module("project_in", torch::nn::Linear(options_.dim(), options_.heads() * cd));
+    project_out_ = register_module("project_out", torch::nn::Linear(options_.heads() * cd, options_.dim()));
+  }
+  at::Tensor embed = torch::zeros({codebooks, k, cd});
   if (!options_.kmeans_init()) {
-    // torch.nn.init.kaiming_uniform_ on (K, d): fan_in = d, gain sqrt(2), bound sqrt(6 / d).
-    const double bound = std::sqrt(6.0 / static_cast<double>(d));
+    // The reference draws kaiming_uniform_ on a (C, K, cd) tensor, whose fan_in torch counts as
+    // K * cd (size(1) times the trailing sizes) whatever C: bound sqrt(6 / (K * cd)).
+    const double bound = std::sqrt(6.0 / static_cast<double>(k * cd));
     embed.uniform_(-bound, bound, or_default(generator));
     if (options_.use_cosine_sim()) embed = l2norm(embed);
   }
   embed_ = register_buffer("embed", embed);
-  cluster_size_ = register_buffer("cluster_size", torch::ones({k}));
+  cluster_size_ = register_buffer("cluster_size", torch::ones({codebooks, k}));
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   initted_ = register_buffer("initted", torch::tensor(options_.kmeans_init() ? 0.0f : 1.0f));
 }
 
 bool Vq::initted() const { return initted_.item<float>() > 0; }
 
-at::Tensor Vq::prepare(const at::Tensor& x) const {
+at::Tensor Vq::group_by_codebook(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == options_.dim(), "vq: expected tokens (b, n, ", options_.dim(),
                      "), got ", x.sizes());
-  const at::Tensor flat = x.to(torch::kFloat32).reshape({-1, options_.dim()});
-  return options_.use_cosine_sim() ? l2norm(flat) : flat;
+  at::Tensor z = x.to(torch::kFloat32);
+  if (project_in_) z = project_in_->forward(z);
+  const int64_t heads = options_.heads();
+  const int64_t cd = options_.codebook_dim();
+  z = z.reshape({x.size(0), x.size(1), heads, cd});
+  // Shared codebook: every head vector is one more token; separate: head h goes to codebook h.
+  if (!options_.separate_codebook_per_head()) return z.reshape({1, -1, cd});
+  return z.permute({2, 0, 1, 3}).reshape({heads, -1, cd});
+}
+
+at::Tensor Vq::ungroup(const at::Tensor& grouped, int64_t b, int64_t n) {
+  const int64_t heads = options_.heads();
+  const int64_t cd = options_.codebook_dim();
+  at::Tensor z = options_.separate_codebook_per_head()
+                     ? grouped.reshape({heads, b, n, cd}).permute({1, 2, 0, 3}).reshape({b, n, heads * cd})
+                     : grouped.reshape({b, n, heads * cd});
+  return project_out_ ? project_out_->forward(z) : z;
+}
+
+at::Tensor Vq::ungroup_indices(const at::Tensor& indices, int64_t b, int64_t n) const {
+  const int64_t heads = options_.heads();
+  const at::Tensor per_head = options_.separate_codebook_per_head()
+                                  ? indices.reshape({heads, b, n}).permute({1, 2, 0})
+                                  : indices.reshape({b, n, heads});
+  return heads == 1 ? per_head.reshape({b, n}) : per_head.contiguous();
+}
+
+at::Tensor Vq::prepare(const at::Tensor& grouped) const {
+  return options_.use_cosine_sim() ? l2norm(grouped) : grouped;
+}
+
+at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator) const {
+  std::vector<at::Tensor> per_codebook;
+  for (int64_t c = 0; c < tokens.size(0); ++c) {
+    per_codebook.push_back(generator.defined()
+                               ? sample_codes(tokens[c], embed_[c], metric_, options_.sample_codebook_temp(), generator)
+                               : nearest_code(tokens[c], embed_[c], metric_).indices);
+  }
+  return torch::stack(per_codebook);
+}
+
+at::Tensor Vq::lookup(const at::Tensor& indices) const {
+  std::vector<at::Tensor> per_codebook;
+  for (int64_t c = 0; c < indices.size(0); ++c) per_codebook.push_back(embed_[c].index_select(0, indices[c]));
+  return torch::stack(per_codebook);  // a copy: the EMA update changes embed_ afterwards
 }
 
 at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q) {
@@ -82,97 +164,132 @@ at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q) {
   return rotated * (norm_q / norm_x.clamp_min(1e-6)).detach();
 }
 
+at::Tensor Vq::orthogonal_loss() const {
+  // sum_ij cos(e_i, e_j)^2 = |N^T N|_F^2 for the normalised codes N (K, cd): O(K cd^2), no K x K matrix.
+  const at::Tensor normed = l2norm(embed_);
+  const at::Tensor gram = torch::matmul(normed.transpose(1, 2), normed);
+  const double k = static_cast<double>(options_.codebook_size());
+  return gram.pow(2).sum() / (static_cast<double>(embed_.size(0)) * k * k) - 1.0 / k;
+}
+
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
-  const at::Tensor tokens = prepare(x);
-  const at::Tensor x_flat = x.to(torch::kFloat32).reshape({-1, options_.dim()});
+  const int64_t b = x.size(0);
+  const int64_t n = x.dim() == 3 ? x.size(1) : 0;
+  const at::Tensor grouped = group_by_codebook(x);  // (C, M, cd), differentiable
+  const at::Tensor tokens = prepare(grouped.detach());
   LocalReducer local;
   Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
-  if (is_training() && options_.kmeans_init() && !initted()) kmeans_init_from(tokens.detach(), ctx);
+  if (is_training() && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
 
-  const at::Tensor indices = nearest_code(tokens, embed_, metric_).indices;
-  const at::Tensor q = embed_.index_select(0, indices);  // a copy: the EMA below changes embed_
-  at::Tensor out = options_.estimator() == VqEstimator::RotationTrick ? rotate_to(x_flat, q)
-                                                                      : x_flat + (q - x_flat).detach();
+  const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
+  const at::Tensor indices = assign(tokens, stochastic ? or_default(ctx.generator) : at::Generator());
+  const at::Tensor q = lookup(indices);
+  const int64_t cd = options_.codebook_dim();
+  const at::Tensor out = options_.estimator() == VqEstimator::RotationTrick
+                             ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
+                             : grouped + (q - grouped).detach();
   QuantizerOutput result;
   // The commitment loss is reported in evaluation too (the reference returns 0 there).
-  const at::Tensor commitment = x_flat.numel() > 0 ? torch::mse_loss(x_flat, q) : x_flat.sum() * 0;
+  const at::Tensor commitment = grouped.numel() > 0 ? torch::mse_loss(grouped, q) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
+  if (options_.orthogonal_reg_weight() > 0) {
+    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
+  }
   if (is_training()) {
     torch::NoGradGuard no_grad;
-    ema_update(tokens.detach(), indices, reducer);
-    if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens.detach(), or_default(ctx.generator));
+    ema_update(tokens, indices, reducer);
+    if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, or_default(ctx.generator));
   }
-  result.quantized = out.reshape(x.sizes()).to(x.scalar_type());
-  result.indices = indices.reshape({x.size(0), x.size(1)});
+  result.quantized = ungroup(out, b, n).to(x.scalar_type());
+  result.indices = ungroup_indices(indices, b, n);
   return result;
 }
 
-void Vq::kmeans_init_from(const at::Tensor& flat, const QuantizeContext& ctx) {
+void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) {
   torch::NoGradGuard no_grad;
   LocalReducer local;
   Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
   const int64_t k = options_.codebook_size();
+  const int64_t codebooks = tokens.size(0);
   // Issue #4 routes this sampling through the group (a gather, then one shared draw); for now each
   // holder samples its local batch with ctx.generator. A holder with no tokens keeps the current
   // (zero) codebook as its means but still joins every reduction.
-  at::Tensor means = flat.size(0) > 0 ? sample_rows(flat, k, or_default(ctx.generator)) : embed_.clone();
+  std::vector<at::Tensor> initial;
+  for (int64_t c = 0; c < codebooks; ++c) {
+    initial.push_back(tokens.size(1) > 0 ? sample_rows(tokens[c], k, or_default(ctx.generator)) : embed_[c].clone());
+  }
+  at::Tensor means = torch::stack(initial);  // (C, K, cd)
   at::Tensor counts;
   for (int64_t iter = 0; iter < options_.kmeans_iters(); ++iter) {
-    const at::Tensor assigned = nearest_code(flat, means, metric_).indices;
-    std::vector<at::Tensor> stats = count_and_sum(flat, assigned, k);
-    reducer.sum_(stats, "vq.kmeans");
-    counts = stats[0];
-    const at::Tensor empty = (counts == 0).unsqueeze(1);
-    at::Tensor new_means = stats[1] / counts.clamp_min(1).unsqueeze(1);
+    std::vector<at::Tensor> assigned;
+    for (int64_t c = 0; c < codebooks; ++c) assigned.push_back(nearest_code(tokens[c], means[c], metric_).indices);
+    std::vector<at::Tensor> stats = count_and_sum(tokens, torch::stack(assigned), k);
+    reducer.sum_(stats, "vq.kmeans");  // all codebooks in one call per round
+    counts = stats[0].view({codebooks, k});
+    const at::Tensor empty = (counts == 0).unsqueeze(2);
+    at::Tensor new_means = stats[1].view({codebooks, k, -1}) / counts.clamp_min(1).unsqueeze(2);
     if (options_.use_cosine_sim()) new_means = l2norm(new_means);
     means = torch::where(empty, means, new_means);  // empty clusters keep their previous mean
   }
   if (counts.sum().item<float>() == 0) return;  // nobody held a token: try again next time
   embed_.copy_(means);
   cluster_size_.copy_(counts);
-  embed_avg_.copy_(means * counts.unsqueeze(1));
+  embed_avg_.copy_(means * counts.unsqueeze(2));
   initted_.fill_(1.0f);
 }
 
-void Vq::ema_update(const at::Tensor& flat, const at::Tensor& indices, Reducer& reducer) {
+void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer) {
   const int64_t k = options_.codebook_size();
-  std::vector<at::Tensor> stats = count_and_sum(flat, indices, k);
+  const int64_t codebooks = tokens.size(0);
+  std::vector<at::Tensor> stats = count_and_sum(tokens, indices, k);
   reducer.sum_(stats, "vq.ema");  // exactly once per training call, whatever the data
   const double weight = 1.0 - options_.decay();
-  cluster_size_.lerp_(stats[0], weight);
-  embed_avg_.lerp_(stats[1], weight);
-  // Laplace smoothing keeps every code's size positive without changing the total.
-  const at::Tensor total = cluster_size_.sum();
+  cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);
+  embed_avg_.lerp_(stats[1].view({codebooks, k, -1}), weight);
+  // Laplace smoothing keeps every code's size positive without changing each codebook's total.
+  const at::Tensor total = cluster_size_.sum(1, true);
   const double eps = options_.eps();
   const at::Tensor smoothed = (cluster_size_ + eps) / (total + static_cast<double>(k) * eps) * total;
-  at::Tensor embed = embed_avg_ / smoothed.unsqueeze(1);
+  at::Tensor embed = embed_avg_ / smoothed.unsqueeze(2);
   if (options_.use_cosine_sim()) embed = l2norm(embed);
   embed_.copy_(embed);
 }
 
-void Vq::expire_dead_codes(const at::Tensor& flat, at::Generator generator) {
+void Vq::expire_dead_codes(const at::Tensor& tokens, at::Generator generator) {
   const double threshold = options_.threshold_ema_dead_code();
-  const at::Tensor dead = (cluster_size_ < threshold).nonzero().squeeze(1);
   // Issue #4 samples these from the gathered global batch; locally, no tokens means no samples.
-  if (dead.numel() == 0 || flat.size(0) == 0) return;
-  const at::Tensor samples = sample_rows(flat, dead.numel(), generator);
-  embed_.index_copy_(0, dead, samples);
-  cluster_size_.index_fill_(0, dead, threshold);
-  embed_avg_.index_copy_(0, dead, samples * threshold);
+  if (tokens.size(1) == 0) return;
+  for (int64_t c = 0; c < tokens.size(0); ++c) {
+    const at::Tensor dead = (cluster_size_[c] < threshold).nonzero().squeeze(1);
+    if (dead.numel() == 0) continue;
+    const at::Tensor samples = sample_rows(tokens[c], dead.numel(), generator);
+    embed_[c].index_copy_(0, dead, samples);
+    cluster_size_[c].index_fill_(0, dead, threshold);
+    embed_avg_[c].index_copy_(0, dead, samples * threshold);
+  }
 }
 
 at::Tensor Vq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return nearest_code(prepare(x), embed_, metric_).indices.reshape({x.size(0), x.size(1)});
+  const at::Tensor tokens = prepare(group_by_codebook(x));
+  return ungroup_indices(assign(tokens, at::Generator()), x.size(0), x.size(1));
 }
 
 at::Tensor Vq::decode(const at::Tensor& indices) {
-  LOCKSTEP_CHECK_ARG(indices.dim() == 2, "vq: expected indices (b, n), got ", indices.sizes());
+  const int64_t heads = options_.heads();
+  LOCKSTEP_CHECK_ARG(heads == 1 ? indices.dim() == 2 : (indices.dim() == 3 && indices.size(2) == heads),
+                     "vq: expected indices ", heads == 1 ? "(b, n)" : lockstep::detail::concat("(b, n, ", heads, ")"), ", got ",
+                     indices.sizes());
   const int64_t k = options_.codebook_size();
   LOCKSTEP_CHECK_ARG(indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < k),
                      "vq: indices must lie in [0, ", k, ")");
-  return embed_.index_select(0, indices.flatten().to(torch::kInt64))
-      .reshape({indices.size(0), indices.size(1), options_.dim()});
+  const int64_t b = indices.size(0);
+  const int64_t n = indices.size(1);
+  const at::Tensor per_head = indices.to(torch::kInt64).reshape({b, n, heads});
+  // Back to the (C, M) layout quantize uses, then the same lookup and projection.
+  const at::Tensor grouped = options_.separate_codebook_per_head() ? per_head.permute({2, 0, 1}).reshape({heads, -1})
+                                                                   : per_head.reshape({1, -1});
+  return ungroup(lookup(grouped), b, n);
 }
 
 }  // namespace lockstep::quant

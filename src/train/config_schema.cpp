@@ -9,7 +9,7 @@ Schema build_schema() {
   // The names users may choose; a new quantizer or dataset adds its name here and its section below.
   // (Not taken from quant::quantizer_names(), which would pull torch in; a test keeps them equal.)
   const std::vector<std::string> kDatasets = {"fashion-mnist"};
-  const std::vector<std::string> kQuantizers = {"fsq", "lfq", "vq"};
+  const std::vector<std::string> kQuantizers = {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"};
 
   Schema s;
   using K = KeySpec;
@@ -32,6 +32,13 @@ Schema build_schema() {
                     "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
             .in_range(2, 256)
             .length(1, 16));
+  s.add(K::integer("quantizer.fsq.dim", 0,
+                   "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
+            .in_range(0, 4096));
+  s.add(K::integer("quantizer.fsq.num_codebooks", 1, "FSQ codebooks per token, each with all the levels.")
+            .in_range(1, 64));
+  s.add(K::boolean("quantizer.fsq.preserve_symmetry", false,
+                   "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."));
   s.add(K::integer("quantizer.lfq.codebook_size", 1024,
                     "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
             .in_range(2, 1 << 24));
@@ -66,6 +73,30 @@ Schema build_schema() {
   s.add(K::boolean("quantizer.vq.cosine", false, "Cosine similarity: l2-normalise tokens and codes."));
   s.add(K::boolean("quantizer.vq.rotation_trick", true,
                    "Rotation-trick gradient estimator; false uses straight-through."));
+  s.add(K::integer("quantizer.vq.heads", 1, "Vectors each token is split into, each quantized on its own.")
+            .in_range(1, 64));
+  s.add(K::boolean("quantizer.vq.separate_codebook_per_head", false,
+                   "One codebook per head instead of one shared by all heads."));
+  s.add(K::integer("quantizer.vq.codebook_dim", 0,
+                   "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
+            .in_range(0, 4096));
+  s.add(K::floating("quantizer.vq.orthogonal_reg_weight", 0.0,
+                    "Weight of the orthogonal regulariser over the codes (reported; the EMA codebook takes no "
+                    "gradient from it).")
+            .at_least(0));
+  s.add(K::boolean("quantizer.vq.stochastic_sample_codes", false,
+                   "Training draws each code from softmax(-distance / temperature) instead of the nearest."));
+  s.add(K::floating("quantizer.vq.sample_codebook_temp", 1.0, "Temperature of stochastic code sampling.")
+            .at_least(0));
+  s.add(K::integer("quantizer.residual.num_quantizers", 4, "Layers of the residual-* quantizers.").in_range(1, 64));
+  s.add(K::boolean("quantizer.residual.quantize_dropout", false,
+                   "Training keeps only the first c+1 layers, c drawn per step from the shared generator."));
+  s.add(K::integer("quantizer.residual.quantize_dropout_cutoff_index", 0,
+                   "Smallest c quantize dropout draws (layers 0..c always run); below num_quantizers.")
+            .at_least(0));
+  s.add(K::integer("quantizer.residual.quantize_dropout_multiple_of", 1,
+                   "Quantize dropout keeps a multiple of this many layers.")
+            .at_least(1));
 
   s.add(K::integer("train.epochs", 1, "Passes over the training set.").in_range(1, 100000));
   s.add(K::integer("train.steps", 0, "Stop after this many optimizer steps; 0 runs all the epochs.").at_least(0));

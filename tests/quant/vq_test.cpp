@@ -7,21 +7,12 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/registry.h"
+#include "recording_reducer.h"
 
 namespace lockstep::quant {
 namespace {
 
-// Records every reduction; sums are identities, as for a single holder.
-class CountingReducer final : public Reducer {
- public:
-  void sum_(std::vector<at::Tensor>& tensors, const char* tag) override {
-    tags.emplace_back(tag);
-    first_totals.push_back(tensors.at(0).sum().item<double>());
-  }
-  at::Tensor sum(const at::Tensor& local, const char*) override { return local; }
-  std::vector<std::string> tags;
-  std::vector<double> first_totals;
-};
+using CountingReducer = test_util::RecordingReducer;
 
 void set_buffer(Vq& vq, const std::string& name, const at::Tensor& value) {
   torch::NoGradGuard no_grad;
@@ -98,17 +89,17 @@ TEST(Vq, RotationTrickValueIsTheCodeAndItsGradientIsTheRotation) {
 
 TEST(Vq, EmaUpdateWithLaplaceSmoothingMatchesHandComputedValues) {
   Vq vq(VqOptions(2, 2).decay(0.5), seeded(1));
-  set_buffer(vq, "embed", torch::tensor({{0.0f, 0.0f}, {10.0f, 10.0f}}));
-  set_buffer(vq, "embed_avg", torch::tensor({{0.0f, 0.0f}, {10.0f, 10.0f}}));
+  set_buffer(vq, "embed", torch::tensor({{{0.0f, 0.0f}, {10.0f, 10.0f}}}));
+  set_buffer(vq, "embed_avg", torch::tensor({{{0.0f, 0.0f}, {10.0f, 10.0f}}}));
   // Tokens (1,1), (3,3) -> code 0 and (9,9) -> code 1: n = [2, 1], s = [[4,4], [9,9]].
   const at::Tensor x = torch::tensor({{1.0f, 1.0f}, {3.0f, 3.0f}, {9.0f, 9.0f}}).unsqueeze(0);
   const QuantizerOutput out = vq.quantize(x, {});
   EXPECT_TRUE(torch::equal(out.indices, torch::tensor({{0, 0, 1}}, torch::kInt64)));
   // N = lerp([1, 1], [2, 1], 0.5) = [1.5, 1]; m = lerp([[0,0],[10,10]], s, 0.5) = [[2,2],[9.5,9.5]];
   // N~ = (N + 1e-5) / (2.5 + 2e-5) * 2.5 = [1.499998, 1.000002]; e = m / N~ = [1.3333351, 9.499981].
-  EXPECT_TRUE(torch::allclose(vq.cluster_size(), torch::tensor({1.5f, 1.0f}), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(vq.embed_avg(), torch::tensor({{2.0f, 2.0f}, {9.5f, 9.5f}}), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(vq.embed(), torch::tensor({{1.3333351f, 1.3333351f}, {9.499981f, 9.499981f}}), 0, 2e-6))
+  EXPECT_TRUE(torch::allclose(vq.cluster_size()[0], torch::tensor({1.5f, 1.0f}), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(vq.embed_avg()[0], torch::tensor({{2.0f, 2.0f}, {9.5f, 9.5f}}), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(vq.embed()[0], torch::tensor({{1.3333351f, 1.3333351f}, {9.499981f, 9.499981f}}), 0, 2e-6))
       << vq.embed();
 }
 
@@ -139,7 +130,7 @@ TEST(Vq, KmeansInitLowersInertiaOnClusteredData) {
   torch::manual_seed(5);
   const at::Tensor centers = torch::randn({8, 4}) * 10;
   const at::Tensor x = (centers.repeat({64, 1}) + torch::randn({512, 4}) * 0.1).unsqueeze(0);
-  auto inertia = [&](Vq& vq) { return nearest_code(x[0], vq.embed(), Metric::Euclidean).score.mean().item<float>(); };
+  auto inertia = [&](Vq& vq) { return nearest_code(x[0], vq.embed()[0], Metric::Euclidean).score.mean().item<float>(); };
   Vq random_init(VqOptions(4, 8), seeded(1));
   Vq kmeans(VqOptions(4, 8).kmeans_init(true).kmeans_iters(10), seeded(1));
   EXPECT_FALSE(kmeans.initted());
@@ -165,10 +156,10 @@ TEST(Vq, DeadCodesAreReplacedByBatchVectors) {
   ASSERT_TRUE((out.indices == used).all().item<bool>());
   for (int64_t k = 0; k < 16; ++k) {
     if (k == used) continue;
-    EXPECT_FLOAT_EQ(vq.cluster_size()[k].item<float>(), 0.9f);
-    const at::Tensor row = vq.embed()[k];
+    EXPECT_FLOAT_EQ(vq.cluster_size()[0][k].item<float>(), 0.9f);
+    const at::Tensor row = vq.embed()[0][k];
     EXPECT_TRUE((x[0] == row).all(1).any().item<bool>()) << "code " << k << " is not a batch vector";
-    EXPECT_TRUE(torch::allclose(vq.embed_avg()[k], row * 0.9, 1e-6, 1e-5));
+    EXPECT_TRUE(torch::allclose(vq.embed_avg()[0][k], row * 0.9, 1e-6, 1e-5));
   }
 }
 
@@ -203,6 +194,10 @@ TEST(Vq, InvalidOptionsNameTheValue) {
   expect_invalid(VqOptions(4, 8).decay(1.0), "decay = 1");
   expect_invalid(VqOptions(4, 8).decay(-0.25), "decay = -0.25");
   expect_invalid(VqOptions(4, 8).kmeans_iters(0), "kmeans_iters = 0");
+  expect_invalid(VqOptions(4, 8).heads(0), "heads = 0");
+  expect_invalid(VqOptions(4, 8).codebook_dim(0), "codebook_dim = 0");
+  expect_invalid(VqOptions(4, 8).orthogonal_reg_weight(-1), "orthogonal_reg_weight = -1");
+  expect_invalid(VqOptions(4, 8).sample_codebook_temp(-0.5), "sample_codebook_temp = -0.5");
   Vq vq(VqOptions(4, 8), seeded(1));
   EXPECT_THROW(vq.decode(torch::tensor({{8}}, torch::kInt64)), InvalidArgument);
   EXPECT_THROW(vq.quantize(torch::randn({2, 3, 5}), {}), InvalidArgument);
@@ -214,17 +209,22 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "dim") return 6;
     if (key == "codebook_size") return 20;
     if (key == "kmeans_iters") return 3;
+    if (key == "heads") return 2;
+    if (key == "codebook_dim") return 0;  // 0: dim
     throw InvalidArgument("unknown key " + key);
   };
   o.real = [](const std::string& key) -> double {
     if (key == "decay") return 0.9;
     if (key == "commitment_weight") return 0.25;
     if (key == "threshold_ema_dead_code") return 0.0;
+    if (key == "orthogonal_reg_weight") return 0.5;
+    if (key == "sample_codebook_temp") return 0.7;
     throw InvalidArgument("unknown key " + key);
   };
   o.boolean = [](const std::string& key) -> bool {
     if (key == "cosine" || key == "kmeans_init") return false;
-    if (key == "rotation_trick") return false;
+    if (key == "rotation_trick" || key == "stochastic_sample_codes") return false;
+    if (key == "separate_codebook_per_head") return true;
     throw InvalidArgument("unknown key " + key);
   };
   const auto q = make_quantizer("vq", o);
@@ -236,6 +236,120 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_DOUBLE_EQ(vq.options().commitment_weight(), 0.25);
   EXPECT_EQ(vq.options().kmeans_iters(), 3);
   EXPECT_EQ(vq.options().estimator(), VqEstimator::StraightThrough);
+  EXPECT_EQ(vq.options().heads(), 2);
+  EXPECT_EQ(vq.options().codebook_dim(), 6);
+  EXPECT_TRUE(vq.options().separate_codebook_per_head());
+  EXPECT_DOUBLE_EQ(vq.options().orthogonal_reg_weight(), 0.5);
+  EXPECT_DOUBLE_EQ(vq.options().sample_codebook_temp(), 0.7);
+}
+
+// Brute-force nearest code of each row of x (n, d) in codebook (K, d).
+at::Tensor brute_nearest(const at::Tensor& x, const at::Tensor& codebook) {
+  return torch::cdist(x.unsqueeze(0), codebook.unsqueeze(0)).squeeze(0).argmin(1);
+}
+
+TEST(Vq, SharedCodebookHeadsQuantizeEachHalfOfTheTokenWithTheSameCodes) {
+  Vq vq(VqOptions(8, 16).heads(2).codebook_dim(4).estimator(VqEstimator::StraightThrough), seeded(1));
+  ASSERT_EQ(vq.embed().sizes(), (std::vector<int64_t>{1, 16, 4}));
+  EXPECT_EQ(vq.named_parameters().size(), 0u);  // 2 x 4 == 8: no projection
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({2, 5, 8}, torch::requires_grad());
+  const at::Tensor codes = vq.embed()[0].clone();
+  const at::Tensor encoded = vq.encode(x);
+  const at::Tensor decoded = vq.decode(encoded);
+  const QuantizerOutput out = vq.quantize(x, {});
+  ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{2, 5, 2}));
+  EXPECT_TRUE(torch::equal(out.indices, encoded));
+  const at::Tensor halves = x.detach().reshape({2, 5, 2, 4});
+  for (int64_t h = 0; h < 2; ++h) {
+    const at::Tensor expected = brute_nearest(halves.select(2, h).reshape({-1, 4}), codes);
+    EXPECT_TRUE(torch::equal(out.indices.select(2, h).flatten(), expected)) << "head " << h;
+  }
+  EXPECT_TRUE(torch::allclose(out.quantized, decoded, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(decoded.reshape({2, 5, 2, 4}),
+                              codes.index_select(0, out.indices.flatten()).reshape({2, 5, 2, 4}), 0, 0));
+  // Both heads' tokens count in the one EMA: 2 * 5 * 2 = 20 assignments.
+  EXPECT_NEAR(vq.cluster_size().sum().item<float>(), 0.8 * 16 + 0.2 * 20, 1e-4);
+}
+
+TEST(Vq, SeparateCodebooksPerHeadUseTheirOwnCodesAndOneReduction) {
+  Vq vq(VqOptions(6, 9).heads(3).codebook_dim(2).separate_codebook_per_head(true), seeded(1));
+  ASSERT_EQ(vq.embed().sizes(), (std::vector<int64_t>{3, 9, 2}));
+  torch::manual_seed(4);
+  const at::Tensor x = torch::randn({4, 7, 6});
+  const at::Tensor codes = vq.embed().clone();
+  CountingReducer reducer;
+  const QuantizerOutput out = vq.quantize(x, {&reducer, seeded(2)});
+  EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
+  EXPECT_EQ(reducer.first_totals, std::vector<double>{3 * 28.0});  // every head's counts in one tensor
+  ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{4, 7, 3}));
+  const at::Tensor heads = x.reshape({4, 7, 3, 2});
+  for (int64_t h = 0; h < 3; ++h) {
+    const at::Tensor expected = brute_nearest(heads.select(2, h).reshape({-1, 2}), codes[h]);
+    EXPECT_TRUE(torch::equal(out.indices.select(2, h).flatten(), expected)) << "head " << h;
+    // Each codebook's EMA counted its own 28 tokens.
+    EXPECT_NEAR(vq.cluster_size()[h].sum().item<float>(), 0.8 * 9 + 0.2 * 28, 1e-4) << "head " << h;
+  }
+  vq.eval();
+  EXPECT_TRUE(torch::allclose(vq.decode(vq.encode(x)), vq.quantize(x, {}).quantized, 1e-6, 1e-6));
+}
+
+TEST(Vq, CodebookDimAddsProjectionsThatLearn) {
+  Vq vq(VqOptions(6, 10).codebook_dim(3), seeded(1));
+  ASSERT_EQ(vq.embed().sizes(), (std::vector<int64_t>{1, 10, 3}));
+  std::set<std::string> names;
+  for (const auto& p : vq.named_parameters()) names.insert(p.key());
+  EXPECT_EQ(names, (std::set<std::string>{"project_in.weight", "project_in.bias", "project_out.weight",
+                                          "project_out.bias"}));
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({2, 8, 6}, torch::requires_grad());
+  vq.eval();
+  const QuantizerOutput out = vq.quantize(x, {});
+  EXPECT_TRUE(torch::allclose(out.quantized, vq.decode(vq.encode(x)), 1e-5, 1e-5));
+  (out.quantized.pow(2).sum() + out.total_loss()).backward();
+  for (const auto& p : vq.named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_GT(p.value().grad().abs().sum().item<float>(), 0) << p.key();
+  }
+  EXPECT_GT(x.grad().abs().sum().item<float>(), 0);
+}
+
+TEST(Vq, OrthogonalLossMatchesTheExplicitCosineMatrix) {
+  Vq vq(VqOptions(5, 7).orthogonal_reg_weight(2.5), seeded(3));
+  const QuantizerOutput out = vq.quantize(torch::randn({1, 4, 5}), {});
+  // The loss is taken on the codebook before this call's EMA step: the initial one, as in `fresh`.
+  Vq fresh(VqOptions(5, 7).orthogonal_reg_weight(2.5), seeded(3));
+  const at::Tensor e = fresh.embed()[0].to(torch::kFloat64);
+  const at::Tensor normed = e / e.norm(2, 1, true);
+  const at::Tensor cos = torch::matmul(normed, normed.t());
+  const double expected = (cos.pow(2).sum().item<double>() / 49.0 - 1.0 / 7.0) * 2.5;
+  EXPECT_NEAR(out.losses.at("orthogonal").item<double>(), expected, 1e-5);
+  Vq off(VqOptions(5, 7), seeded(3));
+  EXPECT_EQ(off.quantize(torch::randn({1, 4, 5}), {}).losses.count("orthogonal"), 0u);
+}
+
+TEST(Vq, StochasticSamplingDrawsFromTheSoftmaxWithTheCallersGenerator) {
+  // Every token is 0; codes at 1 and 2: logits -1 and -2, so P(code 0) = 1 / (1 + e^-1) = 0.7311.
+  auto make = [] {
+    Vq vq(VqOptions(1, 2).stochastic_sample_codes(true).decay(0.99), seeded(1));
+    torch::NoGradGuard no_grad;
+    vq.named_buffers()["embed"].copy_(torch::tensor({1.0f, 2.0f}).reshape({1, 2, 1}));
+    return vq;
+  };
+  Vq a = make();
+  const at::Tensor x = torch::zeros({1, 20000, 1});
+  const at::Tensor first = a.quantize(x, {nullptr, seeded(7)}).indices;
+  const double frac0 = (first == 0).to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(frac0, 0.7311, 0.015);
+  Vq b = make();
+  EXPECT_TRUE(torch::equal(b.quantize(x, {nullptr, seeded(7)}).indices, first));  // same generator, same draw
+  Vq c = make();
+  EXPECT_FALSE(torch::equal(c.quantize(x, {nullptr, seeded(8)}).indices, first));
+  // Evaluation and encode take the nearest code.
+  Vq d = make();
+  d.eval();
+  EXPECT_TRUE((d.quantize(x, {nullptr, seeded(7)}).indices == 0).all().item<bool>());
+  EXPECT_TRUE((d.encode(x) == 0).all().item<bool>());
 }
 
 }  // namespace

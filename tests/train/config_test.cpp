@@ -146,7 +146,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
                         "valid keys in [train]: batch_size, checkpoint_every, epochs, eval_every, log_every, lr, "
                         "seed, steps, threads, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
-                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: levels"});
+                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: dim, levels, num_codebooks"});
   expect_contains(set_error("quantizer.x=1"),
                   {"unknown key 'quantizer.x'", "valid keys in [quantizer]: name", "[quantizer.fsq]"});
   expect_contains(set_error("train.batch=1"),
@@ -156,7 +156,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
   const std::string sections =
-      "valid sections: data, eval, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.vq, train";
+      "valid sections: data, eval, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, quantizer.vq, train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});
   expect_contains(load_error("[quantizer.pq]\nsize = 4\n"), {"unknown section [quantizer.pq]", sections});
@@ -200,7 +200,7 @@ TEST(ConfigErrorTest, OutOfRangeShowsTheRange) {
 
 TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
   expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
-                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq, lfq, vq"});
+                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: fashion-mnist"});
 }
@@ -369,7 +369,7 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.lr")->constraint_text(), "in (0, 10]");
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
-  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq, lfq, vq");
+  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }
 

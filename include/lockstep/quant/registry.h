@@ -14,6 +14,9 @@ namespace lockstep::quant {
 
 // Typed access to one quantizer's options; each function throws for an unknown key.
 struct OptionReader {
+  // The reader of another section ("vq", "residual", ...): composite quantizers such as residual-vq
+  // read their layers' options where the plain quantizer keeps them.
+  std::function<OptionReader(const std::string&)> section;
   std::function<int64_t(const std::string&)> integer;
   std::function<double(const std::string&)> real;
   std::function<bool(const std::string&)> boolean;

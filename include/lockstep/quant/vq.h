@@ -4,6 +4,8 @@
 
 #include <optional>
 
+#include <torch/nn/modules/linear.h>
+
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/quantizer.h"
 
@@ -17,6 +19,7 @@ enum class VqEstimator {
 struct VqOptions {
   VqOptions(int64_t dim, int64_t codebook_size) : dim_(dim), codebook_size_(codebook_size) {}
 
+  VqOptions& dim(int64_t d) { dim_ = d; return *this; }
   VqOptions& decay(double v) { decay_ = v; return *this; }
   VqOptions& eps(double v) { eps_ = v; return *this; }
   VqOptions& commitment_weight(double v) { commitment_weight_ = v; return *this; }
@@ -27,6 +30,20 @@ struct VqOptions {
   VqOptions& kmeans_iters(int64_t v) { kmeans_iters_ = v; return *this; }
   // Codes whose EMA cluster size falls below this are replaced by batch vectors; 0 disables.
   VqOptions& threshold_ema_dead_code(double v) { threshold_ema_dead_code_ = v; return *this; }
+  // Each token is split into `heads` vectors of codebook_dim, quantized by one shared codebook or,
+  // with separate_codebook_per_head, by one codebook per head; indices become (b, n, heads).
+  VqOptions& heads(int64_t h) { heads_ = h; return *this; }
+  VqOptions& separate_codebook_per_head(bool on) { separate_codebook_per_head_ = on; return *this; }
+  // Length of each code; unset means dim. Linear projections in and out are added when
+  // heads * codebook_dim != dim.
+  VqOptions& codebook_dim(int64_t d) { codebook_dim_ = d; return *this; }
+  // Weight of sum(cos^2) / K^2 - 1/K over the l2-normalised codes (Shin et al. 2021). The EMA
+  // codebook is not a parameter, so the term is reported but carries no gradient (as in the reference).
+  VqOptions& orthogonal_reg_weight(double w) { orthogonal_reg_weight_ = w; return *this; }
+  // Training only: draw each index from softmax(-distance / temperature) by Gumbel-max with the
+  // caller's generator instead of taking the nearest code; temperature 0 keeps the nearest code.
+  VqOptions& stochastic_sample_codes(bool on) { stochastic_sample_codes_ = on; return *this; }
+  VqOptions& sample_codebook_temp(double t) { sample_codebook_temp_ = t; return *this; }
 
   int64_t dim() const { return dim_; }
   int64_t codebook_size() const { return codebook_size_; }
@@ -40,9 +57,17 @@ struct VqOptions {
   bool kmeans_init() const { return kmeans_init_; }
   int64_t kmeans_iters() const { return kmeans_iters_; }
   double threshold_ema_dead_code() const { return threshold_ema_dead_code_; }
+  int64_t heads() const { return heads_; }
+  bool separate_codebook_per_head() const { return separate_codebook_per_head_; }
+  int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
+  double orthogonal_reg_weight() const { return orthogonal_reg_weight_; }
+  bool stochastic_sample_codes() const { return stochastic_sample_codes_; }
+  double sample_codebook_temp() const { return sample_codebook_temp_; }
+  // Codebooks held: heads with separate codebooks, else 1.
+  int64_t num_codebooks() const { return separate_codebook_per_head_ ? heads_ : 1; }
 
-  // Throws InvalidArgument with the value: dim or codebook_size < 1, decay outside [0, 1),
-  // eps <= 0, commitment_weight < 0, kmeans_iters < 0, threshold < 0.
+  // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
+  // outside [0, 1), eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0.
   void validate() const;
 
  private:
@@ -56,42 +81,64 @@ struct VqOptions {
   bool kmeans_init_ = false;
   int64_t kmeans_iters_ = 10;
   double threshold_ema_dead_code_ = 0;
+  int64_t heads_ = 1;
+  bool separate_codebook_per_head_ = false;
+  std::optional<int64_t> codebook_dim_;
+  double orthogonal_reg_weight_ = 0;
+  bool stochastic_sample_codes_ = false;
+  double sample_codebook_temp_ = 1.0;
 };
 
 class Vq final : public Quantizer {
  public:
-  // The initial codebook is Kaiming-uniform drawn from `generator`, or from torch's default CPU
-  // generator when it is undefined (zeros instead when kmeans_init: k-means sets it).
+  // The initial codebooks are Kaiming-uniform drawn from `generator`, or from torch's default CPU
+  // generator when it is undefined (zeros instead when kmeans_init: k-means sets them). Projections,
+  // when needed, are initialised by torch's default generator.
   explicit Vq(VqOptions options, at::Generator generator = {});
 
   std::string kind() const override { return "vq"; }
   int64_t dim() const override { return options_.dim(); }
   int64_t codebook_size() const override { return options_.codebook_size(); }
+  int64_t num_indices() const override { return options_.heads(); }
 
-  // Training mode: one ctx.reducer->sum_ per call (two tensors, tag "vq.ema"), plus k-means'
-  // kmeans_iters calls ("vq.kmeans") on the first training call when kmeans_init. Randomness
-  // (k-means seeds, dead-code samples) comes from ctx.generator, else torch's default generator.
+  // Training mode: one ctx.reducer->sum_ per call (two tensors for all codebooks, tag "vq.ema"),
+  // plus kmeans_iters calls ("vq.kmeans") on the first training call when kmeans_init. Randomness
+  // (k-means seeds, dead-code samples, stochastic sampling) comes from ctx.generator, else torch's
+  // default generator. Losses: "commitment", and "orthogonal" when its weight > 0.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
 
   const VqOptions& options() const { return options_; }
-  // Codebook state, all registered buffers: embed (K, d), cluster_size (K), embed_avg (K, d),
-  // initted () float (1 once the codebook holds real codes).
+  // Codebook state, all registered buffers (C = num_codebooks(), cd = codebook_dim, the layout of
+  // the reference): embed (C, K, cd), cluster_size (C, K), embed_avg (C, K, cd), initted () float
+  // (1 once the codebooks hold real codes).
   const at::Tensor& embed() const { return embed_; }
   const at::Tensor& cluster_size() const { return cluster_size_; }
   const at::Tensor& embed_avg() const { return embed_avg_; }
   bool initted() const;
 
  private:
-  // x: (n, d) float -> the tokens the codebook sees (l2-normalised when cosine).
-  at::Tensor prepare(const at::Tensor& x) const;
-  void kmeans_init_from(const at::Tensor& flat, const QuantizeContext& ctx);
-  void ema_update(const at::Tensor& flat, const at::Tensor& indices, Reducer& reducer);
-  void expire_dead_codes(const at::Tensor& flat, at::Generator generator);
+  // (b, n, dim) -> (C, M, cd): every vector one codebook sees, projected, differentiable.
+  at::Tensor group_by_codebook(const at::Tensor& x);
+  // (C, M, cd) -> (b, n, dim), projected back.
+  at::Tensor ungroup(const at::Tensor& grouped, int64_t b, int64_t n);
+  // Indices (C, M) -> (b, n) or (b, n, heads) and back.
+  at::Tensor ungroup_indices(const at::Tensor& indices, int64_t b, int64_t n) const;
+  // Tokens (C, M, cd) the codebooks see: l2-normalised when cosine.
+  at::Tensor prepare(const at::Tensor& grouped) const;
+  // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined.
+  at::Tensor assign(const at::Tensor& tokens, const at::Generator& generator) const;
+  at::Tensor lookup(const at::Tensor& indices) const;  // (C, M) -> (C, M, cd)
+  at::Tensor orthogonal_loss() const;
+  void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
+  void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer);
+  void expire_dead_codes(const at::Tensor& tokens, at::Generator generator);
 
   VqOptions options_;
   Metric metric_;
+  torch::nn::Linear project_in_{nullptr};
+  torch::nn::Linear project_out_{nullptr};
   at::Tensor embed_;
   at::Tensor cluster_size_;
   at::Tensor embed_avg_;

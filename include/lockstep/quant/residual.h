@@ -1,0 +1,93 @@
+// Residual quantization (Zeghidour et al. 2021; Lee et al. 2022): Q layers each quantize what the
+// previous ones left, r_0 = x, q_l = Q_l(r_{l-1} / s_l) * s_l, r_l = r_{l-1} - q_l (detached), output
+// sum q_l. As docs/quantizers.md section "Residual variants"; make_residual_vq/fsq/lfq build the
+// three kinds the registry offers.
+#pragma once
+
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <vector>
+
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/vq.h"
+
+namespace lockstep::quant {
+
+struct ResidualOptions {
+  explicit ResidualOptions(int64_t num_quantizers) : num_quantizers_(num_quantizers) {}
+
+  // Training only: each call keeps layers 0..c and drops the rest (indices -1, no loss), with c drawn
+  // uniformly from [quantize_dropout_cutoff_index, Q) by the caller's generator, then rounded up so
+  // that c + 1 is a multiple of quantize_dropout_multiple_of.
+  ResidualOptions& quantize_dropout(bool on) { quantize_dropout_ = on; return *this; }
+  ResidualOptions& quantize_dropout_cutoff_index(int64_t i) { quantize_dropout_cutoff_index_ = i; return *this; }
+  ResidualOptions& quantize_dropout_multiple_of(int64_t m) { quantize_dropout_multiple_of_ = m; return *this; }
+
+  int64_t num_quantizers() const { return num_quantizers_; }
+  bool quantize_dropout() const { return quantize_dropout_; }
+  int64_t quantize_dropout_cutoff_index() const { return quantize_dropout_cutoff_index_; }
+  int64_t quantize_dropout_multiple_of() const { return quantize_dropout_multiple_of_; }
+
+  // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
+  // multiple_of < 1.
+  void validate() const;
+
+ private:
+  int64_t num_quantizers_;
+  bool quantize_dropout_ = false;
+  int64_t quantize_dropout_cutoff_index_ = 0;
+  int64_t quantize_dropout_multiple_of_ = 1;
+};
+
+class Residual final : public Quantizer {
+ public:
+  // `layers` all take vectors of the same size, `layer_dim`; the input (dim) is projected to it when
+  // the two differ. scales: empty (all 1) or one tensor per layer broadcastable to (layer_dim).
+  Residual(std::string kind, ResidualOptions options, int64_t dim, std::vector<std::shared_ptr<Quantizer>> layers,
+           std::vector<at::Tensor> scales = {});
+
+  std::string kind() const override { return kind_; }
+  int64_t dim() const override { return dim_; }
+  // The first layer's; layers may differ (residual-vq layers share K by construction).
+  int64_t codebook_size() const override { return layers_.front()->codebook_size(); }
+  // The layers' indices side by side: (b, n, sum of their num_indices()).
+  int64_t num_indices() const override { return num_indices_; }
+
+  // Losses are the layers' under "layer<l>.<name>". With quantize dropout the cutoff comes first from
+  // ctx.generator (torch's default when undefined); the kept layers then see the same context.
+  QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  at::Tensor encode(const at::Tensor& x) override;
+  // Indices -1 (dropped layers) contribute nothing.
+  at::Tensor decode(const at::Tensor& indices) override;
+
+  const ResidualOptions& options() const { return options_; }
+  const std::vector<std::shared_ptr<Quantizer>>& layers() const { return layers_; }
+
+ private:
+  // Number of layers this call runs: Q, or cutoff + 1 under quantize dropout in training.
+  int64_t layers_to_run(const QuantizeContext& ctx) const;
+
+  std::string kind_;
+  ResidualOptions options_;
+  int64_t dim_;
+  int64_t num_indices_ = 0;
+  std::vector<std::shared_ptr<Quantizer>> layers_;
+  std::vector<at::Tensor> scales_;
+  torch::nn::Linear project_in_{nullptr};
+  torch::nn::Linear project_out_{nullptr};
+};
+
+// Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`).
+std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
+                                           at::Generator generator = {});
+// Q FSQ layers with the symmetric bound; layer l sees the residual divided by levels^-l per dimension
+// (docs/quantizers.md). The input is projected to len(levels) when `layer` sets another dim.
+std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, const FsqOptions& layer);
+// Q LFQ layers; layer l uses codebook_scale * 2^-l. The input is projected to log2 K when `layer`
+// sets another dim.
+std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer);
+
+}  // namespace lockstep::quant

@@ -1,0 +1,161 @@
+#include "lockstep/quant/residual.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::quant {
+
+void ResidualOptions::validate() const {
+  LOCKSTEP_CHECK_ARG(num_quantizers_ >= 1, "residual: num_quantizers = ", num_quantizers_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(quantize_dropout_cutoff_index_ >= 0 && quantize_dropout_cutoff_index_ < num_quantizers_,
+                     "residual: quantize_dropout_cutoff_index = ", quantize_dropout_cutoff_index_,
+                     " must lie in [0, num_quantizers = ", num_quantizers_, ")");
+  LOCKSTEP_CHECK_ARG(quantize_dropout_multiple_of_ >= 1, "residual: quantize_dropout_multiple_of = ",
+                     quantize_dropout_multiple_of_, " must be >= 1");
+}
+
+Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
+                   std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales)
+    : Quantizer("Residual"), kind_(std::move(kind)), options_(std::move(options)), dim_(dim),
+      layers_(std::move(layers)), scales_(std::move(scales)) {
+  options_.validate();
+  LOCKSTEP_CHECK_ARG(static_cast<int64_t>(layers_.size()) == options_.num_quantizers(), "residual: ",
+                     layers_.size(), " layers given for num_quantizers = ", options_.num_quantizers());
+  LOCKSTEP_CHECK_ARG(scales_.empty() || scales_.size() == layers_.size(), "residual: ", scales_.size(),
+                     " scales given for ", layers_.size(), " layers");
+  const int64_t layer_dim = layers_.front()->dim();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LOCKSTEP_CHECK_ARG(layers_[l]->dim() == layer_dim, "residual: layer ", l, " takes dim ", layers_[l]->dim(),
+                       ", layer 0 takes ", layer_dim);
+    register_module("layer" + std::to_string(l), layers_[l]);
+    num_indices_ += layers_[l]->num_indices();
+    if (!scales_.empty()) scales_[l] = register_buffer("scale" + std::to_string(l), scales_[l].to(torch::kFloat32));
+  }
+  if (dim_ != layer_dim) {
+    project_in_ = register_module("project_in", torch::nn::Linear(dim_, layer_dim));
+    project_out_ = register_module("project_out", torch::nn::Linear(layer_dim, dim_));
+  }
+}
+
+int64_t Residual::layers_to_run(const QuantizeContext& ctx) const {
+  const int64_t q = options_.num_quantizers();
+  if (!is_training() || !options_.quantize_dropout()) return q;
+  const int64_t low = options_.quantize_dropout_cutoff_index();
+  const at::Generator generator = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
+  const int64_t cutoff = torch::randint(low, q, {1}, generator, torch::kInt64).item<int64_t>();
+  const int64_t multiple = options_.quantize_dropout_multiple_of();
+  const int64_t kept = (cutoff + 1 + multiple - 1) / multiple * multiple;  // round c + 1 up to the multiple
+  return std::min(kept, q);
+}
+
+QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ",
+                     x.sizes());
+  const int64_t run = layers_to_run(ctx);
+  const at::Tensor z = project_in_ ? project_in_->forward(x) : x;
+  at::Tensor residual = z;
+  at::Tensor total = torch::zeros_like(z);
+  std::vector<at::Tensor> indices;
+  QuantizerOutput result;
+  for (int64_t l = 0; l < options_.num_quantizers(); ++l) {
+    Quantizer& layer = *layers_[l];
+    if (l >= run) {
+      indices.push_back(torch::full({x.size(0), x.size(1), layer.num_indices()}, -1, torch::kInt64));
+      continue;
+    }
+    const bool scaled = !scales_.empty();
+    QuantizerOutput out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
+    const at::Tensor q = scaled ? out.quantized * scales_[l] : out.quantized;
+    residual = residual - q.detach();
+    total = total + q;
+    indices.push_back(out.indices.reshape({x.size(0), x.size(1), layer.num_indices()}));
+    for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
+  }
+  result.quantized = project_out_ ? project_out_->forward(total) : total;
+  result.indices = torch::cat(indices, 2);
+  return result;
+}
+
+at::Tensor Residual::encode(const at::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ",
+                     x.sizes());
+  at::Tensor residual = project_in_ ? project_in_->forward(x) : x;
+  std::vector<at::Tensor> indices;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Quantizer& layer = *layers_[l];
+    const bool scaled = !scales_.empty();
+    const at::Tensor idx = layer.encode(scaled ? residual / scales_[l] : residual);
+    const at::Tensor q = layer.decode(idx);
+    residual = residual - (scaled ? q * scales_[l] : q);
+    indices.push_back(idx.reshape({x.size(0), x.size(1), layer.num_indices()}));
+  }
+  return torch::cat(indices, 2);
+}
+
+at::Tensor Residual::decode(const at::Tensor& indices) {
+  LOCKSTEP_CHECK_ARG(indices.dim() == 3 && indices.size(2) == num_indices_, kind_, ": expected indices (b, n, ",
+                     num_indices_, "), got ", indices.sizes());
+  const int64_t b = indices.size(0);
+  const int64_t n = indices.size(1);
+  at::Tensor total = torch::zeros({b, n, layers_.front()->dim()});
+  int64_t offset = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Quantizer& layer = *layers_[l];
+    const int64_t m = layer.num_indices();
+    const at::Tensor slice = indices.narrow(2, offset, m);
+    offset += m;
+    const at::Tensor dropped = (slice < 0).any(2, true);  // (b, n, 1)
+    LOCKSTEP_CHECK_ARG(torch::equal(dropped.expand_as(slice), slice < 0), kind_, ": layer ", l,
+                       " has some but not all of a token's indices at -1");
+    const at::Tensor kept = slice.clamp_min(0);
+    at::Tensor q = layer.decode(m == 1 ? kept.squeeze(2) : kept);
+    if (!scales_.empty()) q = q * scales_[l];
+    total = total + q.masked_fill(dropped, 0.0);
+  }
+  return project_out_ ? project_out_->forward(total) : total;
+}
+
+std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
+                                           at::Generator generator) {
+  // As the reference: one projection for the stack to heads * codebook_dim, which the layers take whole.
+  const int64_t layer_dim = layer.heads() * layer.codebook_dim();
+  std::vector<std::shared_ptr<Quantizer>> layers;
+  for (int64_t l = 0; l < options.num_quantizers(); ++l) {
+    layers.push_back(std::make_shared<Vq>(VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim()),
+                                          generator));
+  }
+  return std::make_shared<Residual>("residual-vq", options, layer.dim(), std::move(layers));
+}
+
+std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, const FsqOptions& layer) {
+  const auto& levels = layer.levels();
+  const int64_t layer_dim = static_cast<int64_t>(levels.size()) * layer.num_codebooks();
+  const at::Tensor level_tensor =
+      torch::tensor(levels, torch::kInt64).to(torch::kFloat64).repeat({layer.num_codebooks()});
+  std::vector<std::shared_ptr<Quantizer>> layers;
+  std::vector<at::Tensor> scales;
+  for (int64_t l = 0; l < options.num_quantizers(); ++l) {
+    layers.push_back(std::make_shared<Fsq>(FsqOptions(layer).dim(layer_dim).preserve_symmetry(true)));
+    scales.push_back(level_tensor.pow(-static_cast<double>(l)).to(torch::kFloat32));
+  }
+  return std::make_shared<Residual>("residual-fsq", options, layer.dim().value_or(layer_dim), std::move(layers),
+                                    std::move(scales));
+}
+
+std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer) {
+  int64_t bits = 0;
+  while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
+  const int64_t layer_dim = bits * layer.num_codebooks();
+  std::vector<std::shared_ptr<Quantizer>> layers;
+  for (int64_t l = 0; l < options.num_quantizers(); ++l) {
+    layers.push_back(std::make_shared<Lfq>(
+        LfqOptions(layer).dim(layer_dim).codebook_scale(layer.codebook_scale() * std::ldexp(1.0, -static_cast<int>(l)))));
+  }
+  return std::make_shared<Residual>("residual-lfq", options, layer.dim().value_or(layer_dim), std::move(layers));
+}
+
+}  // namespace lockstep::quant

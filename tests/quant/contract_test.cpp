@@ -1,0 +1,182 @@
+// The contract every registered quantizer keeps, checked over each registry entry built from the
+// configuration schema (the path `lockstep train --quantizer NAME` takes), plus variants of options.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <set>
+
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/registry.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/model_factory.h"
+#include "recording_reducer.h"
+
+namespace lockstep::quant {
+namespace {
+
+struct Variant {
+  std::string quantizer;
+  std::vector<std::string> settings;  // --set style "key=value"
+};
+
+std::string variant_name(const Variant& v) {
+  std::string name = v.quantizer;
+  for (const auto& s : v.settings) name += "_" + s;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+// Small sizes keep the suite fast; every registered name appears (checked below).
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> list = {
+      {"fsq", {}},
+      {"fsq", {"quantizer.fsq.preserve_symmetry=true", "quantizer.fsq.num_codebooks=2"}},
+      {"fsq", {"quantizer.fsq.dim=6"}},
+      {"lfq", {"quantizer.lfq.codebook_size=64"}},
+      {"lfq", {"quantizer.lfq.codebook_size=32", "quantizer.lfq.spherical=true", "quantizer.lfq.dim=7"}},
+      {"vq", {"quantizer.vq.codebook_size=40"}},
+      {"vq", {"quantizer.vq.codebook_size=24", "quantizer.vq.cosine=true", "quantizer.vq.rotation_trick=false"}},
+      {"vq",
+       {"quantizer.vq.codebook_size=16", "quantizer.vq.heads=2", "quantizer.vq.separate_codebook_per_head=true",
+        "quantizer.vq.codebook_dim=3", "quantizer.vq.threshold_ema_dead_code=0.5",
+        "quantizer.vq.orthogonal_reg_weight=0.1"}},
+      {"residual-vq", {"quantizer.vq.codebook_size=32", "quantizer.residual.num_quantizers=3"}},
+      {"residual-fsq", {"quantizer.residual.num_quantizers=3"}},
+      {"residual-lfq",
+       {"quantizer.lfq.codebook_size=16", "quantizer.residual.num_quantizers=2", "quantizer.lfq.dim=6"}},
+  };
+  return list;
+}
+
+std::shared_ptr<Quantizer> build(const Variant& v, uint64_t seed) {
+  train::Config config(train::lockstep_schema());
+  for (const auto& s : v.settings) config.set_from_string(s);
+  torch::manual_seed(seed);  // codebooks and projections come from the default generator
+  return make_quantizer(v.quantizer, train::quantizer_options(config, v.quantizer));
+}
+
+at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+std::map<std::string, at::Tensor> state_of(Quantizer& q) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : q.named_parameters()) out[t.key()] = t.value().detach().clone();
+  for (const auto& t : q.named_buffers()) out[t.key()] = t.value().clone();
+  return out;
+}
+
+class QuantizerContract : public ::testing::TestWithParam<Variant> {
+ protected:
+  at::Tensor tokens(int64_t b, int64_t n, uint64_t seed) const {
+    torch::manual_seed(seed);
+    return torch::randn({b, n, quantizer->dim()});
+  }
+  void SetUp() override { quantizer = build(GetParam(), 1); }
+  std::shared_ptr<Quantizer> quantizer;
+};
+
+TEST(QuantizerContractSuite, CoversEveryRegisteredQuantizer) {
+  std::set<std::string> covered;
+  for (const auto& v : variants()) covered.insert(v.quantizer);
+  for (const auto& name : quantizer_names()) EXPECT_TRUE(covered.count(name)) << name << " has no contract variant";
+}
+
+TEST_P(QuantizerContract, DecodeOfEncodeIsTheForwardValueAndIndicesAreInRange) {
+  const at::Tensor x = tokens(3, 10, 2);
+  const at::Tensor indices = quantizer->encode(x);
+  const at::Tensor decoded = quantizer->decode(indices);
+  const std::vector<int64_t> shape = quantizer->num_indices() == 1 ? std::vector<int64_t>{3, 10}
+                                                                   : std::vector<int64_t>{3, 10, quantizer->num_indices()};
+  ASSERT_EQ(indices.sizes(), shape);
+  EXPECT_EQ(indices.scalar_type(), torch::kInt64);
+  EXPECT_GE(indices.min().item<int64_t>(), 0);
+  EXPECT_LT(indices.max().item<int64_t>(), quantizer->codebook_size());
+  ASSERT_EQ(decoded.sizes(), x.sizes());
+  // Training forward (before its own state update) and evaluation forward both give decode(encode(x)).
+  test_util::RecordingReducer reducer;
+  const QuantizerOutput trained = quantizer->quantize(x, {&reducer, seeded(3)});
+  EXPECT_TRUE(torch::equal(trained.indices, indices));
+  EXPECT_TRUE(torch::allclose(trained.quantized, decoded, 1e-5, 1e-5)) << (trained.quantized - decoded).abs().max();
+  quantizer->eval();
+  const QuantizerOutput evaluated = quantizer->quantize(x, {});
+  EXPECT_TRUE(torch::equal(evaluated.indices, quantizer->encode(x)));
+  EXPECT_TRUE(torch::allclose(evaluated.quantized, quantizer->decode(evaluated.indices), 1e-5, 1e-5));
+}
+
+TEST_P(QuantizerContract, GradientsReachTheInputAndEveryParameter) {
+  const at::Tensor x = tokens(2, 12, 4).requires_grad_();
+  const QuantizerOutput out = quantizer->quantize(x, {nullptr, seeded(5)});
+  torch::manual_seed(6);
+  (out.quantized * torch::randn(out.quantized.sizes())).sum().add(out.total_loss()).backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
+  EXPECT_GT(x.grad().abs().sum().item<float>(), 0);
+  for (const auto& p : quantizer->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_GT(p.value().grad().abs().sum().item<float>(), 0) << p.key();
+  }
+  for (const auto& [name, loss] : out.losses) {
+    EXPECT_EQ(loss.dim(), 0) << name;
+    EXPECT_TRUE(torch::isfinite(loss).item<bool>()) << name;
+  }
+}
+
+TEST_P(QuantizerContract, ImagesGoThroughAsTokens) {
+  torch::manual_seed(7);
+  const at::Tensor images = torch::randn({2, quantizer->dim(), 3, 5});
+  const at::Tensor as_tokens = image_to_tokens(images);
+  ASSERT_EQ(as_tokens.sizes(), (std::vector<int64_t>{2, 15, quantizer->dim()}));
+  quantizer->eval();
+  const at::Tensor back = tokens_to_image(quantizer->quantize(as_tokens, {}).quantized, 3, 5);
+  ASSERT_EQ(back.sizes(), images.sizes());
+  EXPECT_TRUE(torch::allclose(back, tokens_to_image(quantizer->decode(quantizer->encode(as_tokens)), 3, 5), 1e-5, 1e-5));
+}
+
+TEST_P(QuantizerContract, StateRoundTripsIntoAFreshInstance) {
+  for (int step = 0; step < 3; ++step) quantizer->quantize(tokens(2, 16, 10 + step), {nullptr, seeded(20 + step)});
+  const auto saved = state_of(*quantizer);
+  auto fresh = build(GetParam(), 99);  // other initial codebooks and projections
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& t : fresh->named_parameters()) t.value().copy_(saved.at(t.key()));
+    for (auto& t : fresh->named_buffers()) t.value().copy_(saved.at(t.key()));
+  }
+  const auto restored = state_of(*fresh);
+  ASSERT_EQ(restored.size(), saved.size());
+  for (const auto& [name, value] : saved) EXPECT_TRUE(torch::equal(value, restored.at(name))) << name;
+  const at::Tensor x = tokens(2, 9, 30);
+  EXPECT_TRUE(torch::equal(quantizer->encode(x), fresh->encode(x)));
+  EXPECT_TRUE(torch::equal(quantizer->decode(quantizer->encode(x)), fresh->decode(fresh->encode(x))));
+}
+
+TEST_P(QuantizerContract, EvaluationChangesNoStateAndCallsNoReducer) {
+  quantizer->quantize(tokens(2, 8, 40), {nullptr, seeded(41)});  // past any first-call initialisation
+  quantizer->eval();
+  const auto before = state_of(*quantizer);
+  test_util::RecordingReducer reducer;
+  for (int i = 0; i < 2; ++i) quantizer->quantize(tokens(2, 8, 42 + i), {&reducer, seeded(43)});
+  quantizer->encode(tokens(1, 4, 44));
+  EXPECT_TRUE(reducer.tags.empty()) << reducer.tags.front();
+  for (const auto& [name, value] : state_of(*quantizer)) EXPECT_TRUE(torch::equal(value, before.at(name))) << name;
+}
+
+TEST_P(QuantizerContract, TrainingReducesTheSameWayWhateverTheData) {
+  quantizer->quantize(tokens(2, 8, 50), {nullptr, seeded(51)});  // past any first-call initialisation
+  std::vector<std::vector<std::string>> calls;
+  for (int64_t n : {0, 1, 17}) {
+    test_util::RecordingReducer reducer;
+    const QuantizerOutput out = quantizer->quantize(tokens(2, n, 52), {&reducer, seeded(53)});
+    EXPECT_TRUE(torch::isfinite(out.total_loss()).item<bool>()) << "n = " << n;
+    calls.push_back(reducer.tags);
+  }
+  EXPECT_EQ(calls[0], calls[1]);
+  EXPECT_EQ(calls[0], calls[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registered, QuantizerContract, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<Variant>& info) { return variant_name(info.param); });
+
+}  // namespace
+}  // namespace lockstep::quant

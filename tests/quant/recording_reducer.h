@@ -1,0 +1,34 @@
+// A Reducer for tests: records every call (its tag, in order) and acts as a single holder of the
+// batch, or, with `other` set, as a two-holder sum whose other holder contributed `other`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "lockstep/quant/reduce.h"
+
+namespace lockstep::quant::test_util {
+
+class RecordingReducer final : public Reducer {
+ public:
+  void sum_(std::vector<at::Tensor>& tensors, const char* tag) override {
+    tags.emplace_back(tag);
+    first_totals.push_back(tensors.at(0).sum().item<double>());
+  }
+  at::Tensor sum(const at::Tensor& local, const char* tag) override {
+    tags.emplace_back(tag);
+    ++differentiable_calls;
+    last_local = local.detach().clone();
+    return other.defined() ? local + other : local;
+  }
+
+  std::vector<std::string> tags;    // every call, in order
+  std::vector<double> first_totals;  // sum_: the sum of the first tensor, as handed in
+  int differentiable_calls = 0;
+  at::Tensor last_local;  // sum: the last local value
+  at::Tensor other;       // sum: added to the local value when defined
+};
+
+}  // namespace lockstep::quant::test_util

@@ -1,0 +1,153 @@
+#include "lockstep/quant/residual.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "lockstep/core/error.h"
+#include "recording_reducer.h"
+
+namespace lockstep::quant {
+namespace {
+
+at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+TEST(Residual, VqLayersQuantizeWhatThePreviousLayersLeft) {
+  auto rvq = make_residual_vq(ResidualOptions(3), VqOptions(4, 16), seeded(1));
+  ASSERT_EQ(rvq->kind(), "residual-vq");
+  ASSERT_EQ(rvq->num_indices(), 3);
+  rvq->eval();
+  torch::manual_seed(2);
+  const at::Tensor x = torch::randn({2, 6, 4});
+  const QuantizerOutput out = rvq->quantize(x, {});
+  ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{2, 6, 3}));
+  // By hand: r0 = x, i_l = nearest code of r_{l-1} in layer l, r_l = r_{l-1} - e_l[i_l].
+  at::Tensor residual = x;
+  at::Tensor sum = torch::zeros_like(x);
+  for (int64_t l = 0; l < 3; ++l) {
+    Quantizer& layer = *rvq->layers()[l];
+    const at::Tensor idx = layer.encode(residual);
+    EXPECT_TRUE(torch::equal(out.indices.select(2, l), idx)) << "layer " << l;
+    const at::Tensor q = layer.decode(idx);
+    residual = residual - q;
+    sum = sum + q;
+  }
+  EXPECT_TRUE(torch::allclose(out.quantized, sum, 1e-6, 1e-6));
+  EXPECT_EQ(out.losses.size(), 3u);
+  EXPECT_TRUE(out.losses.count("layer2.commitment"));
+}
+
+TEST(Residual, MoreLayersLeaveLessErrorAfterTraining) {
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({4, 64, 4});
+  auto error_with = [&](int64_t layers) {
+    auto rvq = make_residual_vq(ResidualOptions(layers), VqOptions(4, 32).kmeans_init(true), seeded(4));
+    for (int step = 0; step < 5; ++step) rvq->quantize(x, {nullptr, seeded(10 + step)});
+    rvq->eval();
+    return (rvq->quantize(x, {}).quantized - x).pow(2).mean().item<float>();
+  };
+  const float one = error_with(1), three = error_with(3);
+  EXPECT_LT(three, 0.5f * one) << three << " vs " << one;
+}
+
+TEST(Residual, FsqLayersSeeTheResidualScaledByLevelsToTheLayer) {
+  auto rfsq = make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}));
+  ASSERT_EQ(rfsq->dim(), 2);
+  ASSERT_EQ(rfsq->codebook_size(), 20);
+  rfsq->eval();
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({1, 30, 2});
+  const QuantizerOutput out = rfsq->quantize(x, {});
+  Fsq symmetric(FsqOptions({5, 4}).preserve_symmetry(true));
+  const at::Tensor i0 = symmetric.encode(x);
+  const at::Tensor q0 = symmetric.decode(i0);
+  const at::Tensor scale1 = torch::tensor({1.0f / 5, 1.0f / 4});
+  const at::Tensor i1 = symmetric.encode((x - q0) / scale1);
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 0), i0));
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 1), i1));
+  EXPECT_TRUE(torch::allclose(out.quantized, q0 + symmetric.decode(i1) * scale1, 1e-6, 1e-6));
+}
+
+TEST(Residual, LfqLayersHalveTheCodebookScale) {
+  auto rlfq = make_residual_lfq(ResidualOptions(3), LfqOptions(8).codebook_scale(1.5));
+  ASSERT_EQ(rlfq->dim(), 3);
+  for (int64_t l = 0; l < 3; ++l) {
+    const auto& layer = dynamic_cast<const Lfq&>(*rlfq->layers()[l]);
+    EXPECT_DOUBLE_EQ(layer.options().codebook_scale(), 1.5 / static_cast<double>(1 << l)) << "layer " << l;
+  }
+  rlfq->eval();
+  const at::Tensor x = torch::tensor({{{1.0f, -2.0f, 0.5f}}});
+  // Layer 0: (+1.5, -1.5, +1.5); residual (-0.5, -0.5, -1); layer 1: (-0.75, -0.75, -0.75); ...
+  const QuantizerOutput out = rlfq->quantize(x, {});
+  EXPECT_EQ(out.indices[0][0][0].item<int64_t>(), 0b101);
+  EXPECT_EQ(out.indices[0][0][1].item<int64_t>(), 0b000);
+  EXPECT_TRUE(torch::allclose(rlfq->decode(out.indices), out.quantized, 1e-6, 1e-6));
+}
+
+TEST(Residual, QuantizeDropoutKeepsAPrefixDrawnFromTheGenerator) {
+  auto make = [] {
+    return make_residual_vq(ResidualOptions(4).quantize_dropout(true).quantize_dropout_cutoff_index(1),
+                            VqOptions(3, 8), seeded(1));
+  };
+  torch::manual_seed(6);
+  const at::Tensor x = torch::randn({2, 5, 3});
+  std::set<int64_t> kept_counts;
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    auto rvq = make();
+    test_util::RecordingReducer reducer;
+    const QuantizerOutput out = rvq->quantize(x, {&reducer, seeded(seed)});
+    const at::Tensor dropped = (out.indices < 0).all(1).all(0);  // per layer
+    int64_t kept = 0;
+    while (kept < 4 && !dropped[kept].item<bool>()) ++kept;
+    for (int64_t l = kept; l < 4; ++l) EXPECT_TRUE(dropped[l].item<bool>()) << "not a prefix, seed " << seed;
+    EXPECT_GE(kept, 2) << "the cutoff index keeps layers 0 and 1";
+    EXPECT_EQ(out.losses.size(), static_cast<size_t>(kept));
+    EXPECT_EQ(reducer.tags.size(), static_cast<size_t>(kept));  // dropped layers do not reduce
+    kept_counts.insert(kept);
+    // The same generator seed drops the same layers.
+    auto again = make();
+    EXPECT_TRUE(torch::equal(again->quantize(x, {nullptr, seeded(seed)}).indices, out.indices));
+    // Decode treats -1 as nothing: the sum of the kept layers' codes.
+    at::Tensor expected = torch::zeros_like(x);
+    for (int64_t l = 0; l < kept; ++l) expected += rvq->layers()[l]->decode(out.indices.select(2, l));
+    EXPECT_TRUE(torch::allclose(rvq->decode(out.indices), expected, 1e-6, 1e-6));
+  }
+  EXPECT_EQ(kept_counts, (std::set<int64_t>{2, 3, 4}));
+  auto evaluated = make();
+  evaluated->eval();
+  EXPECT_TRUE((evaluated->quantize(x, {nullptr, seeded(1)}).indices >= 0).all().item<bool>());
+}
+
+TEST(Residual, QuantizeDropoutRoundsUpToTheMultiple) {
+  std::set<int64_t> kept_counts;
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    auto rfsq = make_residual_fsq(ResidualOptions(4).quantize_dropout(true).quantize_dropout_multiple_of(2),
+                                  FsqOptions({3, 3}));
+    const QuantizerOutput out = rfsq->quantize(torch::randn({1, 4, 2}), {nullptr, seeded(seed)});
+    kept_counts.insert((out.indices[0][0] >= 0).sum().item<int64_t>());
+  }
+  EXPECT_EQ(kept_counts, (std::set<int64_t>{2, 4}));
+}
+
+TEST(Residual, InvalidOptionsNameTheValue) {
+  auto message = [](const ResidualOptions& o) {
+    try {
+      make_residual_fsq(o, FsqOptions({3}));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(ResidualOptions(0)).find("num_quantizers = 0"), std::string::npos);
+  EXPECT_NE(message(ResidualOptions(2).quantize_dropout_cutoff_index(2)).find("quantize_dropout_cutoff_index = 2"),
+            std::string::npos);
+  EXPECT_NE(message(ResidualOptions(2).quantize_dropout_multiple_of(0)).find("quantize_dropout_multiple_of = 0"),
+            std::string::npos);
+  auto rvq = make_residual_vq(ResidualOptions(2), VqOptions(3, 8));
+  EXPECT_THROW(rvq->decode(torch::zeros({1, 2, 3}, torch::kInt64)), InvalidArgument);
+  EXPECT_THROW(rvq->quantize(torch::randn({1, 2, 4}), {}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::quant
