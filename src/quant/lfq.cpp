@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 
 #include "lockstep/core/error.h"
 
@@ -35,20 +36,20 @@ void LfqOptions::validate() const {
                      " must be > 0");
   LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_), "lfq: inv_temperature = ",
                      inv_temperature_, " must be > 0");
-  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ == 1.0, "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_,
-                     " is not supported: the per-sample entropy is computed over every token; use 1");
-  LOCKSTEP_CHECK_ARG(num_codebooks_ == 1, "lfq: num_codebooks = ", num_codebooks_,
-                     " is not supported yet; use 1");
+  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ > 0 && frac_per_sample_entropy_ <= 1, "lfq: frac_per_sample_entropy = ",
+                     frac_per_sample_entropy_, " must be in (0, 1]");
+  LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "lfq: num_codebooks = ", num_codebooks_, " must be >= 1");
 }
 
 Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
   options_.validate();
   bits_ = 0;
   while ((int64_t{1} << bits_) < options_.codebook_size()) ++bits_;
-  dim_ = options_.dim().value_or(bits_);
-  if (dim_ != bits_) {
-    project_in_ = register_module("project_in", torch::nn::Linear(dim_, bits_));
-    project_out_ = register_module("project_out", torch::nn::Linear(bits_, dim_));
+  const int64_t code_dim = options_.num_codebooks() * bits_;
+  dim_ = options_.dim().value_or(code_dim);
+  if (dim_ != code_dim) {
+    project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));
+    project_out_ = register_module("project_out", torch::nn::Linear(code_dim, dim_));
   }
 }
 
@@ -75,46 +76,57 @@ at::Tensor Lfq::indices_to_codes(const at::Tensor& indices) const {
 at::Tensor Lfq::to_code_space(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "lfq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
   at::Tensor z = (project_in_ ? project_in_->forward(x) : x).to(compute_type(x));
+  z = z.reshape({x.size(0), x.size(1), options_.num_codebooks(), bits_});
   return options_.spherical() ? l2_normalize(z) * options_.codebook_scale() : z;
 }
 
 at::Tensor Lfq::from_code_space(const at::Tensor& codes) {
-  if (!project_out_) return codes;
-  return project_out_->forward(codes.to(project_out_->weight.scalar_type()));
+  const at::Tensor flat = codes.flatten(-2);
+  if (!project_out_) return flat;
+  return project_out_->forward(flat.to(project_out_->weight.scalar_type()));
 }
 
 QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
-  const at::Tensor z = to_code_space(x);  // (b, n, bits)
+  const at::Tensor z = to_code_space(x);  // (b, n, c, bits)
   const at::Tensor q = quantize_codes(z.detach());
+  const int64_t c = options_.num_codebooks();
   QuantizerOutput out;
-  out.indices = codes_to_indices(q);
+  out.indices = c == 1 ? codes_to_indices(q).squeeze(-1) : codes_to_indices(q);
   if (!is_training()) {
     out.quantized = from_code_space(q).to(x.scalar_type());
     return out;
   }
   out.quantized = from_code_space(z + (q - z).detach()).to(x.scalar_type());
 
-  const at::Tensor tokens = z.reshape({-1, bits_});
-  const int64_t element_bytes = static_cast<int64_t>(tokens.element_size());
-  const at::Tensor codebook = indices_to_codes(torch::arange(codebook_size(), torch::kInt64)).to(tokens.scalar_type());
+  at::Tensor tokens = z.reshape({-1, c, bits_});  // (N, c, bits)
+  if (options_.frac_per_sample_entropy() < 1) {
+    // The reference's random subset of int(N * frac) tokens, for both entropy terms.
+    const int64_t n = tokens.size(0);
+    const auto sampled = static_cast<int64_t>(static_cast<double>(n) * options_.frac_per_sample_entropy());
+    const c10::optional<at::Generator> gen =
+        ctx.generator.defined() ? c10::optional<at::Generator>(ctx.generator) : c10::nullopt;
+    const at::Tensor chosen = torch::randperm(n, gen, torch::kInt64).narrow(0, 0, sampled);
+    tokens = tokens.index_select(0, chosen);
+  }
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();
   const double inv_t = options_.inv_temperature();
-  const at::Tensor per_sample = lfq_per_sample_entropy(tokens, inv_t, code_value);
+  // Mean over tokens and codebooks, as the reference's entropy(prob).mean() over (N, c, K).
+  const at::Tensor per_sample = lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value);
   // One (count, sum) reduction over everyone holding the batch, whatever the data.
-  const at::Tensor local_sum = lfq_sum_probs(tokens, codebook, inv_t, lfq_chunk_tokens(codebook_size(), element_bytes));
+  const at::Tensor local_sum = lfq_sum_probs(tokens.transpose(0, 1), inv_t, code_value);  // (c, K)
   const at::Tensor count = torch::full({1}, static_cast<double>(tokens.size(0)), tokens.options());
-  at::Tensor packed = torch::cat({count, local_sum});
+  at::Tensor packed = torch::cat({count, local_sum.reshape(-1)});
   LocalReducer local;
   Reducer* reducer = ctx.reducer ? ctx.reducer : &local;
   packed = reducer->sum(packed, "lfq.avg_probs");
-  const at::Tensor avg_probs = packed.narrow(0, 1, codebook_size()) / packed.narrow(0, 0, 1).detach().clamp_min(1);
-  const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs);
+  const at::Tensor avg_probs =
+      packed.narrow(0, 1, c * codebook_size()).reshape({c, codebook_size()}) / packed.narrow(0, 0, 1).detach().clamp_min(1);
+  const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs).mean();
   const at::Tensor aux = per_sample - options_.diversity_gamma() * codebook_entropy;
   out.losses["entropy"] = aux * options_.entropy_loss_weight();
   if (options_.commitment_loss_weight() > 0) {
-    const at::Tensor commitment =
-        tokens.size(0) == 0 ? torch::zeros({}, z.options()) : torch::mse_loss(z, q.detach());
+    const at::Tensor commitment = z.numel() == 0 ? torch::zeros({}, z.options()) : torch::mse_loss(z, q.detach());
     out.losses["commitment"] = commitment * options_.commitment_loss_weight();
   }
   return out;
@@ -122,15 +134,19 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
 at::Tensor Lfq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return codes_to_indices(to_code_space(x));
+  const at::Tensor indices = codes_to_indices(to_code_space(x));  // (b, n, c)
+  return options_.num_codebooks() == 1 ? indices.squeeze(-1) : indices;
 }
 
 at::Tensor Lfq::decode(const at::Tensor& indices) {
-  LOCKSTEP_CHECK_ARG(indices.dim() == 2, "lfq: expected indices (b, n), got ", indices.sizes());
+  const int64_t c = options_.num_codebooks();
+  LOCKSTEP_CHECK_ARG(c == 1 ? indices.dim() == 2 : (indices.dim() == 3 && indices.size(2) == c),
+                     "lfq: expected indices (b, n", c == 1 ? "" : ", " + std::to_string(c), "), got ", indices.sizes());
   LOCKSTEP_CHECK_ARG(
       indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < codebook_size()),
       "lfq: indices must lie in [0, ", codebook_size(), ")");
-  return from_code_space(indices_to_codes(indices));
+  const at::Tensor grouped = c == 1 ? indices.unsqueeze(-1) : indices;
+  return from_code_space(indices_to_codes(grouped));
 }
 
 }  // namespace lockstep::quant

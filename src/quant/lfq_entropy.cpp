@@ -1,19 +1,34 @@
 // LFQ's entropy terms without the reference's (n, K) matrices.
 //
-// Per-sample entropy. The logit of code c for token x is sum_j 2 * inv_t * x_j * c_j with
-// c_j = +-a, so softmax over the 2^d codes is a product of independent bits with
-// P(bit j) = sigmoid(z_j), z_j = 4 * inv_t * a * x_j, and H(p) = sum_j H_binary(z_j): O(n d).
-// This is the exact entropy. The reference computes -sum_c p_c log(max(p_c, 1e-5)) instead; the
-// two agree whenever every p_c >= 1e-5, and otherwise differ by
-// sum_{c: p_c < 1e-5} p_c log(1e-5 / p_c) <= (number of such codes) * 1e-5 / e per token, which is
-// non-zero only for codes whose probability is within a few orders of magnitude of 1e-5 (saturated
-// codes contribute nothing to either form). We keep the exact value: the clamp is there to avoid
-// log(0), which the factorised form never meets.
+// The logit of code c for token x is sum_j 2 * inv_t * x_j * c_j with c_j = +-a, so the softmax
+// over the K = 2^d codes is a product of independent bits: p_t(c) = prod_j q_tj(c_j), with
+// q_tj(+a) = sigmoid(z_tj), q_tj(-a) = sigmoid(-z_tj), z_tj = 4 * inv_t * a * x_tj. This is an
+// identity, not an approximation: both forms agree up to floating-point rounding.
 //
-// Codebook entropy. H(mean_t p_t) needs the K-vector mean, which we accumulate over chunks of
-// tokens; the backward recomputes each chunk's p and applies the softmax Jacobian:
-// dL/dlogit_tc = p_tc (g_c - <p_t, g>), dL/dx_t = 2 inv_t sum_c dL/dlogit_tc c.
+// Per-sample entropy. H(p_t) = sum_j H_binary(z_tj): O(n d). This is the exact entropy. The
+// reference computes -sum_c p_c log(max(p_c, 1e-5)) instead; the two agree whenever every
+// p_c >= 1e-5, and otherwise differ by sum_{c: p_c < 1e-5} p_c log(1e-5 / p_c) <= (number of such
+// codes) * 1e-5 / e per token, which is non-zero only for codes whose probability is within a few
+// orders of magnitude of 1e-5 (saturated codes contribute nothing to either form). We keep the
+// exact value: the clamp is there to avoid log(0), which the factorised form never meets.
+//
+// Codebook entropy. H(mean_t p_t) needs the K-vector sum_t p_t. Split the d bits into the h most
+// significant ("hi", the first h code dimensions) and the l = d - h others ("lo"). The index is
+// hi * 2^l + lo, and p_t(hi, lo) = P_hi[t, hi] * P_lo[t, lo], where P_hi (n, 2^h) and P_lo (n, 2^l)
+// are the products over each half's bits, built by h (resp. l) outer products with the per-bit
+// pairs (sigmoid(-z), sigmoid(z)) in index order. Then sum_t p_t, viewed as (2^h, 2^l), is
+// P_hi^T P_lo: one GEMM, O(n sqrt K) memory and O(n K) flops in a BLAS kernel instead of an
+// (n, K) softmax. The backward of the GEMM is two more GEMMs (dP_hi = P_lo G^T, dP_lo = P_hi G),
+// then a hand-written reverse pass through each token's outer products (O(sqrt K) per token, no
+// division by probabilities that may underflow). Tokens go through in chunks that keep P_hi,
+// P_lo and their gradients within a byte budget; the backward rebuilds each chunk's P_hi and P_lo
+// (cheap next to the GEMMs) rather than keeping them, so memory stays bounded up to K = 2^24.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/lfq.h"
@@ -21,44 +36,152 @@
 namespace lockstep::quant {
 namespace {
 
-// logit_weights: (d, K), the codes transposed times 2 * inv_temperature.
-at::Tensor chunk_probs(const at::Tensor& x_chunk, const at::Tensor& logit_weights) {
-  return torch::matmul(x_chunk, logit_weights).softmax(-1);
+// Elements held per token of a chunk: P_hi and P_lo, then their gradients in the backward.
+int64_t elements_per_token(int64_t bits) {
+  const int64_t h = bits / 2, l = bits - h;
+  return 2 * ((int64_t{1} << h) + (int64_t{1} << l));
+}
+
+// One token's bits: q[2j] = P(bit j clear) = sigmoid(-z_j), q[2j + 1] = P(bit j set) = sigmoid(z_j).
+// Both computed directly (not 1 - the other) to keep the relative precision of small values.
+template <typename T>
+void bit_pairs(const T* x, int64_t bits, T z_scale, T* q) {
+  for (int64_t j = 0; j < bits; ++j) {
+    const T z = x[j] * z_scale;
+    q[2 * j] = T(1) / (T(1) + std::exp(z));
+    q[2 * j + 1] = T(1) / (T(1) + std::exp(-z));
+  }
+}
+
+// out (2^m) = outer product of the m pairs q, first pair most significant: out[2i + b] = prev[i] q_b.
+// Expanded in place from the back, so each entry is read before it is overwritten.
+template <typename T>
+void expand(const T* q, int64_t m, T* out) {
+  out[0] = T(1);
+  for (int64_t k = 0, size = 1; k < m; ++k, size *= 2) {
+    const T q0 = q[2 * k], q1 = q[2 * k + 1];
+    for (int64_t i = size - 1; i >= 0; --i) {
+      const T v = out[i];
+      out[2 * i] = v * q0;
+      out[2 * i + 1] = v * q1;
+    }
+  }
+}
+
+// Backward of expand: g = dL/dout (2^m, overwritten) -> dz (m) = dL/dz_j, through
+// dq_j/dz_j = (-s sbar, s sbar). prefix: scratch of 2^m - 1, the products of the first k pairs.
+template <typename T>
+void expand_backward(const T* q, int64_t m, T* g, T* prefix, T* dz) {
+  if (m == 0) return;
+  prefix[0] = T(1);
+  for (int64_t k = 1; k < m; ++k) {
+    const int64_t half = int64_t{1} << (k - 1);
+    const T* prev = prefix + half - 1;
+    T* cur = prefix + 2 * half - 1;
+    const T q0 = q[2 * (k - 1)], q1 = q[2 * (k - 1) + 1];
+    for (int64_t i = 0; i < half; ++i) {
+      cur[2 * i] = prev[i] * q0;
+      cur[2 * i + 1] = prev[i] * q1;
+    }
+  }
+  for (int64_t k = m; k >= 1; --k) {
+    const int64_t half = int64_t{1} << (k - 1);
+    const T* prev = prefix + half - 1;
+    const T q0 = q[2 * (k - 1)], q1 = q[2 * (k - 1) + 1];
+    T d0 = 0, d1 = 0;
+    for (int64_t i = 0; i < half; ++i) {
+      const T g0 = g[2 * i], g1 = g[2 * i + 1];
+      d0 += g0 * prev[i];
+      d1 += g1 * prev[i];
+      g[i] = g0 * q0 + g1 * q1;  // i <= 2i: entries still to be read are never overwritten
+    }
+    dz[k - 1] = (d1 - d0) * q0 * q1;
+  }
+}
+
+// x: (len, bits) contiguous -> hi (len, 2^h), lo (len, 2^l).
+void build_halves(const at::Tensor& x, double z_scale, const at::Tensor& hi, const at::Tensor& lo) {
+  const int64_t len = x.size(0), bits = x.size(1), h = bits / 2;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lfq_sum_probs", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* hp = hi.data_ptr<scalar_t>();
+    scalar_t* lp = lo.data_ptr<scalar_t>();
+    at::parallel_for(0, len, 64, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> q(2 * bits);
+      for (int64_t t = begin; t < end; ++t) {
+        bit_pairs(xp + t * bits, bits, static_cast<scalar_t>(z_scale), q.data());
+        expand(q.data(), h, hp + (t << h));
+        expand(q.data() + 2 * h, bits - h, lp + (t << (bits - h)));
+      }
+    });
+  });
+}
+
+// dhi (len, 2^h), dlo (len, 2^l): dL/dP of each half, overwritten -> grad_x (len, bits).
+void backward_halves(const at::Tensor& x, double z_scale, const at::Tensor& dhi, const at::Tensor& dlo,
+                     const at::Tensor& grad_x) {
+  const int64_t len = x.size(0), bits = x.size(1), h = bits / 2, l = bits - h;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lfq_sum_probs_backward", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* dhp = dhi.data_ptr<scalar_t>();
+    scalar_t* dlp = dlo.data_ptr<scalar_t>();
+    scalar_t* gp = grad_x.data_ptr<scalar_t>();
+    const auto scale = static_cast<scalar_t>(z_scale);
+    at::parallel_for(0, len, 64, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> q(2 * bits), prefix(int64_t{1} << l), dz(bits);
+      for (int64_t t = begin; t < end; ++t) {
+        bit_pairs(xp + t * bits, bits, scale, q.data());
+        expand_backward(q.data(), h, dhp + (t << h), prefix.data(), dz.data());
+        expand_backward(q.data() + 2 * h, l, dlp + (t << l), prefix.data(), dz.data() + h);
+        for (int64_t j = 0; j < bits; ++j) gp[t * bits + j] = dz[j] * scale;
+      }
+    });
+  });
 }
 
 struct SumProbs : public torch::autograd::Function<SumProbs> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& codebook,
-                            double inv_temperature, int64_t chunk_tokens) {
-    ctx->save_for_backward({x, codebook});
-    ctx->saved_data["inv_temperature"] = inv_temperature;
+  // x: (c, n, bits) -> (c, 2^h, 2^l), the sum over tokens of p_t per codebook.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, double z_scale,
+                            int64_t chunk_tokens) {
+    const at::Tensor x = x_in.contiguous();
+    ctx->save_for_backward({x});
+    ctx->saved_data["z_scale"] = z_scale;
     ctx->saved_data["chunk_tokens"] = chunk_tokens;
-    const at::Tensor logit_weights = codebook.t() * (2 * inv_temperature);
-    at::Tensor total = torch::zeros({codebook.size(0)}, x.options());
-    for (int64_t start = 0; start < x.size(0); start += chunk_tokens) {
-      const int64_t len = std::min(chunk_tokens, x.size(0) - start);
-      total += chunk_probs(x.narrow(0, start, len), logit_weights).sum(0);
+    const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
+    at::Tensor total = torch::zeros({x.size(0), int64_t{1} << h, int64_t{1} << l}, x.options());
+    for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
+      const int64_t len = std::min(chunk_tokens, x.size(1) - start);
+      const at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
+      const at::Tensor lo = torch::empty({len, int64_t{1} << l}, x.options());
+      for (int64_t c = 0; c < x.size(0); ++c) {
+        build_halves(x[c].narrow(0, start, len), z_scale, hi, lo);
+        total[c].addmm_(hi.t(), lo);
+      }
     }
     return total;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor& codebook = saved[1];
-    const double inv_temperature = ctx->saved_data["inv_temperature"].toDouble();
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const double z_scale = ctx->saved_data["z_scale"].toDouble();
     const int64_t chunk_tokens = ctx->saved_data["chunk_tokens"].toInt();
-    const at::Tensor g = grad_outputs[0].to(x.scalar_type());  // (K,)
-    const at::Tensor logit_weights = codebook.t() * (2 * inv_temperature);
+    const at::Tensor g = grad_outputs[0].to(x.scalar_type()).contiguous();  // (c, 2^h, 2^l)
+    const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
     at::Tensor grad_x = torch::empty_like(x);
-    for (int64_t start = 0; start < x.size(0); start += chunk_tokens) {
-      const int64_t len = std::min(chunk_tokens, x.size(0) - start);
-      const at::Tensor p = chunk_probs(x.narrow(0, start, len), logit_weights);  // (len, K)
-      at::Tensor dlogits = g - torch::matmul(p, g).unsqueeze(1);
-      dlogits.mul_(p);
-      grad_x.narrow(0, start, len).copy_(torch::matmul(dlogits, logit_weights.t()));
+    for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
+      const int64_t len = std::min(chunk_tokens, x.size(1) - start);
+      const at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
+      const at::Tensor lo = torch::empty({len, int64_t{1} << l}, x.options());
+      for (int64_t c = 0; c < x.size(0); ++c) {
+        const at::Tensor xc = x[c].narrow(0, start, len);
+        build_halves(xc, z_scale, hi, lo);
+        // The GEMM's backward: dP_hi = P_lo G^T, dP_lo = P_hi G.
+        const at::Tensor dhi = torch::mm(lo, g[c].t()), dlo = torch::mm(hi, g[c]);
+        backward_halves(xc, z_scale, dhi, dlo, grad_x[c].narrow(0, start, len));
+      }
     }
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -73,16 +196,20 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
   return h.sum(-1).mean();
 }
 
-at::Tensor lfq_sum_probs(const at::Tensor& x, const at::Tensor& codebook, double inv_temperature,
-                         int64_t chunk_tokens) {
-  LOCKSTEP_CHECK_ARG(x.dim() == 2 && codebook.dim() == 2 && x.size(1) == codebook.size(1),
-                     "lfq: expected tokens (n, d) and codes (K, d), got ", x.sizes(), " and ", codebook.sizes());
-  LOCKSTEP_CHECK_ARG(chunk_tokens >= 1, "lfq: chunk_tokens = ", chunk_tokens, " must be >= 1");
-  return SumProbs::apply(x, codebook.to(x.scalar_type()), inv_temperature, chunk_tokens);
+at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
+  LOCKSTEP_CHECK_ARG((x.dim() == 2 || x.dim() == 3) && x.size(-1) >= 1 && x.size(-1) <= 24,
+                     "lfq: expected tokens (n, bits) or (codebooks, n, bits) with 1 <= bits <= 24, got ", x.sizes());
+  LOCKSTEP_CHECK_ARG(budget_bytes >= 1, "lfq: budget_bytes = ", budget_bytes, " must be >= 1");
+  const at::Tensor x3 = x.dim() == 2 ? x.unsqueeze(0) : x;
+  const int64_t bits = x3.size(2), groups = x3.size(0);
+  // Codebooks go one after the other through the same chunk buffers.
+  const int64_t chunk = lfq_chunk_tokens(bits, static_cast<int64_t>(x3.element_size()), budget_bytes);
+  const at::Tensor sum = SumProbs::apply(x3, 4 * inv_temperature * code_value, chunk).reshape({groups, -1});
+  return x.dim() == 2 ? sum.squeeze(0) : sum;
 }
 
-int64_t lfq_chunk_tokens(int64_t codebook_size, int64_t element_bytes, int64_t budget_bytes) {
-  return std::max<int64_t>(1, budget_bytes / (codebook_size * element_bytes));
+int64_t lfq_chunk_tokens(int64_t bits, int64_t element_bytes, int64_t budget_bytes) {
+  return std::max<int64_t>(1, budget_bytes / (elements_per_token(bits) * element_bytes));
 }
 
 at::Tensor lfq_clamped_entropy(const at::Tensor& probs) {

@@ -24,8 +24,10 @@ LfqOptions lfq_options(const OptionReader& o) {
       .diversity_gamma(o.real("diversity_gamma"))
       .inv_temperature(o.real("inv_temperature"))
       .codebook_scale(o.real("codebook_scale"))
-      .spherical(o.boolean("spherical"));
-  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: log2 codebook_size
+      .spherical(o.boolean("spherical"))
+      .num_codebooks(o.integer("num_codebooks"))
+      .frac_per_sample_entropy(o.real("frac_per_sample_entropy"));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: codebooks x log2 codebook_size
   return options;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/kmeans.h"
 
 namespace lockstep::quant {
 namespace {
@@ -24,17 +25,6 @@ at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator g
   const at::Tensor rows = n >= count ? torch::randperm(n, generator, torch::kInt64).narrow(0, 0, count)
                                      : torch::randint(0, n, {count}, generator, torch::kInt64);
   return samples.index_select(0, rows);
-}
-
-// Per-code token counts (C*K) and token sums (C*K, cd) of tokens (C, M, cd) assigned `indices`
-// (C, M): codebook c's code i is row c*K + i, so all codebooks travel in one reduction.
-std::vector<at::Tensor> count_and_sum(const at::Tensor& tokens, const at::Tensor& indices, int64_t k) {
-  const int64_t codebooks = tokens.size(0);
-  const at::Tensor rows = (indices + torch::arange(codebooks, torch::kInt64).mul_(k).unsqueeze(1)).flatten();
-  at::Tensor counts = torch::zeros({codebooks * k}, torch::kFloat32).index_add_(0, rows, torch::ones({rows.size(0)}));
-  at::Tensor sums = torch::zeros({codebooks * k, tokens.size(2)}, torch::kFloat32)
-                        .index_add_(0, rows, tokens.reshape({-1, tokens.size(2)}));
-  return {counts, sums};
 }
 
 // Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
@@ -149,19 +139,10 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator) 
 }
 
 at::Tensor Vq::lookup(const at::Tensor& indices) const {
+  if (indices.size(0) == 1) return embed_[0].index_select(0, indices[0]).unsqueeze(0);
   std::vector<at::Tensor> per_codebook;
   for (int64_t c = 0; c < indices.size(0); ++c) per_codebook.push_back(embed_[c].index_select(0, indices[c]));
   return torch::stack(per_codebook);  // a copy: the EMA update changes embed_ afterwards
-}
-
-at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q) {
-  const at::Tensor norm_x = x.norm(2, -1, true);
-  const at::Tensor norm_q = q.norm(2, -1, true);
-  const at::Tensor u = (x / norm_x.clamp_min(1e-6)).detach();
-  const at::Tensor q_hat = (q / norm_q.clamp_min(1e-6)).detach();
-  const at::Tensor w = l2norm(u + q_hat).detach();
-  const at::Tensor rotated = x - 2 * (x * w).sum(-1, true) * w + 2 * (x * u).sum(-1, true) * q_hat;
-  return rotated * (norm_q / norm_x.clamp_min(1e-6)).detach();
 }
 
 at::Tensor Vq::orthogonal_loss() const {
@@ -218,19 +199,10 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   for (int64_t c = 0; c < codebooks; ++c) {
     initial.push_back(tokens.size(1) > 0 ? sample_rows(tokens[c], k, or_default(ctx.generator)) : embed_[c].clone());
   }
-  at::Tensor means = torch::stack(initial);  // (C, K, cd)
-  at::Tensor counts;
-  for (int64_t iter = 0; iter < options_.kmeans_iters(); ++iter) {
-    std::vector<at::Tensor> assigned;
-    for (int64_t c = 0; c < codebooks; ++c) assigned.push_back(nearest_code(tokens[c], means[c], metric_).indices);
-    std::vector<at::Tensor> stats = count_and_sum(tokens, torch::stack(assigned), k);
-    reducer.sum_(stats, "vq.kmeans");  // all codebooks in one call per round
-    counts = stats[0].view({codebooks, k});
-    const at::Tensor empty = (counts == 0).unsqueeze(2);
-    at::Tensor new_means = stats[1].view({codebooks, k, -1}) / counts.clamp_min(1).unsqueeze(2);
-    if (options_.use_cosine_sim()) new_means = l2norm(new_means);
-    means = torch::where(empty, means, new_means);  // empty clusters keep their previous mean
-  }
+  const KmeansResult result = kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer,
+                                     "vq.kmeans");
+  const at::Tensor& means = result.means;
+  const at::Tensor& counts = result.counts;
   if (counts.sum().item<float>() == 0) return;  // nobody held a token: try again next time
   embed_.copy_(means);
   cluster_size_.copy_(counts);
@@ -241,7 +213,7 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
 void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer) {
   const int64_t k = options_.codebook_size();
   const int64_t codebooks = tokens.size(0);
-  std::vector<at::Tensor> stats = count_and_sum(tokens, indices, k);
+  std::vector<at::Tensor> stats = code_counts_and_sums(tokens, indices, k);
   reducer.sum_(stats, "vq.ema");  // exactly once per training call, whatever the data
   const double weight = 1.0 - options_.decay();
   cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);

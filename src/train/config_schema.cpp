@@ -42,7 +42,9 @@ Schema build_schema() {
   s.add(K::integer("quantizer.lfq.codebook_size", 1024,
                     "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
             .in_range(2, 1 << 24));
-  s.add(K::integer("quantizer.lfq.dim", 0, "Channels fed to LFQ, projected to log2 K bits and back; 0 means log2 K.")
+  s.add(K::integer("quantizer.lfq.dim", 0,
+                   "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
+                   "log2 K.")
             .in_range(0, 4096));
   s.add(K::floating("quantizer.lfq.entropy_loss_weight", 0.1, "Weight of the entropy loss (per-sample minus codebook).")
             .at_least(0));
@@ -60,6 +62,11 @@ Schema build_schema() {
   s.add(K::floating("quantizer.lfq.codebook_scale", 1.0, "Each code coordinate is +scale or -scale.").greater_than(0));
   s.add(K::boolean("quantizer.lfq.spherical", false,
                    "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."));
+  s.add(K::integer("quantizer.lfq.num_codebooks", 1, "LFQ codebooks per token, each of log2 K bits.").in_range(1, 64));
+  s.add(K::floating("quantizer.lfq.frac_per_sample_entropy", 1.0,
+                    "Fraction of each batch's tokens (drawn at random per rank) that enter the entropy loss.")
+            .greater_than(0)
+            .at_most(1));
   s.add(K::integer("quantizer.vq.dim", 8, "Channels of each latent token, the length of each code vector.")
             .in_range(1, 4096));
   s.add(K::integer("quantizer.vq.codebook_size", 512, "Number of codes K.").in_range(1, 1 << 20));

@@ -37,6 +37,7 @@ const std::vector<Variant>& variants() {
       {"fsq", {"quantizer.fsq.dim=6"}},
       {"lfq", {"quantizer.lfq.codebook_size=64"}},
       {"lfq", {"quantizer.lfq.codebook_size=32", "quantizer.lfq.spherical=true", "quantizer.lfq.dim=7"}},
+      {"lfq", {"quantizer.lfq.codebook_size=16", "quantizer.lfq.num_codebooks=2", "quantizer.lfq.frac_per_sample_entropy=0.5"}},
       {"vq", {"quantizer.vq.codebook_size=40"}},
       {"vq", {"quantizer.vq.codebook_size=24", "quantizer.vq.cosine=true", "quantizer.vq.rotation_trick=false"}},
       {"vq",

@@ -1,10 +1,13 @@
 #include "lockstep/quant/lfq.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <map>
+#include <sstream>
+#include <string>
 #include <tuple>
 
 #include "lockstep/core/error.h"
@@ -77,15 +80,20 @@ TEST(Lfq, DecodeOfEncodeIsTheForwardValueInTrainingAndEval) {
   }
 }
 
-// (bits, spherical): the entropy loss and its gradient equal the clamped brute-force definition
-// on inputs where every code has p >= 1e-5 (where clamping changes nothing).
-class LfqEntropy : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+// (bits, spherical, codebook_scale): the entropy loss and its gradient equal the clamped
+// brute-force definition on inputs where every code has p >= 1e-5 (where clamping changes nothing).
+class LfqEntropy : public ::testing::TestWithParam<std::tuple<int64_t, bool, double>> {};
 
 TEST_P(LfqEntropy, EqualsTheBruteForceDefinitionWithItsGradient) {
-  const auto [bits, spherical] = GetParam();
+  const auto [bits, spherical, scale] = GetParam();
   torch::manual_seed(bits);
-  const LfqOptions options =
-      LfqOptions(int64_t{1} << bits).spherical(spherical).inv_temperature(1.0).diversity_gamma(0.7).entropy_loss_weight(0.3);
+  const double inv_t = 1.0 / (scale * scale);  // keeps logits, and so every p, in the same range
+  const LfqOptions options = LfqOptions(int64_t{1} << bits)
+                                 .spherical(spherical)
+                                 .codebook_scale(scale)
+                                 .inv_temperature(inv_t)
+                                 .diversity_gamma(0.7)
+                                 .entropy_loss_weight(0.3);
   Lfq lfq(options);
   const at::Tensor x = (torch::randn({3, 40, bits}) * 0.1).requires_grad_();
   lfq.quantize(x, {}).losses.at("entropy").backward();
@@ -94,7 +102,7 @@ TEST_P(LfqEntropy, EqualsTheBruteForceDefinitionWithItsGradient) {
 
   const at::Tensor xr = x.detach().clone().requires_grad_();
   const at::Tensor codebook = lfq.indices_to_codes(torch::arange(int64_t{1} << bits));
-  const BruteForce ref = brute_force(code_space(xr, options).reshape({-1, bits}), codebook, 1.0);
+  const BruteForce ref = brute_force(code_space(xr, options).reshape({-1, bits}), codebook, inv_t);
   ASSERT_GE(ref.min_prob.item<float>(), 1e-5f) << "the inputs must leave every p above the clamp";
   const at::Tensor expected = (ref.per_sample_clamped - 0.7 * ref.codebook) * 0.3;
   expected.backward();
@@ -102,7 +110,85 @@ TEST_P(LfqEntropy, EqualsTheBruteForceDefinitionWithItsGradient) {
   EXPECT_TRUE(torch::allclose(got_grad, xr.grad(), 1e-4, 1e-5)) << (got_grad - xr.grad()).abs().max();
 }
 
-INSTANTIATE_TEST_SUITE_P(Bits, LfqEntropy, ::testing::Combine(::testing::Range<int64_t>(3, 9), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Bits, LfqEntropy,
+                         ::testing::Combine(::testing::Range<int64_t>(1, 9), ::testing::Bool(),
+                                            ::testing::Values(1.0, 2.5)));
+
+// Codes built here bit by bit (index = sum_j bit_j 2^(d-1-j), bit set = +a), independently of Lfq.
+at::Tensor explicit_codes(int64_t bits, double code_value, at::ScalarType type) {
+  at::Tensor codes = torch::empty({int64_t{1} << bits, bits}, torch::kFloat64);
+  for (int64_t i = 0; i < codes.size(0); ++i) {
+    for (int64_t j = 0; j < bits; ++j) codes[i][j] = ((i >> (bits - 1 - j)) & 1) ? code_value : -code_value;
+  }
+  return codes.to(type);
+}
+
+// (bits, budget_bytes): lfq_sum_probs equals sum_t softmax_c(2 inv_t <x_t, c>) over the explicit
+// codes, forward and gradient of a random linear functional, whatever the chunking.
+class LfqSumProbs : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(LfqSumProbs, EqualsTheExplicitSoftmaxWithItsGradient) {
+  const auto [bits, budget] = GetParam();
+  torch::manual_seed(100 + bits);
+  const int64_t k = int64_t{1} << bits;
+  for (const double code_value : {1.0, 0.35, 2.5}) {
+    for (const double inv_t : {0.5, 3.0}) {
+      const at::Tensor x = torch::randn({37, bits}) * 0.4;
+      const at::Tensor w = torch::randn({k});
+      const at::Tensor xr = x.clone().requires_grad_();
+      const at::Tensor expected = (torch::matmul(xr, explicit_codes(bits, code_value, torch::kFloat32).t()) *
+                                   (2 * inv_t)).softmax(-1).sum(0);
+      (expected * w).sum().backward();
+      const at::Tensor xc = x.clone().requires_grad_();
+      const at::Tensor got = lfq_sum_probs(xc, inv_t, code_value, budget);
+      ASSERT_EQ(got.sizes(), (std::vector<int64_t>{k}));
+      (got * w).sum().backward();
+      const std::string where = "bits " + std::to_string(bits) + " a " + std::to_string(code_value) + " inv_t " +
+                                std::to_string(inv_t) + " budget " + std::to_string(budget);
+      EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << where << (got - expected).abs().max();
+      EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-4, 1e-5)) << where << (xc.grad() - xr.grad()).abs().max();
+    }
+  }
+}
+
+// Budget 1: one token per chunk; 5000: a few tokens; default: one chunk.
+INSTANTIATE_TEST_SUITE_P(Bits, LfqSumProbs,
+                         ::testing::Combine(::testing::Range<int64_t>(1, 8),
+                                            ::testing::Values(int64_t{1}, int64_t{5000}, int64_t{64} << 20)));
+
+TEST(Lfq, SumProbsInDoubleMatchesTheSoftmaxToDoublePrecisionEvenWhenSaturated) {
+  torch::manual_seed(8);
+  const int64_t bits = 9;
+  const at::Tensor x = torch::randn({50, bits}, torch::kFloat64);  // inv_t 100: most codes far below 1e-5
+  const at::Tensor w = torch::randn({int64_t{1} << bits}, torch::kFloat64);
+  const at::Tensor xr = x.clone().requires_grad_();
+  const at::Tensor expected =
+      (torch::matmul(xr, explicit_codes(bits, 1.0, torch::kFloat64).t()) * 200.0).softmax(-1).sum(0);
+  (expected * w).sum().backward();
+  const at::Tensor xc = x.clone().requires_grad_();
+  const at::Tensor got = lfq_sum_probs(xc, 100.0, 1.0, 3000);
+  (got * w).sum().backward();
+  EXPECT_TRUE(torch::allclose(got, expected, 1e-10, 1e-12)) << (got - expected).abs().max();
+  EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-9, 1e-10)) << (xc.grad() - xr.grad()).abs().max();
+}
+
+TEST(Lfq, SumProbsPerCodebookEqualsEachCodebookAlone) {
+  torch::manual_seed(9);
+  const at::Tensor x = torch::randn({3, 21, 5}) * 0.3;
+  const at::Tensor w = torch::randn({3, 32});
+  const at::Tensor xb = x.clone().requires_grad_();
+  const at::Tensor both = lfq_sum_probs(xb, 2.0, 1.0);
+  ASSERT_EQ(both.sizes(), (std::vector<int64_t>{3, 32}));
+  (both * w).sum().backward();
+  for (int64_t g = 0; g < 3; ++g) {
+    const at::Tensor xg = x[g].clone().requires_grad_();
+    const at::Tensor one = lfq_sum_probs(xg, 2.0, 1.0);
+    (one * w[g]).sum().backward();
+    EXPECT_TRUE(torch::allclose(both[g], one, 1e-6, 1e-6)) << "codebook " << g;
+    EXPECT_TRUE(torch::allclose(xb.grad()[g], xg.grad(), 1e-6, 1e-6)) << "codebook " << g;
+  }
+  EXPECT_EQ(lfq_sum_probs(torch::zeros({0, 5}), 2.0, 1.0).abs().sum().item<float>(), 0.0f);
+}
 
 TEST(Lfq, SaturatedBitsKeepTheExactEntropyWithinTheClampBound) {
   // Default inv_temperature 100 on unit inputs: most codes fall below 1e-5. The per-sample term is
@@ -119,33 +205,20 @@ TEST(Lfq, SaturatedBitsKeepTheExactEntropyWithinTheClampBound) {
   EXPECT_LE(gap, k * 1e-5 / std::exp(1.0));
 }
 
-TEST(Lfq, ChunkedProbabilitySumsAgreeForEveryChunkSize) {
-  torch::manual_seed(3);
-  Lfq lfq(LfqOptions(64));
-  const at::Tensor codebook = lfq.indices_to_codes(torch::arange(64));
-  const at::Tensor x = torch::randn({37, 6}) * 0.05;
-  const at::Tensor w = torch::randn({64});
-  const at::Tensor xr = x.clone().requires_grad_();
-  const at::Tensor expected = torch::matmul(xr, codebook.t() * 20.0).softmax(-1).sum(0);
-  (expected * w).sum().backward();
-  for (int64_t chunk : {1, 2, 5, 16, 37, 100}) {
-    const at::Tensor xc = x.clone().requires_grad_();
-    const at::Tensor got = lfq_sum_probs(xc, codebook, 10.0, chunk);
-    (got * w).sum().backward();
-    EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << "chunk " << chunk;
-    EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-4, 1e-5)) << "chunk " << chunk;
+TEST(Lfq, ChunksGrowWithTheBudgetAndNeedOnlySqrtKPerToken) {
+  EXPECT_EQ(lfq_chunk_tokens(24, 8, 1), 1);  // never below one token
+  for (int64_t bits : {1, 2, 7, 10, 16, 24}) {
+    int64_t previous = 0;
+    for (int64_t budget : {int64_t{1} << 10, int64_t{1} << 20, int64_t{64} << 20}) {
+      const int64_t t = lfq_chunk_tokens(bits, 4, budget);
+      EXPECT_GE(t, std::max<int64_t>(previous, 1)) << bits << " " << budget;
+      previous = t;
+    }
   }
-}
-
-TEST(Lfq, ChunkSizeKeepsOneChunkMatrixWithinTheBudget) {
-  EXPECT_EQ(lfq_chunk_tokens(int64_t{1} << 16, 4), 128);  // 128 x 65536 floats = 32 MiB
-  EXPECT_EQ(lfq_chunk_tokens(1024, 4), 8192);
-  EXPECT_EQ(lfq_chunk_tokens(int64_t{1} << 24, 8), 1);  // never below one token
-  for (int64_t k : {2, 1000, 1 << 10, 1 << 16, 1 << 20}) {
-    const int64_t t = lfq_chunk_tokens(k, 4, 1 << 20);
-    EXPECT_LE(t * k * 4, std::max<int64_t>(1 << 20, k * 4));
-    EXPECT_GT((t + 1) * k * 4, 1 << 20);
-  }
+  // 64 MiB holds thousands of tokens at K = 2^16 and hundreds at 2^24: O(sqrt K) per token.
+  EXPECT_GE(lfq_chunk_tokens(16, 4, int64_t{64} << 20), 4096);
+  EXPECT_GE(lfq_chunk_tokens(24, 4, int64_t{64} << 20), 256);
+  EXPECT_NEAR(lfq_chunk_tokens(16, 4, int64_t{64} << 20), 2 * lfq_chunk_tokens(16, 8, int64_t{64} << 20), 1);
 }
 
 TEST(Lfq, LargeCodebookTrainsWithoutTheFullMatrix) {
@@ -158,6 +231,24 @@ TEST(Lfq, LargeCodebookTrainsWithoutTheFullMatrix) {
   EXPECT_TRUE(std::isfinite(loss.item<float>()));
   EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
   EXPECT_GT(x.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(Lfq, HugeCodebookSumsToTheTokenCount) {
+  // K = 2^20 and 2^21 (odd): the sum over all codes of sum_t p_t is the token count, exactly.
+  torch::manual_seed(10);
+  for (int64_t bits : {20, 21}) {
+    const at::Tensor x = torch::randn({40, bits}, torch::kFloat64) * 0.05;
+    const at::Tensor sum = lfq_sum_probs(x, 1.0, 1.0, int64_t{1} << 20);
+    ASSERT_EQ(sum.numel(), int64_t{1} << bits);
+    EXPECT_NEAR(sum.sum().item<double>(), 40.0, 1e-9);
+    // Spot-check a few indices against sum_t prod_j sigmoid(+-z_tj), signs read from the index.
+    for (int64_t index : {int64_t{0}, (int64_t{1} << (bits - 1)) + 5, (int64_t{1} << bits) - 2}) {
+      at::Tensor sign = torch::empty({bits}, torch::kFloat64);
+      for (int64_t j = 0; j < bits; ++j) sign[j] = ((index >> (bits - 1 - j)) & 1) ? 1.0 : -1.0;
+      const double expected = torch::sigmoid(x * 4.0 * sign).prod(-1).sum().item<double>();
+      EXPECT_NEAR(sum[index].item<double>(), expected, 1e-12 * 40) << "bits " << bits << " index " << index;
+    }
+  }
 }
 
 // Counts calls; optionally adds another holder's statistics, as a two-rank sum would.
@@ -213,6 +304,90 @@ TEST(Lfq, TwoHoldersGetTheWholeBatchCodebookEntropy) {
   EXPECT_NEAR(got.item<float>(), ((per_sample_a - whole.codebook) * 0.1).item<float>(), 1e-6);
 }
 
+// The reference's entropy over prob (tokens, codebooks, K), each codebook's brute force averaged.
+TEST(Lfq, TwoCodebooksAverageEachCodebooksBruteForceEntropy) {
+  torch::manual_seed(11);
+  for (bool spherical : {false, true}) {
+    const LfqOptions options = LfqOptions(16).num_codebooks(2).spherical(spherical).codebook_scale(1.5)
+                                   .inv_temperature(1.0).diversity_gamma(0.8).entropy_loss_weight(0.5);
+    Lfq lfq(options);
+    EXPECT_EQ(lfq.dim(), 8);
+    EXPECT_EQ(lfq.num_indices(), 2);
+    const at::Tensor x = (torch::randn({2, 9, 8}) * 0.2).requires_grad_();
+    const QuantizerOutput out = lfq.quantize(x, {});
+    out.losses.at("entropy").backward();
+
+    const at::Tensor xr = x.detach().clone().requires_grad_();
+    const at::Tensor codebook = lfq.indices_to_codes(torch::arange(16));
+    at::Tensor per_sample = torch::zeros({}), codebook_entropy = torch::zeros({});
+    for (int64_t g = 0; g < 2; ++g) {
+      const at::Tensor group = code_space(xr.narrow(2, 4 * g, 4), options).reshape({-1, 4});
+      const BruteForce ref = brute_force(group, codebook, 1.0);
+      ASSERT_GE(ref.min_prob.item<float>(), 1e-5f);
+      per_sample = per_sample + ref.per_sample_clamped / 2;
+      codebook_entropy = codebook_entropy + ref.codebook / 2;
+    }
+    const at::Tensor expected = (per_sample - 0.8 * codebook_entropy) * 0.5;
+    expected.backward();
+    EXPECT_NEAR(out.losses.at("entropy").item<float>(), expected.item<float>(), 1e-5) << "spherical " << spherical;
+    EXPECT_TRUE(torch::allclose(x.grad(), xr.grad(), 1e-4, 1e-5)) << (x.grad() - xr.grad()).abs().max();
+
+    // Indices (b, n, 2): each codebook's own bits; decode(encode) is the forward value.
+    ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{2, 9, 2}));
+    for (int64_t g = 0; g < 2; ++g) {
+      const at::Tensor group = x.detach().narrow(2, 4 * g, 4);
+      EXPECT_TRUE(torch::equal(out.indices.select(2, g), lfq.codes_to_indices(group)));
+    }
+    EXPECT_TRUE(torch::equal(lfq.encode(x.detach()), out.indices));
+    EXPECT_TRUE(torch::allclose(lfq.decode(out.indices), out.quantized, 1e-5, 1e-6));
+    EXPECT_THROW(lfq.decode(torch::zeros({2, 9}, torch::kInt64)), InvalidArgument);
+  }
+  Lfq projected(LfqOptions(16).num_codebooks(3).dim(5));
+  EXPECT_EQ(projected.quantize(torch::randn({1, 4, 5}), {}).indices.sizes(), (std::vector<int64_t>{1, 4, 3}));
+}
+
+TEST(Lfq, SampledFractionComesFromTheContextGenerator) {
+  torch::manual_seed(12);
+  const LfqOptions options = LfqOptions(16).frac_per_sample_entropy(0.4).inv_temperature(1.0);
+  Lfq lfq(options);
+  const at::Tensor x = torch::randn({2, 10, 4}) * 0.5;  // 20 tokens, 8 sampled
+  const auto loss_with_seed = [&](uint64_t seed, CountingReducer* reducer) {
+    QuantizeContext ctx;
+    ctx.generator = at::detail::createCPUGenerator(seed);
+    ctx.reducer = reducer;
+    return lfq.quantize(x, ctx).losses.at("entropy").item<float>();
+  };
+  CountingReducer reducer;
+  const float a = loss_with_seed(7, &reducer);
+  EXPECT_EQ(reducer.calls, 1);
+  EXPECT_EQ(reducer.last_local[0].item<float>(), 8.0f) << "count of sampled tokens";
+  EXPECT_EQ(loss_with_seed(7, nullptr), a);
+  EXPECT_NE(loss_with_seed(8, nullptr), a);
+
+  // The same subset as randperm(20, generator) picks, through the brute force.
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  const at::Tensor chosen = torch::randperm(20, gen, torch::kInt64).narrow(0, 0, 8);
+  const at::Tensor subset = x.reshape({-1, 4}).index_select(0, chosen);
+  const BruteForce ref = brute_force(subset, lfq.indices_to_codes(torch::arange(16)), 1.0);
+  EXPECT_NEAR(a, ((ref.per_sample_clamped - ref.codebook) * 0.1).item<float>(), 1e-6);
+  // Not all tokens: the full batch gives another value.
+  const BruteForce all = brute_force(x.reshape({-1, 4}), lfq.indices_to_codes(torch::arange(16)), 1.0);
+  EXPECT_GT(std::abs(a - ((all.per_sample_clamped - all.codebook) * 0.1).item<float>()), 1e-4);
+
+  // One reduction per call even when no token is sampled (int(2 * 0.4) = 0) or there are none.
+  for (int64_t n : {0, 1, 3}) {
+    reducer.calls = 0;
+    QuantizeContext ctx;
+    ctx.reducer = &reducer;  // undefined generator: torch's default one
+    const at::Tensor xn = torch::randn({2, n, 4}, torch::requires_grad());
+    const at::Tensor loss = lfq.quantize(xn, ctx).total_loss();
+    EXPECT_EQ(reducer.calls, 1) << "n = " << n;
+    EXPECT_EQ(reducer.last_local[0].item<float>(), static_cast<float>(static_cast<int64_t>(2 * n * 0.4)));
+    EXPECT_TRUE(torch::isfinite(loss).item<bool>()) << "n = " << n;
+    loss.backward();
+  }
+}
+
 TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
   for (bool spherical : {false, true}) {
     Lfq lfq(LfqOptions(8).spherical(spherical).inv_temperature(1.5).commitment_loss_weight(0.25).diversity_gamma(0.6));
@@ -243,9 +418,14 @@ TEST(Lfq, InvalidOptionsNameTheValue) {
   };
   EXPECT_NE(message(LfqOptions(12)).find("codebook_size = 12"), std::string::npos);
   EXPECT_NE(message(LfqOptions(1)).find("codebook_size = 1 "), std::string::npos);
-  EXPECT_NE(message(LfqOptions(16).frac_per_sample_entropy(0.5)).find("frac_per_sample_entropy = 0.5"),
-            std::string::npos);
-  EXPECT_NE(message(LfqOptions(16).num_codebooks(2)).find("num_codebooks = 2"), std::string::npos);
+  for (double frac : {0.0, -0.5, 1.5}) {
+    std::ostringstream expected;
+    expected << "frac_per_sample_entropy = " << frac;
+    EXPECT_NE(message(LfqOptions(16).frac_per_sample_entropy(frac)).find(expected.str()), std::string::npos) << frac;
+  }
+  EXPECT_EQ(message(LfqOptions(16).frac_per_sample_entropy(0.5)), "accepted");
+  EXPECT_NE(message(LfqOptions(16).num_codebooks(0)).find("num_codebooks = 0"), std::string::npos);
+  EXPECT_EQ(message(LfqOptions(16).num_codebooks(2)), "accepted");
   EXPECT_NE(message(LfqOptions(16).inv_temperature(0)).find("inv_temperature = 0"), std::string::npos);
   EXPECT_NE(message(LfqOptions(16).dim(0)).find("dim = 0"), std::string::npos);
   EXPECT_NE(message(LfqOptions(16).entropy_loss_weight(-1)).find("entropy_loss_weight = -1"), std::string::npos);
@@ -258,7 +438,8 @@ TEST(Lfq, InvalidOptionsNameTheValue) {
 TEST(Lfq, RegistryBuildsItFromEveryKey) {
   const std::map<std::string, double> values = {{"codebook_size", 64}, {"dim", 9}, {"entropy_loss_weight", 0.2},
                                                 {"commitment_loss_weight", 0.5}, {"diversity_gamma", 0.9},
-                                                {"inv_temperature", 50}, {"codebook_scale", 2}};
+                                                {"inv_temperature", 50}, {"codebook_scale", 2},
+                                                {"num_codebooks", 2}, {"frac_per_sample_entropy", 0.5}};
   OptionReader reader;
   reader.integer = [&](const std::string& key) { return static_cast<int64_t>(values.at(key)); };
   reader.real = [&](const std::string& key) { return values.at(key); };
@@ -270,7 +451,9 @@ TEST(Lfq, RegistryBuildsItFromEveryKey) {
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->dim(), 9);
   EXPECT_EQ(q->bits(), 6);
+  EXPECT_EQ(q->num_indices(), 2);
   const LfqOptions& o = q->options();
+  EXPECT_EQ(o.frac_per_sample_entropy(), 0.5);
   EXPECT_EQ(o.entropy_loss_weight(), 0.2);
   EXPECT_EQ(o.commitment_loss_weight(), 0.5);
   EXPECT_EQ(o.diversity_gamma(), 0.9);

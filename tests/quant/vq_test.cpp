@@ -87,6 +87,37 @@ TEST(Vq, RotationTrickValueIsTheCodeAndItsGradientIsTheRotation) {
   EXPECT_TRUE(torch::allclose(x.grad().to(torch::kFloat64), expected, 1e-5, 1e-6)) << x.grad() << expected;
 }
 
+// The rotation trick in torch ops with the reference's clamps, to check the fused one against.
+at::Tensor rotate_to_reference(const at::Tensor& x, const at::Tensor& q) {
+  auto normalize = [](const at::Tensor& t) { return t / t.norm(2, -1, true).clamp_min(1e-6); };
+  const at::Tensor norm_x = x.norm(2, -1, true), norm_q = q.norm(2, -1, true);
+  const at::Tensor u = normalize(x).detach(), q_hat = normalize(q).detach();
+  const at::Tensor w = normalize(u + q_hat).detach();
+  const at::Tensor rotated = x - 2 * (x * w).sum(-1, true) * w + 2 * (x * u).sum(-1, true) * q_hat;
+  return rotated * (norm_q / norm_x.clamp_min(1e-6)).detach();
+}
+
+TEST(Vq, FusedRotationTrickMatchesTheTorchOpFormIncludingDegenerateRows) {
+  torch::manual_seed(11);
+  // Not d = 1: there u + q^ is 0 or a rounding error for every opposite pair, and w its normalisation
+  // (VQ uses straight-through at d = 1).
+  for (const int64_t d : {2, 3, 64, 67}) {
+    at::Tensor x = torch::randn({2000, d});
+    at::Tensor q = torch::randn({2000, d});
+    x[0].zero_();       // zero token
+    x[1].mul_(1e-8);    // below the clamp
+    q[2].zero_();       // zero code
+    q[3] = -x[3];       // opposite: u + q^ = 0
+    const at::Tensor g = torch::randn({2000, d});
+    const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+    const at::Tensor fused = rotate_to(xa, q), reference = rotate_to_reference(xb, q);
+    EXPECT_TRUE(torch::allclose(fused, reference, 1e-4, 1e-4)) << "d = " << d << " " << (fused - reference).abs().max();
+    (fused * g).sum().backward();
+    (reference * g).sum().backward();
+    EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-4, 1e-4)) << "d = " << d << " " << (xa.grad() - xb.grad()).abs().max();
+  }
+}
+
 TEST(Vq, EmaUpdateWithLaplaceSmoothingMatchesHandComputedValues) {
   Vq vq(VqOptions(2, 2).decay(0.5), seeded(1));
   set_buffer(vq, "embed", torch::tensor({{{0.0f, 0.0f}, {10.0f, 10.0f}}}));

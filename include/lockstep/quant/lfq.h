@@ -10,21 +10,26 @@
 namespace lockstep::quant {
 
 struct LfqOptions {
-  // codebook_size: a power of two K; the code space has log2 K dimensions.
+  // codebook_size: a power of two K; each codebook has log2 K code dimensions.
   explicit LfqOptions(int64_t codebook_size) : codebook_size_(codebook_size) {}
 
-  // Input dimension; unset (or 0 through the registry) means log2 K (no projection).
+  // Input dimension; unset (or 0 through the registry) means num_codebooks * log2 K (no projection).
   LfqOptions& dim(int64_t d) { dim_ = d; return *this; }
   LfqOptions& entropy_loss_weight(double w) { entropy_loss_weight_ = w; return *this; }
   LfqOptions& commitment_loss_weight(double w) { commitment_loss_weight_ = w; return *this; }
   LfqOptions& diversity_gamma(double g) { diversity_gamma_ = g; return *this; }
   LfqOptions& codebook_scale(double s) { codebook_scale_ = s; return *this; }
   LfqOptions& inv_temperature(double t) { inv_temperature_ = t; return *this; }
-  // Only 1 is supported (every token enters the per-sample entropy).
+  // In (0, 1]: each training call draws int(n * frac) of its n tokens at random (ctx.generator, or
+  // torch's default generator when undefined) for both the per-sample entropy and the average
+  // probability, as the reference does. With several ranks, each rank samples its own local
+  // fraction of its own tokens; the average probability is then over all ranks' sampled tokens.
   LfqOptions& frac_per_sample_entropy(double f) { frac_per_sample_entropy_ = f; return *this; }
   // BSQ: l2-normalise the inputs and the codes (times codebook_scale).
   LfqOptions& spherical(bool on) { spherical_ = on; return *this; }
-  // Only 1 is supported.
+  // c >= 1 codebooks of K codes each: the code space has c * log2 K dimensions, codebook g owning
+  // dimensions [g log2 K, (g + 1) log2 K); indices (b, n, c), or (b, n) when c = 1. Entropies
+  // are per codebook, averaged over codebooks; spherical normalises each group.
   LfqOptions& num_codebooks(int64_t n) { num_codebooks_ = n; return *this; }
 
   int64_t codebook_size() const { return codebook_size_; }
@@ -39,7 +44,7 @@ struct LfqOptions {
   int64_t num_codebooks() const { return num_codebooks_; }
 
   // Throws InvalidArgument naming the value: K not a power of two in [2, 2^24], dim < 1, negative
-  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy != 1, num_codebooks != 1.
+  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy outside (0, 1], num_codebooks < 1.
   void validate() const;
 
  private:
@@ -62,6 +67,7 @@ class Lfq final : public Quantizer {
   std::string kind() const override { return "lfq"; }
   int64_t dim() const override { return dim_; }
   int64_t codebook_size() const override { return options_.codebook_size(); }
+  int64_t num_indices() const override { return options_.num_codebooks(); }
 
   // Training: losses "entropy" (always, one reducer call "lfq.avg_probs") and "commitment" (when
   // its weight > 0). Eval: no losses, no reducer call.
@@ -69,19 +75,20 @@ class Lfq final : public Quantizer {
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
 
-  // indices (...) int64 -> codes (..., bits) of +-scale (normalised when spherical), float32.
+  // One codebook's indices (...) int64 -> codes (..., bits) of +-scale (normalised when spherical), float32.
   at::Tensor indices_to_codes(const at::Tensor& indices) const;
   // codes (..., bits) -> indices (...): bit j set where code j > 0, bit 0 of the code is the MSB.
   at::Tensor codes_to_indices(const at::Tensor& codes) const;
-  int64_t bits() const { return bits_; }
+  int64_t bits() const { return bits_; }  // log2 K, per codebook
 
   const LfqOptions& options() const { return options_; }
 
  private:
-  // (b, n, dim) -> (b, n, bits) in code space: projected, normalised when spherical.
+  // (b, n, dim) -> (b, n, num_codebooks, bits) in code space: projected, normalised when spherical.
   at::Tensor to_code_space(const at::Tensor& x);
+  // (b, n, num_codebooks, bits) -> (b, n, dim).
   at::Tensor from_code_space(const at::Tensor& codes);
-  // z (b, n, bits) -> q with the same shape: +-scale, normalised when spherical.
+  // z (..., bits) -> q with the same shape: +-scale, normalised when spherical.
   at::Tensor quantize_codes(const at::Tensor& z) const;
 
   LfqOptions options_;
@@ -91,22 +98,25 @@ class Lfq final : public Quantizer {
   torch::nn::Linear project_out_{nullptr};
 };
 
-// The entropy terms, exposed for tests and benchmarks. Tokens are rows x: (n, d) in code space;
-// every code coordinate is +-code_value (codebook_scale, or codebook_scale / sqrt(d) when spherical).
+// The entropy terms, exposed for tests and benchmarks. Tokens are rows x: (n, d) in code space
+// (one codebook's d = log2 K dimensions); every code coordinate is +-code_value (codebook_scale, or
+// codebook_scale / sqrt(d) when spherical).
 
 // mean_t H(p_t) with p_t = softmax_c(2 * inv_temperature * <x_t, c>), computed per bit in O(n d)
 // (p_t factorises into Bernoullis with P(bit j) = sigmoid(4 * inv_temperature * code_value * x_tj)).
 // Unclamped entropy: see lfq_entropy.cpp for how it differs from the reference's log clamp. 0 for n = 0.
 at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, double code_value);
 
-// sum_t p_t: (K,), differentiable wrt x, over `chunk_tokens` tokens at a time so that no (n, K)
-// matrix is ever held. codebook: (K, d), the codes c.
-at::Tensor lfq_sum_probs(const at::Tensor& x, const at::Tensor& codebook, double inv_temperature,
-                         int64_t chunk_tokens);
+// sum_t p_t in index order, exactly (float rounding only), differentiable wrt x: x (n, d) -> (2^d,),
+// or x (c, n, d) -> (c, 2^d) for c codebooks. One GEMM per chunk of the high and low bits' products
+// (lfq_entropy.cpp): never an (n, K) matrix; each chunk's working set stays within budget_bytes.
+at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value,
+                         int64_t budget_bytes = int64_t{64} << 20);
 
-// Tokens per chunk so that one (chunk, K) matrix of `element_bytes` elements fits `budget_bytes`
-// (at least 1).
-int64_t lfq_chunk_tokens(int64_t codebook_size, int64_t element_bytes, int64_t budget_bytes = int64_t{32} << 20);
+// Tokens per chunk of lfq_sum_probs for d = `bits` so that a chunk's working set, at about
+// 2 (2^h + 2^l) elements of `element_bytes` per token (P_hi, P_lo and their gradients), fits
+// `budget_bytes` (at least 1).
+int64_t lfq_chunk_tokens(int64_t bits, int64_t element_bytes, int64_t budget_bytes);
 
 // -sum p log(max(p, 1e-5)) over the last dimension, the reference's clamped entropy.
 at::Tensor lfq_clamped_entropy(const at::Tensor& probs);

@@ -1,0 +1,33 @@
+// The quantizer benchmarks of issue #3, defined once: `lockstep bench quantizers` and the Google
+// Benchmark program (bench/) both run these cases.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lockstep::quant {
+
+enum class BenchLimit {
+  Sgemm,      // work is floating-point operations; compare with the measured sgemm rate
+  Bandwidth,  // work is bytes moved; compare with the measured memory bandwidth
+};
+
+struct BenchCase {
+  std::string name;    // "vq fwd+bwd"
+  std::string shape;   // "16x1024 d64 K512"
+  BenchLimit limit = BenchLimit::Sgemm;
+  double tokens = 0;   // tokens (or elements) per run, for tokens/s
+  double work = 0;     // flops or bytes per run, as `limit` says
+  std::string counted;  // how `work` is counted, one line
+  // The issue's targets on the reference machine, one thread; 0 where there is none.
+  double target_ms = 0;
+  double target_fraction = 0;
+  double target_extra_mib = 0;
+  // Builds the inputs (not timed) and returns one run of the measured work.
+  std::function<std::function<void()>()> prepare;
+};
+
+std::vector<BenchCase> quantizer_bench_cases();
+
+}  // namespace lockstep::quant

@@ -1,0 +1,30 @@
+// Lloyd's k-means over the global batch, for VQ codebook initialisation: every round assigns with
+// the tiled nearest-code search and sums (count, sum) through the Reducer, so holders of parts of
+// a batch reach the means of the whole batch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "lockstep/quant/nearest_code.h"
+#include "lockstep/quant/reduce.h"
+
+namespace lockstep::quant {
+
+struct KmeansResult {
+  at::Tensor means;   // (C, K, d)
+  at::Tensor counts;  // (C, K) tokens assigned in the last round, summed over holders
+};
+
+// tokens: (C, M, d), one set per codebook; initial: (C, K, d). `iters` rounds, each one
+// reducer.sum_ call (tag `tag`) carrying every codebook's statistics. An empty cluster keeps its
+// previous mean; with Metric::Cosine the means are l2-normalised. Not differentiable.
+KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric,
+                    Reducer& reducer, const char* tag = "kmeans");
+
+// Per-code token counts (C*K) and sums (C*K, d) of tokens (C, M, d) assigned `indices` (C, M):
+// codebook c's code i is row c*K + i, so every codebook travels in one reduction.
+std::vector<at::Tensor> code_counts_and_sums(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
+
+}  // namespace lockstep::quant

@@ -1,0 +1,139 @@
+#include "lockstep/quant/bench_cases.h"
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/kmeans.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/nearest_code.h"
+#include "lockstep/quant/vq.h"
+
+namespace lockstep::quant {
+namespace {
+
+at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+at::Tensor normal(std::vector<int64_t> shape, uint64_t seed) {
+  return torch::empty(shape).normal_(0, 1, seeded(seed));
+}
+
+// One training step of `q` on x: forward in training mode, backward of a loss using every output.
+std::function<void()> train_step(std::shared_ptr<Quantizer> q, at::Tensor x) {
+  x.requires_grad_(true);
+  return [q, x] {
+    const QuantizerOutput out = q->quantize(x, {nullptr, seeded(1)});
+    (out.quantized.sum() + out.total_loss()).backward();
+    x.mutable_grad().reset();
+  };
+}
+
+constexpr int64_t kBatch = 16, kTokens = 1024, kN = kBatch * kTokens;
+
+}  // namespace
+
+std::vector<BenchCase> quantizer_bench_cases() {
+  std::vector<BenchCase> cases;
+  const double search_flops = 2.0 * kN * 512 * 64;
+  {
+    BenchCase c;
+    c.name = "vq search";
+    c.shape = "16384 tokens d64 K512";
+    c.tokens = kN;
+    c.work = search_flops;
+    c.counted = "2 n K d flops";
+    c.target_fraction = 0.6;
+    c.prepare = [] {
+      auto x = normal({kN, 64}, 1);
+      auto codes = normal({512, 64}, 2);
+      return std::function<void()>([x, codes] { nearest_code(x, codes, Metric::Euclidean); });
+    };
+    cases.push_back(c);
+  }
+  {
+    BenchCase c;
+    c.name = "vq fwd+bwd";
+    c.shape = "16x1024 d64 K512";
+    c.tokens = kN;
+    c.work = search_flops;
+    c.counted = "the search's 2 n K d flops";
+    c.target_ms = 26;
+    c.prepare = [] {
+      return train_step(std::make_shared<Vq>(VqOptions(64, 512), seeded(3)), normal({kBatch, kTokens, 64}, 4));
+    };
+    cases.push_back(c);
+  }
+  {
+    BenchCase c;
+    c.name = "fsq fwd+bwd";
+    c.shape = "16x1024 levels 8,5,5,5";
+    c.limit = BenchLimit::Bandwidth;
+    c.tokens = kN;
+    c.work = kN * (4 * 4 * 4 + 8.0);  // x and code in, out, gradient in and out; int64 index
+    c.counted = "bytes: 4 floats x (input, code, gradient in, gradient out) + int64 index per token";
+    c.target_ms = 0.3;
+    c.prepare = [] {
+      return train_step(std::make_shared<Fsq>(FsqOptions({8, 5, 5, 5})), normal({kBatch, kTokens, 4}, 5));
+    };
+    cases.push_back(c);
+  }
+  {
+    const int64_t elements = 50'000'000;
+    BenchCase c;
+    c.name = "fsq forward";
+    c.shape = "50M elements, levels 8,5,5,5";
+    c.limit = BenchLimit::Bandwidth;
+    c.tokens = elements / 4.0;
+    c.work = elements * (4 + 4 + 8 / 4.0);  // read z, write the code, an int64 index per 4 elements
+    c.counted = "bytes: z read, code written, int64 index per token";
+    c.target_fraction = 0.5;
+    c.prepare = [elements] {
+      auto fsq = std::make_shared<Fsq>(FsqOptions({8, 5, 5, 5}));
+      fsq->eval();
+      auto z = normal({1, elements / 4, 4}, 6);
+      return std::function<void()>([fsq, z] {
+        torch::NoGradGuard no_grad;
+        fsq->quantize(z, {});
+      });
+    };
+    cases.push_back(c);
+  }
+  for (const int bits : {10, 16}) {
+    const double k = static_cast<double>(int64_t{1} << bits);
+    BenchCase c;
+    c.name = "lfq fwd+bwd";
+    c.shape = "16x1024 K=2^" + std::to_string(bits);
+    c.tokens = kN;
+    c.work = 6.0 * kN * k;  // the codebook-entropy sum (2 n K) forward and twice that backward
+    c.counted = "6 n K flops (the exact codebook entropy's products, forward and backward)";
+    c.target_ms = bits == 10 ? 50 : 3000;
+    c.target_extra_mib = bits == 16 ? 256 : 0;
+    c.prepare = [bits] {
+      return train_step(std::make_shared<Lfq>(LfqOptions(int64_t{1} << bits)), normal({kBatch, kTokens, bits}, 7));
+    };
+    cases.push_back(c);
+  }
+  {
+    const int64_t n = 100'000, k = 1024, d = 64, iters = 10;
+    BenchCase c;
+    c.name = "kmeans";
+    c.shape = "100k x d64, K1024, 10 iters";
+    c.tokens = static_cast<double>(n);
+    c.work = 2.0 * n * k * d * iters;
+    c.counted = "2 n K d flops per iteration";
+    c.target_ms = 1500;
+    c.prepare = [=] {
+      auto tokens = normal({1, n, d}, 8);
+      auto initial = tokens.narrow(1, 0, k).clone();
+      return std::function<void()>([=] {
+        LocalReducer local;
+        kmeans(tokens, initial, iters, Metric::Euclidean, local);
+      });
+    };
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+}  // namespace lockstep::quant
