@@ -1,0 +1,26 @@
+// Quantizer statistics summed over a process group: the quant::Reducer the trainer hands each
+// quantizer when it runs on several ranks. Every call is one checked collective (G1).
+#pragma once
+
+#include <memory>
+
+#include "lockstep/dist/group.h"
+#include "lockstep/quant/reduce.h"
+
+namespace lockstep::dist {
+
+class GroupReducer final : public quant::Reducer {
+ public:
+  explicit GroupReducer(std::shared_ptr<Group> group) : group_(std::move(group)) {}
+
+  // One all_reduce(sum) of all the tensors, tagged `tag`.
+  void sum_(std::vector<at::Tensor>& tensors, const char* tag) override;
+  // all_reduce(sum) forward; backward all-reduces the incoming gradient (tag + ".backward"), so that
+  // with gradients averaged over ranks each rank's inputs get exactly their single-process gradient.
+  at::Tensor sum(const at::Tensor& local, const char* tag) override;
+
+ private:
+  std::shared_ptr<Group> group_;
+};
+
+}  // namespace lockstep::dist

@@ -1,0 +1,42 @@
+// Real process groups: ranks rendezvous through a TCP store at the master's address, then every
+// collective runs on Gloo (CPU tensors) behind the checked channel (G1): before any data moves,
+// the ranks exchange a fixed-size fingerprint of the call, and a disagreement raises
+// CollectiveMismatch on every rank.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "lockstep/dist/group.h"
+
+namespace lockstep::dist {
+
+struct GroupOptions {
+  int rank = 0;
+  int size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // Default limit of each collective (CollectiveOptions::timeout overrides it per call).
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // How long ranks wait for each other (and rank 0's store) at start-up; TCPStore's socket code
+  // counts whole seconds, so use at least 1 s.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+
+  // torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
+  // 29500); LOCAL_RANK and LOCAL_WORLD_SIZE are checked when set. Throws InvalidArgument naming the
+  // variable and its value when one is malformed or they contradict each other.
+  static GroupOptions from_environment();
+  // True when WORLD_SIZE or RANK is set: the process was started as one rank of several.
+  static bool environment_has_ranks();
+
+  // Throws InvalidArgument naming the values: size < 1, rank outside [0, size), bad port, a
+  // timeout <= 0 or a connect timeout under 1 s.
+  void validate() const;
+};
+
+// Connects to the others (rank 0 hosts the store). Throws CollectiveFailure naming the ranks that
+// did not arrive within connect_timeout, or the master address that could not be reached.
+std::shared_ptr<Group> make_process_group(const GroupOptions& options);
+
+}  // namespace lockstep::dist

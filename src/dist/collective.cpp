@@ -1,0 +1,103 @@
+#include "lockstep/dist/collective.h"
+
+#include <c10/core/ScalarType.h>
+
+namespace lockstep::dist {
+namespace {
+
+uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+constexpr int64_t kMagic = 0x6c6f636b73746570;  // "lockstep": a fingerprint, not stray data
+
+std::string dtype_name(const at::Tensor& t) {
+  std::string name = c10::toString(t.scalar_type());  // "Float", "Long", ...
+  if (name == "Float") return "float32";
+  if (name == "Double") return "float64";
+  if (name == "Long") return "int64";
+  if (name == "Int") return "int32";
+  if (name == "Half") return "float16";
+  if (name == "BFloat16") return "bfloat16";
+  if (name == "Byte") return "uint8";
+  if (name == "Bool") return "bool";
+  return name;
+}
+
+}  // namespace
+
+const char* collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::AllReduce: return "all_reduce";
+    case CollectiveOp::AllGather: return "all_gather";
+    case CollectiveOp::Broadcast: return "broadcast";
+    case CollectiveOp::Barrier: return "barrier";
+  }
+  return "unknown";
+}
+
+CollectiveCall CollectiveCall::of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
+                                  const CallSite& site, ReduceOp reduce, int root) {
+  CollectiveCall call;
+  call.sequence = sequence;
+  call.op = op;
+  call.reduce = reduce;
+  call.root = root;
+  call.site = site;
+  for (const auto& t : tensors) call.tensors.push_back({dtype_name(t), t.sizes().vec()});
+  return call;
+}
+
+std::string CollectiveCall::describe() const {
+  std::string out = detail::concat("#", sequence, " ", collective_op_name(op));
+  if (op == CollectiveOp::AllReduce) out += detail::concat("(", reduce_op_name(reduce), ")");
+  if (op == CollectiveOp::Broadcast) out += detail::concat("(root ", root, ")");
+  if (op != CollectiveOp::Barrier) {
+    out += " of [";
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      out += (i ? ", " : "") + tensors[i].dtype + " (";
+      for (size_t j = 0; j < tensors[i].sizes.size(); ++j) out += detail::concat(j ? ", " : "", tensors[i].sizes[j]);
+      out += ")";
+    }
+    out += "]";
+  }
+  return out + " at " + site.to_string();
+}
+
+std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const {
+  uint64_t shapes = kFnvOffset;
+  for (const auto& t : tensors) {
+    shapes = fnv1a(shapes, t.dtype.data(), t.dtype.size() + 1);
+    const int64_t rank = static_cast<int64_t>(t.sizes.size());
+    shapes = fnv1a(shapes, &rank, sizeof rank);
+    shapes = fnv1a(shapes, t.sizes.data(), t.sizes.size() * sizeof(int64_t));
+  }
+  const std::string tag = site.tag ? site.tag : "";
+  const uint64_t tag_hash = fnv1a(kFnvOffset, tag.data(), tag.size());
+  return {kMagic,
+          static_cast<int64_t>(sequence),
+          static_cast<int64_t>(op),
+          op == CollectiveOp::AllReduce ? static_cast<int64_t>(reduce) : -1,
+          root,
+          static_cast<int64_t>(tensors.size()),
+          static_cast<int64_t>(shapes),
+          static_cast<int64_t>(tag_hash)};
+}
+
+CollectiveMismatch::CollectiveMismatch(int rank, std::vector<std::string> per_rank)
+    : Error([&] {
+        std::string out = detail::concat("collective mismatch (seen by rank ", rank, " of ", per_rank.size(),
+                                         "): ranks disagree about this collective, so none of them ran it;");
+        for (size_t r = 0; r < per_rank.size(); ++r) out += detail::concat(" rank ", r, ": ", per_rank[r], ";");
+        out.pop_back();
+        return out;
+      }()),
+      per_rank_(std::move(per_rank)) {}
+
+}  // namespace lockstep::dist

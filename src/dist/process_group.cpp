@@ -1,0 +1,306 @@
+#include "lockstep/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <optional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "lockstep/dist/collective.h"
+
+namespace lockstep::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, int fallback) {
+  const auto v = env(name);
+  if (!v) return fallback;
+  size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(*v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LOCKSTEP_CHECK_ARG(used == v->size() && !v->empty(), "environment variable ", name, "='", *v,
+                     "' is not an integer");
+  return value;
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Tensors of one call travel as one flat buffer per dtype, in order of first appearance: Gloo's
+// multi-tensor calls mean one tensor per device, all of one shape.
+struct Packed {
+  std::vector<at::Tensor> buffers;
+  std::vector<std::pair<size_t, int64_t>> where;  // per tensor: (buffer, offset)
+};
+
+Packed pack(const std::vector<at::Tensor>& tensors) {
+  Packed p;
+  std::map<at::ScalarType, size_t> buffer_of;
+  std::vector<std::vector<at::Tensor>> parts;
+  std::vector<int64_t> lengths;
+  for (const auto& t : tensors) {
+    auto [it, added] = buffer_of.emplace(t.scalar_type(), parts.size());
+    if (added) {
+      parts.emplace_back();
+      lengths.push_back(0);
+    }
+    p.where.emplace_back(it->second, lengths[it->second]);
+    parts[it->second].push_back(t.reshape({-1}));
+    lengths[it->second] += t.numel();
+  }
+  for (auto& part : parts) p.buffers.push_back(part.size() == 1 ? part[0].contiguous().clone() : torch::cat(part));
+  return p;
+}
+
+void unpack(const Packed& p, std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto [buffer, offset] = p.where[i];
+    tensors[i].copy_(p.buffers[buffer].narrow(0, offset, tensors[i].numel()).view(tensors[i].sizes()));
+  }
+}
+
+class ProcessGroup final : public Group {
+ public:
+  explicit ProcessGroup(const GroupOptions& options) : options_(options) {
+    connect();
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+    gloo_options->devices.push_back(device());
+    gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
+                                                         options_.rank, options_.size, gloo_options);
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string describe() const override {
+    return detail::concat("gloo, rank ", options_.rank, " of ", options_.size, " via ", options_.master_addr, ":",
+                          options_.master_port);
+  }
+
+  void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
+    agree(call, opts);
+    if (tensors.empty()) return;
+    Packed packed = pack(tensors);
+    for (auto& buffer : packed.buffers) {
+      std::vector<at::Tensor> one{buffer};
+      c10d::AllreduceOptions o;
+      o.reduceOp = to_c10d(op);
+      o.timeout = timeout_of(opts);
+      finish(gloo_->allreduce(one, o), call, opts);
+    }
+    unpack(packed, tensors);
+  }
+
+  std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site);
+    agree(call, opts);
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < options_.size; ++r) outputs[0].push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
+    std::vector<at::Tensor> inputs{input.contiguous()};
+    c10d::AllgatherOptions o;
+    o.timeout = timeout_of(opts);
+    finish(gloo_->allgather(outputs, inputs, o), call, opts);
+    return outputs[0];
+  }
+
+  void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
+    LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
+                       " is not a rank of a group of size ", options_.size);
+    const CollectiveCall call =
+        CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, ReduceOp::Sum, root);
+    agree(call, opts);
+    if (tensors.empty()) return;
+    Packed packed = pack(tensors);
+    for (auto& buffer : packed.buffers) {
+      std::vector<at::Tensor> one{buffer};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = timeout_of(opts);
+      finish(gloo_->broadcast(one, o), call, opts);
+    }
+    unpack(packed, tensors);
+  }
+
+  // The fingerprint exchange is itself a barrier.
+  void barrier(const CollectiveOptions& opts) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
+    agree(CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site), opts);
+  }
+
+ private:
+  std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const {
+    return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
+  }
+
+  // Loopback masters keep every rank on 127.0.0.1; otherwise Gloo binds to this host's address.
+  std::shared_ptr<::gloo::transport::Device> device() const {
+    const std::string& m = options_.master_addr;
+    if (m == "127.0.0.1" || m == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+
+  // Rank 0 hosts the store; everyone announces itself and waits for the rest, so that a rank that
+  // never arrives is named instead of a bare socket timeout.
+  void connect() {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(options_.master_port);
+    o.isServer = options_.rank == 0;
+    o.numWorkers = options_.size;
+    o.waitWorkers = false;
+    o.timeout = options_.connect_timeout;
+    try {
+      store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr, o);
+    } catch (const std::exception& e) {
+      throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size,
+                                             ": cannot reach the master's store at ", options_.master_addr, ":",
+                                             options_.master_port, " within ", options_.connect_timeout.count(),
+                                             " ms: ", e.what()));
+    }
+    const int64_t claims = store_->add(detail::concat("lockstep/claim/", options_.rank), 1);
+    store_->set(detail::concat("lockstep/world/", options_.rank), to_bytes(std::to_string(options_.size)));
+    LOCKSTEP_THROW_IF_NOT(claims == 1, CollectiveFailure, "rank ", options_.rank, " of ", options_.size,
+                          ": another process already joined as rank ", options_.rank,
+                          " (check RANK / --node-rank on every process)");
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    std::vector<std::string> missing;
+    while (true) {
+      missing.clear();
+      for (int r = 0; r < options_.size; ++r) {
+        if (!store_->check({detail::concat("lockstep/world/", r)})) missing.push_back(std::to_string(r));
+      }
+      if (missing.empty() || Clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    LOCKSTEP_THROW_IF_NOT(missing.empty(), CollectiveFailure, "rank ", options_.rank, " of ", options_.size,
+                          ": rank(s) ", detail::concat_list(missing), " did not arrive at ", options_.master_addr, ":",
+                          options_.master_port, " within ", options_.connect_timeout.count(), " ms");
+    for (int r = 0; r < options_.size; ++r) {
+      const auto v = store_->get(detail::concat("lockstep/world/", r));
+      const std::string theirs(v.begin(), v.end());
+      LOCKSTEP_THROW_IF_NOT(theirs == std::to_string(options_.size), CollectiveFailure, "rank ", options_.rank,
+                            " has WORLD_SIZE ", options_.size, " but rank ", r, " has WORLD_SIZE ", theirs);
+    }
+  }
+
+  static std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+  // G1: exchange fingerprints (fixed size, so the exchange itself can never mismatch) and raise
+  // CollectiveMismatch on every rank when they differ, naming each rank's call.
+  void agree(const CollectiveCall& call, const CollectiveOptions& opts) {
+    const auto words = call.fingerprint();
+    at::Tensor mine = torch::tensor(std::vector<int64_t>(words.begin(), words.end()), torch::kInt64);
+    const std::vector<at::Tensor> all = gather_raw(mine, call, opts);
+    bool same = true;
+    for (const auto& theirs : all) same = same && torch::equal(theirs, all[0]);
+    if (same) return;
+    // Every rank saw the same fingerprints, so every rank takes this path: exchange descriptions.
+    const std::string text = call.describe();
+    const at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+    int64_t longest = 0;
+    for (const auto& l : gather_raw(length, call, opts)) longest = std::max(longest, l.item<int64_t>());
+    at::Tensor bytes = torch::zeros({longest}, torch::kUInt8);
+    std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+    std::vector<std::string> per_rank;
+    for (const auto& b : gather_raw(bytes, call, opts)) {
+      const std::string padded(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), static_cast<size_t>(longest));
+      per_rank.push_back(padded.substr(0, padded.find('\0')));
+    }
+    throw CollectiveMismatch(options_.rank, std::move(per_rank));
+  }
+
+  std::vector<at::Tensor> gather_raw(const at::Tensor& t, const CollectiveCall& call, const CollectiveOptions& opts) {
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < options_.size; ++r) outputs[0].push_back(torch::empty_like(t));
+    std::vector<at::Tensor> inputs{t};
+    c10d::AllgatherOptions o;
+    o.timeout = timeout_of(opts);
+    finish(gloo_->allgather(outputs, inputs, o), call, opts);
+    return outputs[0];
+  }
+
+  void finish(const c10::intrusive_ptr<c10d::Work>& work, const CollectiveCall& call, const CollectiveOptions& opts) {
+    try {
+      work->wait(timeout_of(opts));
+    } catch (const std::exception& e) {
+      throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                             " failed: ", e.what()));
+    }
+  }
+
+  GroupOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
+  uint64_t sequence_ = 0;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+bool GroupOptions::environment_has_ranks() { return env("WORLD_SIZE").has_value() || env("RANK").has_value(); }
+
+GroupOptions GroupOptions::from_environment() {
+  GroupOptions o;
+  o.size = env_int("WORLD_SIZE", 1);
+  o.rank = env_int("RANK", 0);
+  o.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+  o.master_port = env_int("MASTER_PORT", 29500);
+  LOCKSTEP_CHECK_ARG(o.size >= 1, "environment variable WORLD_SIZE=", o.size, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(o.rank >= 0 && o.rank < o.size, "environment variable RANK=", o.rank,
+                     " must lie in [0, WORLD_SIZE=", o.size, ")");
+  const int local_size = env_int("LOCAL_WORLD_SIZE", -1);
+  const int local_rank = env_int("LOCAL_RANK", -1);
+  if (local_size != -1) {
+    LOCKSTEP_CHECK_ARG(local_size >= 1 && local_size <= o.size, "environment variable LOCAL_WORLD_SIZE=", local_size,
+                       " must lie in [1, WORLD_SIZE=", o.size, "]");
+  }
+  if (local_rank != -1) {
+    const int bound = local_size != -1 ? local_size : o.size;
+    LOCKSTEP_CHECK_ARG(local_rank >= 0 && local_rank < bound, "environment variable LOCAL_RANK=", local_rank,
+                       " must lie in [0, ", local_size != -1 ? "LOCAL_WORLD_SIZE=" : "WORLD_SIZE=", bound, ")");
+  }
+  o.validate();
+  return o;
+}
+
+void GroupOptions::validate() const {
+  LOCKSTEP_CHECK_ARG(size >= 1, "group size ", size, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(rank >= 0 && rank < size, "rank ", rank, " must lie in [0, ", size, ")");
+  LOCKSTEP_CHECK_ARG(master_port >= 1 && master_port <= 65535, "master port ", master_port,
+                     " must lie in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(!master_addr.empty(), "the master address is empty");
+  LOCKSTEP_CHECK_ARG(timeout.count() > 0, "collective timeout ", timeout.count(), " ms must be positive");
+  LOCKSTEP_CHECK_ARG(connect_timeout >= std::chrono::seconds(1), "connect timeout ", connect_timeout.count(),
+                     " ms must be at least 1000 ms (TCPStore counts whole seconds)");
+}
+
+std::shared_ptr<Group> make_process_group(const GroupOptions& options) {
+  options.validate();
+  return std::make_shared<ProcessGroup>(options);
+}
+
+}  // namespace lockstep::dist

@@ -1,0 +1,260 @@
+#include "lockstep/dist/process_group.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "lockstep/dist/collective.h"
+#include "lockstep/dist/group_reducer.h"
+#include "lockstep/quant/lfq.h"
+#include "rank_threads.h"
+
+namespace lockstep::dist {
+namespace {
+
+using test_util::message_of;
+using test_util::run_ranks;
+
+void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of<std::exception>(errors[r]);
+  }
+}
+
+class ProcessGroupRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessGroupRanks, CollectivesGiveTheirDefinitionsWithMixedDtypesInOneCall) {
+  const int w = GetParam();
+  expect_no_errors(run_ranks(w, [w](Group& g, int r) {
+    ASSERT_EQ(g.rank(), r);
+    ASSERT_EQ(g.size(), w);
+    // One call, two dtypes and shapes: values r+1 everywhere.
+    std::vector<at::Tensor> t{torch::full({3}, r + 1.0f), torch::full({2, 2}, int64_t{r + 1}, torch::kInt64)};
+    g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.sum"));
+    EXPECT_TRUE(torch::equal(t[0], torch::full({3}, w * (w + 1) / 2.0f)));
+    EXPECT_TRUE(torch::equal(t[1], torch::full({2, 2}, int64_t{w * (w + 1) / 2}, torch::kInt64)));
+    std::vector<at::Tensor> m{torch::tensor({float(r), float(-r)})};
+    g.all_reduce(m, ReduceOp::Max, LOCKSTEP_CALL_SITE("test.max"));
+    EXPECT_TRUE(torch::equal(m[0], torch::tensor({float(w - 1), 0.0f})));
+    std::vector<at::Tensor> n{torch::tensor({float(r)})};
+    g.all_reduce(n, ReduceOp::Min, LOCKSTEP_CALL_SITE("test.min"));
+    EXPECT_EQ(n[0].item<float>(), 0.0f);
+    const auto gathered = g.all_gather(torch::full({2}, r * 10.0f), LOCKSTEP_CALL_SITE("test.gather"));
+    ASSERT_EQ(static_cast<int>(gathered.size()), w);
+    for (int k = 0; k < w; ++k) EXPECT_TRUE(torch::equal(gathered[k], torch::full({2}, k * 10.0f)));
+    std::vector<at::Tensor> b{torch::full({4}, float(r)), torch::full({1}, int64_t{r}, torch::kInt64)};
+    g.broadcast(b, w - 1, LOCKSTEP_CALL_SITE("test.broadcast"));
+    EXPECT_TRUE(torch::equal(b[0], torch::full({4}, float(w - 1))));
+    EXPECT_EQ(b[1].item<int64_t>(), w - 1);
+    g.barrier(LOCKSTEP_CALL_SITE("test.barrier"));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ProcessGroupRanks, ::testing::Values(2, 3));
+
+struct Mismatch {
+  std::string name;
+  std::function<void(Group&, int)> call;  // rank 0 and rank 1 disagree
+  std::vector<std::string> rank0, rank1;  // fragments each rank's description must show
+};
+
+std::vector<Mismatch> mismatches() {
+  return {
+      {"shape",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({r == 0 ? 1000000 : 2000000})};
+         g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE(r == 0 ? "grad.bucket0" : "vq.ema"));
+       },
+       {"float32 (1000000)", "grad.bucket0"},
+       {"float32 (2000000)", "vq.ema"}},
+      {"dtype",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4}, r == 0 ? torch::kFloat32 : torch::kFloat64)};
+         g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("stats"));
+       },
+       {"float32 (4)"},
+       {"float64 (4)"}},
+      {"op",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         if (r == 0) g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("params"));
+         else g.broadcast(t, 0, LOCKSTEP_CALL_SITE("params"));
+       },
+       {"all_reduce(sum)"},
+       {"broadcast(root 0)"}},
+      {"reduce_op",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         g.all_reduce(t, r == 0 ? ReduceOp::Sum : ReduceOp::Max, LOCKSTEP_CALL_SITE("loss"));
+       },
+       {"all_reduce(sum)"},
+       {"all_reduce(max)"}},
+      {"root",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         g.broadcast(t, r, LOCKSTEP_CALL_SITE("params.init"));
+       },
+       {"broadcast(root 0)"},
+       {"broadcast(root 1)"}},
+      {"skipped",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         if (r == 0) g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("eval.only_rank0"));
+         g.barrier(LOCKSTEP_CALL_SITE("epoch.end"));
+       },
+       {"#2 all_reduce(sum)", "eval.only_rank0"},
+       {"#2 barrier", "epoch.end"}},
+      {"call_site",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE(r == 0 ? "eval.mse" : "grad.bucket3"));
+       },
+       {"eval.mse"},
+       {"grad.bucket3"}},
+  };
+}
+
+class CollectiveMismatches : public ::testing::TestWithParam<Mismatch> {};
+
+TEST_P(CollectiveMismatches, RaiseOnEveryRankWithinASecondNamingBothCallsThenTheGroupStillWorks) {
+  const Mismatch& m = GetParam();
+  std::vector<double> seconds(2);
+  const auto errors = run_ranks(2, [&](Group& g, int r) {
+    g.barrier(LOCKSTEP_CALL_SITE("test.start"));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      m.call(g, r);
+      ADD_FAILURE() << "rank " << r << " saw no mismatch";
+    } catch (const CollectiveMismatch& e) {
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ASSERT_EQ(e.per_rank().size(), 2u);
+      for (const auto& part : m.rank0) EXPECT_NE(e.per_rank()[0].find(part), std::string::npos) << e.what();
+      for (const auto& part : m.rank1) EXPECT_NE(e.per_rank()[1].find(part), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("seen by rank " + std::to_string(r)), std::string::npos) << e.what();
+    }
+    // Nothing ran, so the group is still usable.
+    std::vector<at::Tensor> t{torch::ones({2})};
+    g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
+    EXPECT_TRUE(torch::equal(t[0], torch::full({2}, 2.0f)));
+  });
+  expect_no_errors(errors);
+  for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[r], 1.0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveMismatches, ::testing::ValuesIn(mismatches()),
+                         [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.name; });
+
+TEST(ProcessGroup, ARankThatNeverArrivesIsNamed) {
+  GroupOptions o = test_util::local_options(0, 3, test_util::free_port());
+  o.connect_timeout = std::chrono::milliseconds(1500);  // TCPStore's socket counts whole seconds
+  try {
+    make_process_group(o);
+    FAIL() << "connected without ranks 1 and 2";
+  } catch (const CollectiveFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1, 2 did not arrive"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProcessGroup, AnUnreachableMasterIsNamed) {
+  GroupOptions o = test_util::local_options(1, 2, test_util::free_port());
+  o.connect_timeout = std::chrono::milliseconds(1500);
+  try {
+    make_process_group(o);
+    FAIL() << "connected to nobody";
+  } catch (const CollectiveFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reach the master's store at 127.0.0.1:" + std::to_string(o.master_port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Sets environment variables for one test and restores them after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::vector<std::pair<std::string, std::string>> values) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      ::unsetenv(name);
+    }
+    for (const auto& [k, v] : values) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v) ::setenv(k.c_str(), v->c_str(), 1);
+      else ::unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+std::string env_error(std::vector<std::pair<std::string, std::string>> values) {
+  ScopedEnv env(std::move(values));
+  try {
+    GroupOptions::from_environment();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(ProcessGroup, EnvironmentIsReadAndCheckedLikeTorchrunSetsIt) {
+  {
+    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"},
+                   {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}});
+    EXPECT_TRUE(GroupOptions::environment_has_ranks());
+    const GroupOptions o = GroupOptions::from_environment();
+    EXPECT_EQ(o.rank, 2);
+    EXPECT_EQ(o.size, 4);
+    EXPECT_EQ(o.master_addr, "10.0.0.5");
+    EXPECT_EQ(o.master_port, 1234);
+  }
+  {
+    ScopedEnv env({});
+    EXPECT_FALSE(GroupOptions::environment_has_ranks());
+    EXPECT_EQ(GroupOptions::from_environment().size, 1);
+  }
+  EXPECT_NE(env_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}}).find("RANK=4 must lie in [0, WORLD_SIZE=4)"),
+            std::string::npos);
+  EXPECT_NE(env_error({{"RANK", "one"}, {"WORLD_SIZE", "4"}}).find("RANK='one' is not an integer"), std::string::npos);
+  EXPECT_NE(env_error({{"WORLD_SIZE", "0"}}).find("WORLD_SIZE=0 must be >= 1"), std::string::npos);
+  EXPECT_NE(env_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})
+                .find("LOCAL_RANK=2 must lie in [0, LOCAL_WORLD_SIZE=2)"),
+            std::string::npos);
+  EXPECT_NE(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}).find("master port 70000"),
+            std::string::npos);
+}
+
+// Issue #4, failure mode b: LFQ's entropy loss and its gradient on 2 ranks equal the 1-rank values
+// (losses averaged over ranks, gradients averaged as data parallelism does).
+TEST(ProcessGroup, LfqEntropyLossAndGradientOnTwoRanksEqualOneRank) {
+  const quant::LfqOptions options = quant::LfqOptions(64).commitment_loss_weight(0.5);
+  const at::Tensor x = torch::empty({4, 12, 6}).normal_(0, 0.3, at::detail::createCPUGenerator(3));
+  quant::Lfq single(options);
+  const at::Tensor x1 = x.clone().requires_grad_();
+  const at::Tensor loss1 = single.quantize(x1, {}).total_loss();
+  loss1.backward();
+
+  std::vector<at::Tensor> losses(2), grads(2);
+  expect_no_errors(run_ranks(2, [&](Group& g, int r) {
+    quant::Lfq lfq(options);
+    auto shared = std::shared_ptr<Group>(&g, [](Group*) {});
+    GroupReducer reducer(shared);
+    const at::Tensor xr = x.narrow(0, 2 * r, 2).clone().requires_grad_();
+    const at::Tensor loss = lfq.quantize(xr, {&reducer, {}}).total_loss();
+    loss.backward();
+    losses[r] = loss.detach();
+    grads[r] = xr.grad();
+  }));
+  ASSERT_TRUE(losses[0].defined() && losses[1].defined());
+  EXPECT_NEAR(((losses[0] + losses[1]) / 2).item<double>(), loss1.item<double>(), 1e-6);
+  const at::Tensor averaged = torch::cat({grads[0], grads[1]}) / 2;
+  EXPECT_TRUE(torch::allclose(averaged, x1.grad(), 1e-5, 1e-7)) << (averaged - x1.grad()).abs().max();
+}
+
+}  // namespace
+}  // namespace lockstep::dist

@@ -1,0 +1,77 @@
+// Runs W ranks of a real process group as threads of this test, on 127.0.0.1 and a free port.
+// A rank's exception is kept, not rethrown, so tests can assert what each rank saw.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "lockstep/dist/process_group.h"
+
+namespace lockstep::dist::test_util {
+
+// A port the kernel just handed out and released: free unless another process grabs it first.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+inline GroupOptions local_options(int rank, int size, int port) {
+  GroupOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.master_port = port;
+  o.timeout = std::chrono::seconds(20);  // a hang fails the test well inside ctest's limit
+  o.connect_timeout = std::chrono::seconds(20);
+  return o;
+}
+
+// Runs body(group, rank) on `size` ranks; returns each rank's exception (null when it returned).
+inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(Group&, int)>& body) {
+  const int port = free_port();
+  std::vector<std::exception_ptr> errors(size);
+  // Groups outlive every body: rank 0 hosts the store the others may still talk to.
+  std::vector<std::shared_ptr<Group>> groups(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        groups[r] = make_process_group(local_options(r, size, port));
+        body(*groups[r], r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+template <typename E>
+std::string message_of(const std::exception_ptr& error) {
+  if (!error) return "(no error)";
+  try {
+    std::rethrow_exception(error);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(another exception) ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace lockstep::dist::test_util
