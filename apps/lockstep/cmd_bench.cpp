@@ -10,11 +10,13 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
 #include "lockstep/core/machine.h"
 #include "lockstep/core/memory.h"
+#include "lockstep/dist/process_group.h"
 #include "lockstep/quant/bench_cases.h"
 
 namespace lockstep::cli {
@@ -119,6 +121,84 @@ int run_bench(const BenchOptions& opt) {
   return kExitOk;
 }
 
+struct CollectiveBenchOptions {
+  int ranks = 2;
+  int iterations = 2000;
+  int port = 29531;
+};
+
+// Microseconds per call of `op` on every rank of a group of `ranks` threads on 127.0.0.1.
+double time_collective(const CollectiveBenchOptions& opt, bool checked, int port,
+                       const std::function<void(dist::Group&)>& op) {
+  std::vector<double> per_rank(opt.ranks);
+  std::vector<std::shared_ptr<dist::Group>> groups(opt.ranks);
+  std::vector<std::exception_ptr> errors(opt.ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < opt.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        dist::GroupOptions o;
+        o.rank = r;
+        o.size = opt.ranks;
+        o.master_port = port;
+        o.checked = checked;
+        groups[r] = dist::make_process_group(o);
+        for (int i = 0; i < opt.iterations / 10; ++i) op(*groups[r]);  // warm-up
+        groups[r]->barrier(LOCKSTEP_CALL_SITE("bench.start"));
+        const double t0 = now_ms();
+        for (int i = 0; i < opt.iterations; ++i) op(*groups[r]);
+        per_rank[r] = (now_ms() - t0) * 1000 / opt.iterations;
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+int run_collective_bench(const CollectiveBenchOptions& opt) {
+  at::set_num_threads(1);
+  std::cout << "lockstep bench collectives: " << opt.ranks << " ranks as threads of this process on 127.0.0.1 "
+            << "(Gloo), " << opt.iterations << " calls each; microseconds per call, slowest rank\n\n";
+  std::cout << std::left << std::setw(34) << "collective" << std::right << std::setw(12) << "unchecked" << std::setw(12)
+            << "checked" << std::setw(12) << "overhead" << "\n";
+  struct Case {
+    std::string name;
+    std::function<void(dist::Group&)> op;
+  };
+  const std::vector<Case> cases = {
+      {"barrier", [](dist::Group& g) { g.barrier(LOCKSTEP_CALL_SITE("bench.barrier")); }},
+      {"all_reduce 2 tensors, 8 floats",
+       [](dist::Group& g) {
+         std::vector<at::Tensor> t{torch::ones({4}), torch::ones({4})};
+         g.all_reduce(t, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("bench.small"));
+       }},
+      {"all_reduce 1M floats (4 MB)",
+       [](dist::Group& g) {
+         static thread_local at::Tensor big = torch::ones({1 << 20});
+         std::vector<at::Tensor> t{big};
+         g.all_reduce(t, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("bench.big"));
+       }},
+  };
+  int port = opt.port;
+  for (const auto& c : cases) {
+    CollectiveBenchOptions o = opt;
+    if (c.name.find("1M") != std::string::npos) o.iterations = std::max(10, opt.iterations / 50);
+    const double plain = time_collective(o, false, port++, c.op);
+    const double checked = time_collective(o, true, port++, c.op);
+    std::cout << std::left << std::setw(34) << c.name << std::right << std::setw(12) << fixed(plain, 1)
+              << std::setw(12) << fixed(checked, 1) << std::setw(12) << fixed(checked - plain, 1) << "\n";
+    std::cout.flush();
+  }
+  std::cout << "\nchecked: every call first exchanges a fixed-size fingerprint (G1); unchecked: the same calls "
+               "without it (GroupOptions::checked = false, for this measurement only).\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, Runner& run) {
@@ -138,6 +218,19 @@ void add_bench_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   quantizers->callback([&run, opt] { run = [opt] { return run_bench(*opt); }; });
+  auto copt = std::make_shared<CollectiveBenchOptions>();
+  auto* collectives = bench->add_subcommand(
+      "collectives",
+      "Time barrier and all_reduce (small and 4 MB) on a Gloo group of ranks run as threads on 127.0.0.1, "
+      "with and without the checked channel's fingerprint exchange: what checking every collective costs.");
+  collectives->add_option("--ranks", copt->ranks, "Ranks (threads)")->capture_default_str()->check(CLI::Range(2, 16));
+  collectives->add_option("--iterations", copt->iterations, "Calls per small case")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 1000000));
+  collectives->add_option("--port", copt->port, "First of the 6 consecutive ports to use on 127.0.0.1")
+      ->capture_default_str()
+      ->check(CLI::Range(1024, 65000));
+  collectives->callback([&run, copt] { run = [copt] { return run_collective_bench(*copt); }; });
 }
 
 }  // namespace lockstep::cli

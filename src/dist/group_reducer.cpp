@@ -31,6 +31,22 @@ void GroupReducer::sum_(std::vector<at::Tensor>& tensors, const char* tag) {
   group_->all_reduce(tensors, ReduceOp::Sum, CallSite{tag, __FILE__, __LINE__});
 }
 
+at::Tensor GroupReducer::gather(const at::Tensor& local, const char* tag) {
+  const std::string rows_tag = std::string(tag) + ".rows";
+  const auto counts = group_->all_gather(torch::tensor({local.size(0)}, torch::kInt64),
+                                         CallSite{rows_tag.c_str(), __FILE__, __LINE__});
+  int64_t longest = 0;
+  for (const auto& c : counts) longest = std::max(longest, c.item<int64_t>());
+  std::vector<int64_t> padded_shape = local.sizes().vec();
+  padded_shape[0] = longest;
+  at::Tensor padded = torch::zeros(padded_shape, local.options());
+  padded.narrow(0, 0, local.size(0)).copy_(local);
+  const auto all = group_->all_gather(padded, CallSite{tag, __FILE__, __LINE__});
+  std::vector<at::Tensor> parts;
+  for (size_t r = 0; r < all.size(); ++r) parts.push_back(all[r].narrow(0, 0, counts[r].item<int64_t>()));
+  return torch::cat(parts);
+}
+
 at::Tensor GroupReducer::sum(const at::Tensor& local, const char* tag) {
   return GlobalSum::apply(local, group_.get(), tag);
 }

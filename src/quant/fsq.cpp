@@ -1,14 +1,58 @@
 #include "lockstep/quant/fsq.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
 
 #include "lockstep/core/error.h"
 
 namespace lockstep::quant {
 namespace {
-// Rounding and flooring whose gradient is the identity (straight-through estimator).
-at::Tensor round_ste(const at::Tensor& z) { return z + (z.round() - z).detach(); }
-at::Tensor floor_ste(const at::Tensor& z) { return z + (z.floor() - z).detach(); }
+// Above ~64K elements a split over threads pays for itself.
+constexpr int64_t kGrainElements = 1 << 16;
+
+// The straight-through estimator around the fused kernel: forward computes codes, indices and
+// d code / d z in one pass; backward is grad * (d code / d z).
+struct FsqFunction : public torch::autograd::Function<FsqFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& z,
+                                                const detail::FsqKernelPlan* plan, detail::FsqNoise noise) {
+    at::Tensor codes = at::empty_like(z);
+    at::Tensor derivative = at::empty_like(z);
+    at::Tensor indices = empty_indices(z);
+    run(*plan, z, codes, indices, derivative.data_ptr<float>(), noise);
+    ctx->save_for_backward({derivative});
+    ctx->mark_non_differentiable({indices});
+    return {codes, indices};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grads[0] * ctx->get_saved_variables()[0], at::Tensor(), at::Tensor()};
+  }
+
+  static at::Tensor empty_indices(const at::Tensor& z) {
+    return at::empty(z.sizes().slice(0, z.dim() - 1), z.options().dtype(at::kLong));
+  }
+
+  // Runs the kernel over all tokens of z (contiguous float32) into contiguous outputs.
+  static void run(const detail::FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
+                  float* derivative, const detail::FsqNoise& noise) {
+    const int64_t L = plan.num_levels;
+    const int64_t tokens = z.numel() / L;
+    const float* zp = z.data_ptr<float>();
+    float* cp = codes.data_ptr<float>();
+    int64_t* ip = indices.data_ptr<int64_t>();
+    const int64_t grain = std::max<int64_t>(1, kGrainElements / L);
+    at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+      detail::fsq_forward_tokens(plan, zp, cp, ip, derivative, noise, begin, end);
+    });
+  }
+};
 }  // namespace
 
 void FsqOptions::validate() const {
@@ -16,12 +60,19 @@ void FsqOptions::validate() const {
   int64_t product = 1;
   for (size_t i = 0; i < levels_.size(); ++i) {
     LOCKSTEP_CHECK_ARG(levels_[i] >= 2, "fsq: levels[", i, "] = ", levels_[i], " must be >= 2");
+    // Beyond 2^22 float32 codes cannot be rounded exactly (nor told apart much later).
+    LOCKSTEP_CHECK_ARG(levels_[i] <= (int64_t{1} << 22), "fsq: levels[", i, "] = ", levels_[i],
+                       " must be <= 2^22 = 4194304");
     product *= levels_[i];
     LOCKSTEP_CHECK_ARG(product <= (int64_t{1} << 31), "fsq: the product of levels exceeds 2^31 at levels[", i,
                        "]; use several codebooks instead");
   }
   LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "fsq: num_codebooks = ", num_codebooks_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(!dim_ || *dim_ >= 1, "fsq: dim = ", dim_.value_or(0), " must be >= 1");
+  LOCKSTEP_CHECK_ARG(noise_dropout_ >= 0 && noise_dropout_ < 1, "fsq: noise_dropout = ", noise_dropout_,
+                     " must lie in [0, 1)");
+  LOCKSTEP_CHECK_ARG(noise_dropout_ == 0 || preserve_symmetry_, "fsq: noise_dropout = ", noise_dropout_,
+                     " needs preserve_symmetry = true (got preserve_symmetry = false)");
 }
 
 Fsq::Fsq(FsqOptions options) : Quantizer("Fsq"), options_(std::move(options)) {
@@ -37,37 +88,107 @@ Fsq::Fsq(FsqOptions options) : Quantizer("Fsq"), options_(std::move(options)) {
   }
   levels_ = torch::tensor(levels, torch::kInt64).to(torch::kFloat32);
   basis_ = torch::tensor(basis, torch::kInt64);
+  build_plan();
   if (dim_ != code_dim) {
     project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));
     project_out_ = register_module("project_out", torch::nn::Linear(code_dim, dim_));
   }
 }
 
-at::Tensor Fsq::quantize_codes(const at::Tensor& z) const {
+void Fsq::build_plan() {
+  // The constants come from the definition's own float32 tensor expressions, so that the kernel
+  // multiplies and adds exactly the values torch would.
+  torch::NoGradGuard no_grad;
+  const int64_t L = levels_.size(0);
+  const at::Tensor lm1 = levels_ - 1;
+  const at::Tensor half_width = (levels_ / 2).floor();
+  const at::Tensor zeros = torch::zeros_like(levels_);
+  at::Tensor shift = zeros, scale, offset = zeros, step = torch::ones_like(levels_), derivative_scale;
   if (options_.preserve_symmetry()) {
-    const at::Tensor lm1 = levels_ - 1;
-    return floor_ste(lm1 * (z.tanh() + 1) / 2 + 0.5) * (2 / lm1) - 1;
+    scale = lm1;
+    step = 2 / lm1;
+    // The reference's chain rule: * 2/(L-1), / 2, * (L-1), then tanh' = 1 - tanh^2.
+    derivative_scale = step / 2 * lm1;
+  } else {
+    const double eps = 1e-3;
+    scale = lm1 * (1 + eps) / 2;
+    offset = torch::where(levels_.remainder(2) == 0, torch::full_like(levels_, 0.5), zeros);
+    shift = (offset / scale).atanh();
+    // The reference's chain rule: / (L div 2), * half, then tanh' = 1 - tanh^2.
+    derivative_scale = 1 / half_width * scale;
   }
-  // Default bound: tanh scaled so that rounding yields exactly L values; even L are offset by
-  // half a step so that the grid is centred.
-  const double eps = 1e-3;
-  const at::Tensor half_l = (levels_ - 1) * (1 + eps) / 2;
-  const at::Tensor offset = torch::where(levels_.remainder(2) == 0, torch::full_like(levels_, 0.5),
-                                         torch::zeros_like(levels_));
-  const at::Tensor shift = (offset / half_l).atanh();
-  const at::Tensor bounded = (z + shift).tanh() * half_l - offset;
-  return round_ste(bounded) / (levels_ / 2).floor();
+  plan_.num_levels = L;
+  plan_.symmetric = options_.preserve_symmetry();
+  plan_.chunk_tokens = std::max<int64_t>(1, detail::kFsqChunkPositions / L);
+  const int64_t positions = plan_.chunk_tokens * L;
+  auto repeat = [&](const at::Tensor& per_level) {
+    const at::Tensor t = per_level.to(torch::kFloat32).contiguous();
+    std::vector<float> out(positions);
+    for (int64_t i = 0; i < positions; ++i) out[i] = t.data_ptr<float>()[i % L];
+    return out;
+  };
+  plan_.shift = repeat(shift);
+  plan_.scale = repeat(scale);
+  plan_.offset = repeat(offset);
+  plan_.half_width = repeat(half_width);
+  plan_.step = repeat(step);
+  plan_.derivative_scale = repeat(derivative_scale);
+  plan_.half_width_int.resize(positions);
+  for (int64_t i = 0; i < positions; ++i) plan_.half_width_int[i] = static_cast<int32_t>(plan_.half_width[i]);
+  plan_.basis.assign(basis_.data_ptr<int64_t>(), basis_.data_ptr<int64_t>() + L);
 }
 
-at::Tensor Fsq::codes_to_indices(const at::Tensor& codes) const {
-  at::Tensor level_index;
-  if (options_.preserve_symmetry()) {
-    level_index = (codes + 1) / (2 / (levels_ - 1));
-  } else {
-    const at::Tensor half_width = (levels_ / 2).floor();
-    level_index = codes * half_width + half_width;
+FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at::Generator>& noise) const {
+  const int64_t L = plan_.num_levels;
+  LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
+  LOCKSTEP_CHECK_ARG(z_in.device().is_cpu(), "fsq: the fused kernel runs on the CPU, got z on ", z_in.device());
+  const at::Tensor z = z_in.to(torch::kFloat32).contiguous();  // no copy when it already is
+
+  detail::FsqNoise noise_spec;
+  if (noise && options_.noise_dropout() > 0) {
+    at::Generator gen = noise->defined() ? *noise : at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    noise_spec.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+    // Round up so that any p > 0 gives some noise; p just below 1 saturates at 2^32 - 1.
+    const double threshold = std::ceil(options_.noise_dropout() * 4294967296.0);
+    noise_spec.threshold = static_cast<uint32_t>(std::min(threshold, 4294967295.0));
   }
-  return (level_index.round().to(torch::kInt64) * basis_).sum(-1);
+
+  if (z.requires_grad() && at::GradMode::is_enabled()) {
+    const auto outputs = FsqFunction::apply(z, &plan_, noise_spec);
+    return {outputs[0], outputs[1]};
+  }
+  at::Tensor codes = at::empty_like(z);
+  at::Tensor indices = FsqFunction::empty_indices(z);
+  FsqFunction::run(plan_, z, codes, indices, nullptr, noise_spec);
+  return {codes, indices};
+}
+
+void Fsq::quantize_and_index_out(const at::Tensor& z_in, at::Tensor& codes, at::Tensor& indices) const {
+  const int64_t L = plan_.num_levels;
+  LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
+  LOCKSTEP_CHECK_ARG(z_in.device().is_cpu(), "fsq: the fused kernel runs on the CPU, got z on ", z_in.device());
+  const at::Tensor z = z_in.detach().to(torch::kFloat32).contiguous();
+  LOCKSTEP_CHECK_ARG(codes.scalar_type() == torch::kFloat32 && codes.is_contiguous() && codes.sizes() == z.sizes(),
+                     "fsq: codes must be contiguous float32 ", z.sizes(), ", got ", codes.scalar_type(), " ",
+                     codes.sizes());
+  LOCKSTEP_CHECK_ARG(indices.scalar_type() == torch::kInt64 && indices.is_contiguous() &&
+                         indices.sizes() == z.sizes().slice(0, z.dim() - 1),
+                     "fsq: indices must be contiguous int64 ", z.sizes().slice(0, z.dim() - 1), ", got ",
+                     indices.scalar_type(), " ", indices.sizes());
+  FsqFunction::run(plan_, z, codes, indices, nullptr, detail::FsqNoise{});
+}
+
+at::Tensor Fsq::quantize_codes(const at::Tensor& z) const { return quantize_and_index(z).codes; }
+
+at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
+  const int64_t L = plan_.num_levels;
+  LOCKSTEP_CHECK_ARG(codes_in.dim() >= 1 && codes_in.size(-1) == L, "fsq: expected codes (..., ", L, "), got ",
+                     codes_in.sizes());
+  const at::Tensor codes = codes_in.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  at::Tensor indices = at::empty(codes.sizes().slice(0, codes.dim() - 1), codes.options().dtype(at::kLong));
+  detail::fsq_codes_to_indices(plan_, codes.data_ptr<float>(), indices.data_ptr<int64_t>(), codes.numel() / L);
+  return indices;
 }
 
 at::Tensor Fsq::indices_to_codes(const at::Tensor& indices) const {
@@ -94,18 +215,20 @@ at::Tensor Fsq::squeeze_indices(const at::Tensor& indices) const {
   return options_.num_codebooks() == 1 ? indices.squeeze(-1) : indices;
 }
 
-QuantizerOutput Fsq::quantize(const at::Tensor& x, const QuantizeContext&) {
+QuantizerOutput Fsq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // FSQ is computed in float32 whatever the input precision, as the reference does.
-  const at::Tensor codes = quantize_codes(to_code_space(x).to(torch::kFloat32));
+  std::optional<at::Generator> noise;
+  if (is_training() && options_.noise_dropout() > 0) noise = ctx.generator;
+  const FsqCodes result = quantize_and_index(to_code_space(x), noise);
   QuantizerOutput out;
-  out.indices = squeeze_indices(codes_to_indices(codes.detach()));
-  out.quantized = from_code_space(codes).to(x.scalar_type());
+  out.indices = squeeze_indices(result.indices);
+  out.quantized = from_code_space(result.codes).to(x.scalar_type());
   return out;
 }
 
 at::Tensor Fsq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return squeeze_indices(codes_to_indices(quantize_codes(to_code_space(x).to(torch::kFloat32))));
+  return squeeze_indices(quantize_and_index(to_code_space(x)).indices);
 }
 
 at::Tensor Fsq::decode(const at::Tensor& indices) {

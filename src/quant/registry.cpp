@@ -12,7 +12,9 @@ namespace {
 
 FsqOptions fsq_options(const OptionReader& o) {
   FsqOptions options(o.int_list("levels"));
-  options.num_codebooks(o.integer("num_codebooks")).preserve_symmetry(o.boolean("preserve_symmetry"));
+  options.num_codebooks(o.integer("num_codebooks"))
+      .preserve_symmetry(o.boolean("preserve_symmetry"))
+      .noise_dropout(o.real("noise_dropout"));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;
 }

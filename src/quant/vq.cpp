@@ -179,11 +179,16 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   if (is_training()) {
     torch::NoGradGuard no_grad;
     ema_update(tokens, indices, reducer);
-    if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, or_default(ctx.generator));
+    if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, reducer, or_default(ctx.generator));
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = ungroup_indices(indices, b, n);
   return result;
+}
+
+// (C, M, cd) tokens of this holder -> (C, M_total, cd) of the global batch, in batch order.
+at::Tensor gather_tokens(const at::Tensor& tokens, Reducer& reducer, const char* tag) {
+  return reducer.gather(tokens.transpose(0, 1).contiguous(), tag).transpose(0, 1).contiguous();
 }
 
 void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) {
@@ -192,21 +197,17 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
   const int64_t k = options_.codebook_size();
   const int64_t codebooks = tokens.size(0);
-  // Issue #4 routes this sampling through the group (a gather, then one shared draw); for now each
-  // holder samples its local batch with ctx.generator. A holder with no tokens keeps the current
-  // (zero) codebook as its means but still joins every reduction.
+  // Initial means are drawn from the gathered global batch with the shared generator: the same
+  // on every holder, and the same as one process holding the whole batch would draw.
+  const at::Tensor all = gather_tokens(tokens, reducer, "vq.kmeans.samples");
+  if (all.size(1) == 0) return;  // nobody held a token (every holder sees this): try again next time
   std::vector<at::Tensor> initial;
-  for (int64_t c = 0; c < codebooks; ++c) {
-    initial.push_back(tokens.size(1) > 0 ? sample_rows(tokens[c], k, or_default(ctx.generator)) : embed_[c].clone());
-  }
+  for (int64_t c = 0; c < codebooks; ++c) initial.push_back(sample_rows(all[c], k, or_default(ctx.generator)));
   const KmeansResult result = kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer,
                                      "vq.kmeans");
-  const at::Tensor& means = result.means;
-  const at::Tensor& counts = result.counts;
-  if (counts.sum().item<float>() == 0) return;  // nobody held a token: try again next time
-  embed_.copy_(means);
-  cluster_size_.copy_(counts);
-  embed_avg_.copy_(means * counts.unsqueeze(2));
+  embed_.copy_(result.means);
+  cluster_size_.copy_(result.counts);
+  embed_avg_.copy_(result.means * result.counts.unsqueeze(2));
   initted_.fill_(1.0f);
 }
 
@@ -227,14 +228,16 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
   embed_.copy_(embed);
 }
 
-void Vq::expire_dead_codes(const at::Tensor& tokens, at::Generator generator) {
+void Vq::expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator) {
   const double threshold = options_.threshold_ema_dead_code();
-  // Issue #4 samples these from the gathered global batch; locally, no tokens means no samples.
-  if (tokens.size(1) == 0) return;
-  for (int64_t c = 0; c < tokens.size(0); ++c) {
+  // Gathered on every training call (not only when codes died), so the collectives a step issues
+  // depend on the configuration alone; samples come from the global batch with the shared generator.
+  const at::Tensor all = gather_tokens(tokens, reducer, "vq.dead_code.samples");
+  if (all.size(1) == 0) return;
+  for (int64_t c = 0; c < all.size(0); ++c) {
     const at::Tensor dead = (cluster_size_[c] < threshold).nonzero().squeeze(1);
     if (dead.numel() == 0) continue;
-    const at::Tensor samples = sample_rows(tokens[c], dead.numel(), generator);
+    const at::Tensor samples = sample_rows(all[c], dead.numel(), generator);
     embed_[c].index_copy_(0, dead, samples);
     cluster_size_[c].index_fill_(0, dead, threshold);
     embed_avg_[c].index_copy_(0, dead, samples * threshold);

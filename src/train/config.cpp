@@ -100,10 +100,10 @@ std::string describe_value(const Value& v) {
 std::string range_text(const KeySpec& spec) {
   if (spec.min && spec.max) {
     return std::string("in ") + (spec.min_exclusive ? "(" : "[") + format_bound(*spec.min) + ", " +
-           format_bound(*spec.max) + "]";
+           format_bound(*spec.max) + (spec.max_exclusive ? ")" : "]");
   }
   if (spec.min) return (spec.min_exclusive ? "> " : ">= ") + format_bound(*spec.min);
-  if (spec.max) return "<= " + format_bound(*spec.max);
+  if (spec.max) return (spec.max_exclusive ? "< " : "<= ") + format_bound(*spec.max);
   return "";
 }
 
@@ -120,7 +120,7 @@ std::string length_text(const KeySpec& spec) {
 void check_number(const KeySpec& spec, double x, const std::string& shown, const std::string& where) {
   if (!std::isfinite(x)) fail(shown + " is not a finite number", where);
   bool low = spec.min && (spec.min_exclusive ? x <= *spec.min : x < *spec.min);
-  bool high = spec.max && x > *spec.max;
+  bool high = spec.max && (spec.max_exclusive ? x >= *spec.max : x > *spec.max);
   if (low || high) fail(shown + " is out of range: must be " + range_text(spec), where);
 }
 
@@ -409,6 +409,12 @@ KeySpec& KeySpec::greater_than(double lo) {
 }
 KeySpec& KeySpec::at_most(double hi) {
   max = hi;
+  max_exclusive = false;
+  return *this;
+}
+KeySpec& KeySpec::less_than(double hi) {
+  max = hi;
+  max_exclusive = true;
   return *this;
 }
 KeySpec& KeySpec::in_range(double lo, double hi) { return at_least(lo).at_most(hi); }

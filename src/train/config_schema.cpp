@@ -39,6 +39,11 @@ Schema build_schema() {
             .in_range(1, 64));
   s.add(K::boolean("quantizer.fsq.preserve_symmetry", false,
                    "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."));
+  s.add(K::floating("quantizer.fsq.noise_dropout", 0.0,
+                    "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
+                    "noise, clamped to [-1, 1].")
+            .at_least(0)
+            .less_than(1));
   s.add(K::integer("quantizer.lfq.codebook_size", 1024,
                     "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
             .in_range(2, 1 << 24));

@@ -60,6 +60,8 @@ struct Mismatch {
   std::vector<std::string> rank0, rank1;  // fragments each rank's description must show
 };
 
+void PrintTo(const Mismatch& m, std::ostream* os) { *os << m.name; }
+
 std::vector<Mismatch> mismatches() {
   return {
       {"shape",

@@ -29,6 +29,8 @@ std::string variant_name(const Variant& v) {
   return name;
 }
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << variant_name(v); }
+
 // Small sizes keep the suite fast; every registered name appears (checked below).
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> list = {

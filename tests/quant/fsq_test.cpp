@@ -1,7 +1,10 @@
 #include "lockstep/quant/fsq.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/registry.h"
@@ -114,12 +117,275 @@ TEST(Fsq, DecodeRejectsOutOfRangeIndicesAndWrongShapes) {
   EXPECT_THROW(fsq.quantize(torch::randn({2, 3, 5}), {}), InvalidArgument);
 }
 
+// The definition as a chain of torch ops (the implementation before the fused kernel): the
+// reference the kernel is compared with.
+struct ReferenceFsq {
+  ReferenceFsq(const std::vector<int64_t>& levels, bool symmetric) : symmetric(symmetric) {
+    std::vector<int64_t> b;
+    int64_t k = 1;
+    for (int64_t l : levels) {
+      b.push_back(k);
+      k *= l;
+    }
+    this->levels = torch::tensor(levels, torch::kInt64).to(torch::kFloat32);
+    basis = torch::tensor(b, torch::kInt64);
+  }
+  at::Tensor quantize_codes(const at::Tensor& z) const {
+    auto round_ste = [](const at::Tensor& t) { return t + (t.round() - t).detach(); };
+    auto floor_ste = [](const at::Tensor& t) { return t + (t.floor() - t).detach(); };
+    if (symmetric) {
+      const at::Tensor lm1 = levels - 1;
+      return floor_ste(lm1 * (z.tanh() + 1) / 2 + 0.5) * (2 / lm1) - 1;
+    }
+    const at::Tensor half_l = (levels - 1) * (1 + 1e-3) / 2;
+    const at::Tensor offset =
+        torch::where(levels.remainder(2) == 0, torch::full_like(levels, 0.5), torch::zeros_like(levels));
+    const at::Tensor shift = (offset / half_l).atanh();
+    return round_ste((z + shift).tanh() * half_l - offset) / (levels / 2).floor();
+  }
+  // The value that is rounded (default) or floored (symmetric), in double: a kernel that differs
+  // from the reference may do so only where this lies next to a rounding boundary.
+  at::Tensor pre_rounding(const at::Tensor& z) const {
+    const at::Tensor l = levels.to(torch::kFloat64), zd = z.to(torch::kFloat64);
+    if (symmetric) return (l - 1) * (zd.tanh() + 1) / 2 + 0.5;
+    const at::Tensor half_l = (l - 1) * (1 + 1e-3) / 2;
+    const at::Tensor offset = torch::where(l.remainder(2) == 0, torch::full_like(l, 0.5), torch::zeros_like(l));
+    return (zd + (offset / half_l).atanh()).tanh() * half_l - offset + 0.5;  // boundaries at integers
+  }
+  at::Tensor codes_to_indices(const at::Tensor& codes) const {
+    at::Tensor level_index;
+    if (symmetric) {
+      level_index = (codes + 1) / (2 / (levels - 1));
+    } else {
+      const at::Tensor half_width = (levels / 2).floor();
+      level_index = codes * half_width + half_width;
+    }
+    return (level_index.round().to(torch::kInt64) * basis).sum(-1);
+  }
+  bool symmetric;
+  at::Tensor levels, basis;
+};
+
+// Inputs that probe the kernel: normal values, large |z| of both signs, infinities' neighbours,
+// and every rounding boundary of each dimension with its float neighbours.
+at::Tensor probe_inputs(const std::vector<int64_t>& levels, bool symmetric, int64_t random_tokens) {
+  const int64_t L = static_cast<int64_t>(levels.size());
+  std::vector<at::Tensor> rows;
+  rows.push_back(torch::randn({random_tokens, L}) * 2);
+  rows.push_back(torch::randn({random_tokens, L}) * 30);
+  for (float v : {0.0f, -0.0f, 0.625f, -0.625f, 8.9f, 9.1f, 44.0f, 88.0f, 1e4f, 3e38f}) {
+    rows.push_back(torch::full({1, L}, v));
+    rows.push_back(torch::full({1, L}, -v));
+  }
+  // Boundaries: default round(b) with b = tanh(z + shift) * half - offset at b = k + 0.5;
+  // symmetric floor at (L-1)(tanh z + 1)/2 + 0.5 = j.
+  int64_t most = 0;
+  for (int64_t l : levels) most = std::max(most, l);
+  for (int64_t k = -most; k <= most; ++k) {
+    std::vector<float> row;
+    for (int64_t l : levels) {
+      double z;
+      if (symmetric) {
+        z = std::atanh(std::clamp(2.0 * (double(k + l / 2) - 0.5) / double(l - 1) - 1.0, -0.999999, 0.999999));
+      } else {
+        const double half = double(float(l - 1) * 1.001f) / 2, offset = l % 2 == 0 ? 0.5 : 0.0;
+        const double target = std::clamp((double(k) + 0.5 + offset) / half, -0.999999, 0.999999);
+        z = std::atanh(target) - std::atanh(offset / half);
+      }
+      row.push_back(static_cast<float>(z));
+    }
+    const at::Tensor r = torch::tensor(row).unsqueeze(0);
+    rows.push_back(r);
+    rows.push_back(torch::nextafter(r, torch::full_like(r, INFINITY)));
+    rows.push_back(torch::nextafter(r, torch::full_like(r, -INFINITY)));
+  }
+  return torch::cat(rows);
+}
+
+class FsqKernel : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+// Codes, indices and gradients of the fused kernel against the torch-op reference for every level
+// count 2..16 (alone and beside other dimensions). Values and indices agree exactly except where the
+// reference's value lies within 1e-5 of a rounding boundary (the two tanh differ by an ulp or so):
+// there the kernel may pick the neighbouring level, consistently in its code and its index.
+TEST_P(FsqKernel, MatchesTheTorchOpReference) {
+  const auto [level, symmetric] = GetParam();
+  torch::manual_seed(level * 2 + symmetric);
+  for (const std::vector<int64_t>& levels : {std::vector<int64_t>{level}, std::vector<int64_t>{3, level, 8, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "levels " << at::IntArrayRef(levels) << " symmetric " << symmetric);
+    Fsq fsq(FsqOptions(levels).preserve_symmetry(symmetric));
+    ReferenceFsq ref(levels, symmetric);
+    const at::Tensor z = probe_inputs(levels, symmetric, 5000);
+
+    const at::Tensor zk = z.clone().requires_grad_();
+    const FsqCodes got = fsq.quantize_and_index(zk);
+    const at::Tensor zr = z.clone().requires_grad_();
+    const at::Tensor want = ref.quantize_codes(zr);
+    const at::Tensor want_indices = ref.codes_to_indices(want.detach());
+
+    const at::Tensor differ = got.codes.detach() != want.detach();
+    const at::Tensor pre = ref.pre_rounding(z);
+    const at::Tensor near_boundary = (pre - pre.round()).abs() < 1e-5;
+    EXPECT_EQ((differ & ~near_boundary).sum().item<int64_t>(), 0)
+        << "z " << z.masked_select(differ & ~near_boundary).slice(0, 0, 8);
+    const at::Tensor step = symmetric ? 2 / (ref.levels - 1) : 1 / (ref.levels / 2).floor();
+    const at::Tensor gap = (got.codes.detach() - want.detach()).abs();
+    EXPECT_TRUE(((gap == 0) | ((gap - step.expand_as(gap)).abs() < 1e-6)).all().item<bool>());
+    // Off the probed boundaries (the first 2 * 5000 rows are random) differences are rare.
+    EXPECT_LE(differ.slice(0, 0, 10000).sum().item<int64_t>(), 10);
+    // Indices differ only in tokens whose codes do, and always match the kernel's own codes.
+    EXPECT_TRUE(torch::equal(got.indices.masked_select(~differ.any(-1)), want_indices.masked_select(~differ.any(-1))));
+    EXPECT_TRUE(torch::equal(fsq.codes_to_indices(got.codes.detach()), got.indices));
+    EXPECT_TRUE(torch::equal(fsq.indices_to_codes(got.indices), got.codes.detach()));
+    EXPECT_TRUE(torch::equal(fsq.codes_to_indices(want.detach()), want_indices));
+
+    const at::Tensor upstream = torch::rand_like(z) * 2 - 1;
+    (got.codes * upstream).sum().backward();
+    (want * upstream).sum().backward();
+    EXPECT_TRUE(torch::allclose(zk.grad(), zr.grad(), 1e-5, 1e-6))
+        << (zk.grad() - zr.grad()).abs().max() << " at z " << z.flatten()[(zk.grad() - zr.grad()).abs().argmax()];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLevelCount, FsqKernel,
+                         ::testing::Combine(::testing::Range<int64_t>(2, 17), ::testing::Bool()));
+
+TEST(FsqKernel, ConvertsOtherDtypesAndLayoutsAndKeepsTheCodebookAxis) {
+  torch::manual_seed(3);
+  Fsq fsq(FsqOptions({8, 5, 5, 5}));
+  const at::Tensor z = torch::randn({2, 7, 3, 4}) * 2;
+  const FsqCodes base = fsq.quantize_and_index(z);
+  EXPECT_EQ(base.indices.sizes(), (std::vector<int64_t>{2, 7, 3}));
+  EXPECT_EQ(base.codes.sizes(), z.sizes());
+  // A transposed (non-contiguous) view of the same values.
+  const at::Tensor zt = z.transpose(0, 2).contiguous().transpose(0, 2);
+  ASSERT_FALSE(zt.is_contiguous());
+  EXPECT_TRUE(torch::equal(fsq.quantize_and_index(zt).codes, base.codes));
+  // Double in: computed in float32, gradient flows back as double.
+  const at::Tensor zd = z.to(torch::kFloat64).requires_grad_();
+  const FsqCodes d = fsq.quantize_and_index(zd);
+  EXPECT_EQ(d.codes.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(d.indices, base.indices));
+  d.codes.sum().backward();
+  EXPECT_EQ(zd.grad().scalar_type(), torch::kFloat64);
+  EXPECT_GT(zd.grad().abs().min().item<double>(), 0);
+  EXPECT_THROW(fsq.quantize_and_index(torch::randn({3, 5})), InvalidArgument);
+  EXPECT_EQ(fsq.quantize_and_index(torch::randn({0, 4})).indices.numel(), 0);
+  // NaN stays NaN in the codes (its index is meaningless, as with the torch ops).
+  EXPECT_TRUE(fsq.quantize_codes(torch::full({3, 4}, NAN)).isnan().all().item<bool>());
+  // Preallocated outputs: the same values, and shapes checked.
+  at::Tensor codes = torch::empty({2, 7, 3, 4}), indices = torch::empty({2, 7, 3}, torch::kInt64);
+  fsq.quantize_and_index_out(z, codes, indices);
+  EXPECT_TRUE(torch::equal(codes, base.codes));
+  EXPECT_TRUE(torch::equal(indices, base.indices));
+  at::Tensor wrong = torch::empty({2, 7, 3}, torch::kInt32);
+  EXPECT_THROW(fsq.quantize_and_index_out(z, codes, wrong), InvalidArgument);
+}
+
+TEST(FsqKernel, ThreadCountDoesNotChangeTheResult) {
+  torch::manual_seed(4);
+  Fsq fsq(FsqOptions({7, 5, 5, 5}).preserve_symmetry(true).noise_dropout(0.3));
+  fsq.train();
+  const at::Tensor x = torch::randn({8, 40000, 4});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  QuantizeContext ctx;
+  ctx.generator = at::detail::createCPUGenerator(11);
+  const QuantizerOutput one = fsq.quantize(x, ctx);
+  at::set_num_threads(2);
+  ctx.generator = at::detail::createCPUGenerator(11);
+  const QuantizerOutput two = fsq.quantize(x, ctx);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.quantized, two.quantized));
+  EXPECT_TRUE(torch::equal(one.indices, two.indices));
+}
+
+TEST(FsqNoiseDropout, NeedsTheSymmetricBoundAndAProbability) {
+  try {
+    Fsq fsq(FsqOptions({5, 5}).noise_dropout(0.1));
+    FAIL() << "noise dropout without preserve_symmetry was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("noise_dropout = 0.1"), std::string::npos) << what;
+    EXPECT_NE(what.find("preserve_symmetry"), std::string::npos) << what;
+  }
+  EXPECT_THROW(Fsq(FsqOptions({5}).preserve_symmetry(true).noise_dropout(1.0)), InvalidArgument);
+  EXPECT_THROW(Fsq(FsqOptions({5}).preserve_symmetry(true).noise_dropout(-0.1)), InvalidArgument);
+  EXPECT_NO_THROW(Fsq(FsqOptions({5}).noise_dropout(0.0)));
+  EXPECT_THROW(Fsq(FsqOptions({(int64_t{1} << 22) + 1})), InvalidArgument);
+}
+
+QuantizerOutput noisy(Fsq& fsq, const at::Tensor& x, uint64_t seed) {
+  QuantizeContext ctx;
+  ctx.generator = at::detail::createCPUGenerator(seed);
+  return fsq.quantize(x, ctx);
+}
+
+TEST(FsqNoiseDropout, SeededTrainingOnlyAndIndicesUntouched) {
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({4, 300, 4}) * 2;
+  Fsq plain(FsqOptions({7, 5, 5, 4}).preserve_symmetry(true));
+  Fsq zero(FsqOptions({7, 5, 5, 4}).preserve_symmetry(true).noise_dropout(0.0));
+  Fsq fsq(FsqOptions({7, 5, 5, 4}).preserve_symmetry(true).noise_dropout(0.25));
+  const QuantizerOutput clean = plain.quantize(x, {});
+  EXPECT_TRUE(torch::equal(noisy(zero, x, 1).quantized, clean.quantized));
+
+  const QuantizerOutput a = noisy(fsq, x, 1), b = noisy(fsq, x, 1), c = noisy(fsq, x, 2);
+  EXPECT_TRUE(torch::equal(a.quantized, b.quantized));
+  EXPECT_FALSE(torch::equal(a.quantized, c.quantized));
+  EXPECT_FALSE(torch::equal(a.quantized, clean.quantized));
+  EXPECT_TRUE(torch::equal(a.indices, clean.indices));
+  EXPECT_TRUE(torch::equal(c.indices, clean.indices));
+  EXPECT_LE(a.quantized.abs().max().item<float>(), 1.0f);
+  EXPECT_LE((a.quantized - clean.quantized).abs().max().item<float>(), 0.5f);
+
+  fsq.eval();
+  EXPECT_TRUE(torch::equal(noisy(fsq, x, 1).quantized, clean.quantized));
+  fsq.train();
+  // An undefined generator draws from torch's default one.
+  torch::manual_seed(9);
+  const at::Tensor d1 = fsq.quantize(x, {}).quantized;
+  torch::manual_seed(9);
+  EXPECT_TRUE(torch::equal(fsq.quantize(x, {}).quantized, d1));
+  EXPECT_FALSE(torch::equal(fsq.quantize(x, {}).quantized, d1));  // the default generator advanced
+
+  // The gradient is the noiseless straight-through one.
+  const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+  noisy(fsq, xa, 3).quantized.sum().backward();
+  plain.quantize(xb, {}).quantized.sum().backward();
+  EXPECT_TRUE(torch::equal(xa.grad(), xb.grad()));
+}
+
+TEST(FsqNoiseDropout, FractionAndDistributionOfTheNoise) {
+  // z = 0 gives code 0 (odd levels): every noisy element moves, by u ~ U[-0.5, 0.5).
+  Fsq fsq(FsqOptions({5, 5, 5, 5}).preserve_symmetry(true).noise_dropout(0.2));
+  const at::Tensor x = torch::zeros({4, 50000, 4});
+  const at::Tensor q = noisy(fsq, x, 7).quantized;
+  const at::Tensor moved = q != 0;
+  const double fraction = moved.to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(fraction, 0.2, 0.005);  // ~25 sigma over 800k elements would be 0.011
+  const at::Tensor u = q.masked_select(moved);
+  EXPECT_LT(u.max().item<float>(), 0.5f);
+  EXPECT_GE(u.min().item<float>(), -0.5f);
+  EXPECT_NEAR(u.mean().item<float>(), 0.0, 0.005);
+  EXPECT_NEAR(u.abs().mean().item<float>(), 0.25, 0.005);
+  // Codes at +-1 are clamped back into [-1, 1].
+  Fsq edge(FsqOptions({5}).preserve_symmetry(true).noise_dropout(0.9));
+  const at::Tensor e = noisy(edge, torch::full({1, 20000, 1}, 20.0f), 8).quantized;
+  EXPECT_EQ(e.max().item<float>(), 1.0f);
+  EXPECT_GE(e.min().item<float>(), 0.5f);
+}
+
 TEST(QuantizerRegistry, BuildsByNameAndListsNamesForUnknownOnes) {
   OptionReader options;
   options.int_list = [](const std::string& key) {
     EXPECT_EQ(key, "levels");
     return std::vector<int64_t>{7, 5};
   };
+  // The other fsq keys at their defaults (num_codebooks 1, dim 0 = unset, no symmetry, no noise).
+  options.integer = [](const std::string& key) -> int64_t { return key == "num_codebooks" ? 1 : 0; };
+  options.boolean = [](const std::string&) { return false; };
+  options.real = [](const std::string&) { return 0.0; };
   auto q = make_quantizer("fsq", options);
   EXPECT_EQ(q->kind(), "fsq");
   EXPECT_EQ(q->codebook_size(), 35);

@@ -24,6 +24,11 @@ class RecordingReducer final : public Reducer {
     return other.defined() ? local + other : local;
   }
 
+  at::Tensor gather(const at::Tensor& local, const char* tag) override {
+    tags.emplace_back(tag);
+    return local;
+  }
+
   std::vector<std::string> tags;    // every call, in order
   std::vector<double> first_totals;  // sum_: the sum of the first tensor, as handed in
   int differentiable_calls = 0;

@@ -148,12 +148,13 @@ TEST(Vq, ReducesExactlyOncePerTrainingCallEvenForAnEmptyBatch) {
   Vq vq(VqOptions(4, 16).threshold_ema_dead_code(0.9), seeded(1));
   CountingReducer reducer;
   const QuantizerOutput out = vq.quantize(torch::randn({0, 7, 4}, torch::requires_grad()), {&reducer, seeded(2)});
-  EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
+  const std::vector<std::string> per_call = {"vq.ema", "vq.dead_code.samples"};
+  EXPECT_EQ(reducer.tags, per_call);
   EXPECT_EQ(reducer.first_totals, std::vector<double>{0.0});
   EXPECT_EQ(out.indices.sizes(), (std::vector<int64_t>{0, 7}));
   EXPECT_EQ(out.losses.at("commitment").item<float>(), 0.0f);
   vq.quantize(torch::randn({3, 7, 4}), {&reducer, seeded(3)});
-  EXPECT_EQ(reducer.tags.size(), 2u);
+  EXPECT_EQ(reducer.tags.size(), 4u);
   EXPECT_EQ(reducer.first_totals.back(), 21.0);
 }
 
@@ -169,13 +170,14 @@ TEST(Vq, KmeansInitLowersInertiaOnClusteredData) {
   random_init.quantize(x, {});
   kmeans.quantize(x, {&reducer, seeded(2)});
   EXPECT_TRUE(kmeans.initted());
-  EXPECT_EQ(reducer.tags.size(), 11u);
-  EXPECT_EQ(reducer.tags.front(), "vq.kmeans");
+  EXPECT_EQ(reducer.tags.size(), 12u);
+  EXPECT_EQ(reducer.tags.front(), "vq.kmeans.samples");
+  EXPECT_EQ(reducer.tags[1], "vq.kmeans");
   EXPECT_EQ(reducer.tags.back(), "vq.ema");
   EXPECT_LT(inertia(kmeans), 0.5f * inertia(random_init)) << inertia(kmeans) << " vs " << inertia(random_init);
   EXPECT_NEAR(kmeans.cluster_size().sum().item<float>(), 512.0f, 1e-2);
   kmeans.quantize(x, {&reducer, seeded(3)});  // initialised once only
-  EXPECT_EQ(reducer.tags.size(), 12u);
+  EXPECT_EQ(reducer.tags.size(), 13u);
 }
 
 TEST(Vq, DeadCodesAreReplacedByBatchVectors) {

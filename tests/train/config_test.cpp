@@ -146,7 +146,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
                         "valid keys in [train]: batch_size, checkpoint_every, epochs, eval_every, log_every, lr, "
                         "seed, steps, threads, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
-                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: dim, levels, num_codebooks"});
+                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: dim, levels, noise_dropout, num_codebooks, preserve_symmetry"});
   expect_contains(set_error("quantizer.x=1"),
                   {"unknown key 'quantizer.x'", "valid keys in [quantizer]: name", "[quantizer.fsq]"});
   expect_contains(set_error("train.batch=1"),
@@ -418,5 +418,22 @@ TEST(SchemaTest, DocsListEveryKey) {
   }
 }
 
+}  // namespace
+}  // namespace lockstep::train
+
+namespace lockstep::train {
+namespace {
+TEST(ConfigSchemaTest, StrictUpperBoundsRejectTheBoundAndSayIt) {
+  Config c(lockstep_schema());
+  c.set_from_string("quantizer.fsq.noise_dropout=0.5");
+  EXPECT_EQ(c.get_float("quantizer.fsq.noise_dropout"), 0.5);
+  try {
+    c.set_from_string("quantizer.fsq.noise_dropout=1");
+    FAIL() << "accepted the excluded bound";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("must be in [0, 1)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(lockstep_schema().find("quantizer.fsq.noise_dropout")->constraint_text(), "in [0, 1)");
+}
 }  // namespace
 }  // namespace lockstep::train

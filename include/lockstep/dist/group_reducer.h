@@ -18,6 +18,8 @@ class GroupReducer final : public quant::Reducer {
   // all_reduce(sum) forward; backward all-reduces the incoming gradient (tag + ".backward"), so that
   // with gradients averaged over ranks each rank's inputs get exactly their single-process gradient.
   at::Tensor sum(const at::Tensor& local, const char* tag) override;
+  // Two all_gathers: the row counts (tag + ".rows"), then the rows padded to the longest (tag).
+  at::Tensor gather(const at::Tensor& local, const char* tag) override;
 
  private:
   std::shared_ptr<Group> group_;

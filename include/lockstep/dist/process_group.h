@@ -23,6 +23,9 @@ struct GroupOptions {
   // counts whole seconds, so use at least 1 s.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
 
+  // Exchange fingerprints before every collective (G1). Off only to measure what the check costs.
+  bool checked = true;
+
   // torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
   // 29500); LOCAL_RANK and LOCAL_WORLD_SIZE are checked when set. Throws InvalidArgument naming the
   // variable and its value when one is malformed or they contradict each other.

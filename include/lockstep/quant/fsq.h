@@ -1,8 +1,12 @@
 // Finite scalar quantization (Mentzer et al. 2023), as defined in docs/quantizers.md: each of
 // len(levels) dimensions is bounded and rounded to one of levels[i] values; the code index is
-// the mixed-radix number of the per-dimension level indices.
+// the mixed-radix number of the per-dimension level indices. Codes and indices come from one
+// fused pass over memory (src/quant/fsq_kernel.cpp), not a chain of torch ops.
 #pragma once
 
+#include <ATen/core/Generator.h>
+
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -18,14 +22,24 @@ struct FsqOptions {
   FsqOptions& num_codebooks(int64_t n) { num_codebooks_ = n; return *this; }
   // Use the symmetric bound 2/(L-1) * floor((L-1)(tanh z + 1)/2 + 0.5) - 1.
   FsqOptions& preserve_symmetry(bool on) { preserve_symmetry_ = on; return *this; }
+  // Training only, needs preserve_symmetry. After the indices are computed, each element of the
+  // quantized code independently, with probability p, gets an offset u ~ U[-0.5, 0.5) added and
+  // the sum clamped to [-1, 1] (docs/quantizers.md; the Python reference adds the same offset to
+  // the bounded value without a clamp). The gradient is unchanged: still the straight-through
+  // gradient of the bound, also where the clamp bit. Indices are never affected. Randomness: one
+  // 64-bit draw per forward from QuantizeContext::generator (torch's default CPU generator when
+  // undefined), expanded per element by a counter-based hash; eval mode draws nothing.
+  FsqOptions& noise_dropout(double p) { noise_dropout_ = p; return *this; }
 
   const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
   int64_t num_codebooks() const { return num_codebooks_; }
   bool preserve_symmetry() const { return preserve_symmetry_; }
+  double noise_dropout() const { return noise_dropout_; }
 
-  // Throws InvalidArgument with the values: a level < 2, no levels, codebooks < 1, a product of
-  // levels beyond 2^31, dim < 1.
+  // Throws InvalidArgument with the values: a level < 2 or > 2^22 (float32 rounding limit), no
+  // levels, codebooks < 1, a product of levels beyond 2^31, dim < 1, noise_dropout outside
+  // [0, 1), or noise_dropout > 0 without preserve_symmetry.
   void validate() const;
 
  private:
@@ -33,6 +47,44 @@ struct FsqOptions {
   std::optional<int64_t> dim_;
   int64_t num_codebooks_ = 1;
   bool preserve_symmetry_ = false;
+  double noise_dropout_ = 0.0;
+};
+
+namespace detail {
+// Per-dimension constants of the fused kernel, computed once from the levels with the same
+// float32 operations as the definition, and repeated for every token of a chunk so that the
+// kernel's inner loop is one flat, vectorisable loop over chunk_tokens * L positions.
+struct FsqKernelPlan {
+  int64_t num_levels = 0;    // L = len(levels)
+  int64_t chunk_tokens = 0;  // tokens per chunk; chunk_tokens * L <= kFsqChunkPositions
+  bool symmetric = false;
+  // Default bound: shift, scale = half, offset, half_width = L div 2 (also as int).
+  // Symmetric: scale = L - 1, step = 2 / (L - 1). Both: derivative_scale (see the kernel).
+  std::vector<float> shift, scale, offset, half_width, step, derivative_scale;
+  std::vector<int32_t> half_width_int;
+  std::vector<int64_t> basis;  // (L,) mixed-radix basis
+};
+constexpr int64_t kFsqChunkPositions = 1024;
+
+// Noise dropout for the kernel: an element gets noise when its 32-bit hash < threshold.
+struct FsqNoise {
+  uint64_t seed = 0;
+  uint32_t threshold = 0;  // p * 2^32; 0 means no noise
+};
+
+// Tokens [token_begin, token_end) of z (tokens, L) -> codes (tokens, L), indices (tokens,) and,
+// when `derivative` is not null, d code / d z (tokens, L). Single-threaded; plain pointers.
+void fsq_forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices,
+                        float* derivative, const FsqNoise& noise, int64_t token_begin, int64_t token_end);
+// The index of each of `tokens` codes (tokens, L) by the definition's formula (any codes, not
+// only grid points).
+void fsq_codes_to_indices(const FsqKernelPlan& plan, const float* codes, int64_t* indices, int64_t tokens);
+}  // namespace detail
+
+// Codes and indices of one pass.
+struct FsqCodes {
+  at::Tensor codes;    // float32, the shape of z
+  at::Tensor indices;  // int64, z's shape without its last axis
 };
 
 class Fsq final : public Quantizer {
@@ -53,6 +105,17 @@ class Fsq final : public Quantizer {
   at::Tensor indices_to_codes(const at::Tensor& indices) const;
   // Bounds and rounds z (..., len(levels)) with a straight-through gradient.
   at::Tensor quantize_codes(const at::Tensor& z) const;
+  // Codes and indices of z (..., len(levels)) in one pass over memory, split over at::parallel_for
+  // for large inputs. z of another dtype or layout is first converted to contiguous float32 (a
+  // differentiable copy). The codes' gradient is the straight-through gradient of the bound.
+  // With `noise` set (defined or not: undefined means torch's default CPU generator), noise
+  // dropout is applied as FsqOptions::noise_dropout says; one 64-bit number is drawn from the
+  // generator per call, so the result does not depend on the thread count.
+  FsqCodes quantize_and_index(const at::Tensor& z, const std::optional<at::Generator>& noise = std::nullopt) const;
+  // As quantize_and_index without gradient or noise, into preallocated outputs (codes: float32,
+  // contiguous, z's shape; indices: int64, contiguous, z's shape without its last axis), so that
+  // an encoder reusing its buffers pays no allocation or page faults.
+  void quantize_and_index_out(const at::Tensor& z, at::Tensor& codes, at::Tensor& indices) const;
 
   const FsqOptions& options() const { return options_; }
 
@@ -60,6 +123,7 @@ class Fsq final : public Quantizer {
   // (b, n, dim) -> (b, n, codebooks, levels) before the bound, projecting when needed.
   at::Tensor to_code_space(const at::Tensor& x);
   at::Tensor from_code_space(const at::Tensor& codes);
+  void build_plan();
   // Drops the codebook axis of indices when there is one codebook, adds it back for decode.
   at::Tensor squeeze_indices(const at::Tensor& indices) const;
 
@@ -68,6 +132,7 @@ class Fsq final : public Quantizer {
   int64_t codebook_size_;
   at::Tensor levels_;  // (L,) float
   at::Tensor basis_;   // (L,) int64 mixed-radix basis
+  detail::FsqKernelPlan plan_;
   torch::nn::Linear project_in_{nullptr};
   torch::nn::Linear project_out_{nullptr};
 };

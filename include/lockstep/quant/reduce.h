@@ -17,6 +17,9 @@ class Reducer {
   virtual void sum_(std::vector<at::Tensor>& tensors, const char* tag) = 0;
   // Differentiable global sum: the gradient of the result reaches every holder's `local`.
   virtual at::Tensor sum(const at::Tensor& local, const char* tag) = 0;
+  // Not differentiable: every holder's `local` (n_h, ...) concatenated along dim 0 in holder order,
+  // which is the order of the global batch; holders may hold different n_h, including 0.
+  virtual at::Tensor gather(const at::Tensor& local, const char* tag) = 0;
 };
 
 // This process holds the whole batch: sums are identities.
@@ -24,6 +27,7 @@ class LocalReducer final : public Reducer {
  public:
   void sum_(std::vector<at::Tensor>&, const char*) override {}
   at::Tensor sum(const at::Tensor& local, const char*) override { return local; }
+  at::Tensor gather(const at::Tensor& local, const char*) override { return local; }
 };
 
 }  // namespace lockstep::quant

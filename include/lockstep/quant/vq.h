@@ -101,8 +101,9 @@ class Vq final : public Quantizer {
   int64_t codebook_size() const override { return options_.codebook_size(); }
   int64_t num_indices() const override { return options_.heads(); }
 
-  // Training mode: one ctx.reducer->sum_ per call (two tensors for all codebooks, tag "vq.ema"),
-  // plus kmeans_iters calls ("vq.kmeans") on the first training call when kmeans_init. Randomness
+  // Training mode: one ctx.reducer->sum_ per call (two tensors for all codebooks, tag "vq.ema"), one
+  // gather of the batch ("vq.dead_code.samples") when dead codes are replaced, and on the first
+  // training call with kmeans_init a gather ("vq.kmeans.samples") and kmeans_iters sums. Randomness
   // (k-means seeds, dead-code samples, stochastic sampling) comes from ctx.generator, else torch's
   // default generator. Losses: "commitment", and "orthogonal" when its weight > 0.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
@@ -133,7 +134,7 @@ class Vq final : public Quantizer {
   at::Tensor orthogonal_loss() const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
   void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer);
-  void expire_dead_codes(const at::Tensor& tokens, at::Generator generator);
+  void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;
   Metric metric_;

@@ -33,6 +33,7 @@ struct KeySpec {
   std::string help;                        // one line, shown in the resolved config and the docs
   std::optional<double> min, max;          // for numbers and for each list element
   bool min_exclusive = false;              // min is a strict bound ("> 0" rather than ">= 0")
+  bool max_exclusive = false;              // max is a strict bound ("< 1" rather than "<= 1")
   std::vector<std::string> choices;        // for strings; empty means any string
   std::optional<size_t> min_len, max_len;  // for lists
 
@@ -46,6 +47,7 @@ struct KeySpec {
   KeySpec& at_least(double lo);
   KeySpec& greater_than(double lo);
   KeySpec& at_most(double hi);
+  KeySpec& less_than(double hi);
   KeySpec& in_range(double lo, double hi);
   KeySpec& one_of(std::vector<std::string> allowed);
   KeySpec& length(size_t lo, size_t hi);
