@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "lockstep/core/error.h"
 #include "lockstep/dist/group.h"
+#include "lockstep/dist/process_group.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "progress.h"
@@ -20,6 +21,7 @@ struct TrainArgs {
   std::string run_dir;
   std::string resume;
   bool print_config = false;
+  double collective_timeout_s = 300;
   // Shortcuts for common keys; each becomes a --set.
   std::vector<std::pair<std::string, std::string>> shortcuts;
 };
@@ -51,7 +53,23 @@ std::vector<std::string> overrides(const TrainArgs& args) {
 
 int run_train(const TrainArgs& args) {
   std::unique_ptr<train::Trainer> trainer;
-  auto group = dist::make_single_process_group();
+  if (args.print_config && args.resume.empty()) {
+    train::Config config(train::lockstep_schema());
+    if (!args.config_file.empty()) config.load_toml_file(args.config_file);
+    for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
+    std::cout << config.to_toml();
+    return kExitOk;
+  }
+  // Started as one rank of several (lockstep launch, torchrun): join the others.
+  std::shared_ptr<dist::Group> group;
+  if (dist::GroupOptions::environment_has_ranks()) {
+    dist::GroupOptions options = dist::GroupOptions::from_environment();
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
+    group = dist::make_process_group(options);
+  } else {
+    group = dist::make_single_process_group();
+  }
+  const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
     LOCKSTEP_CHECK_ARG(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",
                        "keeps its own in ", args.resume, "/config.toml");
@@ -63,10 +81,6 @@ int run_train(const TrainArgs& args) {
     train::Config config(train::lockstep_schema());
     if (!args.config_file.empty()) config.load_toml_file(args.config_file);
     for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-    if (args.print_config) {
-      std::cout << config.to_toml();
-      return kExitOk;
-    }
     trainer = train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group);
   }
 
@@ -75,7 +89,7 @@ int run_train(const TrainArgs& args) {
   int64_t total_steps = 0;
   callbacks.on_step = [&](const train::StepReport& r) {
     total_steps = r.total_steps;
-    progress.step(r);
+    if (root) progress.step(r);
   };
   callbacks.on_info = [&](const std::string& text) { progress.message(text); };
   callbacks.on_eval = [&](int64_t step, const train::EvalResult& r) {
@@ -94,6 +108,11 @@ int run_train(const TrainArgs& args) {
     std::cout << "interrupted at step " << summary.steps << "; checkpoint saved. Continue with:\n  lockstep train --resume "
               << summary.run_dir << "\n";
     return 130;
+  }
+  if (!root) {
+    std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds)
+              << " (rank 0 evaluates and writes the run directory)\n";
+    return kExitOk;
   }
   std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds) << "\n"
             << "test: " << format_eval(summary.test) << "\n"
@@ -118,6 +137,12 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->type_name("FILE");
   cmd->add_option("--set", args->sets, "Override one setting, KEY=VALUE (repeatable), e.g. --set train.lr=1e-3")
       ->type_name("KEY=VALUE");
+  cmd->add_option("--collective-timeout", args->collective_timeout_s,
+                  "Seconds a rank waits in one collective before naming the ranks it waits for (runs started "
+                  "by lockstep launch or torchrun)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->type_name("SECONDS");
   cmd->add_option("--run-dir", args->run_dir, "Where to write the run (default runs/<date-time>)")->type_name("DIR");
   cmd->add_option("--resume", args->resume,
                   "Continue the run in this directory from its checkpoint, exactly where it stopped")

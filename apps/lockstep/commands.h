@@ -17,6 +17,7 @@ void add_encode_command(CLI::App& app, Runner& run);
 void add_decode_command(CLI::App& app, Runner& run);
 void add_doctor_command(CLI::App& app, Runner& run);
 void add_bench_command(CLI::App& app, Runner& run);
+void add_launch_command(CLI::App& app, Runner& run);
 
 // Exit statuses shared by every subcommand.
 constexpr int kExitOk = 0;

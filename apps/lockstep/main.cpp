@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   lockstep::cli::add_decode_command(app, run);
   lockstep::cli::add_doctor_command(app, run);
   lockstep::cli::add_bench_command(app, run);
+  lockstep::cli::add_launch_command(app, run);
 
   try {
     app.parse(argc, argv);

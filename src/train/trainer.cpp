@@ -6,11 +6,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/adam.h"
 #include "lockstep/train/checkpoint.h"
@@ -49,11 +51,34 @@ struct Trainer::State {
   int64_t total_steps = 0;
   int64_t epoch_of_order = -1;  // the epoch whose sample order `order` holds
   std::vector<int64_t> order;
+  std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
+
+  bool is_root() const { return group->rank() == 0; }
+  bool distributed() const { return group->size() > 1; }
+
+  // This rank's part [first, first + count) of a global batch of `total`: contiguous, in rank
+  // order, the first total % W ranks one item more.
+  std::pair<int64_t, int64_t> my_part(int64_t total) const {
+    const int64_t w = group->size(), r = group->rank();
+    const int64_t base = total / w, extra = total % w;
+    return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+  }
+
+  // Every rank starts from rank 0's parameters and buffers (one checked broadcast).
+  void sync_model() {
+    if (!distributed()) return;
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> tensors;
+    for (const auto& p : model->named_parameters(true)) tensors.push_back(p.value());
+    for (const auto& b : model->named_buffers(true)) tensors.push_back(b.value());
+    group->broadcast(tensors, 0, LOCKSTEP_CALL_SITE("train.model.init"));
+  }
 
   // Everything a run needs from its configuration, for both new and resumed runs.
   void build() {
-    LOCKSTEP_CHECK_ARG(group && group->size() == 1, "trainer: this build trains on one process; got a group of ",
-                       group ? group->size() : 0, " ranks");
+    LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
+    if (distributed()) reducer = std::make_unique<dist::GroupReducer>(group);
+    else reducer = std::make_unique<quant::LocalReducer>();
     const int64_t threads = config.get_int("train.threads");
     at::set_num_threads(threads > 0 ? static_cast<int>(threads)
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
@@ -66,6 +91,8 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(batch_size <= train_set.count, "train.batch_size = ", batch_size, " exceeds the ",
                        train_set.count, " training images (data.train_subset = ", config.get_int("data.train_subset"),
                        ")");
+    LOCKSTEP_CHECK_ARG(batch_size >= group->size(), "train.batch_size = ", batch_size,
+                       " is the global batch: it needs at least one image for each of the ", group->size(), " ranks");
     steps_per_epoch = train_set.count / batch_size;
     const int64_t steps = config.get_int("train.steps");
     total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
@@ -93,6 +120,7 @@ struct Trainer::State {
   }
 
   void save() {
+    if (!is_root()) return;  // rank 0 holds what every rank holds
     Checkpoint c;
     c.model = module_state(*model);
     c.optimizer = adam->state();
@@ -121,9 +149,11 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
   s->config = config;
   s->run_dir = run_dir;
   s->group = std::move(group);
-  prepare_new_run_dir(run_dir);
+  LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
+  if (s->is_root()) prepare_new_run_dir(run_dir);
   s->build();
-  io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  s->sync_model();
+  if (s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
 
@@ -163,14 +193,16 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   cpu_generator.set_state(c.torch_rng);
   s->step = c.step;
-  if (!overrides.empty()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  s->sync_model();  // every rank read the same file; the broadcast also checks that all arrived
+  if (!overrides.empty() && s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
 
 TrainSummary Trainer::run(const TrainCallbacks& cb) {
   State& s = *s_;
   const auto start = Clock::now();
-  MetricsLog metrics(metrics_path(s.run_dir), s.step);
+  std::optional<MetricsLog> metrics;  // rank 0 writes the run directory
+  if (s.is_root()) metrics.emplace(metrics_path(s.run_dir), s.step);
   const int64_t log_every = s.config.get_int("train.log_every");
   const int64_t checkpoint_every = s.config.get_int("train.checkpoint_every");
   const int64_t eval_every = s.config.get_int("train.eval_every");
@@ -178,7 +210,8 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.total_steps));
 
   auto record_eval = [&](const EvalResult& r) {
-    metrics.write({"eval", s.step, {{"mse", r.mse}, {"psnr_db", r.psnr_db}, {"code_usage", r.code_usage},
+    if (!metrics) return;  // only rank 0 evaluates
+    metrics->write({"eval", s.step, {{"mse", r.mse}, {"psnr_db", r.psnr_db}, {"code_usage", r.code_usage},
                                     {"perplexity", r.perplexity}, {"images", static_cast<double>(r.images)}}});
     if (cb.on_eval) cb.on_eval(s.step, r);
   };
@@ -190,34 +223,58 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   int64_t window_steps = 0;
   auto window_start = Clock::now();
   while (s.step < s.total_steps) {
-    if (cb.stop_requested && cb.stop_requested->load()) {
+    // Distributed runs agree on stopping through the step's gradient all_reduce instead.
+    if (!s.distributed() && cb.stop_requested && cb.stop_requested->load()) {
       summary.interrupted = true;
       break;
     }
-    const at::Tensor x = data::images_to_tensor(s.train_set, s.batch_indices(s.step));
+    // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
+    // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
+    const std::vector<int64_t> global = s.batch_indices(s.step);
+    const auto [first, count] = s.my_part(static_cast<int64_t>(global.size()));
+    const at::Tensor x = data::images_to_tensor(
+        s.train_set, std::vector<int64_t>(global.begin() + first, global.begin() + first + count));
     // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
     // function of (seed, step): the same on every rank and after a resume, with no collective.
-    quant::LocalReducer local;
     quant::QuantizeContext ctx;
-    ctx.reducer = &local;
+    ctx.reducer = s.reducer.get();
     ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
         derive_seed(static_cast<uint64_t>(s.config.get_int("train.seed")), static_cast<uint64_t>(s.step),
                     /*purpose=*/2));
     const model::AutoencoderOutput out = s.model->forward(x, ctx);
     const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
-    const at::Tensor loss = reconstruction_loss + out.quant.total_loss();
+    const double weight = static_cast<double>(count) * s.group->size() / static_cast<double>(global.size());
+    const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
     s.adam->zero_grad();
     loss.backward();
+    double step_loss = loss.item<double>();
+    bool stop_everywhere = false;
+    if (s.distributed()) {
+      // One checked all_reduce per step: every gradient, this rank's loss and its stop request.
+      const bool stop_here = cb.stop_requested && cb.stop_requested->load();
+      std::vector<at::Tensor> tensors;
+      for (const auto& p : s.model->parameters()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        tensors.push_back(p.grad());
+      }
+      tensors.push_back(torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f}));
+      s.group->all_reduce(tensors, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.grads"));
+      const double w = s.group->size();
+      for (size_t i = 0; i + 1 < tensors.size(); ++i) tensors[i].div_(w);
+      step_loss = tensors.back()[0].item<double>() / w;
+      stop_everywhere = tensors.back()[1].item<float>() > 0;
+    }
     s.adam->step();
     ++s.step;
+    if (stop_everywhere) summary.interrupted = true;
 
-    window_loss += loss.item<double>();
+    window_loss += step_loss;
     ++window_steps;
     StepReport report{s.step, s.total_steps, (s.step - 1) / s.steps_per_epoch, epochs, window_loss / window_steps,
                       window_steps * s.batch_size / seconds_since(window_start), seconds_since(start)};
     if (cb.on_step) cb.on_step(report);
-    if (s.step % log_every == 0 || s.step == s.total_steps) {
-      metrics.write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},
+    if (metrics && (s.step % log_every == 0 || s.step == s.total_steps)) {
+      metrics->write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},
                                        {"images_per_s", report.images_per_s}, {"elapsed_s", report.elapsed_s}}});
       window_loss = 0;
       window_steps = 0;
@@ -227,18 +284,27 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       s.save();
       if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
     }
-    if (eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) record_eval(s.evaluate_test());
+    // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3).
+    if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) {
+      record_eval(s.evaluate_test());
+    }
+    if (summary.interrupted) break;
   }
 
   s.save();
   summary.steps = s.step;
-  if (!summary.interrupted) {
-    summary.test = s.evaluate_test();
-    record_eval(summary.test);
-    if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
+  if (s.is_root()) {
+    if (!summary.interrupted) {
+      summary.test = s.evaluate_test();
+      record_eval(summary.test);
+      if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
+    }
+    summary.seconds = seconds_since(start);
+    write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
   }
+  // Every rank ends together: a rank 0 that failed while saving or evaluating fails them all.
+  if (s.distributed()) s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));
   summary.seconds = seconds_since(start);
-  write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
   return summary;
 }
 

@@ -1,0 +1,20 @@
+# CLI tests of lockstep launch and data-parallel training on ranks that are real processes.
+set(LS $<TARGET_FILE:lockstep_cli>)
+set(COMPARE ${CMAKE_CURRENT_LIST_DIR}/compare_metrics.py)
+set(SMALL "--steps 12 --batch-size 24 --threads 1 --set data.train_subset=480 --set data.test_subset=32 --set model.channels=[8,8] --set train.log_every=3")
+
+lockstep_cli_test(launch_help EXIT 0 OUTPUT "RANK, WORLD_SIZE.*\\[rank r/w\\]" ARGS launch --help)
+lockstep_cli_test(launch_needs_a_command EXIT 2 OUTPUT "command is required" ARGS launch -n 2)
+# Every rank fails the same way: launch reports the first and exits with its status.
+lockstep_cli_test(launch_reports_a_failed_rank EXIT 1
+                  OUTPUT "\\[rank [01]/2\\] lockstep: error: .*dataset-fashion-mnist.*rank [01] of 2 failed with exit status 1"
+                  TIMEOUT 60 ARGS launch -n 2 --master-port 29721 -- train --run-dir run --data nowhere)
+# G4 end to end: 3 ranks (24 images = 8 each) give the losses of one process on the whole batch;
+# the run directory is written once, by rank 0.
+lockstep_cli_test(launch_three_ranks_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 3 --master-port 29723 -- train --run-dir three ${SMALL} > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
+                  ARGS eval three --limit 32)
+# Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch.
+lockstep_cli_test(launch_uneven_ranks_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > one.log && ${LS} launch -n 5 --master-port 29727 -- train --run-dir five ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > five.log && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 1e-4"
+                  ARGS eval five --limit 32)
