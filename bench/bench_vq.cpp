@@ -1,8 +1,13 @@
-// VQ's nearest-code search and a VQ training step on one thread, beside BM_Sgemm
-// (bench_machine.cpp): the fused search should run near sgemm speed, the unfused one does not.
+// VQ's nearest-code search and a VQ training step on one thread (BM_NearestCode also on two),
+// beside BM_Sgemm (bench_machine.cpp): the fused search should run near sgemm speed, the unfused one
+// does not. Set OPENBLAS_CORETYPE as bench/main.cpp advises: BM_Sgemm and the unfused search use BLAS.
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
 
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/vq.h"
@@ -19,9 +24,10 @@ void search_counters(benchmark::State& state, int64_t n, int64_t k, int64_t d) {
   state.SetLabel("1 thread");
 }
 
-// args: tokens, codes, dim
+// args: tokens, codes, dim, threads
 void BM_NearestCode(benchmark::State& state) {
-  at::set_num_threads(1);
+  const int threads = state.range(3);
+  at::set_num_threads(threads);
   const int64_t n = state.range(0), k = state.range(1), d = state.range(2);
   const at::Tensor x = torch::randn({n, d});
   const at::Tensor codebook = torch::randn({k, d});
@@ -30,8 +36,42 @@ void BM_NearestCode(benchmark::State& state) {
     benchmark::DoNotOptimize(found.indices.data_ptr<int64_t>());
   }
   search_counters(state, n, k, d);
+  state.SetLabel(std::to_string(threads) + (threads == 1 ? " thread" : " threads"));
+  at::set_num_threads(1);
 }
-BENCHMARK(BM_NearestCode)->Args({16384, 512, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_NearestCode)
+    ->Args({16384, 512, 64, 1})
+    ->Args({16384, 512, 64, 2})
+    ->Args({16384, 1024, 256, 1})
+    ->Args({16384, 8192, 32, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Each kernel nearest_code can pick (it runs the first this CPU supports), one thread.
+// args: kernel (0 avx512, 1 avx2, 2 generic), tokens, codes, dim
+void BM_NearestCodeKernel(benchmark::State& state) {
+  static const char* const names[] = {"avx512", "avx2", "generic"};
+  const std::string kernel = names[state.range(0)];
+  const std::vector<std::string> supported = lockstep::quant::detail::nearest_code_kernels();
+  if (std::find(supported.begin(), supported.end(), kernel) == supported.end()) {
+    state.SkipWithError((kernel + " does not run on this CPU").c_str());
+    return;
+  }
+  at::set_num_threads(1);
+  const int64_t n = state.range(1), k = state.range(2), d = state.range(3);
+  const at::Tensor x = torch::randn({n, d});
+  const at::Tensor codebook = torch::randn({k, d});
+  for (auto _ : state) {
+    auto found = lockstep::quant::detail::nearest_code_with_kernel(x, codebook, Metric::Euclidean, kernel);
+    benchmark::DoNotOptimize(found.indices.data_ptr<int64_t>());
+  }
+  search_counters(state, n, k, d);
+  state.SetLabel(kernel + ", 1 thread");
+}
+BENCHMARK(BM_NearestCodeKernel)
+    ->ArgsProduct({{0, 1, 2}, {16384}, {512}, {64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The unfused baseline: the whole n x k matrix |e|^2 - 2 x.e, then torch's argmin.
 void BM_NearestCodeUnfused(benchmark::State& state) {

@@ -51,8 +51,9 @@ std::vector<std::string> overrides(const TrainArgs& args) {
   return all;
 }
 
+int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group);
+
 int run_train(const TrainArgs& args) {
-  std::unique_ptr<train::Trainer> trainer;
   if (args.print_config && args.resume.empty()) {
     train::Config config(train::lockstep_schema());
     if (!args.config_file.empty()) config.load_toml_file(args.config_file);
@@ -69,6 +70,18 @@ int run_train(const TrainArgs& args) {
   } else {
     group = dist::make_single_process_group();
   }
+  // Reported here, while the group still exists: after a failure rank 0 keeps its store up for a
+  // moment on destruction so that the other ranks can read where everyone was.
+  try {
+    return run_train_on(args, group);
+  } catch (const Error& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+    return kExitError;
+  }
+}
+
+int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
+  std::unique_ptr<train::Trainer> trainer;
   const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
     LOCKSTEP_CHECK_ARG(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",

@@ -2,6 +2,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
+
 namespace lockstep::dist {
 namespace {
 
@@ -58,7 +60,7 @@ std::string CollectiveCall::describe() const {
   std::string out = detail::concat("#", sequence, " ", collective_op_name(op));
   if (op == CollectiveOp::AllReduce) out += detail::concat("(", reduce_op_name(reduce), ")");
   if (op == CollectiveOp::Broadcast) out += detail::concat("(root ", root, ")");
-  if (op != CollectiveOp::Barrier) {
+  if (op != CollectiveOp::Barrier && tensors.size() <= 4) {
     out += " of [";
     for (size_t i = 0; i < tensors.size(); ++i) {
       out += (i ? ", " : "") + tensors[i].dtype + " (";
@@ -66,6 +68,21 @@ std::string CollectiveCall::describe() const {
       out += ")";
     }
     out += "]";
+  } else if (op != CollectiveOp::Barrier) {
+    // Many tensors (a gradient bucket): their count and elements per dtype, in order of appearance.
+    std::vector<std::pair<std::string, int64_t>> per_dtype;
+    for (const auto& t : tensors) {
+      int64_t n = 1;
+      for (int64_t s : t.sizes) n *= s;
+      auto it = std::find_if(per_dtype.begin(), per_dtype.end(), [&](const auto& p) { return p.first == t.dtype; });
+      if (it == per_dtype.end()) per_dtype.emplace_back(t.dtype, n);
+      else it->second += n;
+    }
+    out += detail::concat(" of ", tensors.size(), " tensors (");
+    for (size_t i = 0; i < per_dtype.size(); ++i) {
+      out += detail::concat(i ? ", " : "", per_dtype[i].second, " ", per_dtype[i].first);
+    }
+    out += ")";
   }
   return out + " at " + site.to_string();
 }

@@ -7,7 +7,9 @@
 
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <map>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -89,6 +91,36 @@ class ProcessGroup final : public Group {
     gloo_options->devices.push_back(device());
     gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
                                                          options_.rank, options_.size, gloo_options);
+    set_where("connected, no collective yet");
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ~ProcessGroup() override {
+    // After a failure the others read statuses from rank 0's store for their own reports: keep it
+    // up a moment longer.
+    if (failed_ && options_.rank == 0 && options_.size > 1) std::this_thread::sleep_for(kStoreGrace);
+    {
+      std::lock_guard<std::mutex> lock(stop_mutex_);
+      stopping_ = true;
+    }
+    stop_cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  void set_progress(const std::string& progress) override {
+    std::lock_guard<std::mutex> lock(where_mutex_);
+    progress_ = progress;
+  }
+
+  // The stall report: who this rank waits for, and where everyone is.
+  [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout, const char* detail_text) {
+    failed_ = true;
+    std::vector<int> waiting;
+    const std::string where = where_everyone_is(call.sequence, &waiting);
+    throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                           " timed out after ", timeout.count(), " ms",
+                                           waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
+                                           detail_text, "; where every rank is:", where));
   }
 
   int rank() const override { return options_.rank; }
@@ -101,8 +133,9 @@ class ProcessGroup final : public Group {
   void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
     const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
+    enter(call);
     agree(call, opts);
-    if (tensors.empty()) return;
+    if (tensors.empty()) return leave(call);
     Packed packed = pack(tensors);
     for (auto& buffer : packed.buffers) {
       std::vector<at::Tensor> one{buffer};
@@ -112,11 +145,13 @@ class ProcessGroup final : public Group {
       finish(gloo_->allreduce(one, o), call, opts);
     }
     unpack(packed, tensors);
+    leave(call);
   }
 
   std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
     const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site);
+    enter(call);
     agree(call, opts);
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < options_.size; ++r) outputs[0].push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
@@ -124,6 +159,7 @@ class ProcessGroup final : public Group {
     c10d::AllgatherOptions o;
     o.timeout = timeout_of(opts);
     finish(gloo_->allgather(outputs, inputs, o), call, opts);
+    leave(call);
     return outputs[0];
   }
 
@@ -133,8 +169,9 @@ class ProcessGroup final : public Group {
                        " is not a rank of a group of size ", options_.size);
     const CollectiveCall call =
         CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, ReduceOp::Sum, root);
+    enter(call);
     agree(call, opts);
-    if (tensors.empty()) return;
+    if (tensors.empty()) return leave(call);
     Packed packed = pack(tensors);
     for (auto& buffer : packed.buffers) {
       std::vector<at::Tensor> one{buffer};
@@ -144,15 +181,35 @@ class ProcessGroup final : public Group {
       finish(gloo_->broadcast(one, o), call, opts);
     }
     unpack(packed, tensors);
+    leave(call);
   }
 
   // The fingerprint exchange is itself a barrier.
   void barrier(const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
-    agree(CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site), opts);
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site);
+    enter(call);
+    agree(call, opts);
+    leave(call);
   }
 
  private:
+  // What the heartbeat publishes: the current collective, else the last one completed.
+  void enter(const CollectiveCall& call) { set_where_call(true, call); }
+  void leave(const CollectiveCall& call) { set_where_call(false, call); }
+  void set_where_call(bool inside, const CollectiveCall& call) {
+    std::lock_guard<std::mutex> lock(where_mutex_);
+    inside_ = inside;
+    where_sequence_ = call.sequence;
+    where_ = call.describe();
+  }
+  // "<progress>, in|after <collective>" (caller holds where_mutex_).
+  std::string where_text() const {
+    std::string out = progress_.empty() ? "" : progress_ + ", ";
+    if (where_sequence_ == 0) return out + where_;
+    return out + (inside_ ? "in " : "after ") + where_;
+  }
+
   std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const {
     return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
   }
@@ -247,13 +304,170 @@ class ProcessGroup final : public Group {
     return outputs[0];
   }
 
+  // Waits for `work` in slices: a rank that dies is named within ~2 s (its beat stops), a rank that
+  // stalls is named when the timeout expires, with where every rank is. After either the group is
+  // unusable (Gloo cannot cancel the operation): the caller reports and exits.
   void finish(const c10::intrusive_ptr<c10d::Work>& work, const CollectiveCall& call, const CollectiveOptions& opts) {
-    try {
-      work->wait(timeout_of(opts));
-    } catch (const std::exception& e) {
-      throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
-                                             " failed: ", e.what()));
+    const auto timeout = timeout_of(opts);
+    const auto start = Clock::now();
+    auto last_check = start;
+    std::vector<int64_t> beats;
+    std::vector<Clock::time_point> changed;
+    while (true) {
+      try {
+        work->wait(std::chrono::milliseconds(100));
+        return;
+      } catch (const std::exception& e) {
+        if (work->isCompleted() && Clock::now() - start >= timeout - std::chrono::milliseconds(200)) {
+          throw_timeout(call, timeout, "");  // Gloo's own timer, set to the same limit
+        }
+        if (work->isCompleted()) {
+          failed_ = true;
+          // The backend failed (typically a peer closed its connection): find who is gone.
+          const std::vector<int> dead = dead_ranks(std::chrono::milliseconds(2500));
+          throw CollectiveFailure(detail::concat(
+              "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
+              dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
+              "; where every rank was:", where_everyone_is()));
+        }
+      }
+      const auto now = Clock::now();
+      if (now - start >= timeout) throw_timeout(call, timeout, "");
+      if (now - last_check >= kBeat) {  // a dead peer may leave Gloo waiting forever: watch the beats
+        last_check = now;
+        const auto statuses = read_statuses();
+        if (beats.empty()) {
+          for (const auto& st : statuses) beats.push_back(st.beat);
+          changed.assign(options_.size, now);
+        }
+        std::vector<int> dead;
+        for (int r = 0; r < options_.size; ++r) {
+          if (statuses[r].beat != beats[r]) {
+            beats[r] = statuses[r].beat;
+            changed[r] = now;
+          }
+          if (r != options_.rank && now - changed[r] >= kDeadAfter) dead.push_back(r);
+        }
+        if (!dead.empty()) {
+          failed_ = true;
+          throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                                 " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
+                                                 kDeadAfter.count(), " ms); where every rank was:",
+                                                 where_everyone_is()));
+        }
+      }
     }
+  }
+
+  static std::string join(const std::vector<int>& ranks) {
+    std::vector<std::string> names;
+    for (int r : ranks) names.push_back(std::to_string(r));
+    return detail::concat_list(names);
+  }
+
+  // G2. Every rank publishes "<beat>|<where it is>" under lockstep/status/<rank> every kBeat; a
+  // rank whose beat stops changing for kDeadAfter is dead (or frozen whole). Measured on this
+  // rank's clock, so nodes' clocks need not agree.
+  static constexpr std::chrono::milliseconds kBeat{250};
+  static constexpr std::chrono::milliseconds kDeadAfter{1500};
+  static constexpr std::chrono::milliseconds kStoreGrace{2000};
+  bool failed_ = false;  // a collective failed: the group is unusable
+
+  void set_where(std::string where) {
+    std::lock_guard<std::mutex> lock(where_mutex_);
+    where_ = std::move(where);
+  }
+
+  // The status value: "<beat>|<sequence>|<1 inside, 0 after>|<text>".
+  std::string status_value(uint64_t beat) {
+    std::lock_guard<std::mutex> lock(where_mutex_);
+    return detail::concat(beat, "|", where_sequence_, "|", inside_ ? 1 : 0, "|", where_text());
+  }
+
+  void heartbeat_loop() {
+    uint64_t beat = 0;
+    std::unique_lock<std::mutex> lock(stop_mutex_);
+    while (!stopping_) {
+      try {
+        store_->set(status_key(options_.rank), to_bytes(status_value(++beat)));
+      } catch (const std::exception&) {
+        // The store (rank 0) is gone; the collective that notices says so.
+      }
+      stop_cv_.wait_for(lock, kBeat, [this] { return stopping_; });
+    }
+  }
+
+  static std::string status_key(int rank) { return detail::concat("lockstep/status/", rank); }
+
+  struct Status {
+    int64_t beat = -1;  // -1: unreadable
+    int64_t sequence = 0;
+    bool inside = false;
+    std::string text = "no status";
+  };
+
+  // Every rank's status as the store holds it now (as of that rank's last heartbeat).
+  std::vector<Status> read_statuses() const {
+    std::vector<Status> out(options_.size);
+    for (int r = 0; r < options_.size; ++r) {
+      try {
+        if (!store_->check({status_key(r)})) continue;
+        const auto bytes = store_->get(status_key(r));
+        std::istringstream in(std::string(bytes.begin(), bytes.end()));
+        std::string beat, sequence, inside;
+        std::getline(in, beat, '|');
+        std::getline(in, sequence, '|');
+        std::getline(in, inside, '|');
+        std::getline(in, out[r].text);
+        out[r].beat = std::stoll(beat);
+        out[r].sequence = std::stoll(sequence);
+        out[r].inside = inside == "1";
+      } catch (const std::exception&) {
+        out[r] = Status{};
+        out[r].text = "unreachable";
+      }
+    }
+    return out;
+  }
+
+  // Watches every other rank's beat for up to `window`; returns the ranks whose beat did not move
+  // for kDeadAfter (all of them when the store itself is gone).
+  std::vector<int> dead_ranks(std::chrono::milliseconds window) const {
+    const auto start = Clock::now();
+    auto first = read_statuses();
+    std::vector<Clock::time_point> changed(options_.size, start);
+    while (Clock::now() - start < window) {
+      std::this_thread::sleep_for(kBeat / 2);
+      const auto now = read_statuses();
+      std::vector<int> dead;
+      bool store_gone = true;
+      for (int r = 0; r < options_.size; ++r) {
+        if (now[r].beat != -1) store_gone = false;
+        if (now[r].beat != first[r].beat) {
+          changed[r] = Clock::now();
+          first[r] = now[r];
+        }
+        if (r != options_.rank && Clock::now() - changed[r] >= kDeadAfter) dead.push_back(r);
+      }
+      if (store_gone && options_.rank != 0) return {0};
+      if (!dead.empty()) return dead;
+    }
+    return {};
+  }
+
+  // Where every rank is, for a timeout or failure report; with `waiting_for` the ranks that have
+  // not reached collective `sequence`.
+  std::string where_everyone_is(uint64_t sequence = 0, std::vector<int>* waiting_for = nullptr) const {
+    std::string out;
+    const auto statuses = read_statuses();
+    for (int r = 0; r < options_.size; ++r) {
+      out += detail::concat("\n  rank ", r, ": ", statuses[r].text);
+      const bool behind = statuses[r].beat != -1 && (statuses[r].sequence < static_cast<int64_t>(sequence) ||
+                                                     (statuses[r].sequence == static_cast<int64_t>(sequence) && !statuses[r].inside));
+      if (waiting_for && r != options_.rank && behind) waiting_for->push_back(r);
+    }
+    return out + "\n  (each rank's status as of its last heartbeat, at most " + std::to_string(kBeat.count()) +
+           " ms old)";
   }
 
   GroupOptions options_;
@@ -261,6 +475,15 @@ class ProcessGroup final : public Group {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
   uint64_t sequence_ = 0;
   std::mutex mutex_;
+  std::mutex where_mutex_;
+  std::string where_ = "starting";
+  uint64_t where_sequence_ = 0;
+  bool inside_ = false;
+  std::string progress_;  // set by the caller (e.g. "step 57"), shown in reports
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace

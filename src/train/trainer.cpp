@@ -230,6 +230,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     }
     // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
     // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
+    s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));
     const std::vector<int64_t> global = s.batch_indices(s.step);
     const auto [first, count] = s.my_part(static_cast<int64_t>(global.size()));
     const at::Tensor x = data::images_to_tensor(

@@ -70,13 +70,17 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
   quant::LocalReducer local;
   const Trace single = train(*reference, local, batches, 1.0);
 
+  // Built here, one after another: construction draws from torch's default generator, which rank
+  // threads building at once would share.
+  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
+  for (int r = 0; r < w; ++r) quantizers.push_back(build(c));
   std::vector<Trace> traces(w);
   const auto errors = test_util::run_ranks(w, [&](Group& g, int r) {
     int64_t first = 0;
     for (int k = 0; k < r; ++k) first += c.split[k];
     std::vector<at::Tensor> mine;
     for (const auto& b : batches) mine.push_back(b.narrow(0, first, c.split[r]));
-    auto q = build(c);
+    auto q = quantizers[r];
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
     traces[r] = train(*q, reducer, mine, static_cast<double>(c.split[r]) * w / static_cast<double>(items));
   });

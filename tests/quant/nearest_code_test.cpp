@@ -4,7 +4,10 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "lockstep/core/error.h"
 
@@ -23,10 +26,8 @@ std::tuple<at::Tensor, at::Tensor> brute_force(const at::Tensor& x, const at::Te
   return {idx, score.to(torch::kFloat32)};
 }
 
-class NearestCodeSizes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, Metric>> {};
-
-TEST_P(NearestCodeSizes, EqualsBruteForce) {
-  const auto [n, k, d, metric] = GetParam();
+// Random tokens and codes (unit length for Cosine).
+std::tuple<at::Tensor, at::Tensor> random_inputs(int64_t n, int64_t k, int64_t d, Metric metric) {
   torch::manual_seed(n * 1000 + k * 10 + d);
   at::Tensor x = torch::randn({n, d});
   at::Tensor codebook = torch::randn({k, d});
@@ -34,7 +35,11 @@ TEST_P(NearestCodeSizes, EqualsBruteForce) {
     x = torch::nn::functional::normalize(x, torch::nn::functional::NormalizeFuncOptions().dim(1));
     codebook = torch::nn::functional::normalize(codebook, torch::nn::functional::NormalizeFuncOptions().dim(1));
   }
-  const NearestCode got = nearest_code(x, codebook, metric);
+  return {x, codebook};
+}
+
+void expect_equals_brute_force(const at::Tensor& x, const at::Tensor& codebook, Metric metric, const NearestCode& got) {
+  const int64_t n = x.size(0), k = codebook.size(0), d = x.size(1);
   ASSERT_EQ(got.indices.sizes(), (std::vector<int64_t>{n}));
   ASSERT_EQ(got.indices.scalar_type(), torch::kInt64);
   ASSERT_EQ(got.score.sizes(), (std::vector<int64_t>{n}));
@@ -52,6 +57,14 @@ TEST_P(NearestCodeSizes, EqualsBruteForce) {
     const at::Tensor b = (x.index_select(0, rows) - codebook.index_select(0, idx.index_select(0, rows))).pow(2).sum(1);
     EXPECT_TRUE(torch::allclose(a, b, 1e-4, 1e-4));
   }
+}
+
+class NearestCodeSizes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, Metric>> {};
+
+TEST_P(NearestCodeSizes, EqualsBruteForce) {
+  const auto [n, k, d, metric] = GetParam();
+  const auto [x, codebook] = random_inputs(n, k, d, metric);
+  expect_equals_brute_force(x, codebook, metric, nearest_code(x, codebook, metric));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -107,6 +120,94 @@ TEST(NearestCode, SeveralThreadsGiveTheSameAnswer) {
   EXPECT_TRUE(torch::equal(one.indices, two.indices));
   EXPECT_TRUE(torch::equal(one.score, two.score));
 }
+
+// Every kernel the CPU can run (nearest_code uses the first), on sizes around its row block (4, 6,
+// 8 or 12 tokens) and code block (8, 16 or 32 codes): fewer tokens or codes than one block, one
+// more or one less than a block, odd d.
+bool kernel_available(const std::string& kernel) {
+  const std::vector<std::string> all = detail::nearest_code_kernels();
+  return std::find(all.begin(), all.end(), kernel) != all.end();
+}
+
+TEST(NearestCodeKernels, GenericIsAlwaysThereAndUnknownNamesAreRejected) {
+  const std::vector<std::string> all = detail::nearest_code_kernels();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back(), "generic");
+  EXPECT_THROW(detail::nearest_code_with_kernel(torch::randn({3, 4}), torch::randn({5, 4}), Metric::Euclidean, "nope"),
+               InvalidArgument);
+  // nearest_code runs the first kernel.
+  const auto [x, codebook] = random_inputs(100, 70, 9, Metric::Euclidean);
+  const NearestCode a = nearest_code(x, codebook, Metric::Euclidean);
+  const NearestCode b = detail::nearest_code_with_kernel(x, codebook, Metric::Euclidean, all.front());
+  EXPECT_TRUE(torch::equal(a.indices, b.indices));
+  EXPECT_TRUE(torch::equal(a.score, b.score));
+}
+
+class NearestCodeKernelSizes : public ::testing::TestWithParam<std::tuple<std::string, int64_t, int64_t, int64_t>> {};
+
+TEST_P(NearestCodeKernelSizes, EqualsBruteForce) {
+  const auto [kernel, n, k, d] = GetParam();
+  if (!kernel_available(kernel)) GTEST_SKIP() << kernel << " does not run on this CPU";
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    SCOPED_TRACE(metric == Metric::Euclidean ? "Euclidean" : "Cosine");
+    const auto [x, codebook] = random_inputs(n, k, d, metric);
+    expect_equals_brute_force(x, codebook, metric, detail::nearest_code_with_kernel(x, codebook, metric, kernel));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, NearestCodeKernelSizes,
+    ::testing::Combine(::testing::Values(std::string("avx512"), std::string("avx2"), std::string("generic")),
+                       ::testing::Values<int64_t>(0, 1, 5, 12, 13, 25, 300),
+                       ::testing::Values<int64_t>(1, 7, 9, 17, 31, 32, 33, 100), ::testing::Values<int64_t>(1, 3, 64)));
+
+class NearestCodeKernel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!kernel_available(GetParam())) GTEST_SKIP() << GetParam() << " does not run on this CPU";
+  }
+};
+
+TEST_P(NearestCodeKernel, ExactTiesGoToTheLowestIndex) {
+  // Copies of code 1 in the same code block (2, 5), another block (40) and far away (700).
+  at::Tensor codebook = torch::randn({1100, 8});
+  for (int64_t copy : {2, 5, 40, 700}) codebook[copy] = codebook[1];
+  const at::Tensor x = codebook[1].unsqueeze(0).repeat({37, 1});
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    const at::Tensor cb = metric == Metric::Cosine ? codebook / codebook.norm(2, 1, true) : codebook;
+    const at::Tensor xs = metric == Metric::Cosine ? x / x.norm(2, 1, true) : x;
+    const NearestCode got = detail::nearest_code_with_kernel(xs, cb, metric, GetParam());
+    EXPECT_TRUE((got.indices == 1).all().item<bool>()) << std::get<0>(at::_unique(got.indices));
+  }
+  for (int64_t k : {1, 3, 33, 600}) {
+    const NearestCode same =
+        detail::nearest_code_with_kernel(torch::randn({29, 4}), torch::ones({k, 4}), Metric::Euclidean, GetParam());
+    EXPECT_TRUE((same.indices == 0).all().item<bool>()) << "k=" << k;
+  }
+}
+
+TEST_P(NearestCodeKernel, InfiniteDistancesGiveValidIndices) {
+  // Every distance overflows to +inf: index 0, never a padding lane past k.
+  const at::Tensor x = torch::full({5, 3}, 3e38f);
+  const NearestCode got = detail::nearest_code_with_kernel(x, -x.narrow(0, 0, 3), Metric::Euclidean, GetParam());
+  EXPECT_TRUE((got.indices == 0).all().item<bool>()) << got.indices;
+}
+
+TEST_P(NearestCodeKernel, SeveralThreadsGiveTheSameAnswer) {
+  // 4999 rows: the per-thread chunks end off the kernel's row blocks.
+  const auto [x, codebook] = random_inputs(4999, 300, 16, Metric::Euclidean);
+  const NearestCode one = detail::nearest_code_with_kernel(x, codebook, Metric::Euclidean, GetParam());
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const NearestCode two = detail::nearest_code_with_kernel(x, codebook, Metric::Euclidean, GetParam());
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.indices, two.indices));
+  EXPECT_TRUE(torch::equal(one.score, two.score));
+  expect_equals_brute_force(x, codebook, Metric::Euclidean, two);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, NearestCodeKernel,
+                         ::testing::Values(std::string("avx512"), std::string("avx2"), std::string("generic")));
 
 }  // namespace
 }  // namespace lockstep::quant

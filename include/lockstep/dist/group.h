@@ -52,6 +52,10 @@ class Group {
   // In place: every rank's tensors receive `root`'s values.
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) = 0;
   virtual void barrier(const CollectiveOptions& opts) = 0;
+
+  // What the caller is doing ("step 57"), shown in other ranks' reports when this rank dies or
+  // stalls. Not a collective.
+  virtual void set_progress(const std::string& progress) { (void)progress; }
 };
 
 // The group of one process: rank 0 of 1. Checks its arguments like a real group would, so that

@@ -1,0 +1,177 @@
+// G2 with real processes: this test binary starts copies of itself as ranks (gloo's multi-process
+// test style). One rank dies or stalls; the others must name it, in time, with where everyone was.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "lockstep/dist/collective.h"
+#include "lockstep/dist/process_group.h"
+#include "rank_threads.h"
+#include "io/test_temp_dir.h"
+
+extern char** environ;
+
+namespace lockstep::dist {
+namespace {
+
+int64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // one clock for every process of the machine
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The rank side, run only as a child (LOCKSTEP_LIVENESS_DIR set): collectives until something fails;
+// rank 1 dies ("die") or stops issuing collectives while staying alive ("stall") after 3 of them.
+TEST(LivenessChild, Rank) {
+  const std::string dir = env_or("LOCKSTEP_LIVENESS_DIR", "");
+  if (dir.empty()) GTEST_SKIP() << "runs only as a child of the Liveness tests";
+  GroupOptions o;
+  o.rank = std::stoi(env_or("LOCKSTEP_LIVENESS_RANK", "0"));
+  o.size = std::stoi(env_or("LOCKSTEP_LIVENESS_SIZE", "3"));
+  o.master_port = std::stoi(env_or("LOCKSTEP_LIVENESS_PORT", "29500"));
+  o.timeout = std::chrono::milliseconds(std::stoi(env_or("LOCKSTEP_LIVENESS_TIMEOUT_MS", "20000")));
+  const std::string role = env_or("LOCKSTEP_LIVENESS_ROLE", "");
+  const std::string me = dir + "/rank" + std::to_string(o.rank);
+  std::shared_ptr<Group> group;  // outlives the catch: rank 0 keeps its store up a while when destroyed
+  try {
+    group = make_process_group(o);
+    for (int i = 0; i < 100000; ++i) {
+      group->set_progress("step " + std::to_string(i));
+      if (o.rank == 1 && i == 3 && role == "die") {
+        // Work a little (a heartbeat publishes "step 3"), then die as a crash would.
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        write_text(dir + "/event", std::to_string(monotonic_ns()));
+        ::raise(SIGKILL);
+      }
+      if (o.rank == 1 && i == 3 && role == "stall") {
+        write_text(dir + "/event", std::to_string(monotonic_ns()));
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+      }
+      std::vector<at::Tensor> t{torch::ones({16})};
+      group->all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.loop"));
+    }
+    write_text(me + ".result", "finished without an error");
+  } catch (const std::exception& e) {
+    write_text(me + ".result", std::to_string(monotonic_ns()) + "\n" + e.what());
+  }
+}
+
+struct Outcome {
+  std::vector<std::string> messages;  // per rank, without the time line
+  std::vector<double> seconds_after_event;
+};
+
+// Starts `size` ranks of this binary in `role`, waits (hard limit 40 s), then kills what is left.
+Outcome run_children(const std::string& role, int size, int timeout_ms) {
+  ::lockstep::test_util::TempDir dir;
+  const int port = test_util::free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    env_strings.push_back("LOCKSTEP_LIVENESS_DIR=" + dir.path());
+    env_strings.push_back("LOCKSTEP_LIVENESS_RANK=" + std::to_string(r));
+    env_strings.push_back("LOCKSTEP_LIVENESS_SIZE=" + std::to_string(size));
+    env_strings.push_back("LOCKSTEP_LIVENESS_PORT=" + std::to_string(port));
+    env_strings.push_back("LOCKSTEP_LIVENESS_ROLE=" + role);
+    env_strings.push_back("LOCKSTEP_LIVENESS_TIMEOUT_MS=" + std::to_string(timeout_ms));
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string self = "/proc/self/exe", filter = "--gtest_filter=LivenessChild.Rank";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    pid_t pid = 0;
+    EXPECT_EQ(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  std::vector<bool> done(size, false);
+  int left = size;
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int r = 0; r < size; ++r) {
+      if (done[r]) continue;
+      // The stalled rank sleeps on: once the others have reported, stop it.
+      const bool others_reported = role == "stall" && r == 1 && [&] {
+        for (int k = 0; k < size; ++k) {
+          if (k != 1 && !done[k]) return false;
+        }
+        return true;
+      }();
+      if (others_reported) ::kill(pids[r], SIGKILL);
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < size; ++r) {
+    if (!done[r]) {
+      ::kill(pids[r], SIGKILL);
+      ::waitpid(pids[r], nullptr, 0);
+      ADD_FAILURE() << "rank " << r << " was still running after 40 s";
+    }
+  }
+  Outcome out;
+  const std::string event = read_text(dir.path() + "/event");
+  for (int r = 0; r < size; ++r) {
+    const std::string text = read_text(dir.path() + "/rank" + std::to_string(r) + ".result");
+    const size_t newline = text.find('\n');
+    out.messages.push_back(newline == std::string::npos ? text : text.substr(newline + 1));
+    out.seconds_after_event.push_back(newline == std::string::npos || event.empty()
+                                          ? -1
+                                          : (std::stoll(text.substr(0, newline)) - std::stoll(event)) * 1e-9);
+  }
+  return out;
+}
+
+TEST(Liveness, ADeadRankIsNamedByEveryOtherRankWithinTwoSeconds) {
+  const Outcome out = run_children("die", 3, 20000);
+  for (int r : {0, 2}) {
+    EXPECT_NE(out.messages[r].find("rank(s) 1 died"), std::string::npos) << "rank " << r << ": " << out.messages[r];
+    EXPECT_NE(out.messages[r].find("rank 1: step 3"), std::string::npos) << "rank " << r << ": " << out.messages[r];
+    EXPECT_GT(out.seconds_after_event[r], 0) << "rank " << r;
+    EXPECT_LT(out.seconds_after_event[r], 2.0) << "rank " << r << ": " << out.messages[r];
+  }
+}
+
+TEST(Liveness, AStalledRankIsNamedAtTheTimeoutWithWhereEveryRankIs) {
+  const Outcome out = run_children("stall", 3, 2000);
+  for (int r : {0, 2}) {
+    const std::string& m = out.messages[r];
+    EXPECT_NE(m.find("timed out after 2000 ms waiting for rank(s) 1;"), std::string::npos) << "rank " << r << ": " << m;
+    // Rank 1 is alive but stopped after its third collective; the others wait in the fourth.
+    EXPECT_NE(m.find("rank 1: step 3, after #3 all_reduce(sum)"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("rank " + std::to_string(r) + ": step 3, in #4 all_reduce(sum)"), std::string::npos)
+        << "rank " << r << ": " << m;
+    EXPECT_GT(out.seconds_after_event[r], 1.9) << "rank " << r;
+    EXPECT_LT(out.seconds_after_event[r], 4.0) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::dist
