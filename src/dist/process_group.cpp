@@ -5,7 +5,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <map>
@@ -256,6 +259,7 @@ class ProcessGroup final : public Group {
     LOCKSTEP_THROW_IF_NOT(missing.empty(), CollectiveFailure, "rank ", options_.rank, " of ", options_.size,
                           ": rank(s) ", detail::concat_list(missing), " did not arrive at ", options_.master_addr, ":",
                           options_.master_port, " within ", options_.connect_timeout.count(), " ms");
+    store_->set(detail::concat("lockstep/proc/", options_.rank), to_bytes(detail::concat(host_name(), "|", ::getpid())));
     for (int r = 0; r < options_.size; ++r) {
       const auto v = store_->get(detail::concat("lockstep/world/", r));
       const std::string theirs(v.begin(), v.end());
@@ -346,13 +350,17 @@ class ProcessGroup final : public Group {
             beats[r] = statuses[r].beat;
             changed[r] = now;
           }
-          if (r != options_.rank && now - changed[r] >= kDeadAfter) dead.push_back(r);
+          // Silent ranks are dead when this host can see their process is gone; a stopped or remote
+          // one is a stall, reported at the timeout.
+          if (r != options_.rank && now - changed[r] >= kDeadAfter && process_of(r) == Process::Gone) {
+            dead.push_back(r);
+          }
         }
         if (!dead.empty()) {
           failed_ = true;
           throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                                  " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
-                                                 kDeadAfter.count(), " ms); where every rank was:",
+                                                 kDeadAfter.count(), " ms, process gone); where every rank was:",
                                                  where_everyone_is()));
         }
       }
@@ -398,6 +406,36 @@ class ProcessGroup final : public Group {
   }
 
   static std::string status_key(int rank) { return detail::concat("lockstep/status/", rank); }
+
+  static std::string host_name() {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    return name;
+  }
+
+  enum class Process { Running, Stopped, Gone, Unknown };
+
+  // What the OS says of rank r's process when it runs on this host (a dead process and a stopped
+  // one both stop beating; only the first is dead). Unknown for other hosts.
+  Process process_of(int r) const {
+    try {
+      if (!store_->check({detail::concat("lockstep/proc/", r)})) return Process::Unknown;
+      const auto bytes = store_->get(detail::concat("lockstep/proc/", r));
+      const std::string text(bytes.begin(), bytes.end());
+      const size_t bar = text.find('|');
+      if (text.substr(0, bar) != host_name()) return Process::Unknown;
+      std::ifstream stat("/proc/" + text.substr(bar + 1) + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) return Process::Gone;
+      const size_t paren = line.rfind(')');
+      const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+      if (state == 'Z' || state == 'X') return Process::Gone;
+      if (state == 'T' || state == 't') return Process::Stopped;
+      return Process::Running;
+    } catch (const std::exception&) {
+      return Process::Unknown;
+    }
+  }
 
   struct Status {
     int64_t beat = -1;  // -1: unreadable
@@ -447,7 +485,8 @@ class ProcessGroup final : public Group {
           changed[r] = Clock::now();
           first[r] = now[r];
         }
-        if (r != options_.rank && Clock::now() - changed[r] >= kDeadAfter) dead.push_back(r);
+        if (r == options_.rank) continue;
+        if (process_of(r) == Process::Gone || Clock::now() - changed[r] >= kDeadAfter) dead.push_back(r);
       }
       if (store_gone && options_.rank != 0) return {0};
       if (!dead.empty()) return dead;
@@ -461,7 +500,9 @@ class ProcessGroup final : public Group {
     std::string out;
     const auto statuses = read_statuses();
     for (int r = 0; r < options_.size; ++r) {
-      out += detail::concat("\n  rank ", r, ": ", statuses[r].text);
+      const Process p = r == options_.rank ? Process::Running : process_of(r);
+      out += detail::concat("\n  rank ", r, p == Process::Stopped ? " [process stopped]" : "",
+                            p == Process::Gone ? " [process gone]" : "", ": ", statuses[r].text);
       const bool behind = statuses[r].beat != -1 && (statuses[r].sequence < static_cast<int64_t>(sequence) ||
                                                      (statuses[r].sequence == static_cast<int64_t>(sequence) && !statuses[r].inside));
       if (waiting_for && r != options_.rank && behind) waiting_for->push_back(r);

@@ -66,6 +66,11 @@ TEST(LivenessChild, Rank) {
         write_text(dir + "/event", std::to_string(monotonic_ns()));
         ::raise(SIGKILL);
       }
+      if (o.rank == 1 && i == 3 && role == "stop") {  // frozen whole, as by SIGSTOP from a user
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        write_text(dir + "/event", std::to_string(monotonic_ns()));
+        ::raise(SIGSTOP);
+      }
       if (o.rank == 1 && i == 3 && role == "stall") {
         write_text(dir + "/event", std::to_string(monotonic_ns()));
         std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -114,7 +119,7 @@ Outcome run_children(const std::string& role, int size, int timeout_ms) {
     for (int r = 0; r < size; ++r) {
       if (done[r]) continue;
       // The stalled rank sleeps on: once the others have reported, stop it.
-      const bool others_reported = role == "stall" && r == 1 && [&] {
+      const bool others_reported = (role == "stall" || role == "stop") && r == 1 && [&] {
         for (int k = 0; k < size; ++k) {
           if (k != 1 && !done[k]) return false;
         }
@@ -153,7 +158,8 @@ TEST(Liveness, ADeadRankIsNamedByEveryOtherRankWithinTwoSeconds) {
   const Outcome out = run_children("die", 3, 20000);
   for (int r : {0, 2}) {
     EXPECT_NE(out.messages[r].find("rank(s) 1 died"), std::string::npos) << "rank " << r << ": " << out.messages[r];
-    EXPECT_NE(out.messages[r].find("rank 1: step 3"), std::string::npos) << "rank " << r << ": " << out.messages[r];
+    EXPECT_NE(out.messages[r].find("rank 1 [process gone]: step 3"), std::string::npos)
+        << "rank " << r << ": " << out.messages[r];
     EXPECT_GT(out.seconds_after_event[r], 0) << "rank " << r;
     EXPECT_LT(out.seconds_after_event[r], 2.0) << "rank " << r << ": " << out.messages[r];
   }
@@ -170,6 +176,18 @@ TEST(Liveness, AStalledRankIsNamedAtTheTimeoutWithWhereEveryRankIs) {
         << "rank " << r << ": " << m;
     EXPECT_GT(out.seconds_after_event[r], 1.9) << "rank " << r;
     EXPECT_LT(out.seconds_after_event[r], 4.0) << "rank " << r;
+  }
+}
+
+TEST(Liveness, AStoppedRankIsAStallNotADeathAndIsNamedAtTheTimeout) {
+  // A death would be named ~1.5 s after rank 1 falls silent; the stall waits out the 4 s timeout.
+  const Outcome out = run_children("stop", 3, 4000);
+  for (int r : {0, 2}) {
+    const std::string& m = out.messages[r];
+    EXPECT_NE(m.find("timed out after 4000 ms waiting for rank(s) 1;"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("rank 1 [process stopped]: step 3, after #3"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_EQ(m.find("died"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_GT(out.seconds_after_event[r], 2.5) << "rank " << r;
   }
 }
 
