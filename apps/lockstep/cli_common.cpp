@@ -3,7 +3,13 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
 #include <thread>
 
 namespace lockstep::cli {
@@ -24,6 +30,19 @@ std::string format_eval(const train::EvalResult& r) {
                 r.psnr_db, static_cast<long long>(r.codes_used), static_cast<long long>(r.codebook_size),
                 100.0 * r.code_usage, r.perplexity);
   return buf;
+}
+
+void report_error(const std::string& message) {
+  std::cerr << "lockstep: error: " << message << "\n";
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path) return;
+  nlohmann::json error;
+  error["message"]["message"] = "lockstep: " + message;
+  error["message"]["extraInfo"]["py_callstack"] = "(a C++ program: no Python stack)";
+  error["message"]["extraInfo"]["timestamp"] = std::to_string(std::time(nullptr));
+  std::ofstream out(path);
+  out << error.dump() << "\n";
+  if (!out) std::cerr << "lockstep: could not write the error to TORCHELASTIC_ERROR_FILE=" << path << "\n";
 }
 
 }  // namespace lockstep::cli

@@ -18,4 +18,8 @@ bool stdout_is_terminal();
 // "mse 0.00612  psnr 22.13 dB  codes used 812/1000 (81.2%)  perplexity 530.2"
 std::string format_eval(const train::EvalResult& r);
 
+// Prints "lockstep: error: <message>" to stderr and, when TORCHELASTIC_ERROR_FILE is set (torchrun
+// sets it per rank), writes the error there as JSON in the format torchrun reads back and shows.
+void report_error(const std::string& message);
+
 }  // namespace lockstep::cli

@@ -74,8 +74,8 @@ int run_train(const TrainArgs& args) {
   // moment on destruction so that the other ranks can read where everyone was.
   try {
     return run_train_on(args, group);
-  } catch (const Error& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    report_error(e.what());
     return kExitError;
   }
 }

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "blas_env.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
@@ -54,12 +55,9 @@ int main(int argc, char** argv) {
 
   try {
     return run();
-  } catch (const lockstep::Error& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
-    return lockstep::cli::kExitError;
   } catch (const std::exception& e) {
-    // Torch and the standard library throw these; still an error report, never a crash.
-    std::cerr << "lockstep: error: " << e.what() << "\n";
+    // lockstep::Error, and what torch and the standard library throw: an error report, never a crash.
+    lockstep::cli::report_error(e.what());
     return lockstep::cli::kExitError;
   }
 }

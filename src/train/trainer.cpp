@@ -12,6 +12,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/adam.h"
@@ -64,6 +65,59 @@ struct Trainer::State {
     return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
   }
 
+  // Hash of the raw bytes of `tensors` (a checksum for comparing replicas, not cryptographic).
+  static int64_t checksum(const std::vector<at::Tensor>& tensors) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (const auto& t : tensors) {
+      const at::Tensor c = t.detach().contiguous();
+      const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+      const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+      for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+    }
+    return static_cast<int64_t>(h);
+  }
+
+  // Every rank must hold rank 0's parameters and buffers (quantizer codebooks included): one
+  // all_gather of two checksums; a difference is an error on every rank naming the ranks.
+  void check_replicas(const char* when) {
+    if (!distributed()) return;
+    std::vector<at::Tensor> params, buffers;
+    for (const auto& p : model->named_parameters(true)) params.push_back(p.value());
+    for (const auto& b : model->named_buffers(true)) buffers.push_back(b.value());
+    const auto all = group->all_gather(torch::tensor({checksum(params), checksum(buffers)}, torch::kInt64),
+                                       LOCKSTEP_CALL_SITE("train.replica_check"));
+    std::vector<std::string> differ;
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r][0].item<int64_t>() != all[0][0].item<int64_t>()) differ.push_back(detail::concat(r, " (parameters)"));
+      if (all[r][1].item<int64_t>() != all[0][1].item<int64_t>()) differ.push_back(detail::concat(r, " (buffers)"));
+    }
+    LOCKSTEP_THROW_IF_NOT(differ.empty(), dist::CollectiveFailure, "rank ", group->rank(), " of ", group->size(), ", ",
+                          when, ": the model on rank(s) ", detail::concat_list(differ),
+                          " differs from rank 0's; data-parallel replicas must stay identical");
+  }
+
+  // Every rank must train with the same configuration (data.dir and train.threads may differ).
+  void check_same_config() {
+    if (!distributed()) return;
+    Config shared = config;
+    shared.set("data.dir", lockstep_schema().find("data.dir")->default_value);
+    shared.set("train.threads", lockstep_schema().find("train.threads")->default_value);
+    const std::string text = shared.to_toml();
+    const auto all = group->all_gather(
+        torch::tensor({checksum({torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())},
+                                                  torch::kUInt8)})},
+                      torch::kInt64),
+        LOCKSTEP_CALL_SITE("train.config_check"));
+    std::vector<std::string> differ;
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
+    }
+    LOCKSTEP_THROW_IF_NOT(differ.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
+                          ": the configuration of rank(s) ", detail::concat_list(differ),
+                          " differs from rank 0's (compare `lockstep train --print-config` with each rank's flags); "
+                          "every rank must be started with the same settings");
+  }
+
   // Every rank starts from rank 0's parameters and buffers (one checked broadcast).
   void sync_model() {
     if (!distributed()) return;
@@ -72,6 +126,7 @@ struct Trainer::State {
     for (const auto& p : model->named_parameters(true)) tensors.push_back(p.value());
     for (const auto& b : model->named_buffers(true)) tensors.push_back(b.value());
     group->broadcast(tensors, 0, LOCKSTEP_CALL_SITE("train.model.init"));
+    check_replicas("at start");
   }
 
   // Everything a run needs from its configuration, for both new and resumed runs.
@@ -120,7 +175,8 @@ struct Trainer::State {
   }
 
   void save() {
-    if (!is_root()) return;  // rank 0 holds what every rank holds
+    check_replicas(detail::concat("at step ", step).c_str());
+    if (!is_root()) return;  // rank 0 holds what every rank holds, as just checked
     Checkpoint c;
     c.model = module_state(*model);
     c.optimizer = adam->state();
@@ -152,6 +208,7 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
   if (s->is_root()) prepare_new_run_dir(run_dir);
   s->build();
+  s->check_same_config();
   s->sync_model();
   if (s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
@@ -193,6 +250,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   cpu_generator.set_state(c.torch_rng);
   s->step = c.step;
+  s->check_same_config();
   s->sync_model();  // every rank read the same file; the broadcast also checks that all arrived
   if (!overrides.empty() && s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));

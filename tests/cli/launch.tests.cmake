@@ -1,7 +1,9 @@
 # CLI tests of lockstep launch and data-parallel training on ranks that are real processes.
 set(LS $<TARGET_FILE:lockstep_cli>)
 set(COMPARE ${CMAKE_CURRENT_LIST_DIR}/compare_metrics.py)
-set(SMALL "--steps 12 --batch-size 24 --threads 1 --set data.train_subset=480 --set data.test_subset=32 --set model.channels=[8,8] --set train.log_every=3")
+set(COMMON "--batch-size 24 --threads 1 --set data.train_subset=480 --set data.test_subset=32 --set model.channels=[8,8] --set train.log_every=3")
+set(SMALL "--steps 12 ${COMMON}")
+separate_arguments(SMALL_ARGS UNIX_COMMAND "${SMALL}")  # the same flags as separate ARGS
 
 lockstep_cli_test(launch_help EXIT 0 OUTPUT "RANK, WORLD_SIZE.*\\[rank r/w\\]" ARGS launch --help)
 lockstep_cli_test(launch_needs_a_command EXIT 2 OUTPUT "command is required" ARGS launch -n 2)
@@ -18,3 +20,18 @@ lockstep_cli_test(launch_three_ranks_match_one_process EXIT 0 OUTPUT "step 12.*m
 lockstep_cli_test(launch_uneven_ranks_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > one.log && ${LS} launch -n 5 --master-port 29727 -- train --run-dir five ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > five.log && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 1e-4"
                   ARGS eval five --limit 32)
+# Failure mode a: rank 0 alone evaluates mid-training (its forwards issue no collective); training
+# completes and the replica check at every checkpoint finds all ranks' parameters and codebooks equal.
+lockstep_cli_test(launch_rank0_evaluates_midway_vq EXIT 0
+                  OUTPUT "\\[rank 0/2\\] eval at step 3:.*\\[rank 0/2\\] test: mse"
+                  TIMEOUT 240 ARGS launch -n 2 --master-port 29731 -- train --run-dir run ${SMALL_ARGS} --quantizer vq
+                  --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1
+                  --set train.eval_every=3 --set train.checkpoint_every=4)
+lockstep_cli_test(launch_rank0_evaluates_midway_residual_lfq EXIT 0
+                  OUTPUT "\\[rank 0/2\\] eval at step 6:.*\\[rank 0/2\\] test: mse"
+                  TIMEOUT 240 ARGS launch -n 2 --master-port 29735 -- train --run-dir run ${SMALL_ARGS}
+                  --quantizer residual-lfq --set quantizer.lfq.codebook_size=64 --set train.eval_every=6)
+# A 2-rank run resumed on 3 ranks (the same global batch) continues the single-process sequence.
+lockstep_cli_test(launch_resume_onto_more_ranks_matches_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 300
+                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 2 --master-port 29741 -- train --run-dir run --steps 6 ${COMMON} > part1.log && ${LS} launch -n 3 --master-port 29743 -- train --resume run --steps 12 > part2.log && grep -q 'resumed at step 6 of 12' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
+                  ARGS eval run --limit 16)
