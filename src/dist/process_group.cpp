@@ -1,9 +1,13 @@
 #include "lockstep/dist/process_group.h"
 
+#include <torch/torch.h>
+
+#include "lockstep/config_build.h"
+#if LOCKSTEP_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
+#endif
 
 #include <unistd.h>
 
@@ -44,6 +48,7 @@ int env_int(const char* name, int fallback) {
   return value;
 }
 
+#if LOCKSTEP_HAVE_GLOO
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return c10d::ReduceOp::SUM;
@@ -217,8 +222,10 @@ class ProcessGroup final : public Group {
     return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
   }
 
-  // Loopback masters keep every rank on 127.0.0.1; otherwise Gloo binds to this host's address.
+  // GLOO_SOCKET_IFNAME as in PyTorch; else loopback masters keep every rank on 127.0.0.1, and
+  // otherwise Gloo binds to this host's address.
   std::shared_ptr<::gloo::transport::Device> device() const {
+    if (const auto name = env("GLOO_SOCKET_IFNAME")) return c10d::ProcessGroupGloo::createDeviceForInterface(*name);
     const std::string& m = options_.master_addr;
     if (m == "127.0.0.1" || m == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
     return c10d::ProcessGroupGloo::createDefaultDevice();
@@ -526,6 +533,7 @@ class ProcessGroup final : public Group {
   bool stopping_ = false;
   std::thread heartbeat_;
 };
+#endif  // LOCKSTEP_HAVE_GLOO
 
 }  // namespace
 
@@ -568,7 +576,12 @@ void GroupOptions::validate() const {
 
 std::shared_ptr<Group> make_process_group(const GroupOptions& options) {
   options.validate();
+#if LOCKSTEP_HAVE_GLOO
   return std::make_shared<ProcessGroup>(options);
+#else
+  throw InvalidArgument(detail::concat("rank ", options.rank, " of ", options.size, ": this build of lockstep has no ",
+                                       "Gloo (its headers were not found at configure time: install libgloo-dev)"));
+#endif
 }
 
 }  // namespace lockstep::dist

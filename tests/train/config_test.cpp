@@ -351,9 +351,9 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
 TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
   EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
-                                                   "quantizer.vq", "train", "eval"}));
+                                                   "quantizer.vq", "quantizer.residual", "train", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
-  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "vq"}));
+  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "residual", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
   EXPECT_FALSE(s.is_section("quantizer.fs"));
