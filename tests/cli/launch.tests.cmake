@@ -35,3 +35,10 @@ lockstep_cli_test(launch_rank0_evaluates_midway_residual_lfq EXIT 0
 lockstep_cli_test(launch_resume_onto_more_ranks_matches_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 300
                   SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 2 --master-port 29741 -- train --run-dir run --steps 6 ${COMMON} > part1.log && ${LS} launch -n 3 --master-port 29743 -- train --resume run --steps 12 > part2.log && grep -q 'resumed at step 6 of 12' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
                   ARGS eval run --limit 16)
+# Failure mode c: codebook sync (VQ's EMA, k-means, dead codes) and gradient sync together for
+# hundreds of steps: no hang, and the replicas stay identical (checked at every checkpoint).
+lockstep_cli_test(launch_hundreds_of_steps_vq EXIT 0 OUTPUT "\\[rank 0/2\\] trained 300 steps" TIMEOUT 300
+                  ARGS launch -n 2 --master-port 29751 -- train --run-dir run --steps 300 --batch-size 16
+                  --threads 1 --set data.train_subset=1600 --set data.test_subset=16 --set model.channels=[4,4]
+                  --set train.log_every=100 --set train.checkpoint_every=50 --quantizer vq
+                  --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=0.5)

@@ -148,6 +148,36 @@ TEST_P(CollectiveMismatches, RaiseOnEveryRankWithinASecondNamingBothCallsThenThe
 INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveMismatches, ::testing::ValuesIn(mismatches()),
                          [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.name; });
 
+// Failure mode e: one rank runs out of batches (forced here; the data plan of issue #5 prevents it)
+// and moves on to the end of the epoch while the others still sync gradients: every rank gets
+// CollectiveMismatch at the point of divergence naming the rank that ran out, not a timeout.
+TEST(ProcessGroup, ARankThatRunsOutOfBatchesIsNamedAtTheDivergence) {
+  std::vector<std::string> messages(3);
+  std::vector<double> seconds(3);
+  const auto errors = run_ranks(3, [&](Group& g, int r) {
+    const int batches = r == 1 ? 4 : 6;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      for (int b = 0; b < batches; ++b) {
+        std::vector<at::Tensor> grads{torch::ones({8}), torch::ones({3, 3})};
+        g.all_reduce(grads, ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.grads"));
+      }
+      g.barrier(LOCKSTEP_CALL_SITE("epoch.end"));
+    } catch (const CollectiveMismatch& e) {
+      messages[r] = e.what();
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  });
+  expect_no_errors(errors);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(messages[r].find("rank 1: #5 barrier at epoch.end"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("rank 0: #5 all_reduce(sum) of [float32 (8), float32 (3, 3)] at train.grads"),
+              std::string::npos)
+        << messages[r];
+    EXPECT_LT(seconds[r], 1.0) << "rank " << r;
+  }
+}
+
 TEST(ProcessGroup, ARankThatNeverArrivesIsNamed) {
   GroupOptions o = test_util::local_options(0, 3, test_util::free_port());
   o.connect_timeout = std::chrono::milliseconds(1500);  // TCPStore's socket counts whole seconds
