@@ -20,6 +20,19 @@ std::string CallSite::to_string() const {
 }
 
 namespace {
+class Done final : public PendingCollective {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Group::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                           const CollectiveOptions& opts) {
+  all_reduce(tensors, op, opts);
+  return std::make_unique<Done>();
+}
+
+namespace {
 void check_defined(const std::vector<at::Tensor>& tensors, const char* op, const CollectiveOptions& opts) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     LOCKSTEP_CHECK_ARG(tensors[i].defined(), op, " at ", opts.site.to_string(), ": tensor ", i,

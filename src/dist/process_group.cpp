@@ -156,6 +156,26 @@ class ProcessGroup final : public Group {
     leave(call);
   }
 
+  // The fingerprint exchange happens now; the data moves on Gloo's worker threads until wait().
+  std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                      const CollectiveOptions& opts) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto pending = std::make_unique<Pending>(*this, tensors, opts);
+    pending->call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
+    enter(pending->call);
+    agree(pending->call, opts);
+    if (tensors.empty()) return pending;
+    pending->packed = pack(tensors);
+    for (auto& buffer : pending->packed.buffers) {
+      std::vector<at::Tensor> one{buffer};
+      c10d::AllreduceOptions o;
+      o.reduceOp = to_c10d(op);
+      o.timeout = timeout_of(opts);
+      pending->works.push_back(gloo_->allreduce(one, o));
+    }
+    return pending;
+  }
+
   std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
     const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site);
@@ -202,6 +222,21 @@ class ProcessGroup final : public Group {
   }
 
  private:
+  struct Pending final : public PendingCollective {
+    Pending(ProcessGroup& g, std::vector<at::Tensor>& t, const CollectiveOptions& o) : group(g), tensors(t), opts(o) {}
+    void wait() override {
+      for (auto& work : works) group.finish(work, call, opts);
+      if (!tensors.empty()) unpack(packed, tensors);
+      group.leave(call);
+    }
+    ProcessGroup& group;
+    std::vector<at::Tensor>& tensors;
+    CollectiveOptions opts;
+    CollectiveCall call;
+    Packed packed;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+
   // What the heartbeat publishes: the current collective, else the last one completed.
   void enter(const CollectiveCall& call) { set_where_call(true, call); }
   void leave(const CollectiveCall& call) { set_where_call(false, call); }

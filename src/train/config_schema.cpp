@@ -118,6 +118,10 @@ Schema build_schema() {
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));
   s.add(K::integer("train.threads", 0, "Intra-op CPU threads; 0 uses all cores.").at_least(0));
+  s.add(K::integer("train.grad_bucket_kb", 1024,
+                   "Distributed runs: gradients are all-reduced in buckets of about this many KiB, each sent "
+                   "as soon as backward has produced it.")
+            .in_range(1, 1 << 20));
   s.add(K::integer("train.log_every", 50, "Steps between two lines of training metrics.").at_least(1));
   s.add(K::integer("train.checkpoint_every", 500, "Steps between checkpoints; 0 saves only at the end.").at_least(0));
   s.add(K::integer("train.eval_every", 0, "Steps between test-set evaluations; 0 evaluates only at the end.")

@@ -17,6 +17,7 @@
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/adam.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/grad_sync.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
@@ -28,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 // Keys that change neither the model nor the order of the data, so a resumed run may alter them.
 const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.steps",     "train.log_every",
+                                                 "train.grad_bucket_kb",
                                                  "train.checkpoint_every", "train.eval_every", "eval.batch_size",
                                                  "eval.grid_images", "data.dir"};
 
@@ -53,6 +55,7 @@ struct Trainer::State {
   int64_t epoch_of_order = -1;  // the epoch whose sample order `order` holds
   std::vector<int64_t> order;
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
+  std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
 
   bool is_root() const { return group->rank() == 0; }
   bool distributed() const { return group->size() > 1; }
@@ -156,6 +159,10 @@ struct Trainer::State {
     model->options().check_image_size(train_set.height, train_set.width);
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());
+    if (distributed()) {
+      grad_sync = std::make_unique<GradientSync>(group, model->parameters(true),
+                                                 config.get_int("train.grad_bucket_kb") * 1024);
+    }
     adam = std::make_unique<Adam>(std::move(params), AdamOptions()
                                                          .lr(config.get_float("train.lr"))
                                                          .weight_decay(config.get_float("train.weight_decay")));
@@ -304,24 +311,19 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
     const double weight = static_cast<double>(count) * s.group->size() / static_cast<double>(global.size());
     const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
-    s.adam->zero_grad();
-    loss.backward();
     double step_loss = loss.item<double>();
     bool stop_everywhere = false;
     if (s.distributed()) {
-      // One checked all_reduce per step: every gradient, this rank's loss and its stop request.
+      // This rank's loss and stop request travel summed with the last gradient bucket.
       const bool stop_here = cb.stop_requested && cb.stop_requested->load();
-      std::vector<at::Tensor> tensors;
-      for (const auto& p : s.model->parameters()) {
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        tensors.push_back(p.grad());
-      }
-      tensors.push_back(torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f}));
-      s.group->all_reduce(tensors, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.grads"));
-      const double w = s.group->size();
-      for (size_t i = 0; i + 1 < tensors.size(); ++i) tensors[i].div_(w);
-      step_loss = tensors.back()[0].item<double>() / w;
-      stop_everywhere = tensors.back()[1].item<float>() > 0;
+      s.grad_sync->begin(torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f}));
+    }
+    s.adam->zero_grad();
+    loss.backward();
+    if (s.distributed()) {
+      const at::Tensor control = s.grad_sync->finish();  // gradients now the mean over ranks
+      step_loss = control[0].item<double>() / s.group->size();
+      stop_everywhere = control[1].item<float>() > 0;
     }
     s.adam->step();
     ++s.step;

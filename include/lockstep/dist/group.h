@@ -35,6 +35,14 @@ struct CollectiveOptions {
   CollectiveOptions(CallSite s) : site(s) {}  // NOLINT: a call site alone is the common case
 };
 
+// A collective in flight: wait() returns when its results are in place, or throws as the
+// collective would have.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 class Group {
  public:
   virtual ~Group() = default;
@@ -52,6 +60,11 @@ class Group {
   // In place: every rank's tensors receive `root`'s values.
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) = 0;
   virtual void barrier(const CollectiveOptions& opts) = 0;
+  // all_reduce that returns once the ranks agreed on the call (G1) and the data is on its way, so
+  // the caller can go on computing; `tensors` must stay alive and untouched until wait(). Calls
+  // must still be issued in the same order on every rank. By default it runs synchronously.
+  virtual std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                               const CollectiveOptions& opts);
 
   // What the caller is doing ("step 57"), shown in other ranks' reports when this rank dies or
   // stalls. Not a collective.

@@ -1,0 +1,93 @@
+#include "lockstep/train/grad_sync.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "dist/rank_threads.h"
+
+namespace lockstep::train {
+namespace {
+
+// A little network, built identically on every rank from one seed.
+torch::nn::Sequential make_net() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(6, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16),
+                               torch::nn::Tanh(), torch::nn::Linear(16, 2));
+}
+
+TEST(GradientSync, GradientsBecomeTheMeanOverRanksWhateverTheBuckets) {
+  for (const int64_t bucket_bytes : {int64_t{1} << 20, int64_t{600}, int64_t{1}}) {
+    SCOPED_TRACE(::testing::Message() << "bucket bytes " << bucket_bytes);
+    constexpr int kRanks = 3;
+    std::vector<torch::nn::Sequential> nets;
+    for (int r = 0; r < kRanks; ++r) nets.push_back(make_net());  // built before the threads: one generator
+    std::vector<at::Tensor> inputs;
+    for (int r = 0; r < kRanks; ++r) inputs.push_back(torch::empty({5, 6}).normal_(0, 1, at::detail::createCPUGenerator(r)));
+    // The expected mean, from local backwards.
+    std::vector<at::Tensor> expected;
+    for (int r = 0; r < kRanks; ++r) {
+      auto net = make_net();
+      net->forward(inputs[r]).pow(2).sum().backward();
+      for (size_t k = 0; k < net->parameters().size(); ++k) {
+        const at::Tensor g = net->parameters()[k].grad() / kRanks;
+        if (r == 0) expected.push_back(g.clone());
+        else expected[k] += g;
+      }
+    }
+    std::vector<int64_t> buckets(kRanks);
+    std::vector<at::Tensor> controls(kRanks);
+    const auto errors = dist::test_util::run_ranks(kRanks, [&](dist::Group& g, int r) {
+      auto& net = nets[r];
+      GradientSync sync(std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}), net->parameters(), bucket_bytes);
+      buckets[r] = sync.buckets();
+      for (int step = 0; step < 2; ++step) {  // the second step reuses the buckets
+        sync.begin(torch::tensor({float(r), 1.0f}));
+        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+        net->forward(inputs[r]).pow(2).sum().backward();
+        controls[r] = sync.finish();
+        for (size_t k = 0; k < net->parameters().size(); ++k) {
+          EXPECT_TRUE(torch::allclose(net->parameters()[k].grad(), expected[k], 1e-5, 1e-6))
+              << "rank " << r << " step " << step << " parameter " << k;
+        }
+      }
+    });
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+      EXPECT_TRUE(torch::equal(controls[r], torch::tensor({3.0f, 3.0f})));  // 0 + 1 + 2, 1 + 1 + 1
+    }
+    // 6 parameters: one bucket of 1 MiB, several of 600 bytes, one per parameter at 1 byte.
+    EXPECT_EQ(buckets[0], bucket_bytes == (int64_t{1} << 20) ? 1 : bucket_bytes == 1 ? 6 : buckets[0]);
+    if (bucket_bytes == 600) EXPECT_GT(buckets[0], 2);
+  }
+}
+
+TEST(GradientSync, SharedParametersAreSummedButASecondBackwardIsAnError) {
+  const auto errors = dist::test_util::run_ranks(2, [&](dist::Group& g, int r) {
+    torch::manual_seed(1);
+    auto lin = torch::nn::Linear(3, 3);
+    GradientSync sync(std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}), lin->parameters(), 1 << 20);
+    const at::Tensor x = torch::ones({1, 3}) * (r + 1);
+    // The layer used twice in one forward: its hook sees the summed gradient once.
+    sync.begin(torch::zeros({1}));
+    const at::Tensor loss = lin->forward(lin->forward(x)).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    sync.finish();
+    const at::Tensor synced = lin->weight.grad().clone();
+    EXPECT_TRUE(torch::isfinite(synced).all().item<bool>());
+    // Two backwards in one step: the second gradient cannot join buckets already sent.
+    sync.begin(torch::zeros({1}));
+    loss.backward({}, /*retain_graph=*/true);
+    try {
+      loss.backward();
+      ADD_FAILURE() << "rank " << r << " accepted a second backward";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("run one backward between begin() and finish()"), std::string::npos)
+          << e.what();
+    }
+    sync.finish();
+  });
+  for (const auto& e : errors) EXPECT_FALSE(e) << dist::test_util::message_of<std::exception>(e);
+}
+
+}  // namespace
+}  // namespace lockstep::train
