@@ -8,13 +8,23 @@ namespace lockstep::model {
 namespace {
 namespace nn = torch::nn;
 
-// conv3x3 -> SiLU -> conv3x3, added to the input.
+// [BN ->] SiLU -> conv3x3 -> [BN ->] SiLU -> conv3x3, added to the input.
 struct ResBlockImpl : nn::Module {
-  explicit ResBlockImpl(int64_t channels)
+  ResBlockImpl(int64_t channels, bool batch_norm)
       : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(channels, channels, 3).padding(1)))),
-        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, channels, 3).padding(1)))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + conv2(torch::silu(conv1(torch::silu(x)))); }
+        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, channels, 3).padding(1)))) {
+    if (batch_norm) {
+      norm1 = register_module("norm1", nn::BatchNorm2d(channels));
+      norm2 = register_module("norm2", nn::BatchNorm2d(channels));
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor a = norm1 ? norm1(x) : x;
+    const at::Tensor h = conv1(torch::silu(a));
+    return x + conv2(torch::silu(norm2 ? norm2(h) : h));
+  }
   nn::Conv2d conv1, conv2;
+  nn::BatchNorm2d norm1{nullptr}, norm2{nullptr};
 };
 TORCH_MODULE(ResBlock);
 
@@ -61,7 +71,7 @@ AutoencoderImpl::AutoencoderImpl(AutoencoderOptions options, std::shared_ptr<qua
     enc->push_back(silu());
     enc->push_back(conv3x3(ch[i - 1], ch[i], 2));
   }
-  for (int64_t i = 0; i < options_.res_blocks(); ++i) enc->push_back(ResBlock(ch.back()));
+  for (int64_t i = 0; i < options_.res_blocks(); ++i) enc->push_back(ResBlock(ch.back(), options_.batch_norm()));
   enc->push_back(silu());
   encoder_ = register_module("encoder", enc);
   to_latent_ = register_module("to_latent", nn::Conv2d(nn::Conv2dOptions(ch.back(), latent, 1)));
@@ -69,7 +79,7 @@ AutoencoderImpl::AutoencoderImpl(AutoencoderOptions options, std::shared_ptr<qua
   from_latent_ = register_module("from_latent", nn::Conv2d(nn::Conv2dOptions(latent, ch.back(), 1)));
 
   nn::Sequential dec;
-  for (int64_t i = 0; i < options_.res_blocks(); ++i) dec->push_back(ResBlock(ch.back()));
+  for (int64_t i = 0; i < options_.res_blocks(); ++i) dec->push_back(ResBlock(ch.back(), options_.batch_norm()));
   for (int64_t i = levels - 1; i >= 1; --i) {
     dec->push_back(silu());
     dec->push_back(upsample(ch[i], ch[i - 1]));

@@ -25,6 +25,9 @@ Schema build_schema() {
             .in_range(1, 1024)
             .length(1, 5));
   s.add(K::integer("model.res_blocks", 1, "Residual blocks at the lowest resolution, in the encoder and in the decoder.").in_range(0, 8));
+  s.add(K::boolean("model.batch_norm", false,
+                   "BatchNorm in the residual blocks. On several ranks each normalises with its own batch's "
+                   "statistics and the running estimates are averaged over ranks after every step."));
 
   s.add(K::string("quantizer.name", "fsq", "Which quantizer turns the encoder's output into tokens.")
             .one_of(kQuantizers));

@@ -19,7 +19,7 @@ model::Autoencoder build_model(const Config& config, int64_t in_channels) {
   const std::string name = config.get_string("quantizer.name");
   auto quantizer = quant::make_quantizer(name, quantizer_options(config, name));
   model::AutoencoderOptions options(in_channels, config.get_int_list("model.channels"));
-  options.res_blocks(config.get_int("model.res_blocks"));
+  options.res_blocks(config.get_int("model.res_blocks")).batch_norm(config.get_bool("model.batch_norm"));
   return model::Autoencoder(options, quantizer);
 }
 

@@ -56,6 +56,17 @@ struct Trainer::State {
   std::vector<int64_t> order;
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
   std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
+  std::vector<at::Tensor> local_buffers;    // float buffers outside the quantizer (BatchNorm statistics)
+
+  // Buffers that follow each rank's own batch are averaged over ranks here, after the optimizer
+  // step: the one defined point where they synchronise (never as a side effect of forward).
+  // Quantizer state needs none: it is updated from global statistics.
+  void sync_buffers() {
+    if (!distributed() || local_buffers.empty()) return;
+    torch::NoGradGuard no_grad;
+    group->all_reduce(local_buffers, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.buffers"));
+    for (auto& b : local_buffers) b.div_(group->size());
+  }
 
   bool is_root() const { return group->rank() == 0; }
   bool distributed() const { return group->size() > 1; }
@@ -159,6 +170,9 @@ struct Trainer::State {
     model->options().check_image_size(train_set.height, train_set.width);
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());
+    for (const auto& b : model->named_buffers(true)) {
+      if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers.push_back(b.value());
+    }
     if (distributed()) {
       grad_sync = std::make_unique<GradientSync>(group, model->parameters(true),
                                                  config.get_int("train.grad_bucket_kb") * 1024);
@@ -326,6 +340,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       stop_everywhere = control[1].item<float>() > 0;
     }
     s.adam->step();
+    s.sync_buffers();
     ++s.step;
     if (stop_everywhere) summary.interrupted = true;
 

@@ -43,3 +43,9 @@ lockstep_cli_test(launch_hundreds_of_steps_vq EXIT 0 OUTPUT "\\[rank 0/2\\] trai
                   --threads 1 --set data.train_subset=1600 --set data.test_subset=16 --set model.channels=[4,4]
                   --set train.log_every=100 --set train.checkpoint_every=50 --quantizer vq
                   --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=0.5)
+# Failure mode d: a model with buffers (BatchNorm), evaluated by rank 0 alone between steps;
+# training goes on, and the replica check at every checkpoint finds the buffers in sync.
+lockstep_cli_test(launch_batch_norm_buffers_stay_in_sync EXIT 0
+                  OUTPUT "\\[rank 0/2\\] eval at step 4:.*\\[rank 0/2\\] test: mse"
+                  TIMEOUT 240 ARGS launch -n 2 --master-port 29761 -- train --run-dir run ${SMALL_ARGS}
+                  --set model.batch_norm=true --set train.eval_every=4 --set train.checkpoint_every=2)

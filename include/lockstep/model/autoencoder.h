@@ -18,10 +18,14 @@ struct AutoencoderOptions {
       : in_channels_(in_channels), channels_(std::move(channels)) {}
 
   AutoencoderOptions& res_blocks(int64_t n) { res_blocks_ = n; return *this; }
+  // BatchNorm before each activation of the residual blocks: statistics of the batch in training,
+  // running estimates (buffers) in evaluation.
+  AutoencoderOptions& batch_norm(bool on) { batch_norm_ = on; return *this; }
 
   int64_t in_channels() const { return in_channels_; }
   const std::vector<int64_t>& channels() const { return channels_; }
   int64_t res_blocks() const { return res_blocks_; }
+  bool batch_norm() const { return batch_norm_; }
   // Factor by which height and width shrink: 2^(levels - 1).
   int64_t downsampling() const { return int64_t{1} << (channels_.size() - 1); }
 
@@ -34,6 +38,7 @@ struct AutoencoderOptions {
   int64_t in_channels_;
   std::vector<int64_t> channels_;
   int64_t res_blocks_ = 1;  // residual blocks at the lowest resolution, in encoder and decoder
+  bool batch_norm_ = false;
 };
 
 struct AutoencoderOutput {
