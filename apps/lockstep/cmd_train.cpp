@@ -22,6 +22,11 @@ struct TrainArgs {
   std::string resume;
   bool print_config = false;
   double collective_timeout_s = 300;
+  // Explicit ranks (instead of torchrun's environment); -1 / empty: not given.
+  int rank = -1;
+  int world_size = -1;
+  std::string master_addr;
+  int master_port = -1;
   // Shortcuts for common keys; each becomes a --set.
   std::vector<std::pair<std::string, std::string>> shortcuts;
 };
@@ -63,8 +68,16 @@ int run_train(const TrainArgs& args) {
   }
   // Started as one rank of several (lockstep launch, torchrun): join the others.
   std::shared_ptr<dist::Group> group;
-  if (dist::GroupOptions::environment_has_ranks()) {
+  const bool flags_give_ranks = args.world_size > 0 || args.rank >= 0;
+  if (flags_give_ranks || dist::GroupOptions::environment_has_ranks()) {
+    // Flags override the environment, key by key.
     dist::GroupOptions options = dist::GroupOptions::from_environment();
+    if (args.world_size > 0) options.size = args.world_size;
+    if (args.rank >= 0) options.rank = args.rank;
+    if (!args.master_addr.empty()) options.master_addr = args.master_addr;
+    if (args.master_port > 0) options.master_port = args.master_port;
+    LOCKSTEP_CHECK_ARG(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
+                       options.size);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
     group = dist::make_process_group(options);
   } else {
@@ -150,6 +163,13 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->type_name("FILE");
   cmd->add_option("--set", args->sets, "Override one setting, KEY=VALUE (repeatable), e.g. --set train.lr=1e-3")
       ->type_name("KEY=VALUE");
+  cmd->add_option("--rank", args->rank, "This process's rank (default: RANK from the environment)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--world-size", args->world_size, "Ranks in the run (default: WORLD_SIZE, else 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--master-addr", args->master_addr, "Address of rank 0's store (default: MASTER_ADDR, else 127.0.0.1)");
+  cmd->add_option("--master-port", args->master_port, "Port of rank 0's store (default: MASTER_PORT, else 29500)")
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("--collective-timeout", args->collective_timeout_s,
                   "Seconds a rank waits in one collective before naming the ranks it waits for (runs started "
                   "by lockstep launch or torchrun)")

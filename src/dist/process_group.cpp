@@ -139,27 +139,13 @@ class ProcessGroup final : public Group {
   }
 
   void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override {
-    std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
-    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
-    enter(call);
-    agree(call, opts);
-    if (tensors.empty()) return leave(call);
-    Packed packed = pack(tensors);
-    for (auto& buffer : packed.buffers) {
-      std::vector<at::Tensor> one{buffer};
-      c10d::AllreduceOptions o;
-      o.reduceOp = to_c10d(op);
-      o.timeout = timeout_of(opts);
-      finish(gloo_->allreduce(one, o), call, opts);
-    }
-    unpack(packed, tensors);
-    leave(call);
+    all_reduce_async(tensors, op, opts)->wait();
   }
 
   // The fingerprint exchange happens now; the data moves on Gloo's worker threads until wait().
   std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
                                                       const CollectiveOptions& opts) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);  // collectives are issued one at a time, in order
     auto pending = std::make_unique<Pending>(*this, tensors, opts);
     pending->call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
     enter(pending->call);

@@ -4,6 +4,7 @@ set(COMPARE ${CMAKE_CURRENT_LIST_DIR}/compare_metrics.py)
 set(COMMON "--batch-size 24 --threads 1 --set data.train_subset=480 --set data.test_subset=32 --set model.channels=[8,8] --set train.log_every=3")
 set(SMALL "--steps 12 ${COMMON}")
 separate_arguments(SMALL_ARGS UNIX_COMMAND "${SMALL}")  # the same flags as separate ARGS
+separate_arguments(COMMON_ARGS UNIX_COMMAND "${COMMON}")
 
 lockstep_cli_test(launch_help EXIT 0 OUTPUT "RANK, WORLD_SIZE.*\\[rank r/w\\]" ARGS launch --help)
 lockstep_cli_test(launch_needs_a_command EXIT 2 OUTPUT "command is required" ARGS launch -n 2)
@@ -49,3 +50,9 @@ lockstep_cli_test(launch_batch_norm_buffers_stay_in_sync EXIT 0
                   OUTPUT "\\[rank 0/2\\] eval at step 4:.*\\[rank 0/2\\] test: mse"
                   TIMEOUT 240 ARGS launch -n 2 --master-port 29761 -- train --run-dir run ${SMALL_ARGS}
                   --set model.batch_norm=true --set train.eval_every=4 --set train.checkpoint_every=2)
+# Ranks from flags instead of the environment: rank 1 in the background, rank 0 in the foreground.
+lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "trained 6 steps.*test: mse" TIMEOUT 120
+                  SETUP "(${LS} train --rank 1 --world-size 2 --master-port 29771 --run-dir run --steps 6 ${COMMON} > rank1.log 2>&1 &)"
+                  ARGS train --rank 0 --world-size 2 --master-port 29771 --run-dir run --steps 6 ${COMMON_ARGS})
+lockstep_cli_test(train_rank_beyond_world_size EXIT 1 OUTPUT "--rank 5 must be below --world-size 2"
+                  ARGS train --rank 5 --world-size 2)

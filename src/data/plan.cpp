@@ -1,0 +1,92 @@
+#include "lockstep/data/plan.h"
+
+#include <algorithm>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
+
+namespace lockstep::data {
+namespace {
+// derive_seed purposes, so that the streams never coincide with the trainer's (1: sample order,
+// 2: quantizer randomness).
+constexpr uint64_t kBucketShuffle = 11;
+constexpr uint64_t kBatchOrder = 12;
+
+uint64_t mix(uint64_t h, int64_t v) {
+  const auto u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i) h = (h ^ ((u >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+  return h;
+}
+}  // namespace
+
+const char* remainder_name(Remainder r) { return r == Remainder::Drop ? "drop" : "pad"; }
+
+EpochPlan::EpochPlan(std::vector<std::vector<int64_t>> buckets, const PlanOptions& options, int64_t epoch)
+    : options_(options) {
+  const int64_t b = options.global_batch;
+  LOCKSTEP_CHECK_ARG(b >= 1, "data plan: global batch ", b, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(epoch >= 0, "data plan: epoch ", epoch, " must be >= 0");
+  std::vector<int64_t> batches_of;
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    auto& ids = buckets[k];
+    const auto n = static_cast<int64_t>(ids.size());
+    LOCKSTEP_CHECK_ARG(n == 0 || n >= b, "data plan: bucket ", k, " holds ", n, " samples, fewer than one global ",
+                       "batch of ", b, "; lower the global batch, merge buckets, or add images");
+    std::sort(ids.begin(), ids.end());  // the plan must not depend on the order ids were listed in
+    const std::vector<int64_t> perm =
+        permutation(n, derive_seed(options.seed, static_cast<uint64_t>(epoch), kBucketShuffle * 1000003 + k));
+    std::vector<int64_t> shuffled(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) shuffled[static_cast<size_t>(i)] = ids[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+    const int64_t full = n / b;
+    const bool pad = options.remainder == Remainder::Pad && n % b != 0;
+    batches_of.push_back(full + (pad ? 1 : 0));
+    shuffled_.push_back(std::move(shuffled));
+  }
+  for (size_t k = 0; k < batches_of.size(); ++k) {
+    for (int64_t j = 0; j < batches_of[k]; ++j) order_.emplace_back(static_cast<int64_t>(k), j);
+  }
+  LOCKSTEP_CHECK_ARG(!order_.empty(), "data plan: no bucket holds a global batch of ", b, " samples (",
+                     buckets.size(), " buckets)");
+  // Buckets interleave: the list of (bucket, batch) is shuffled as a whole.
+  const std::vector<int64_t> perm =
+      permutation(static_cast<int64_t>(order_.size()), derive_seed(options.seed, static_cast<uint64_t>(epoch), kBatchOrder));
+  std::vector<std::pair<int64_t, int64_t>> shuffled_order(order_.size());
+  for (size_t i = 0; i < order_.size(); ++i) shuffled_order[i] = order_[static_cast<size_t>(perm[i])];
+  order_ = std::move(shuffled_order);
+}
+
+PlannedBatch EpochPlan::batch(int64_t step) const {
+  LOCKSTEP_CHECK_ARG(step >= 0 && step < steps(), "data plan: step ", step, " outside [0, ", steps(), ")");
+  const auto [bucket, j] = order_[static_cast<size_t>(step)];
+  const auto& ids = shuffled_[static_cast<size_t>(bucket)];
+  const int64_t b = options_.global_batch;
+  const auto n = static_cast<int64_t>(ids.size());
+  PlannedBatch out;
+  out.bucket = bucket;
+  for (int64_t i = j * b; i < (j + 1) * b; ++i) out.samples.push_back(ids[static_cast<size_t>(i < n ? i : i - n)]);
+  return out;
+}
+
+std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank) const {
+  LOCKSTEP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "data plan: rank ", rank,
+                     " of a world of ", world_size);
+  LOCKSTEP_CHECK_ARG(options_.global_batch >= world_size, "data plan: a global batch of ", options_.global_batch,
+                     " cannot give each of ", world_size, " ranks a sample");
+  const PlannedBatch all = batch(step);
+  const int64_t total = options_.global_batch, base = total / world_size, extra = total % world_size;
+  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
+  const int64_t count = base + (rank < extra ? 1 : 0);
+  return {all.samples.begin() + first, all.samples.begin() + first + count};
+}
+
+uint64_t EpochPlan::hash() const {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int64_t s = 0; s < steps(); ++s) {
+    const PlannedBatch p = batch(s);
+    h = mix(h, p.bucket);
+    for (int64_t id : p.samples) h = mix(h, id);
+  }
+  return h;
+}
+
+}  // namespace lockstep::data
