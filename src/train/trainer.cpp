@@ -6,12 +6,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 #include <thread>
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/data/plan.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
@@ -52,8 +54,9 @@ struct Trainer::State {
   int64_t batch_size = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t epoch_of_order = -1;  // the epoch whose sample order `order` holds
-  std::vector<int64_t> order;
+  int64_t plan_epoch = -1;  // the epoch `plan` describes
+  int64_t data_checksum = 0;  // of the training images' bytes: the plan's "manifest" for Fashion-MNIST
+  std::unique_ptr<data::EpochPlan> plan;
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
   std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
   std::vector<at::Tensor> local_buffers;    // float buffers outside the quantizer (BatchNorm statistics)
@@ -70,14 +73,6 @@ struct Trainer::State {
 
   bool is_root() const { return group->rank() == 0; }
   bool distributed() const { return group->size() > 1; }
-
-  // This rank's part [first, first + count) of a global batch of `total`: contiguous, in rank
-  // order, the first total % W ranks one item more.
-  std::pair<int64_t, int64_t> my_part(int64_t total) const {
-    const int64_t w = group->size(), r = group->rank();
-    const int64_t base = total / w, extra = total % w;
-    return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
-  }
 
   // Hash of the raw bytes of `tensors` (a checksum for comparing replicas, not cryptographic).
   static int64_t checksum(const std::vector<at::Tensor>& tensors) {
@@ -163,6 +158,11 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(batch_size >= group->size(), "train.batch_size = ", batch_size,
                        " is the global batch: it needs at least one image for each of the ", group->size(), " ranks");
     steps_per_epoch = train_set.count / batch_size;
+    if (distributed()) {
+      uint64_t h = 0xcbf29ce484222325ULL;
+      for (uint8_t p : train_set.pixels) h = (h ^ p) * 0x100000001b3ULL;
+      data_checksum = static_cast<int64_t>(h);
+    }
     const int64_t steps = config.get_int("train.steps");
     total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
 
@@ -182,17 +182,42 @@ struct Trainer::State {
                                                          .weight_decay(config.get_float("train.weight_decay")));
   }
 
-  // The training images of step `s`: a slice of the epoch's permutation, a pure function of
-  // (seed, epoch), so that a resumed run sees exactly the batches an uninterrupted one would.
-  std::vector<int64_t> batch_indices(int64_t s) {
+  // The global batch of step `s` from the epoch's data plan (data/plan.h): a pure function of
+  // (images, seed, epoch, batch size), so every rank and every resumed run sees the same batches.
+  // Fashion-MNIST is one bucket (28x28); a partial last batch is left out, as before.
+  const data::EpochPlan& plan_for_step(int64_t s) {
     const int64_t epoch = s / steps_per_epoch;
-    if (epoch != epoch_of_order) {
-      order = permutation(train_set.count, derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
-                                                        static_cast<uint64_t>(epoch), /*purpose=*/1));
-      epoch_of_order = epoch;
+    if (epoch != plan_epoch) {
+      std::vector<int64_t> ids(static_cast<size_t>(train_set.count));
+      std::iota(ids.begin(), ids.end(), int64_t{0});
+      data::PlanOptions o;
+      o.global_batch = batch_size;
+      o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+      o.remainder = data::Remainder::Drop;
+      plan = std::make_unique<data::EpochPlan>(std::vector<std::vector<int64_t>>{ids}, o, epoch);
+      plan_epoch = epoch;
+      check_plan(epoch);
     }
-    const int64_t first = (s % steps_per_epoch) * batch_size;
-    return {order.begin() + first, order.begin() + first + batch_size};
+    return *plan;
+  }
+
+  // G5: at the start of each epoch the ranks compare (plan hash, steps) and stop at once if their
+  // data differ (another data.dir with other images, say), instead of training on different data.
+  void check_plan(int64_t epoch) {
+    if (!distributed()) return;
+    const auto all = group->all_gather(
+        torch::tensor({static_cast<int64_t>(plan->hash()), plan->steps(), data_checksum}, torch::kInt64),
+        LOCKSTEP_CALL_SITE("train.epoch.plan"));
+    std::vector<std::string> differ;
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (!torch::equal(all[r], all[0])) {
+        differ.push_back(detail::concat(r, " (", all[r][1].item<int64_t>(), " steps)"));
+      }
+    }
+    LOCKSTEP_THROW_IF_NOT(differ.empty(), dist::CollectiveFailure, "rank ", group->rank(), " of ", group->size(),
+                          ", epoch ", epoch, ": the data plan of rank(s) ", detail::concat_list(differ),
+                          " differs from rank 0's (", all[0][1].item<int64_t>(),
+                          " steps): the ranks do not read the same images (check data.dir and the data on each node)");
   }
 
   void save() {
@@ -310,10 +335,12 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
     // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
     s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));
-    const std::vector<int64_t> global = s.batch_indices(s.step);
-    const auto [first, count] = s.my_part(static_cast<int64_t>(global.size()));
-    const at::Tensor x = data::images_to_tensor(
-        s.train_set, std::vector<int64_t>(global.begin() + first, global.begin() + first + count));
+    const data::EpochPlan& plan = s.plan_for_step(s.step);
+    const std::vector<int64_t> mine =
+        plan.rank_part(s.step % s.steps_per_epoch, s.group->size(), s.group->rank());
+    const auto global_size = static_cast<double>(s.batch_size);
+    const auto count = static_cast<int64_t>(mine.size());
+    const at::Tensor x = data::images_to_tensor(s.train_set, mine);
     // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
     // function of (seed, step): the same on every rank and after a resume, with no collective.
     quant::QuantizeContext ctx;
@@ -323,7 +350,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
                     /*purpose=*/2));
     const model::AutoencoderOutput out = s.model->forward(x, ctx);
     const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
-    const double weight = static_cast<double>(count) * s.group->size() / static_cast<double>(global.size());
+    const double weight = static_cast<double>(count) * s.group->size() / global_size;
     const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
     double step_loss = loss.item<double>();
     bool stop_everywhere = false;

@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "data/idx_writer.h"
 #include "dist/rank_threads.h"
 #include "io/test_temp_dir.h"
 #include "lockstep/core/error.h"
+#include "lockstep/dist/collective.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
@@ -57,6 +61,42 @@ TEST(DistributedTrainer, BatchesSmallerThanTheRankCountAreRefused) {
   });
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(messages[r].find("train.batch_size = 2 is the global batch"), std::string::npos) << messages[r];
+  }
+}
+
+// A Fashion-MNIST-shaped directory of 64 training and 16 test images whose pixels depend on `salt`.
+std::string fake_fashion_mnist(const ::lockstep::test_util::TempDir& tmp, const std::string& name, int salt) {
+  namespace tu = ::lockstep::test_util;
+  const std::string dir = tmp.file(name);
+  std::filesystem::create_directories(dir);
+  for (const auto& [split, n] : {std::pair<std::string, uint32_t>{"train", 64}, {"t10k", 16}}) {
+    std::string pixels(static_cast<size_t>(n) * 28 * 28, '\0');
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<char>((i * 7 + salt * 13) % 251);
+    tu::write_gzip(dir + "/" + split + "-images-idx3-ubyte.gz", tu::make_idx({n, 28, 28}, pixels));
+    tu::write_gzip(dir + "/" + split + "-labels-idx1-ubyte.gz", tu::make_idx({n}, std::string(n, '\1')));
+  }
+  return dir;
+}
+
+TEST(DistributedTrainer, RanksReadingDifferentImagesStopAtTheFirstEpoch) {
+  ::lockstep::test_util::TempDir tmp;
+  const std::vector<std::string> dirs = {fake_fashion_mnist(tmp, "a", 1), fake_fashion_mnist(tmp, "b", 2)};
+  std::vector<std::string> messages(2);
+  const auto errors = dist::test_util::run_ranks(2, [&](dist::Group& g, int r) {
+    Config c = tiny(4);
+    c.set("data.dir", dirs[r]);  // may differ between ranks (each node has its copy)...
+    try {
+      Trainer::create(c, tmp.file("run"), std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))->run({});
+      ADD_FAILURE() << "rank " << r << " trained on other images than rank 0";
+    } catch (const dist::CollectiveFailure& e) {
+      messages[r] = e.what();  // ...but the images must be the same
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+    EXPECT_NE(messages[r].find("epoch 0: the data plan of rank(s) 1 (8 steps) differs from rank 0's"),
+              std::string::npos)
+        << messages[r];
   }
 }
 
