@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "liveness.h"
 #include "lockstep/dist/collective.h"
 
 namespace lockstep::dist {
@@ -99,32 +100,21 @@ class ProcessGroup final : public Group {
     gloo_options->devices.push_back(device());
     gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
                                                          options_.rank, options_.size, gloo_options);
-    set_where("connected, no collective yet");
-    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+    liveness_ = std::make_unique<Liveness>(store_, options_.rank, options_.size);
+    liveness_->set_note("connected, no collective yet");
   }
 
   ~ProcessGroup() override {
-    // After a failure the others read statuses from rank 0's store for their own reports: keep it
-    // up a moment longer.
     if (failed_ && options_.rank == 0 && options_.size > 1) std::this_thread::sleep_for(kStoreGrace);
-    {
-      std::lock_guard<std::mutex> lock(stop_mutex_);
-      stopping_ = true;
-    }
-    stop_cv_.notify_all();
-    if (heartbeat_.joinable()) heartbeat_.join();
   }
 
-  void set_progress(const std::string& progress) override {
-    std::lock_guard<std::mutex> lock(where_mutex_);
-    progress_ = progress;
-  }
+  void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
 
   // The stall report: who this rank waits for, and where everyone is.
   [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout, const char* detail_text) {
     failed_ = true;
     std::vector<int> waiting;
-    const std::string where = where_everyone_is(call.sequence, &waiting);
+    const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
     throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                            " timed out after ", timeout.count(), " ms",
                                            waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
@@ -224,20 +214,8 @@ class ProcessGroup final : public Group {
   };
 
   // What the heartbeat publishes: the current collective, else the last one completed.
-  void enter(const CollectiveCall& call) { set_where_call(true, call); }
-  void leave(const CollectiveCall& call) { set_where_call(false, call); }
-  void set_where_call(bool inside, const CollectiveCall& call) {
-    std::lock_guard<std::mutex> lock(where_mutex_);
-    inside_ = inside;
-    where_sequence_ = call.sequence;
-    where_ = call.describe();
-  }
-  // "<progress>, in|after <collective>" (caller holds where_mutex_).
-  std::string where_text() const {
-    std::string out = progress_.empty() ? "" : progress_ + ", ";
-    if (where_sequence_ == 0) return out + where_;
-    return out + (inside_ ? "in " : "after ") + where_;
-  }
+  void enter(const CollectiveCall& call) { liveness_->enter(call); }
+  void leave(const CollectiveCall& call) { liveness_->leave(call); }
 
   std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const {
     return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
@@ -287,7 +265,6 @@ class ProcessGroup final : public Group {
     LOCKSTEP_THROW_IF_NOT(missing.empty(), CollectiveFailure, "rank ", options_.rank, " of ", options_.size,
                           ": rank(s) ", detail::concat_list(missing), " did not arrive at ", options_.master_addr, ":",
                           options_.master_port, " within ", options_.connect_timeout.count(), " ms");
-    store_->set(detail::concat("lockstep/proc/", options_.rank), to_bytes(detail::concat(host_name(), "|", ::getpid())));
     for (int r = 0; r < options_.size; ++r) {
       const auto v = store_->get(detail::concat("lockstep/world/", r));
       const std::string theirs(v.begin(), v.end());
@@ -343,56 +320,42 @@ class ProcessGroup final : public Group {
     const auto timeout = timeout_of(opts);
     const auto start = Clock::now();
     auto last_check = start;
-    std::vector<int64_t> beats;
-    std::vector<Clock::time_point> changed;
+    Liveness::Watch watch(*liveness_);
     while (true) {
       try {
         work->wait(std::chrono::milliseconds(100));
         return;
       } catch (const std::exception& e) {
-        if (work->isCompleted() && Clock::now() - start >= timeout - std::chrono::milliseconds(200)) {
-          throw_timeout(call, timeout, "");  // Gloo's own timer, set to the same limit
-        }
-        if (work->isCompleted()) {
-          failed_ = true;
-          // The backend failed (typically a peer closed its connection): find who is gone.
-          const std::vector<int> dead = dead_ranks(std::chrono::milliseconds(2500));
-          throw CollectiveFailure(detail::concat(
-              "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
-              dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
-              "; where every rank was:", where_everyone_is()));
-        }
+        if (work->isCompleted()) fail(call, e, start, timeout);
       }
       const auto now = Clock::now();
       if (now - start >= timeout) throw_timeout(call, timeout, "");
-      if (now - last_check >= kBeat) {  // a dead peer may leave Gloo waiting forever: watch the beats
+      if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave Gloo waiting forever
         last_check = now;
-        const auto statuses = read_statuses();
-        if (beats.empty()) {
-          for (const auto& st : statuses) beats.push_back(st.beat);
-          changed.assign(options_.size, now);
-        }
-        std::vector<int> dead;
-        for (int r = 0; r < options_.size; ++r) {
-          if (statuses[r].beat != beats[r]) {
-            beats[r] = statuses[r].beat;
-            changed[r] = now;
-          }
-          // Silent ranks are dead when this host can see their process is gone; a stopped or remote
-          // one is a stall, reported at the timeout.
-          if (r != options_.rank && now - changed[r] >= kDeadAfter && process_of(r) == Process::Gone) {
-            dead.push_back(r);
-          }
-        }
+        const std::vector<int> dead = watch.check();
         if (!dead.empty()) {
           failed_ = true;
           throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                                  " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
-                                                 kDeadAfter.count(), " ms, process gone); where every rank was:",
-                                                 where_everyone_is()));
+                                                 Liveness::kDeadAfter.count(),
+                                                 " ms, process gone); where every rank was:",
+                                                 liveness_->where_everyone_is()));
         }
       }
     }
+  }
+
+  // The backend gave up on `call` with `e`: its own timer (set to our limit) or, typically, a peer
+  // that closed its connection; report which, naming the ranks that are gone.
+  [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e, Clock::time_point start,
+                         std::chrono::milliseconds timeout) {
+    failed_ = true;
+    if (Clock::now() - start >= timeout - std::chrono::milliseconds(200)) throw_timeout(call, timeout, "");
+    const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
+    throw CollectiveFailure(detail::concat(
+        "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
+        dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
+        "; where every rank was:", liveness_->where_everyone_is()));
   }
 
   static std::string join(const std::vector<int>& ranks) {
@@ -401,158 +364,17 @@ class ProcessGroup final : public Group {
     return detail::concat_list(names);
   }
 
-  // G2. Every rank publishes "<beat>|<where it is>" under lockstep/status/<rank> every kBeat; a
-  // rank whose beat stops changing for kDeadAfter is dead (or frozen whole). Measured on this
-  // rank's clock, so nodes' clocks need not agree.
-  static constexpr std::chrono::milliseconds kBeat{250};
-  static constexpr std::chrono::milliseconds kDeadAfter{1500};
+  // After a failure the others read statuses from rank 0's store for their reports: rank 0 keeps
+  // it up this long on destruction.
   static constexpr std::chrono::milliseconds kStoreGrace{2000};
   bool failed_ = false;  // a collective failed: the group is unusable
-
-  void set_where(std::string where) {
-    std::lock_guard<std::mutex> lock(where_mutex_);
-    where_ = std::move(where);
-  }
-
-  // The status value: "<beat>|<sequence>|<1 inside, 0 after>|<text>".
-  std::string status_value(uint64_t beat) {
-    std::lock_guard<std::mutex> lock(where_mutex_);
-    return detail::concat(beat, "|", where_sequence_, "|", inside_ ? 1 : 0, "|", where_text());
-  }
-
-  void heartbeat_loop() {
-    uint64_t beat = 0;
-    std::unique_lock<std::mutex> lock(stop_mutex_);
-    while (!stopping_) {
-      try {
-        store_->set(status_key(options_.rank), to_bytes(status_value(++beat)));
-      } catch (const std::exception&) {
-        // The store (rank 0) is gone; the collective that notices says so.
-      }
-      stop_cv_.wait_for(lock, kBeat, [this] { return stopping_; });
-    }
-  }
-
-  static std::string status_key(int rank) { return detail::concat("lockstep/status/", rank); }
-
-  static std::string host_name() {
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    return name;
-  }
-
-  enum class Process { Running, Stopped, Gone, Unknown };
-
-  // What the OS says of rank r's process when it runs on this host (a dead process and a stopped
-  // one both stop beating; only the first is dead). Unknown for other hosts.
-  Process process_of(int r) const {
-    try {
-      if (!store_->check({detail::concat("lockstep/proc/", r)})) return Process::Unknown;
-      const auto bytes = store_->get(detail::concat("lockstep/proc/", r));
-      const std::string text(bytes.begin(), bytes.end());
-      const size_t bar = text.find('|');
-      if (text.substr(0, bar) != host_name()) return Process::Unknown;
-      std::ifstream stat("/proc/" + text.substr(bar + 1) + "/stat");
-      std::string line;
-      if (!std::getline(stat, line)) return Process::Gone;
-      const size_t paren = line.rfind(')');
-      const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-      if (state == 'Z' || state == 'X') return Process::Gone;
-      if (state == 'T' || state == 't') return Process::Stopped;
-      return Process::Running;
-    } catch (const std::exception&) {
-      return Process::Unknown;
-    }
-  }
-
-  struct Status {
-    int64_t beat = -1;  // -1: unreadable
-    int64_t sequence = 0;
-    bool inside = false;
-    std::string text = "no status";
-  };
-
-  // Every rank's status as the store holds it now (as of that rank's last heartbeat).
-  std::vector<Status> read_statuses() const {
-    std::vector<Status> out(options_.size);
-    for (int r = 0; r < options_.size; ++r) {
-      try {
-        if (!store_->check({status_key(r)})) continue;
-        const auto bytes = store_->get(status_key(r));
-        std::istringstream in(std::string(bytes.begin(), bytes.end()));
-        std::string beat, sequence, inside;
-        std::getline(in, beat, '|');
-        std::getline(in, sequence, '|');
-        std::getline(in, inside, '|');
-        std::getline(in, out[r].text);
-        out[r].beat = std::stoll(beat);
-        out[r].sequence = std::stoll(sequence);
-        out[r].inside = inside == "1";
-      } catch (const std::exception&) {
-        out[r] = Status{};
-        out[r].text = "unreachable";
-      }
-    }
-    return out;
-  }
-
-  // Watches every other rank's beat for up to `window`; returns the ranks whose beat did not move
-  // for kDeadAfter (all of them when the store itself is gone).
-  std::vector<int> dead_ranks(std::chrono::milliseconds window) const {
-    const auto start = Clock::now();
-    auto first = read_statuses();
-    std::vector<Clock::time_point> changed(options_.size, start);
-    while (Clock::now() - start < window) {
-      std::this_thread::sleep_for(kBeat / 2);
-      const auto now = read_statuses();
-      std::vector<int> dead;
-      bool store_gone = true;
-      for (int r = 0; r < options_.size; ++r) {
-        if (now[r].beat != -1) store_gone = false;
-        if (now[r].beat != first[r].beat) {
-          changed[r] = Clock::now();
-          first[r] = now[r];
-        }
-        if (r == options_.rank) continue;
-        if (process_of(r) == Process::Gone || Clock::now() - changed[r] >= kDeadAfter) dead.push_back(r);
-      }
-      if (store_gone && options_.rank != 0) return {0};
-      if (!dead.empty()) return dead;
-    }
-    return {};
-  }
-
-  // Where every rank is, for a timeout or failure report; with `waiting_for` the ranks that have
-  // not reached collective `sequence`.
-  std::string where_everyone_is(uint64_t sequence = 0, std::vector<int>* waiting_for = nullptr) const {
-    std::string out;
-    const auto statuses = read_statuses();
-    for (int r = 0; r < options_.size; ++r) {
-      const Process p = r == options_.rank ? Process::Running : process_of(r);
-      out += detail::concat("\n  rank ", r, p == Process::Stopped ? " [process stopped]" : "",
-                            p == Process::Gone ? " [process gone]" : "", ": ", statuses[r].text);
-      const bool behind = statuses[r].beat != -1 && (statuses[r].sequence < static_cast<int64_t>(sequence) ||
-                                                     (statuses[r].sequence == static_cast<int64_t>(sequence) && !statuses[r].inside));
-      if (waiting_for && r != options_.rank && behind) waiting_for->push_back(r);
-    }
-    return out + "\n  (each rank's status as of its last heartbeat, at most " + std::to_string(kBeat.count()) +
-           " ms old)";
-  }
 
   GroupOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
   uint64_t sequence_ = 0;
   std::mutex mutex_;
-  std::mutex where_mutex_;
-  std::string where_ = "starting";
-  uint64_t where_sequence_ = 0;
-  bool inside_ = false;
-  std::string progress_;  // set by the caller (e.g. "step 57"), shown in reports
-  std::mutex stop_mutex_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;
-  std::thread heartbeat_;
+  std::unique_ptr<Liveness> liveness_;
 };
 #endif  // LOCKSTEP_HAVE_GLOO
 

@@ -1,0 +1,88 @@
+// G2 for a process group: every rank publishes a heartbeat and where it is (its progress and its
+// current or last collective) in the rendezvous store; the others read them to name ranks that died
+// and to say where everyone is when a collective fails or times out. Internal to src/dist.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/dist/collective.h"
+
+namespace lockstep::dist {
+
+class Liveness {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // A rank publishes every kBeat; one whose beat has not moved for kDeadAfter (on the reader's
+  // clock, so nodes' clocks need not agree) is silent: dead if its process is gone, else stalled.
+  static constexpr std::chrono::milliseconds kBeat{250};
+  static constexpr std::chrono::milliseconds kDeadAfter{1500};
+
+  // Publishes this process's host and pid and starts the heartbeat thread.
+  Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
+  ~Liveness();
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+
+  void set_progress(const std::string& progress);  // "step 57", shown before the collective
+  void set_note(const std::string& note);          // before the first collective
+  void enter(const CollectiveCall& call);          // "in #7 all_reduce ..."
+  void leave(const CollectiveCall& call);          // "after #7 all_reduce ..."
+
+  // After a backend error: watches the others for up to `window` and returns the ranks that are
+  // gone (process gone on this host, or silent for kDeadAfter; rank 0 when the store is gone).
+  std::vector<int> dead_ranks(std::chrono::milliseconds window) const;
+
+  // For polling while a collective is pending: call check() every kBeat or so; it returns the
+  // ranks silent for kDeadAfter whose process this host can see is gone (a stopped or remote
+  // silent rank is a stall, for the timeout to report).
+  class Watch {
+   public:
+    explicit Watch(const Liveness& liveness) : liveness_(liveness) {}
+    std::vector<int> check();
+
+   private:
+    const Liveness& liveness_;
+    std::vector<int64_t> beats_;
+    std::vector<Clock::time_point> changed_;
+  };
+
+  // Every rank's status, one line each; with `waiting_for`, the ranks that have not reached
+  // collective `sequence` are appended to it.
+  std::string where_everyone_is(uint64_t sequence = 0, std::vector<int>* waiting_for = nullptr) const;
+
+ private:
+  enum class Process { Running, Stopped, Gone, Unknown };
+  struct Status {
+    int64_t beat = -1;  // -1: unreadable
+    int64_t sequence = 0;
+    bool inside = false;
+    std::string text = "no status";
+  };
+
+  void heartbeat_loop();
+  std::string status_value(uint64_t beat);
+  std::vector<Status> read_statuses() const;
+  Process process_of(int r) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int size_;
+  std::mutex where_mutex_;
+  std::string where_ = "starting";
+  std::string progress_;
+  uint64_t where_sequence_ = 0;
+  bool inside_ = false;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace lockstep::dist
