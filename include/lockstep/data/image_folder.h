@@ -1,0 +1,52 @@
+// Datasets that are a directory tree of image files (issue #5): a manifest of every image (path,
+// size, checksum) built once and cached, and decoding to the model's channel count. Decoding goes
+// through OpenCV (JPEG, PNG with palette, alpha or 16 bits, grayscale, WebP, TIFF, BMP, PNM).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/io/image.h"
+
+namespace lockstep::data {
+
+struct ManifestEntry {
+  std::string path;      // relative to the manifest's root, '/'-separated
+  int64_t width = 0;     // 0 when unreadable
+  int64_t height = 0;
+  int64_t bytes = 0;     // file size
+  int64_t mtime_ns = 0;  // modification time, to reuse a cached entry
+  uint64_t checksum = 0;  // of the file's bytes
+  std::string error;     // why it could not be decoded; empty when readable
+  bool readable() const { return error.empty(); }
+};
+
+struct Manifest {
+  std::string root;
+  std::vector<ManifestEntry> entries;  // sorted by path
+
+  // Of every entry's (path, size, checksum, dimensions): what ranks compare before training.
+  uint64_t hash() const;
+  int64_t readable_count() const;
+};
+
+// True for the file names this loader reads (by extension, any case).
+bool is_image_file(const std::string& name);
+
+// Walks `root` recursively. Every image file is decoded once to learn its size; a corrupt,
+// truncated or unreadable file stays in the manifest with its error (the data plan replaces it,
+// it is never silently dropped on one rank). Entries of `cached` whose path, size and mtime match
+// are reused without decoding. Throws IoError when `root` is not a readable directory.
+Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr);
+
+// JSON, written atomically. load_manifest throws CorruptInput naming the file when malformed.
+void save_manifest(const std::string& path, const Manifest& manifest);
+Manifest load_manifest(const std::string& path);
+
+// Decodes to 8-bit `channels` (1 or 3): 16-bit samples scaled down, alpha composited on black (as
+// io::load_png), gray replicated, colour to luma for 1 channel. Throws CorruptInput naming the file
+// when it cannot be decoded, IoError when it cannot be read.
+io::Image decode_image(const std::string& path, int channels);
+
+}  // namespace lockstep::data

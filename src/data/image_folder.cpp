@@ -1,0 +1,203 @@
+#include "lockstep/data/image_folder.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+#include "lockstep/io/atomic_file.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace lockstep::data {
+namespace fs = std::filesystem;
+namespace {
+
+uint64_t fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOCKSTEP_THROW_IF_NOT(in, IoError, "cannot open image ", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+#if LOCKSTEP_HAVE_OPENCV
+// Any decoded cv::Mat -> 8-bit `channels` (1 or 3, RGB order) interleaved.
+io::Image to_image(cv::Mat m, int channels) {
+  if (m.depth() == CV_16U) m.convertTo(m, CV_8U, 1.0 / 257.0);
+  else if (m.depth() != CV_8U) m.convertTo(m, CV_8U);
+  if (m.channels() == 4) {  // composite on black: rgb * alpha / 255
+    std::vector<cv::Mat> planes;
+    cv::split(m, planes);
+    for (int c = 0; c < 3; ++c) cv::multiply(planes[c], planes[3], planes[c], 1.0 / 255.0);
+    planes.pop_back();
+    cv::merge(planes, m);
+  }
+  cv::Mat out;
+  if (channels == 1) {
+    if (m.channels() == 3) cv::cvtColor(m, out, cv::COLOR_BGR2GRAY);
+    else out = m;
+  } else {
+    if (m.channels() == 1) cv::cvtColor(m, out, cv::COLOR_GRAY2RGB);
+    else cv::cvtColor(m, out, cv::COLOR_BGR2RGB);
+  }
+  io::Image image;
+  image.width = out.cols;
+  image.height = out.rows;
+  image.channels = channels;
+  image.pixels.resize(static_cast<size_t>(out.total()) * channels);
+  const cv::Mat contiguous = out.isContinuous() ? out : out.clone();
+  std::copy(contiguous.data, contiguous.data + image.pixels.size(), image.pixels.begin());
+  return image;
+}
+
+cv::Mat decode_bytes(const std::string& bytes) {
+  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
+  try {
+    return cv::imdecode(raw, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception&) {
+    return cv::Mat();  // OpenCV throws for some truncated files and returns empty for others
+  }
+}
+#endif
+
+}  // namespace
+
+bool is_image_file(const std::string& name) {
+  std::string ext = fs::path(name).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::vector<std::string> known = {".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff",
+                                                 ".bmp", ".pgm", ".ppm", ".pnm"};
+  return std::find(known.begin(), known.end(), ext) != known.end();
+}
+
+uint64_t Manifest::hash() const {
+  uint64_t h = kFnvOffset;
+  for (const auto& e : entries) {
+    h = fnv(h, e.path.data(), e.path.size() + 1);
+    for (int64_t v : {e.width, e.height, e.bytes}) h = fnv(h, &v, sizeof v);
+    h = fnv(h, &e.checksum, sizeof e.checksum);
+  }
+  return h;
+}
+
+int64_t Manifest::readable_count() const {
+  return std::count_if(entries.begin(), entries.end(), [](const ManifestEntry& e) { return e.readable(); });
+}
+
+Manifest scan_image_folder(const std::string& root, const Manifest* cached) {
+  LOCKSTEP_THROW_IF_NOT(fs::is_directory(root), IoError, "image folder ", root, " is not a directory");
+#if !LOCKSTEP_HAVE_OPENCV
+  throw InvalidArgument(detail::concat("image folder ", root, ": this build of lockstep has no OpenCV to decode ",
+                                       "images (install the packages scripts/install-deps lists and rebuild)"));
+#else
+  Manifest m;
+  m.root = root;
+  std::vector<std::string> files;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied);
+       it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_regular_file() && is_image_file(it->path().filename().string())) {
+      files.push_back(fs::relative(it->path(), root).generic_string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& rel : files) {
+    const fs::path full = fs::path(root) / rel;
+    ManifestEntry e;
+    e.path = rel;
+    std::error_code ec;
+    e.bytes = static_cast<int64_t>(fs::file_size(full, ec));
+    e.mtime_ns = static_cast<int64_t>(fs::last_write_time(full, ec).time_since_epoch().count());
+    if (cached) {
+      const auto hit = std::lower_bound(cached->entries.begin(), cached->entries.end(), rel,
+                                        [](const ManifestEntry& c, const std::string& p) { return c.path < p; });
+      if (hit != cached->entries.end() && hit->path == rel && hit->bytes == e.bytes && hit->mtime_ns == e.mtime_ns) {
+        m.entries.push_back(*hit);
+        continue;
+      }
+    }
+    try {
+      const std::string bytes = read_bytes(full.string());
+      e.checksum = fnv(kFnvOffset, bytes.data(), bytes.size());
+      const cv::Mat decoded = decode_bytes(bytes);
+      if (decoded.empty()) {
+        e.error = "cannot be decoded (corrupt, truncated, or a format this OpenCV lacks)";
+      } else {
+        e.width = decoded.cols;
+        e.height = decoded.rows;
+      }
+    } catch (const Error& err) {
+      e.error = err.what();
+    }
+    m.entries.push_back(std::move(e));
+  }
+  return m;
+#endif
+}
+
+void save_manifest(const std::string& path, const Manifest& manifest) {
+  nlohmann::json j;
+  j["root"] = manifest.root;
+  j["hash"] = manifest.hash();
+  j["entries"] = nlohmann::json::array();
+  for (const auto& e : manifest.entries) {
+    j["entries"].push_back({{"path", e.path}, {"width", e.width}, {"height", e.height}, {"bytes", e.bytes},
+                            {"mtime_ns", e.mtime_ns}, {"checksum", e.checksum}, {"error", e.error}});
+  }
+  io::write_file_atomic(path, j.dump(1) + "\n");
+}
+
+Manifest load_manifest(const std::string& path) {
+  const std::string text = io::read_file(path);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    Manifest m;
+    m.root = j.at("root").get<std::string>();
+    for (const auto& e : j.at("entries")) {
+      ManifestEntry entry;
+      entry.path = e.at("path").get<std::string>();
+      entry.width = e.at("width").get<int64_t>();
+      entry.height = e.at("height").get<int64_t>();
+      entry.bytes = e.at("bytes").get<int64_t>();
+      entry.mtime_ns = e.at("mtime_ns").get<int64_t>();
+      entry.checksum = e.at("checksum").get<uint64_t>();
+      entry.error = e.at("error").get<std::string>();
+      m.entries.push_back(std::move(entry));
+    }
+    LOCKSTEP_THROW_IF_NOT(std::is_sorted(m.entries.begin(), m.entries.end(),
+                                         [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; }),
+                          CorruptInput, path, ": manifest entries are not sorted by path");
+    LOCKSTEP_THROW_IF_NOT(j.at("hash").get<uint64_t>() == m.hash(), CorruptInput, path,
+                          ": manifest hash does not match its entries (edited or damaged)");
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptInput(detail::concat(path, ": not a lockstep manifest: ", e.what()));
+  }
+}
+
+io::Image decode_image(const std::string& path, int channels) {
+  LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "decode_image: channels = ", channels, " must be 1 or 3");
+#if !LOCKSTEP_HAVE_OPENCV
+  throw InvalidArgument(detail::concat("cannot decode ", path, ": this build of lockstep has no OpenCV"));
+#else
+  const cv::Mat decoded = decode_bytes(read_bytes(path));
+  LOCKSTEP_THROW_IF_NOT(!decoded.empty(), CorruptInput, "cannot decode image ", path,
+                        " (corrupt, truncated, or a format this OpenCV lacks)");
+  return to_image(decoded, channels);
+#endif
+}
+
+}  // namespace lockstep::data

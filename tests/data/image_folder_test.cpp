@@ -1,0 +1,140 @@
+// Image folders: the manifest (every file, sorted, sizes, checksums, errors kept), its cache, and
+// decoding of the formats and pixel layouts a real folder holds. Images are written here with
+// OpenCV; none are committed.
+#include "lockstep/data/image_folder.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/imgcodecs.hpp>
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+
+void write(const std::string& path, const cv::Mat& m) {
+  fs::create_directories(fs::path(path).parent_path());
+  ASSERT_TRUE(cv::imwrite(path, m)) << path;
+}
+
+// A small tree of every kind of file a folder may hold.
+std::string make_tree(const test_util::TempDir& tmp) {
+  const std::string root = tmp.file("images");
+  write(root + "/a.png", cv::Mat(30, 40, CV_8UC3, cv::Scalar(10, 20, 30)));        // BGR
+  write(root + "/sub/b.jpg", cv::Mat(16, 24, CV_8UC1, cv::Scalar(128)));           // gray JPEG
+  write(root + "/sub/deeper/c.webp", cv::Mat(20, 10, CV_8UC3, cv::Scalar(0, 255, 0)));
+  write(root + "/d.tif", cv::Mat(8, 12, CV_16UC1, cv::Scalar(65535)));             // 16-bit TIFF
+  write(root + "/e.png", cv::Mat(5, 6, CV_8UC4, cv::Scalar(200, 100, 50, 0)));     // fully transparent
+  std::ofstream(root + "/notes.txt") << "not an image";
+  // A PNG cut short, and an empty "JPEG".
+  std::ifstream in(root + "/a.png", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(root + "/broken.png", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  std::ofstream(root + "/sub/empty.JPG", std::ios::binary);
+  return root;
+}
+
+TEST(ImageFolder, TheManifestListsEveryImageSortedWithSizesAndKeepsTheBrokenOnes) {
+  test_util::TempDir tmp;
+  const Manifest m = scan_image_folder(make_tree(tmp));
+  std::vector<std::string> paths;
+  for (const auto& e : m.entries) paths.push_back(e.path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"a.png", "broken.png", "d.tif", "e.png", "sub/b.jpg",
+                                             "sub/deeper/c.webp", "sub/empty.JPG"}));
+  auto entry = [&](const std::string& p) {
+    return *std::find_if(m.entries.begin(), m.entries.end(), [&](const ManifestEntry& e) { return e.path == p; });
+  };
+  EXPECT_EQ(entry("a.png").width, 40);
+  EXPECT_EQ(entry("a.png").height, 30);
+  EXPECT_EQ(entry("sub/deeper/c.webp").width, 10);
+  EXPECT_EQ(entry("d.tif").height, 8);
+  EXPECT_TRUE(entry("a.png").readable());
+  EXPECT_FALSE(entry("broken.png").readable());
+  EXPECT_FALSE(entry("sub/empty.JPG").readable());
+  EXPECT_EQ(m.readable_count(), 5);
+  EXPECT_GT(entry("a.png").bytes, 0);
+  EXPECT_NE(entry("a.png").checksum, entry("e.png").checksum);
+}
+
+TEST(ImageFolder, TheCacheIsReusedUntilAFileChangesAndTheHashFollowsTheFiles) {
+  test_util::TempDir tmp;
+  const std::string root = make_tree(tmp);
+  const Manifest first = scan_image_folder(root);
+  save_manifest(tmp.file("manifest.json"), first);
+  const Manifest loaded = load_manifest(tmp.file("manifest.json"));
+  EXPECT_EQ(loaded.hash(), first.hash());
+  EXPECT_EQ(scan_image_folder(root, &loaded).hash(), first.hash());
+  write(root + "/a.png", cv::Mat(31, 40, CV_8UC3, cv::Scalar(1, 2, 3)));  // other size and bytes
+  const Manifest again = scan_image_folder(root, &loaded);
+  EXPECT_NE(again.hash(), first.hash());
+  EXPECT_EQ(again.entries[0].height, 31);
+}
+
+TEST(ImageFolder, ADamagedManifestIsACorruptInputNamingTheFile) {
+  test_util::TempDir tmp;
+  const Manifest m = scan_image_folder(make_tree(tmp));
+  save_manifest(tmp.file("m.json"), m);
+  std::string text;
+  {
+    std::ifstream in(tmp.file("m.json"));
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = text.find("\"width\": 40");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 11, "\"width\": 41");
+  std::ofstream(tmp.file("m.json")) << text;
+  try {
+    load_manifest(tmp.file("m.json"));
+    FAIL() << "accepted an edited manifest";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("m.json: manifest hash does not match"), std::string::npos) << e.what();
+  }
+  std::ofstream(tmp.file("bad.json")) << "{ not json";
+  EXPECT_THROW(load_manifest(tmp.file("bad.json")), CorruptInput);
+  EXPECT_THROW(scan_image_folder(tmp.file("nowhere")), IoError);
+}
+
+TEST(ImageFolder, DecodingConvertsDepthAlphaAndChannels) {
+  test_util::TempDir tmp;
+  const std::string root = make_tree(tmp);
+  const io::Image rgb = decode_image(root + "/a.png", 3);
+  ASSERT_EQ(rgb.width, 40);
+  ASSERT_EQ(rgb.channels, 3);
+  EXPECT_EQ(rgb.pixels[0], 30);  // written as BGR (10, 20, 30): red first once decoded
+  EXPECT_EQ(rgb.pixels[2], 10);
+  const io::Image gray = decode_image(root + "/a.png", 1);
+  EXPECT_EQ(gray.channels, 1);
+  EXPECT_NEAR(gray.pixels[0], 0.299 * 30 + 0.587 * 20 + 0.114 * 10, 1.0);
+  const io::Image replicated = decode_image(root + "/sub/b.jpg", 3);
+  EXPECT_NEAR(replicated.pixels[0], 128, 2);
+  EXPECT_EQ(replicated.pixels[0], replicated.pixels[1]);
+  EXPECT_EQ(decode_image(root + "/d.tif", 1).pixels[0], 255);  // 16-bit full scale
+  const io::Image transparent = decode_image(root + "/e.png", 3);
+  for (uint8_t p : transparent.pixels) ASSERT_EQ(p, 0);  // alpha 0 on black
+  try {
+    decode_image(root + "/broken.png", 3);
+    FAIL() << "decoded a truncated PNG";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.png"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(decode_image(root + "/missing.png", 3), IoError);
+  EXPECT_THROW(decode_image(root + "/a.png", 2), InvalidArgument);
+}
+
+TEST(ImageFolder, KnowsImageFilesByExtension) {
+  for (const char* name : {"x.png", "X.JPG", "a.b.jpeg", "y.webp", "z.TIFF", "w.bmp", "v.pgm"}) {
+    EXPECT_TRUE(is_image_file(name)) << name;
+  }
+  for (const char* name : {"x.txt", "png", "x.png.bak", "README"}) EXPECT_FALSE(is_image_file(name)) << name;
+}
+
+}  // namespace
+}  // namespace lockstep::data
+#endif  // LOCKSTEP_HAVE_OPENCV
