@@ -1,0 +1,35 @@
+// Resolution / aspect-ratio buckets (issue #5): every readable image of a manifest goes to the
+// bucket whose aspect ratio is nearest its own, and is resized to cover the bucket's size and
+// centre-cropped to it, so one global batch is one resolution.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/data/image_folder.h"
+#include "lockstep/io/image.h"
+
+namespace lockstep::data {
+
+struct BucketSize {
+  int64_t width = 0;
+  int64_t height = 0;
+};
+
+// The default table: square, 4:3, 3:4, 3:2, 2:3, 2:1 and 1:2 at about 256x256 pixels, every side a
+// multiple of 32 (what a 6-level autoencoder needs).
+std::vector<BucketSize> default_bucket_table();
+// "256x256,288x224" -> sizes; throws InvalidArgument naming the bad entry.
+std::vector<BucketSize> parse_bucket_table(const std::string& text);
+// Throws InvalidArgument when the table is empty, a side is < 1 or not a multiple of `multiple`,
+// or two buckets share an aspect ratio.
+void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple);
+
+// Manifest entry indices per bucket (readable entries only; ties go to the earlier bucket).
+std::vector<std::vector<int64_t>> assign_buckets(const Manifest& manifest, const std::vector<BucketSize>& table);
+
+// Scales `image` so it covers width x height (area filter when shrinking), then crops the centre.
+io::Image fit_to_bucket(const io::Image& image, BucketSize size);
+
+}  // namespace lockstep::data

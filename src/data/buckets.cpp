@@ -1,0 +1,103 @@
+#include "lockstep/data/buckets.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace lockstep::data {
+
+std::vector<BucketSize> default_bucket_table() {
+  return {{256, 256}, {288, 224}, {224, 288}, {320, 224}, {224, 320}, {384, 192}, {192, 384}};
+}
+
+std::vector<BucketSize> parse_bucket_table(const std::string& text) {
+  std::vector<BucketSize> table;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t x = item.find('x');
+    BucketSize s;
+    try {
+      size_t used_w = 0, used_h = 0;
+      LOCKSTEP_THROW_IF_NOT(x != std::string::npos, InvalidArgument, "");
+      s.width = std::stoll(item.substr(0, x), &used_w);
+      s.height = std::stoll(item.substr(x + 1), &used_h);
+      LOCKSTEP_THROW_IF_NOT(used_w == x && used_h == item.size() - x - 1, InvalidArgument, "");
+    } catch (const std::exception&) {
+      throw InvalidArgument(detail::concat("bucket table entry '", item, "' is not WIDTHxHEIGHT (e.g. 256x256)"));
+    }
+    table.push_back(s);
+  }
+  return table;
+}
+
+void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple) {
+  LOCKSTEP_CHECK_ARG(!table.empty(), "the bucket table is empty");
+  for (size_t i = 0; i < table.size(); ++i) {
+    const auto& s = table[i];
+    LOCKSTEP_CHECK_ARG(s.width >= 1 && s.height >= 1 && s.width % multiple == 0 && s.height % multiple == 0,
+                       "bucket ", i, " (", s.width, "x", s.height, "): each side must be a positive multiple of ",
+                       multiple, " for this model");
+    for (size_t j = 0; j < i; ++j) {
+      LOCKSTEP_CHECK_ARG(s.width * table[j].height != s.height * table[j].width, "buckets ", j, " (", table[j].width,
+                         "x", table[j].height, ") and ", i, " (", s.width, "x", s.height,
+                         ") have the same aspect ratio");
+    }
+  }
+}
+
+std::vector<std::vector<int64_t>> assign_buckets(const Manifest& manifest, const std::vector<BucketSize>& table) {
+  LOCKSTEP_CHECK_ARG(!table.empty(), "the bucket table is empty");
+  std::vector<std::vector<int64_t>> out(table.size());
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    const auto& e = manifest.entries[i];
+    if (!e.readable()) continue;
+    const double aspect = std::log(static_cast<double>(e.width) / static_cast<double>(e.height));
+    size_t best = 0;
+    double best_distance = 1e300;
+    for (size_t b = 0; b < table.size(); ++b) {
+      const double d =
+          std::abs(aspect - std::log(static_cast<double>(table[b].width) / static_cast<double>(table[b].height)));
+      if (d < best_distance - 1e-12) {
+        best = b;
+        best_distance = d;
+      }
+    }
+    out[best].push_back(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
+io::Image fit_to_bucket(const io::Image& image, BucketSize size) {
+  LOCKSTEP_CHECK_ARG(image.width >= 1 && image.height >= 1 && size.width >= 1 && size.height >= 1,
+                     "fit_to_bucket: cannot fit a ", image.width, "x", image.height, " image to ", size.width, "x",
+                     size.height);
+#if !LOCKSTEP_HAVE_OPENCV
+  throw InvalidArgument("fit_to_bucket: this build of lockstep has no OpenCV");
+#else
+  const double scale = std::max(static_cast<double>(size.width) / image.width,
+                                 static_cast<double>(size.height) / image.height);
+  const int w = std::max<int>(static_cast<int>(size.width), static_cast<int>(std::lround(image.width * scale)));
+  const int h = std::max<int>(static_cast<int>(size.height), static_cast<int>(std::lround(image.height * scale)));
+  const cv::Mat src(image.height, image.width, CV_8UC(image.channels), const_cast<uint8_t*>(image.pixels.data()));
+  cv::Mat scaled;
+  cv::resize(src, scaled, cv::Size(w, h), 0, 0, scale < 1 ? cv::INTER_AREA : cv::INTER_LINEAR);
+  const cv::Rect centre((w - static_cast<int>(size.width)) / 2, (h - static_cast<int>(size.height)) / 2,
+                        static_cast<int>(size.width), static_cast<int>(size.height));
+  const cv::Mat cropped = scaled(centre).clone();
+  io::Image out;
+  out.width = static_cast<int>(size.width);
+  out.height = static_cast<int>(size.height);
+  out.channels = image.channels;
+  out.pixels.assign(cropped.data, cropped.data + cropped.total() * image.channels);
+  return out;
+#endif
+}
+
+}  // namespace lockstep::data
