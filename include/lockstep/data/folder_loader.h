@@ -1,0 +1,88 @@
+// Batches from an image folder (issue #5): the manifest's readable images in buckets, the epoch's
+// global plan, this rank's part of each step decoded and fitted to the step's bucket on worker
+// threads ahead of the trainer (a bounded queue), and images that fail to decode replaced by
+// another of the same bucket, chosen the same way on every rank and counted.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "lockstep/data/buckets.h"
+#include "lockstep/data/image_folder.h"
+#include "lockstep/data/plan.h"
+
+namespace lockstep::data {
+
+struct FolderBatch {
+  int64_t epoch = 0;
+  int64_t step = 0;  // within the epoch
+  int64_t bucket = 0;
+  BucketSize size;
+  std::vector<io::Image> images;  // this rank's part, all of `size`
+  int64_t replaced = 0;           // images that failed to decode and were replaced
+};
+
+class FolderDataset {
+ public:
+  // Throws InvalidArgument before any training: no readable image, a bad table, or a global batch
+  // that no bucket can fill (from the plan).
+  FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan);
+
+  EpochPlan plan(int64_t epoch) const { return EpochPlan(buckets_, plan_options_, epoch); }
+  // Decodes this rank's part of `step`; an image that fails to decode is replaced by the first
+  // decodable one of a sequence of same-bucket samples drawn from (seed, epoch, step, slot).
+  FolderBatch load(const EpochPlan& plan, int64_t epoch, int64_t step, int world_size, int rank) const;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::vector<std::vector<int64_t>>& buckets() const { return buckets_; }
+  const std::vector<BucketSize>& table() const { return table_; }
+  int64_t unreadable() const { return static_cast<int64_t>(manifest_.entries.size()) - manifest_.readable_count(); }
+
+ private:
+  Manifest manifest_;
+  std::vector<BucketSize> table_;
+  int channels_;
+  PlanOptions plan_options_;
+  std::vector<std::vector<int64_t>> buckets_;
+};
+
+// Loads steps [first_step, plan.steps()) of one epoch in order, `threads` workers decoding up to
+// `depth` steps ahead. next() blocks only when the workers are behind, and reports how long.
+class PrefetchLoader {
+ public:
+  PrefetchLoader(const FolderDataset& dataset, int64_t epoch, int64_t first_step, int world_size, int rank,
+                 int threads = 2, int depth = 4);
+  ~PrefetchLoader();
+  PrefetchLoader(const PrefetchLoader&) = delete;
+  PrefetchLoader& operator=(const PrefetchLoader&) = delete;
+
+  bool done() const { return next_ >= plan_.steps(); }
+  // The next step's batch; rethrows a worker's error. Adds the time spent waiting to waited_seconds().
+  FolderBatch next();
+  double waited_seconds() const { return waited_; }
+  int64_t steps() const { return plan_.steps(); }
+
+ private:
+  void work();
+
+  const FolderDataset& dataset_;
+  const EpochPlan plan_;
+  const int64_t epoch_;
+  const int world_size_, rank_, depth_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int64_t claimed_;  // next step a worker will take
+  int64_t next_;     // next step next() returns
+  std::map<int64_t, FolderBatch> ready_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  double waited_ = 0;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace lockstep::data

@@ -1,0 +1,114 @@
+#include "lockstep/data/folder_loader.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
+
+namespace lockstep::data {
+namespace {
+constexpr uint64_t kReplacement = 13;  // derive_seed purpose for bad-image replacements
+constexpr int kMaxReplacementTries = 16;
+}  // namespace
+
+FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan)
+    : manifest_(std::move(manifest)), table_(std::move(table)), channels_(channels), plan_options_(plan) {
+  LOCKSTEP_CHECK_ARG(channels_ == 1 || channels_ == 3, "image folder: channels = ", channels_, " must be 1 or 3");
+  LOCKSTEP_CHECK_ARG(manifest_.readable_count() > 0, "image folder ", manifest_.root, " holds no readable image (",
+                     manifest_.entries.size(), " files listed, none decodable)");
+  LOCKSTEP_CHECK_ARG(!table_.empty(), "the bucket table is empty");
+  buckets_ = assign_buckets(manifest_, table_);
+  (void)EpochPlan(buckets_, plan_options_, 0);  // fails now, naming the bucket, if a batch cannot be filled
+}
+
+FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t step, int world_size, int rank) const {
+  FolderBatch out;
+  out.epoch = epoch;
+  out.step = step;
+  out.bucket = plan.batch(step).bucket;
+  out.size = table_[static_cast<size_t>(out.bucket)];
+  const auto& members = buckets_[static_cast<size_t>(out.bucket)];
+  const std::vector<int64_t> mine = plan.rank_part(step, world_size, rank);
+  // The slot of this rank's first sample in the global batch, so replacements depend on the slot.
+  const int64_t total = plan_options_.global_batch, base = total / world_size, extra = total % world_size;
+  const int64_t first_slot = rank * base + std::min<int64_t>(rank, extra);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    int64_t id = mine[i];
+    const std::string& original = manifest_.entries[static_cast<size_t>(id)].path;
+    SplitMix64 rng(derive_seed(plan_options_.seed, static_cast<uint64_t>(epoch * 1000003 + step),
+                               kReplacement * 1000003 + static_cast<uint64_t>(first_slot) + i));
+    for (int attempt = 0;; ++attempt) {
+      const std::string path = (std::filesystem::path(manifest_.root) / manifest_.entries[static_cast<size_t>(id)].path).string();
+      try {
+        out.images.push_back(fit_to_bucket(decode_image(path, channels_), out.size));
+        break;
+      } catch (const Error& e) {
+        LOCKSTEP_THROW_IF_NOT(attempt + 1 < kMaxReplacementTries, CorruptInput, "image folder ", manifest_.root,
+                              ": ", original, " and ", attempt, " replacements drawn from its bucket could not be ",
+                              "decoded (the folder changed since its manifest was built?); last: ", e.what());
+        ++out.replaced;
+        id = members[static_cast<size_t>(rng.below(members.size()))];
+      }
+    }
+  }
+  return out;
+}
+
+PrefetchLoader::PrefetchLoader(const FolderDataset& dataset, int64_t epoch, int64_t first_step, int world_size,
+                               int rank, int threads, int depth)
+    : dataset_(dataset), plan_(dataset.plan(epoch)), epoch_(epoch), world_size_(world_size), rank_(rank),
+      depth_(depth), claimed_(first_step), next_(first_step) {
+  LOCKSTEP_CHECK_ARG(threads >= 1 && depth >= 1, "loader: threads = ", threads, " and depth = ", depth,
+                     " must be >= 1");
+  LOCKSTEP_CHECK_ARG(first_step >= 0 && first_step <= plan_.steps(), "loader: first step ", first_step,
+                     " outside the epoch's ", plan_.steps(), " steps");
+  for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
+}
+
+PrefetchLoader::~PrefetchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void PrefetchLoader::work() {
+  while (true) {
+    int64_t step = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return stopping_ || error_ || claimed_ >= plan_.steps() || claimed_ < next_ + depth_; });
+      if (stopping_ || error_ || claimed_ >= plan_.steps()) return;
+      step = claimed_++;
+    }
+    try {
+      FolderBatch batch = dataset_.load(plan_, epoch_, step, world_size_, rank_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(step, std::move(batch));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::current_exception();
+    }
+    changed_.notify_all();
+  }
+}
+
+FolderBatch PrefetchLoader::next() {
+  LOCKSTEP_THROW_IF_NOT(!done(), InvalidArgument, "loader: epoch ", epoch_, " has no step ", next_);
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return error_ || ready_.count(next_) > 0; });
+  waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (error_) std::rethrow_exception(error_);
+  FolderBatch batch = std::move(ready_.at(next_));
+  ready_.erase(next_);
+  ++next_;
+  lock.unlock();
+  changed_.notify_all();
+  return batch;
+}
+
+}  // namespace lockstep::data

@@ -1,0 +1,136 @@
+// Batches from an image folder through the global plan: rank parts, buckets, prefetching in order,
+// resume, and images that break after the manifest was built.
+#include "lockstep/data/folder_loader.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/imgcodecs.hpp>
+
+namespace lockstep::data {
+namespace {
+
+// 12 square and 9 wide images (their pixels encode their number), and one corrupt file.
+std::string make_folder(const test_util::TempDir& tmp) {
+  const std::string root = tmp.file("folder");
+  std::filesystem::create_directories(root + "/wide");
+  for (int i = 0; i < 12; ++i) {
+    cv::imwrite(root + "/sq" + std::to_string(10 + i) + ".png", cv::Mat(64, 64, CV_8UC3, cv::Scalar(i * 10, 0, 0)));
+  }
+  for (int i = 0; i < 9; ++i) {
+    cv::imwrite(root + "/wide/w" + std::to_string(i) + ".png", cv::Mat(64, 128, CV_8UC1, cv::Scalar(100 + i)));
+  }
+  std::ofstream(root + "/bad.png") << "not a png";
+  return root;
+}
+
+PlanOptions plan_options(int64_t batch) {
+  PlanOptions o;
+  o.global_batch = batch;
+  o.seed = 1;
+  return o;
+}
+
+FolderDataset dataset(const std::string& root, int64_t batch = 4) {
+  return FolderDataset(scan_image_folder(root), {{32, 32}, {64, 32}}, 3, plan_options(batch));
+}
+
+TEST(FolderLoader, RankPartsComeFromOneBucketAtTheBucketsSize) {
+  test_util::TempDir tmp;
+  const FolderDataset data = dataset(make_folder(tmp));
+  EXPECT_EQ(data.unreadable(), 1);
+  ASSERT_EQ(data.buckets()[0].size(), 12u);
+  ASSERT_EQ(data.buckets()[1].size(), 9u);
+  const EpochPlan plan = data.plan(0);
+  ASSERT_EQ(plan.steps(), 3 + 2);  // 9 wide images: 2 batches of 4, one left out
+  for (int64_t s = 0; s < plan.steps(); ++s) {
+    int64_t images = 0;
+    for (int r = 0; r < 3; ++r) {
+      const FolderBatch b = data.load(plan, 0, s, 3, r);
+      EXPECT_EQ(b.bucket, plan.batch(s).bucket);
+      for (const auto& img : b.images) {
+        EXPECT_EQ(img.width, b.size.width);
+        EXPECT_EQ(img.height, b.size.height);
+        EXPECT_EQ(img.channels, 3);
+      }
+      EXPECT_EQ(b.replaced, 0);
+      images += static_cast<int64_t>(b.images.size());
+    }
+    EXPECT_EQ(images, 4);
+  }
+}
+
+TEST(FolderLoader, PrefetchingGivesTheStepsInOrderAndResumesMidEpoch) {
+  test_util::TempDir tmp;
+  const FolderDataset data = dataset(make_folder(tmp));
+  const EpochPlan plan = data.plan(2);
+  PrefetchLoader loader(data, 2, 0, 2, 1, /*threads=*/2, /*depth=*/2);
+  std::vector<FolderBatch> all;
+  while (!loader.done()) all.push_back(loader.next());
+  ASSERT_EQ(static_cast<int64_t>(all.size()), plan.steps());
+  for (int64_t s = 0; s < plan.steps(); ++s) {
+    EXPECT_EQ(all[s].step, s);
+    const FolderBatch direct = data.load(plan, 2, s, 2, 1);
+    ASSERT_EQ(all[s].images.size(), direct.images.size());
+    for (size_t i = 0; i < direct.images.size(); ++i) EXPECT_EQ(all[s].images[i].pixels, direct.images[i].pixels);
+  }
+  EXPECT_GE(loader.waited_seconds(), 0.0);
+  PrefetchLoader resumed(data, 2, 3, 2, 1);
+  const FolderBatch third = resumed.next();
+  EXPECT_EQ(third.step, 3);
+  EXPECT_EQ(third.images[0].pixels, all[3].images[0].pixels);
+}
+
+TEST(FolderLoader, AnImageThatBreaksAfterTheManifestIsReplacedTheSameWayEveryTime) {
+  test_util::TempDir tmp;
+  const std::string root = make_folder(tmp);
+  const FolderDataset data = dataset(root);
+  // Break half the square images after the manifest was built.
+  for (int i = 0; i < 12; i += 2) std::ofstream(root + "/sq" + std::to_string(10 + i) + ".png") << "truncated";
+  const EpochPlan plan = data.plan(0);
+  int64_t replaced = 0;
+  for (int64_t s = 0; s < plan.steps(); ++s) {
+    if (plan.batch(s).bucket != 0) continue;
+    for (int r = 0; r < 2; ++r) {
+      const FolderBatch a = data.load(plan, 0, s, 2, r);
+      const FolderBatch b = data.load(plan, 0, s, 2, r);
+      EXPECT_EQ(a.replaced, b.replaced);
+      for (size_t i = 0; i < a.images.size(); ++i) EXPECT_EQ(a.images[i].pixels, b.images[i].pixels);
+      replaced += a.replaced;
+    }
+  }
+  EXPECT_GT(replaced, 0);
+}
+
+TEST(FolderLoader, ImpossibleSettingsFailBeforeTraining) {
+  test_util::TempDir tmp;
+  const std::string root = make_folder(tmp);
+  try {
+    dataset(root, 13);
+    FAIL() << "accepted a batch no bucket fills";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket 0 holds 12 samples, fewer than one global batch of 13"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::string empty = tmp.file("empty");
+  std::filesystem::create_directories(empty);
+  std::ofstream(empty + "/x.png") << "junk";
+  try {
+    FolderDataset(scan_image_folder(empty), {{32, 32}}, 3, plan_options(1));
+    FAIL() << "accepted a folder without a readable image";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no readable image (1 files listed"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::data
+#endif  // LOCKSTEP_HAVE_OPENCV
