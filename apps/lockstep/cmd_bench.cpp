@@ -84,6 +84,14 @@ bool meets(const quant::BenchCase& c, const Measured& m, double fraction) {
 }
 
 int run_bench(const BenchOptions& opt) {
+  std::vector<quant::BenchCase> cases;
+  for (auto& c : quant::quantizer_bench_cases()) {
+    if (opt.filter.empty() || (c.name + " " + c.shape).find(opt.filter) != std::string::npos) cases.push_back(c);
+  }
+  if (cases.empty()) {
+    std::cerr << "lockstep: error: no benchmark case matches '" << opt.filter << "'\n";
+    return kExitUsage;
+  }
   at::set_num_threads(opt.threads);
   std::cout << "lockstep bench quantizers: " << opt.threads << (opt.threads == 1 ? " thread" : " threads")
             << "; each case: median of >= " << opt.min_runs << " runs over >= " << fixed(opt.min_seconds, 1)
@@ -96,10 +104,7 @@ int run_bench(const BenchOptions& opt) {
   std::cout << std::left << std::setw(13) << "case" << std::setw(31) << "shape" << std::right << std::setw(11)
             << "median ms" << std::setw(13) << "tokens/s" << std::setw(14) << "rate" << std::setw(9) << "limit"
             << std::setw(11) << "extra MiB" << "  target\n";
-  int matched = 0;
-  for (const auto& c : quant::quantizer_bench_cases()) {
-    if (!opt.filter.empty() && (c.name + " " + c.shape).find(opt.filter) == std::string::npos) continue;
-    ++matched;
+  for (const auto& c : cases) {
     const Measured m = measure(c, opt);
     const bool flops = c.limit == quant::BenchLimit::Sgemm;
     const double rate = c.work / (m.median_ms * 1e-3) * 1e-9;  // GFLOP/s or GB/s
@@ -111,10 +116,6 @@ int run_bench(const BenchOptions& opt) {
               << fixed(fraction * 100, 0) << "%" << std::setw(11) << (m.extra_mib < 0 ? "n/a" : fixed(m.extra_mib, 1))
               << "  " << (target.empty() ? "-" : target + (meets(c, m, fraction) ? " (met)" : " (MISSED)")) << "\n";
     std::cout.flush();
-  }
-  if (matched == 0) {
-    std::cerr << "lockstep: error: no benchmark case matches '" << opt.filter << "'\n";
-    return kExitUsage;
   }
   std::cout << "\nrate: work per second (flops for GFLOP/s, bytes for GB/s, counted as docs/performance.md says);"
                " limit: rate as a share of the sgemm or triad figure above.\n";
@@ -207,7 +208,8 @@ void add_bench_command(CLI::App& app, Runner& run) {
   bench->require_subcommand(1);
   auto* quantizers = bench->add_subcommand(
       "quantizers",
-      "Time VQ search, VQ/FSQ/LFQ forward+backward, FSQ over 50M elements and k-means (issue #3's cases): "
+      "Time VQ search, VQ/FSQ/LFQ forward+backward, FSQ over 50M elements and k-means (the cases of "
+      "docs/performance.md): "
       "median time, tokens/s, the share of the sgemm or memory bandwidth measured in the same run, peak "
       "extra memory, and the target for one thread on the reference machine. Takes about a minute.");
   quantizers->add_option("--threads", opt->threads, "Intra-op threads (the targets are for 1)")
