@@ -58,3 +58,8 @@ lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "trained 6 steps.*test: m
                   ARGS train --rank 0 --world-size 2 --master-port 29771 --run-dir run --steps 6 ${COMMON_ARGS})
 lockstep_cli_test(train_rank_beyond_world_size EXIT 1 OUTPUT "--rank 5 must be below --world-size 2"
                   ARGS train --rank 5 --world-size 2)
+# Failure mode f end to end (tests/cli/kill_a_rank.sh): a SIGKILLed rank is named within 2 s, and
+# the run resumes exactly; `eval` then reads the resumed run.
+lockstep_cli_test(kill_a_rank_then_resume EXIT 0 OUTPUT "step 100" TIMEOUT 300
+                  SETUP "bash ${CMAKE_CURRENT_LIST_DIR}/kill_a_rank.sh ${LS} 29791 ${COMPARE} > kill.log 2>&1 || (cat kill.log && false)"
+                  ARGS eval run --limit 16)

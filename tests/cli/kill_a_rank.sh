@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Failure mode f of issue #4, end to end: SIGKILL one of two training ranks mid-run. The other must
+# name it within 2 s and exit non-zero; resuming the run directory on 2 ranks must then continue
+# exactly (its losses equal a single process's).
+#   kill_a_rank.sh LOCKSTEP PORT COMPARE_METRICS_PY
+set -euo pipefail
+ls_bin=$1 port=$2 compare=$3
+common=(--batch-size 24 --threads 1 --set data.train_subset=2400 --set data.test_subset=32
+        --set model.channels=[8,8] --set train.log_every=10 --set train.checkpoint_every=10)
+
+"$ls_bin" train --run-dir one --steps 100 "${common[@]}" > one.log
+
+RANK=0 WORLD_SIZE=2 MASTER_PORT=$port "$ls_bin" train --run-dir run --steps 100 "${common[@]}" > r0.log 2>&1 &
+p0=$!
+RANK=1 WORLD_SIZE=2 MASTER_PORT=$port "$ls_bin" train --run-dir run --steps 100 "${common[@]}" > r1.log 2>&1 &
+p1=$!
+for _ in $(seq 1 400); do [[ -f run/checkpoint.safetensors ]] && break; sleep 0.05; done
+[[ -f run/checkpoint.safetensors ]] || { echo "no checkpoint appeared"; kill -9 $p0 $p1; exit 1; }
+sleep 0.2
+kill -9 $p1
+killed=$(date +%s%3N)
+named=""
+for _ in $(seq 1 200); do
+  if grep -q "rank(s) 1 died" r0.log; then named=$(date +%s%3N); break; fi
+  sleep 0.02
+done
+set +e
+wait $p0
+rc0=$?
+set -e
+[[ -n "$named" ]] || { echo "rank 0 did not name rank 1:"; cat r0.log; exit 1; }
+[[ $rc0 -ne 0 ]] || { echo "rank 0 exited 0 after losing rank 1"; exit 1; }
+ms=$((named - killed))
+echo "rank 0 named rank 1 ${ms} ms after SIGKILL and exited with status $rc0"
+((ms < 2000)) || { echo "too slow"; exit 1; }
+
+"$ls_bin" launch -n 2 --master-port $((port + 1)) -- train --resume run --steps 100 > resume.log 2>&1 ||
+  { cat resume.log; exit 1; }
+grep -q "resumed at step" resume.log || { echo "not resumed"; cat resume.log; exit 1; }
+python3 "$compare" one/metrics.jsonl run/metrics.jsonl 1e-4
