@@ -1,4 +1,4 @@
-// `lockstep bench quantizers`: times each quantizer case of issue #3 and prints it beside the
+// `lockstep bench quantizers`: times each quantizer case and prints it beside the
 // machine's limits measured in the same run (sgemm GFLOP/s, triad GB/s) and its peak extra memory.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-// Resolution / aspect-ratio buckets (issue #5): every readable image of a manifest goes to the
+// Resolution / aspect-ratio buckets: every readable image of a manifest goes to the
 // bucket whose aspect ratio is nearest its own, and is resized to cover the bucket's size and
 // centre-cropped to it, so one global batch is one resolution.
 #pragma once

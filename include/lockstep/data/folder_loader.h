@@ -1,4 +1,4 @@
-// Batches from an image folder (issue #5): the manifest's readable images in buckets, the epoch's
+// Batches from an image folder: the manifest's readable images in buckets, the epoch's
 // global plan, this rank's part of each step decoded and fitted to the step's bucket on worker
 // threads ahead of the trainer (a bounded queue), and images that fail to decode replaced by
 // another of the same bucket, chosen the same way on every rank and counted.

@@ -1,4 +1,4 @@
-// Datasets that are a directory tree of image files (issue #5): a manifest of every image (path,
+// Datasets that are a directory tree of image files: a manifest of every image (path,
 // size, checksum) built once and cached, and decoding to the model's channel count. Decoding goes
 // through OpenCV (JPEG, PNG with palette, alpha or 16 bits, grayscale, WebP, TIFF, BMP, PNM).
 #pragma once

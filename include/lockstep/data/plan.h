@@ -1,4 +1,4 @@
-// The one global plan of batches (issue #5, G5): which samples make up global batch t of an epoch,
+// The one global plan of batches (G5): which samples make up global batch t of an epoch,
 // from which bucket, as a pure function of (bucket contents, seed, epoch, global batch size). Every
 // rank computes the same plan and takes its slice of each global batch, so all ranks run the same
 // number of steps, at each step on the same bucket (resolution); resuming at any (epoch, step), on

@@ -1,4 +1,4 @@
-// The quantizer benchmarks of issue #3, defined once: `lockstep bench quantizers` and the Google
+// The quantizer benchmarks, defined once: `lockstep bench quantizers` and the Google
 // Benchmark program (bench/) both run these cases.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The only communication a quantizer sees: summing (count, sum) statistics over everyone who
 // holds part of the global batch. Quantizers call it the same number of times whatever their
-// data; the trainer plugs a process group in (issue #4), a single process uses LocalReducer.
+// data; the trainer plugs a process group in (dist::GroupReducer), a single process uses LocalReducer.
 #pragma once
 
 #include <ATen/core/Tensor.h>
