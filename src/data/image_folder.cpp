@@ -10,6 +10,7 @@
 
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/hash.h"
 #include "lockstep/io/atomic_file.h"
 
 #if LOCKSTEP_HAVE_OPENCV
@@ -21,12 +22,6 @@ namespace lockstep::data {
 namespace fs = std::filesystem;
 namespace {
 
-uint64_t fnv(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -85,11 +80,11 @@ bool is_image_file(const std::string& name) {
 }
 
 uint64_t Manifest::hash() const {
-  uint64_t h = kFnvOffset;
+  uint64_t h = kFnv1aOffset;
   for (const auto& e : entries) {
-    h = fnv(h, e.path.data(), e.path.size() + 1);
-    for (int64_t v : {e.width, e.height, e.bytes}) h = fnv(h, &v, sizeof v);
-    h = fnv(h, &e.checksum, sizeof e.checksum);
+    h = fnv1a(e.path.data(), e.path.size() + 1, h);
+    for (int64_t v : {e.width, e.height, e.bytes}) h = fnv1a_int64(v, h);
+    h = fnv1a_int64(static_cast<int64_t>(e.checksum), h);
   }
   return h;
 }
@@ -131,7 +126,7 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached) {
     }
     try {
       const std::string bytes = read_bytes(full.string());
-      e.checksum = fnv(kFnvOffset, bytes.data(), bytes.size());
+      e.checksum = fnv1a(bytes.data(), bytes.size());
       const cv::Mat decoded = decode_bytes(bytes);
       if (decoded.empty()) {
         e.error = "cannot be decoded (corrupt, truncated, or a format this OpenCV lacks)";

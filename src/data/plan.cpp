@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/hash.h"
 #include "lockstep/core/random.h"
 
 namespace lockstep::data {
@@ -12,11 +13,6 @@ namespace {
 constexpr uint64_t kBucketShuffle = 11;
 constexpr uint64_t kBatchOrder = 12;
 
-uint64_t mix(uint64_t h, int64_t v) {
-  const auto u = static_cast<uint64_t>(v);
-  for (int i = 0; i < 8; ++i) h = (h ^ ((u >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
-  return h;
-}
 }  // namespace
 
 const char* remainder_name(Remainder r) { return r == Remainder::Drop ? "drop" : "pad"; }
@@ -80,11 +76,11 @@ std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank
 }
 
 uint64_t EpochPlan::hash() const {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = kFnv1aOffset;
   for (int64_t s = 0; s < steps(); ++s) {
     const PlannedBatch p = batch(s);
-    h = mix(h, p.bucket);
-    for (int64_t id : p.samples) h = mix(h, id);
+    h = fnv1a_int64(p.bucket, h);
+    for (int64_t id : p.samples) h = fnv1a_int64(id, h);
   }
   return h;
 }

@@ -4,19 +4,11 @@
 
 #include <algorithm>
 
+#include "lockstep/core/hash.h"
+
 namespace lockstep::dist {
 namespace {
 
-uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < size; ++i) {
-    hash ^= bytes[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
 constexpr int64_t kMagic = 0x6c6f636b73746570;  // "lockstep": a fingerprint, not stray data
 
 std::string dtype_name(const at::Tensor& t) {
@@ -88,15 +80,15 @@ std::string CollectiveCall::describe() const {
 }
 
 std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const {
-  uint64_t shapes = kFnvOffset;
+  uint64_t shapes = kFnv1aOffset;
   for (const auto& t : tensors) {
-    shapes = fnv1a(shapes, t.dtype.data(), t.dtype.size() + 1);
+    shapes = fnv1a(t.dtype.data(), t.dtype.size() + 1, shapes);
     const int64_t rank = static_cast<int64_t>(t.sizes.size());
-    shapes = fnv1a(shapes, &rank, sizeof rank);
-    shapes = fnv1a(shapes, t.sizes.data(), t.sizes.size() * sizeof(int64_t));
+    shapes = fnv1a(&rank, sizeof rank, shapes);
+    shapes = fnv1a(t.sizes.data(), t.sizes.size() * sizeof(int64_t), shapes);
   }
   const std::string tag = site.tag ? site.tag : "";
-  const uint64_t tag_hash = fnv1a(kFnvOffset, tag.data(), tag.size());
+  const uint64_t tag_hash = fnv1a(tag.data(), tag.size());
   return {kMagic,
           static_cast<int64_t>(sequence),
           static_cast<int64_t>(op),

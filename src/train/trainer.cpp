@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/hash.h"
 #include "lockstep/core/random.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/data/plan.h"
@@ -76,12 +77,10 @@ struct Trainer::State {
 
   // Hash of the raw bytes of `tensors` (a checksum for comparing replicas, not cryptographic).
   static int64_t checksum(const std::vector<at::Tensor>& tensors) {
-    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    uint64_t h = kFnv1aOffset;
     for (const auto& t : tensors) {
       const at::Tensor c = t.detach().contiguous();
-      const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-      const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-      for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+      h = fnv1a(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
     }
     return static_cast<int64_t>(h);
   }
@@ -112,11 +111,8 @@ struct Trainer::State {
     shared.set("data.dir", lockstep_schema().find("data.dir")->default_value);
     shared.set("train.threads", lockstep_schema().find("train.threads")->default_value);
     const std::string text = shared.to_toml();
-    const auto all = group->all_gather(
-        torch::tensor({checksum({torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())},
-                                                  torch::kUInt8)})},
-                      torch::kInt64),
-        LOCKSTEP_CALL_SITE("train.config_check"));
+    const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(fnv1a(text.data(), text.size()))}),
+                                       LOCKSTEP_CALL_SITE("train.config_check"));
     std::vector<std::string> differ;
     for (size_t r = 1; r < all.size(); ++r) {
       if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
@@ -158,11 +154,7 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(batch_size >= group->size(), "train.batch_size = ", batch_size,
                        " is the global batch: it needs at least one image for each of the ", group->size(), " ranks");
     steps_per_epoch = train_set.count / batch_size;
-    if (distributed()) {
-      uint64_t h = 0xcbf29ce484222325ULL;
-      for (uint8_t p : train_set.pixels) h = (h ^ p) * 0x100000001b3ULL;
-      data_checksum = static_cast<int64_t>(h);
-    }
+    if (distributed()) data_checksum = static_cast<int64_t>(fnv1a(train_set.pixels.data(), train_set.pixels.size()));
     const int64_t steps = config.get_int("train.steps");
     total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
 
