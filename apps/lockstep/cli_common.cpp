@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 namespace lockstep::cli {
@@ -30,6 +32,12 @@ std::string format_eval(const train::EvalResult& r) {
                 r.psnr_db, static_cast<long long>(r.codes_used), static_cast<long long>(r.codebook_size),
                 100.0 * r.code_usage, r.perplexity);
   return buf;
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
 }
 
 void report_error(const std::string& message) {

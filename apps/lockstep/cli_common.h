@@ -15,6 +15,9 @@ void apply_threads(int threads);
 
 bool stdout_is_terminal();
 
+// `v` with `digits` decimals: fixed(3.14159, 2) == "3.14".
+std::string fixed(double v, int digits);
+
 // "mse 0.00612  psnr 22.13 dB  codes used 812/1000 (81.2%)  perplexity 530.2"
 std::string format_eval(const train::EvalResult& r);
 

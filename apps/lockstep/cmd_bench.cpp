@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "lockstep/core/machine.h"
 #include "lockstep/core/memory.h"
@@ -59,12 +60,6 @@ Measured measure(const quant::BenchCase& c, const BenchOptions& opt) {
   m.min_ms = times.front();
   m.extra_mib = peak_reset ? std::max<double>(0, peak_resident_bytes() - before) / (1 << 20) : -1;
   return m;
-}
-
-std::string fixed(double v, int digits) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(digits) << v;
-  return out.str();
 }
 
 // "<= 26 ms", ">= 60% of sgemm", ... or "" when the case has no target.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "blas_env.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/machine.h"
@@ -42,12 +43,6 @@ constexpr int64_t kTriadElementsQuick = int64_t{32} << 20;
 // Seconds per measurement: a full run stays under ~5 s, --quick under ~1.5 s with the re-exec.
 constexpr double kSgemmSeconds = 1.0, kSgemmSecondsQuick = 0.1;
 constexpr double kTriadSeconds = 0.8, kTriadSecondsQuick = 0.1;
-
-std::string fixed(double v, int digits) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(digits) << v;
-  return out.str();
-}
 
 std::string with_threads(int n) { return " with " + std::to_string(n) + (n == 1 ? " thread" : " threads"); }
 
