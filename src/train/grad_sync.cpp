@@ -22,6 +22,7 @@ struct GradientSync::Impl {
   std::shared_ptr<dist::Group> group;
   std::vector<at::Tensor> parameters;
   std::vector<size_t> bucket_of;    // per parameter
+  std::vector<size_t> slot_of;      // per parameter: its place in the bucket's members
   std::vector<bool> arrived;        // per parameter, this step
   std::vector<Bucket> buckets;
   at::Tensor control;
@@ -43,8 +44,7 @@ struct GradientSync::Impl {
                           " received a second gradient in one step; run one backward between begin() and finish()");
     arrived[index] = true;
     Bucket& b = buckets[bucket_of[index]];
-    const size_t slot = static_cast<size_t>(std::find(b.members.begin(), b.members.end(), index) - b.members.begin());
-    b.flat.narrow(0, b.offsets[slot], grad.numel()).copy_(grad.reshape({-1}));
+    b.flat.narrow(0, b.offsets[slot_of[index]], grad.numel()).copy_(grad.reshape({-1}));
     if (++b.ready == static_cast<int64_t>(b.members.size())) launch(b);
   }
 };
@@ -57,6 +57,7 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
   m.group = std::move(group);
   m.parameters = std::move(parameters);
   m.bucket_of.resize(m.parameters.size());
+  m.slot_of.resize(m.parameters.size());
   m.arrived.assign(m.parameters.size(), false);
   // Reverse order: the last layers' gradients come first in backward.
   std::vector<int64_t> sizes;
@@ -70,6 +71,7 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
       sizes.push_back(0);
     }
     Impl::Bucket& b = m.buckets.back();
+    m.slot_of[k] = b.members.size();
     b.members.push_back(k);
     b.offsets.push_back(sizes.back() / 4);
     sizes.back() += bytes;
@@ -125,9 +127,8 @@ at::Tensor GradientSync::finish() {
   const double ranks = m.group->size();
   for (size_t k = 0; k < m.parameters.size(); ++k) {
     Impl::Bucket& b = m.buckets[m.bucket_of[k]];
-    const size_t slot = static_cast<size_t>(std::find(b.members.begin(), b.members.end(), k) - b.members.begin());
     at::Tensor& p = m.parameters[k];
-    const at::Tensor mean = b.flat.narrow(0, b.offsets[slot], p.numel()).view(p.sizes()) / ranks;
+    const at::Tensor mean = b.flat.narrow(0, b.offsets[m.slot_of[k]], p.numel()).view(p.sizes()) / ranks;
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     p.mutable_grad().copy_(mean);
   }
