@@ -1,4 +1,4 @@
-// VQ's nearest-code search and a VQ training step on one thread (BM_NearestCode also on two),
+// VQ's nearest-code search on one thread (BM_NearestCode also on two; the VQ training step is BM_Quantizer/vq fwd+bwd),
 // beside BM_Sgemm (bench_machine.cpp): the fused search should run near sgemm speed, the unfused one
 // does not. Set OPENBLAS_CORETYPE as bench/main.cpp advises: BM_Sgemm and the unfused search use BLAS.
 #include <ATen/Parallel.h>
@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "lockstep/quant/nearest_code.h"
-#include "lockstep/quant/vq.h"
 
 namespace {
 
@@ -88,22 +87,5 @@ void BM_NearestCodeUnfused(benchmark::State& state) {
   search_counters(state, n, k, d);
 }
 BENCHMARK(BM_NearestCodeUnfused)->Args({16384, 512, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// One VQ training step: forward (search, rotation trick, commitment loss, EMA update) and backward.
-// args: batch, tokens per item, dim, codes
-void BM_VqForwardBackward(benchmark::State& state) {
-  at::set_num_threads(1);
-  const int64_t b = state.range(0), n = state.range(1), d = state.range(2), k = state.range(3);
-  lockstep::quant::Vq vq(lockstep::quant::VqOptions(d, k), at::detail::createCPUGenerator(0));
-  const at::Tensor x = torch::randn({b, n, d}, torch::requires_grad());
-  for (auto _ : state) {
-    const auto out = vq.quantize(x, {});
-    (out.quantized.sum() + out.total_loss()).backward();
-    benchmark::DoNotOptimize(x.grad().data_ptr<float>());
-  }
-  state.counters["tokens"] = benchmark::Counter(double(b * n) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel("1 thread");
-}
-BENCHMARK(BM_VqForwardBackward)->Args({16, 1024, 64, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
