@@ -122,15 +122,6 @@ TEST(Plan, ResumeAtAnyStepAndOntoAnotherWorldSizeContinuesTheSameSequence) {
   EXPECT_EQ(before, whole) << "a sample skipped or repeated across the resume";
 }
 
-TEST(Plan, AnAbandonedEpochDoesNotChangeTheNext) {
-  const auto buckets = example_buckets();
-  const EpochPlan next(buckets, options(16, Remainder::Drop), 6);
-  // However far epoch 5 ran, epoch 6 is a function of its own inputs only.
-  const EpochPlan previous(buckets, options(16, Remainder::Drop), 5);
-  (void)previous.batch(2);
-  EXPECT_EQ(EpochPlan(buckets, options(16, Remainder::Drop), 6).hash(), next.hash());
-}
-
 TEST(Plan, ImpossibleBatchesAreClearErrorsBeforeTraining) {
   auto message = [](std::vector<std::vector<int64_t>> buckets, int64_t batch) {
     try {

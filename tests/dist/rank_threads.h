@@ -66,10 +66,10 @@ std::string message_of(const std::exception_ptr& error) {
   if (!error) return "(no error)";
   try {
     std::rethrow_exception(error);
-  } catch (const E& e) {
-    return e.what();
   } catch (const std::exception& e) {
-    return std::string("(another exception) ") + e.what();
+    return dynamic_cast<const E*>(&e) ? std::string(e.what()) : std::string("(another exception) ") + e.what();
+  } catch (...) {
+    return "(not a std::exception)";
   }
   return "";
 }
