@@ -9,15 +9,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 
-#include <unistd.h>
-
+#include <chrono>
 #include <cstdlib>
-#include <fstream>
-#include <optional>
-#include <sstream>
 #include <map>
-#include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "liveness.h"
