@@ -94,6 +94,8 @@ int run_train(const TrainArgs& args) {
 }
 
 int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
+  // Before the first step (scanning an image folder, what the data is): plain lines.
+  const auto print_line = [](const std::string& text) { std::cout << text << std::endl; };
   std::unique_ptr<train::Trainer> trainer;
   const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
@@ -102,12 +104,13 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
     LOCKSTEP_CHECK_ARG(args.config_file.empty() && args.run_dir.empty(),
                        "--resume continues a run with its own config and directory; do not combine it with ",
                        "--config or --run-dir");
-    trainer = train::Trainer::resume(args.resume, overrides(args), group);
+    trainer = train::Trainer::resume(args.resume, overrides(args), group, print_line);
   } else {
     train::Config config(train::lockstep_schema());
     if (!args.config_file.empty()) config.load_toml_file(args.config_file);
     for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-    trainer = train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group);
+    trainer = train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group,
+                                     print_line);
   }
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
@@ -155,7 +158,9 @@ void add_train_command(CLI::App& app, Runner& run) {
   cmd->footer(
       "With no options, trains an FSQ autoencoder on Fashion-MNIST (Debian package dataset-fashion-mnist) and "
       "writes runs/<date-time>/ with config.toml, metrics.jsonl, checkpoint.safetensors, reconstructions.png and "
-      "summary.json. Settings: a --config file, then the flags above, then --set, later ones winning; every key is "
+      "summary.json. --data FOLDER trains on a tree of images instead, in resolution buckets, holding out "
+      "data.eval_images of them for evaluation; the run directory then also keeps the folder's manifest.json, "
+      "which a resumed run must still match. Settings: a --config file, then the flags above, then --set, later ones winning; every key is "
       "listed in docs/configuration.md and by --print-config. Ctrl-C saves a checkpoint and stops; --resume "
       "continues bit for bit.");
   cmd->add_option("--config", args->config_file, "TOML file of settings (see docs/configuration.md)")
@@ -183,12 +188,17 @@ void add_train_command(CLI::App& app, Runner& run) {
   cmd->add_flag("--print-config", args->print_config, "Print the resolved configuration as TOML and exit");
   add_shortcut(*cmd, *args, "--epochs", "INT", "train.epochs", "Epochs to train");
   add_shortcut(*cmd, *args, "--steps", "INT", "train.steps", "Stop after this many steps (0 = all epochs)");
-  add_shortcut(*cmd, *args, "--batch-size", "INT", "train.batch_size", "Images per step");
+  add_shortcut(*cmd, *args, "--batch-size", "INT", "train.batch_size", "Images per step, over all ranks");
+  add_shortcut(*cmd, *args, "--global-batch", "INT", "train.batch_size",
+               "Images per step, over all ranks: each rank takes its part (the same as --batch-size)");
   add_shortcut(*cmd, *args, "--lr", "FLOAT", "train.lr", "Learning rate");
   add_shortcut(*cmd, *args, "--seed", "INT", "train.seed", "Seed of every random choice");
   add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", "Intra-op threads (0 = one per core)");
   add_shortcut(*cmd, *args, "--quantizer", "NAME", "quantizer.name", "Quantizer");
-  add_shortcut(*cmd, *args, "--data", "DIR", "data.dir", "Directory of the Fashion-MNIST .gz files");
+  add_shortcut(*cmd, *args, "--data", "DIR", "data.dir",
+               "Fashion-MNIST's directory of .gz files, or a folder of images (any depth; see docs/data.md)");
+  add_shortcut(*cmd, *args, "--buckets", "WxH,...", "data.buckets",
+               "Image folders: bucket sizes, e.g. 256x256,384x192 (default: 7 sizes of about 256x256)");
   cmd->callback([&run, args] { run = [args] { return run_train(*args); }; });
 }
 

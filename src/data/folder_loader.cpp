@@ -1,7 +1,10 @@
 #include "lockstep/data/folder_loader.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
@@ -12,14 +15,54 @@ constexpr uint64_t kReplacement = 13;  // derive_seed purpose for bad-image repl
 constexpr int kMaxReplacementTries = 16;
 }  // namespace
 
-FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan)
+FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan,
+                             const std::vector<int64_t>& excluded)
     : manifest_(std::move(manifest)), table_(std::move(table)), channels_(channels), plan_options_(plan) {
   LOCKSTEP_CHECK_ARG(channels_ == 1 || channels_ == 3, "image folder: channels = ", channels_, " must be 1 or 3");
   LOCKSTEP_CHECK_ARG(manifest_.readable_count() > 0, "image folder ", manifest_.root, " holds no readable image (",
-                     manifest_.entries.size(), " files listed, none decodable)");
+                     manifest_.entries.size(), " image files listed, none decodable)");
   LOCKSTEP_CHECK_ARG(!table_.empty(), "the bucket table is empty");
   buckets_ = assign_buckets(manifest_, table_);
-  (void)EpochPlan(buckets_, plan_options_, 0);  // fails now, naming the bucket, if a batch cannot be filled
+  const std::set<int64_t> skip(excluded.begin(), excluded.end());
+  for (auto& members : buckets_) {
+    members.erase(std::remove_if(members.begin(), members.end(), [&](int64_t id) { return skip.count(id) > 0; }),
+                  members.end());
+  }
+  merge_small_buckets();
+  (void)EpochPlan(buckets_, plan_options_, 0);  // cannot fail now; a last check of the plan's rules
+}
+
+void FolderDataset::merge_small_buckets() {
+  const auto batch = static_cast<size_t>(plan_options_.global_batch);
+  auto log_aspect = [&](size_t b) { return std::log(static_cast<double>(table_[b].width) / table_[b].height); };
+  size_t largest = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].size() > buckets_[largest].size()) largest = b;
+  }
+  LOCKSTEP_CHECK_ARG(buckets_[largest].size() >= batch, "image folder ", manifest_.root, ": no bucket can fill ",
+                     "one global batch of ", batch, " images; the fullest, ", table_[largest].width, "x",
+                     table_[largest].height, ", holds ", buckets_[largest].size(), " of the ", training_images(),
+                     " training images; lower the global batch or add images");
+  // A bucket that cannot fill one global batch gives its images to the full bucket nearest its
+  // aspect ratio, where they are fitted like that bucket's own.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].empty() || buckets_[b].size() >= batch) continue;
+    size_t target = largest;
+    for (size_t c = 0; c < buckets_.size(); ++c) {
+      if (buckets_[c].size() < batch) continue;
+      if (std::abs(log_aspect(c) - log_aspect(b)) < std::abs(log_aspect(target) - log_aspect(b)) - 1e-12) target = c;
+    }
+    merged_.push_back({static_cast<int64_t>(b), static_cast<int64_t>(target), static_cast<int64_t>(buckets_[b].size())});
+    buckets_[target].insert(buckets_[target].end(), buckets_[b].begin(), buckets_[b].end());
+    std::sort(buckets_[target].begin(), buckets_[target].end());
+    buckets_[b].clear();
+  }
+}
+
+int64_t FolderDataset::training_images() const {
+  int64_t n = 0;
+  for (const auto& members : buckets_) n += static_cast<int64_t>(members.size());
+  return n;
 }
 
 FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t step, int world_size, int rank) const {

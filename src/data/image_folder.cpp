@@ -93,7 +93,7 @@ int64_t Manifest::readable_count() const {
   return std::count_if(entries.begin(), entries.end(), [](const ManifestEntry& e) { return e.readable(); });
 }
 
-Manifest scan_image_folder(const std::string& root, const Manifest* cached) {
+Manifest scan_image_folder(const std::string& root, const Manifest* cached, const ScanProgress& progress) {
   LOCKSTEP_THROW_IF_NOT(fs::is_directory(root), IoError, "image folder ", root, " is not a directory");
 #if !LOCKSTEP_HAVE_OPENCV
   throw InvalidArgument(detail::concat("image folder ", root, ": this build of lockstep has no OpenCV to decode ",
@@ -109,7 +109,10 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached) {
     }
   }
   std::sort(files.begin(), files.end());
+  const auto total = static_cast<int64_t>(files.size());
   for (const auto& rel : files) {
+    const auto done = static_cast<int64_t>(m.entries.size());
+    if (progress && done % 64 == 0) progress(done, total);
     const fs::path full = fs::path(root) / rel;
     ManifestEntry e;
     e.path = rel;
@@ -139,8 +142,57 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached) {
     }
     m.entries.push_back(std::move(e));
   }
+  if (progress) progress(total, total);
   return m;
 #endif
+}
+
+std::vector<int64_t> held_out_entries(const Manifest& manifest, int64_t count) {
+  const int64_t readable = manifest.readable_count();
+  LOCKSTEP_CHECK_ARG(count >= 0 && count < readable, "image folder ", manifest.root, ": cannot hold out ", count,
+                     " images for evaluation from ", readable, " readable ones (some must remain to train on)");
+  std::vector<std::pair<uint64_t, int64_t>> keyed;
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    const auto& e = manifest.entries[i];
+    if (e.readable()) keyed.emplace_back(fnv1a(e.path.data(), e.path.size()), static_cast<int64_t>(i));
+  }
+  std::partial_sort(keyed.begin(), keyed.begin() + count, keyed.end());
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(keyed[static_cast<size_t>(i)].second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string describe_changes(const Manifest& before, const Manifest& after) {
+  std::vector<std::string> added, removed, modified;
+  auto a = before.entries.begin(), b = after.entries.begin();
+  while (a != before.entries.end() || b != after.entries.end()) {
+    if (b == after.entries.end() || (a != before.entries.end() && a->path < b->path)) {
+      removed.push_back((a++)->path);
+    } else if (a == before.entries.end() || b->path < a->path) {
+      added.push_back((b++)->path);
+    } else {
+      if (a->bytes != b->bytes || a->checksum != b->checksum || a->width != b->width || a->height != b->height ||
+          a->error != b->error) {
+        modified.push_back(a->path);
+      }
+      ++a;
+      ++b;
+    }
+  }
+  std::string out;
+  auto describe = [&out](const std::vector<std::string>& paths, const char* what) {
+    if (paths.empty()) return;
+    constexpr size_t kNamed = 3;
+    if (!out.empty()) out += ", ";
+    out += detail::concat(paths.size(), " ", what, " (");
+    for (size_t i = 0; i < std::min(paths.size(), kNamed); ++i) out += (i ? ", " : "") + paths[i];
+    out += paths.size() > kNamed ? ", ...)" : ")";
+  };
+  describe(added, "added");
+  describe(removed, "removed");
+  describe(modified, "modified");
+  return out;
 }
 
 void save_manifest(const std::string& path, const Manifest& manifest) {

@@ -8,17 +8,36 @@ namespace {
 Schema build_schema() {
   // The names users may choose; a new quantizer or dataset adds its name here and its section below.
   // (Not taken from quant::quantizer_names(), which would pull torch in; a test keeps them equal.)
-  const std::vector<std::string> kDatasets = {"fashion-mnist"};
+  const std::vector<std::string> kDatasets = {"auto", "fashion-mnist", "folder"};
   const std::vector<std::string> kQuantizers = {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"};
 
   Schema s;
   using K = KeySpec;
 
-  s.add(K::string("data.dataset", "fashion-mnist", "Which dataset to train and evaluate on.").one_of(kDatasets));
-  s.add(
-      K::string("data.dir", "/usr/share/datasets/fashion-mnist", "Directory that holds the dataset's IDX .gz files."));
+  s.add(K::string("data.dataset", "auto",
+                  "What data.dir holds: fashion-mnist (its IDX .gz files), folder (a tree of images), or auto "
+                  "(fashion-mnist when its files are there, else folder); a run records what auto chose.")
+            .one_of(kDatasets));
+  s.add(K::string("data.dir", "/usr/share/datasets/fashion-mnist",
+                  "Fashion-MNIST's directory of IDX .gz files, or the root of an image folder."));
   s.add(K::integer("data.train_subset", 0, "Use only the first N training images; 0 uses them all.").at_least(0));
-  s.add(K::integer("data.test_subset", 0, "Use only the first N test images; 0 uses them all.").at_least(0));
+  s.add(K::integer("data.test_subset", 0, "Fashion-MNIST: use only the first N test images; 0 uses them all.")
+            .at_least(0));
+  s.add(K::string("data.buckets", "256x256,288x224,224x288,320x224,224x320,384x192,192x384",
+                  "Image folders: the bucket sizes WIDTHxHEIGHT; each image goes to the bucket nearest its aspect "
+                  "ratio, resized to cover it and centre-cropped."));
+  s.add(K::string("data.remainder", "drop",
+                  "A bucket's last partial global batch in an epoch is dropped (each epoch drops "
+                  "others) or padded with the bucket's first images.")
+            .one_of({"drop", "pad"}));
+  s.add(K::integer("data.channels", 3, "Image folders: channels the images are converted to (1 gray, 3 RGB).")
+            .in_range(1, 3));
+  s.add(K::integer("data.eval_images", 64,
+                   "Image folders: images held out for evaluation (those whose paths hash lowest).")
+            .at_least(1));
+  s.add(K::integer("data.workers", 2, "Image folders: threads decoding images ahead of the training step.")
+            .in_range(1, 64));
+  s.add(K::integer("data.prefetch", 4, "Image folders: steps the loader may decode ahead.").in_range(1, 1024));
 
   s.add(K::int_list("model.channels", {16, 32, 64},
                     "Channels at each resolution level; each level after the first halves the image size.")

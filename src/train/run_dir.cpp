@@ -18,6 +18,7 @@ std::string reconstructions_path(const std::string& run_dir) {
   return (fs::path(run_dir) / "reconstructions.png").string();
 }
 std::string summary_path(const std::string& run_dir) { return (fs::path(run_dir) / "summary.json").string(); }
+std::string manifest_path(const std::string& run_dir) { return (fs::path(run_dir) / "manifest.json").string(); }
 
 void prepare_new_run_dir(const std::string& run_dir) {
   LOCKSTEP_CHECK_ARG(!run_dir.empty(), "the run directory must not be empty");

@@ -13,8 +13,6 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
 #include "lockstep/core/random.h"
-#include "lockstep/data/batch.h"
-#include "lockstep/data/plan.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
@@ -24,6 +22,7 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
+#include "train_data.h"
 
 namespace lockstep::train {
 namespace fs = std::filesystem;
@@ -34,7 +33,10 @@ namespace {
 const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.steps",     "train.log_every",
                                                  "train.grad_bucket_kb",
                                                  "train.checkpoint_every", "train.eval_every", "eval.batch_size",
-                                                 "eval.grid_images", "data.dir"};
+                                                 "eval.grid_images", "data.dir", "data.workers",
+                                                 "data.prefetch"};
+// Keys each rank may set for itself: where its copy of the data is, and how it uses its cores.
+const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch"};
 
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
@@ -42,22 +44,26 @@ bool is_resumable(const std::string& key) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
 }  // namespace
 
 struct Trainer::State {
   Config config{lockstep_schema()};
   std::string run_dir;
   std::shared_ptr<dist::Group> group;
-  data::ImageSet train_set, test_set;
+  std::unique_ptr<TrainData> data;
   model::Autoencoder model{nullptr};
   std::unique_ptr<Adam> adam;
   int64_t step = 0;
   int64_t batch_size = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t plan_epoch = -1;  // the epoch `plan` describes
-  int64_t data_checksum = 0;  // of the training images' bytes: the plan's "manifest" for Fashion-MNIST
-  std::unique_ptr<data::EpochPlan> plan;
+  int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
   std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
   std::vector<at::Tensor> local_buffers;    // float buffers outside the quantizer (BatchNorm statistics)
@@ -104,12 +110,11 @@ struct Trainer::State {
                           " differs from rank 0's; data-parallel replicas must stay identical");
   }
 
-  // Every rank must train with the same configuration (data.dir and train.threads may differ).
+  // Every rank must train with the same configuration (except kPerRankKeys).
   void check_same_config() {
     if (!distributed()) return;
     Config shared = config;
-    shared.set("data.dir", lockstep_schema().find("data.dir")->default_value);
-    shared.set("train.threads", lockstep_schema().find("train.threads")->default_value);
+    for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
     const std::string text = shared.to_toml();
     const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(fnv1a(text.data(), text.size()))}),
                                        LOCKSTEP_CALL_SITE("train.config_check"));
@@ -135,7 +140,7 @@ struct Trainer::State {
   }
 
   // Everything a run needs from its configuration, for both new and resumed runs.
-  void build() {
+  void build(bool resuming, const std::function<void(const std::string&)>& on_info) {
     LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
     if (distributed()) reducer = std::make_unique<dist::GroupReducer>(group);
     else reducer = std::make_unique<quant::LocalReducer>();
@@ -144,22 +149,28 @@ struct Trainer::State {
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
 
-    const std::string dir = config.get_string("data.dir");
-    train_set = data::first_images(data::load_fashion_mnist(dir, data::Split::Train), config.get_int("data.train_subset"));
-    test_set = data::first_images(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset"));
+    DataContext context;
+    context.run_dir = run_dir;
+    context.resuming = resuming;
+    context.rank = group->rank();
+    context.world_size = group->size();
+    context.on_info = on_info;
+    data = open_train_data(config, context);
+    if (on_info && is_root()) on_info(data->describe());
     batch_size = config.get_int("train.batch_size");
-    LOCKSTEP_CHECK_ARG(batch_size <= train_set.count, "train.batch_size = ", batch_size, " exceeds the ",
-                       train_set.count, " training images (data.train_subset = ", config.get_int("data.train_subset"),
-                       ")");
-    LOCKSTEP_CHECK_ARG(batch_size >= group->size(), "train.batch_size = ", batch_size,
-                       " is the global batch: it needs at least one image for each of the ", group->size(), " ranks");
-    steps_per_epoch = train_set.count / batch_size;
-    if (distributed()) data_checksum = static_cast<int64_t>(fnv1a(train_set.pixels.data(), train_set.pixels.size()));
+    steps_per_epoch = data->steps_per_epoch();
     const int64_t steps = config.get_int("train.steps");
     total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
+    data->set_end_step(total_steps);
 
-    model = build_model(config, train_set.channels);
-    model->options().check_image_size(train_set.height, train_set.width);
+    model = build_model(config, data->channels());
+    const int64_t f = model->options().downsampling();
+    for (const auto& size : data->image_sizes()) {
+      LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
+                         size.height, " cannot pass through the model's ", model->options().channels().size(),
+                         " levels: each side must be a multiple of ", f,
+                         " (change data.buckets, or use fewer model.channels entries)");
+    }
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());
     for (const auto& b : model->named_buffers(true)) {
@@ -174,42 +185,29 @@ struct Trainer::State {
                                                          .weight_decay(config.get_float("train.weight_decay")));
   }
 
-  // The global batch of step `s` from the epoch's data plan (data/plan.h): a pure function of
-  // (images, seed, epoch, batch size), so every rank and every resumed run sees the same batches.
-  // Fashion-MNIST is one bucket (28x28); a partial last batch is left out, as before.
-  const data::EpochPlan& plan_for_step(int64_t s) {
-    const int64_t epoch = s / steps_per_epoch;
-    if (epoch != plan_epoch) {
-      std::vector<int64_t> ids(static_cast<size_t>(train_set.count));
-      std::iota(ids.begin(), ids.end(), int64_t{0});
-      data::PlanOptions o;
-      o.global_batch = batch_size;
-      o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-      o.remainder = data::Remainder::Drop;
-      plan = std::make_unique<data::EpochPlan>(std::vector<std::vector<int64_t>>{ids}, o, epoch);
-      plan_epoch = epoch;
-      check_plan(epoch);
-    }
-    return *plan;
-  }
-
-  // G5: at the start of each epoch the ranks compare (plan hash, steps) and stop at once if their
-  // data differ (another data.dir with other images, say), instead of training on different data.
+  // G5: at the start of each epoch the ranks compare (plan hash, steps, data hash) and stop at once
+  // if their data differ (another data.dir with other images, say), instead of training on
+  // different data or running different numbers of steps.
   void check_plan(int64_t epoch) {
-    if (!distributed()) return;
-    const auto all = group->all_gather(
-        torch::tensor({static_cast<int64_t>(plan->hash()), plan->steps(), data_checksum}, torch::kInt64),
-        LOCKSTEP_CALL_SITE("train.epoch.plan"));
+    if (!distributed() || epoch == checked_epoch) return;
+    checked_epoch = epoch;
+    const data::EpochPlan plan = data->plan(epoch);
+    const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(plan.hash()), plan.steps(),
+                                                      static_cast<int64_t>(data->data_hash()),
+                                                      data->training_images()},
+                                                     torch::kInt64),
+                                       LOCKSTEP_CALL_SITE("train.epoch.plan"));
+    auto described = [&](size_t r) {
+      return detail::concat(all[r][1].item<int64_t>(), " steps over ", all[r][3].item<int64_t>(), " images");
+    };
     std::vector<std::string> differ;
     for (size_t r = 1; r < all.size(); ++r) {
-      if (!torch::equal(all[r], all[0])) {
-        differ.push_back(detail::concat(r, " (", all[r][1].item<int64_t>(), " steps)"));
-      }
+      if (!torch::equal(all[r], all[0])) differ.push_back(detail::concat(r, " (", described(r), ")"));
     }
     LOCKSTEP_THROW_IF_NOT(differ.empty(), dist::CollectiveFailure, "rank ", group->rank(), " of ", group->size(),
                           ", epoch ", epoch, ": the data plan of rank(s) ", detail::concat_list(differ),
-                          " differs from rank 0's (", all[0][1].item<int64_t>(),
-                          " steps): the ranks do not read the same images (check data.dir and the data on each node)");
+                          " differs from rank 0's (", described(0),
+                          "): the ranks do not read the same images (check data.dir and the data on each node)");
   }
 
   void save() {
@@ -226,8 +224,9 @@ struct Trainer::State {
   }
 
   EvalResult evaluate_test() {
-    return evaluate(*model, test_set,
-                    EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
+    return data->evaluate(*model, EvalOptions()
+                                      .batch_size(config.get_int("eval.batch_size"))
+                                      .grid_images(config.get_int("eval.grid_images")));
   }
 };
 
@@ -238,14 +237,14 @@ int64_t Trainer::step() const { return s_->step; }
 const std::vector<std::string>& Trainer::resumable_keys() { return kResumableKeys; }
 
 std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string& run_dir,
-                                         std::shared_ptr<dist::Group> group) {
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->config = config;
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
   if (s->is_root()) prepare_new_run_dir(run_dir);
-  s->build();
+  s->build(/*resuming=*/false, on_info);
   s->check_same_config();
   s->sync_model();
   if (s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
@@ -253,7 +252,7 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
 }
 
 std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::vector<std::string>& overrides,
-                                         std::shared_ptr<dist::Group> group) {
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->run_dir = run_dir;
   s->group = std::move(group);
@@ -281,7 +280,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
                           " in ", config_path(run_dir), " but ", format_value(saved.get(spec.key)),
                           " in the checkpoint");
   }
-  s->build();
+  s->build(/*resuming=*/true, on_info);
   load_module_state(*s->model, c.model, path);
   s->adam->load_state(c.optimizer, c.optimizer_steps);
   LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
@@ -315,8 +314,8 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   TrainSummary summary;
   summary.run_dir = s.run_dir;
   s.model->train();
-  double window_loss = 0;
-  int64_t window_steps = 0;
+  double window_loss = 0, window_wait = 0, epoch_wait = 0;
+  int64_t window_steps = 0, epoch_replaced = 0;
   auto window_start = Clock::now();
   while (s.step < s.total_steps) {
     // Distributed runs agree on stopping through the step's gradient all_reduce instead.
@@ -327,12 +326,13 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
     // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
     s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));
-    const data::EpochPlan& plan = s.plan_for_step(s.step);
-    const std::vector<int64_t> mine =
-        plan.rank_part(s.step % s.steps_per_epoch, s.group->size(), s.group->rank());
+    s.check_plan(s.step / s.steps_per_epoch);
+    const StepBatch batch = s.data->batch(s.step);
+    const at::Tensor& x = batch.images;
     const auto global_size = static_cast<double>(s.batch_size);
-    const auto count = static_cast<int64_t>(mine.size());
-    const at::Tensor x = data::images_to_tensor(s.train_set, mine);
+    const int64_t count = x.size(0);
+    window_wait += batch.waited_s;
+    epoch_wait += batch.waited_s;
     // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
     // function of (seed, step): the same on every rank and after a resume, with no collective.
     quant::QuantizeContext ctx;
@@ -345,11 +345,13 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     const double weight = static_cast<double>(count) * s.group->size() / global_size;
     const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
     double step_loss = loss.item<double>();
+    int64_t step_replaced = batch.replaced;
     bool stop_everywhere = false;
     if (s.distributed()) {
-      // This rank's loss and stop request travel summed with the last gradient bucket.
+      // This rank's loss, stop request and replaced images travel summed with the last gradient bucket.
       const bool stop_here = cb.stop_requested && cb.stop_requested->load();
-      s.grad_sync->begin(torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f}));
+      s.grad_sync->begin(torch::tensor(
+          {static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f, static_cast<float>(batch.replaced)}));
     }
     s.adam->zero_grad();
     loss.backward();
@@ -357,7 +359,9 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       const at::Tensor control = s.grad_sync->finish();  // gradients now the mean over ranks
       step_loss = control[0].item<double>() / s.group->size();
       stop_everywhere = control[1].item<float>() > 0;
+      step_replaced = std::lround(control[2].item<float>());
     }
+    epoch_replaced += step_replaced;
     s.adam->step();
     s.sync_buffers();
     ++s.step;
@@ -370,10 +374,29 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     if (cb.on_step) cb.on_step(report);
     if (metrics && (s.step % log_every == 0 || s.step == s.total_steps)) {
       metrics->write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},
-                                       {"images_per_s", report.images_per_s}, {"elapsed_s", report.elapsed_s}}});
+                                       {"images_per_s", report.images_per_s}, {"elapsed_s", report.elapsed_s},
+                                       {"data_wait_s", window_wait}}});
       window_loss = 0;
       window_steps = 0;
+      window_wait = 0;
       window_start = Clock::now();
+    }
+    if (s.step % s.steps_per_epoch == 0 || s.step == s.total_steps) {
+      // The end of an epoch (or of the run): what the data did, on every rank's behalf.
+      if (metrics) {
+        metrics->write({"epoch", s.step, {{"epoch", static_cast<double>(report.epoch)},
+                                          {"replaced", static_cast<double>(epoch_replaced)},
+                                          {"unreadable", static_cast<double>(s.data->unreadable())},
+                                          {"data_wait_s", epoch_wait}}});
+      }
+      if (cb.on_info && s.is_root()) {
+        cb.on_info(detail::concat("epoch ", report.epoch + 1, " of ", epochs, " ended at step ", s.step, ": ",
+                                  epoch_replaced, " images replaced (failed to decode), ", s.data->unreadable(),
+                                  " unreadable files left out, ", format_seconds(epoch_wait),
+                                  " waiting for data"));
+      }
+      epoch_replaced = 0;
+      epoch_wait = 0;
     }
     if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {
       s.save();

@@ -115,7 +115,8 @@ TEST(FolderLoader, ImpossibleSettingsFailBeforeTraining) {
     dataset(root, 13);
     FAIL() << "accepted a batch no bucket fills";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("bucket 0 holds 12 samples, fewer than one global batch of 13"),
+    EXPECT_NE(std::string(e.what()).find("no bucket can fill one global batch of 13 images; the fullest, 32x32, "
+                                         "holds 12 of the 21 training images"),
               std::string::npos)
         << e.what();
   }
@@ -126,7 +127,47 @@ TEST(FolderLoader, ImpossibleSettingsFailBeforeTraining) {
     FolderDataset(scan_image_folder(empty), {{32, 32}}, 3, plan_options(1));
     FAIL() << "accepted a folder without a readable image";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("holds no readable image (1 files listed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds no readable image (1 image files listed"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(FolderLoader, ABucketThatCannotFillABatchJoinsTheNearestFullOne) {
+  test_util::TempDir tmp;
+  const std::string root = make_folder(tmp);
+  // Three buckets: square (12 images), 2:1 (9) and 3:2, which the 2:1 images are nearer to but which
+  // holds none; with batches of 10 only the square bucket is full, so the wide images go there.
+  const FolderDataset data(scan_image_folder(root), {{32, 32}, {64, 32}, {48, 32}}, 3, plan_options(10));
+  ASSERT_EQ(data.merged().size(), 1u);
+  EXPECT_EQ(data.merged()[0].from, 1);
+  EXPECT_EQ(data.merged()[0].to, 0);
+  EXPECT_EQ(data.merged()[0].images, 9);
+  EXPECT_EQ(data.buckets()[0].size(), 21u);
+  EXPECT_TRUE(data.buckets()[1].empty());
+  const EpochPlan plan = data.plan(0);
+  ASSERT_EQ(plan.steps(), 2);
+  for (int64_t s = 0; s < plan.steps(); ++s) {
+    for (const auto& img : data.load(plan, 0, s, 1, 0).images) {
+      EXPECT_EQ(img.width, 32);
+      EXPECT_EQ(img.height, 32);
+    }
+  }
+  // With batches of 4 both are full and nothing moves; the nearer of two full buckets is chosen.
+  EXPECT_TRUE(dataset(root, 4).merged().empty());
+  const FolderDataset three(scan_image_folder(root), {{32, 32}, {64, 32}, {48, 32}}, 3, plan_options(4));
+  EXPECT_TRUE(three.merged().empty());
+  EXPECT_EQ(three.buckets()[1].size(), 9u);
+}
+
+TEST(FolderLoader, ExcludedImagesAreNeverLoadedNorUsedAsReplacements) {
+  test_util::TempDir tmp;
+  const std::string root = make_folder(tmp);
+  const Manifest m = scan_image_folder(root);
+  const std::vector<int64_t> held = held_out_entries(m, 5);
+  const FolderDataset data(m, {{32, 32}, {64, 32}}, 3, plan_options(4), held);
+  EXPECT_EQ(data.training_images(), 21 - 5);
+  for (const auto& members : data.buckets()) {
+    for (int64_t id : members) EXPECT_EQ(std::count(held.begin(), held.end(), id), 0) << id;
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "io/test_temp_dir.h"
 #include "lockstep/config_build.h"
@@ -126,6 +127,46 @@ TEST(ImageFolder, DecodingConvertsDepthAlphaAndChannels) {
   }
   EXPECT_THROW(decode_image(root + "/missing.png", 3), IoError);
   EXPECT_THROW(decode_image(root + "/a.png", 2), InvalidArgument);
+}
+
+TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {
+  test_util::TempDir tmp;
+  const std::string root = make_tree(tmp);
+  const Manifest m = scan_image_folder(root);
+  const std::vector<int64_t> two = held_out_entries(m, 2);
+  ASSERT_EQ(two.size(), 2u);
+  for (int64_t id : two) EXPECT_TRUE(m.entries[static_cast<size_t>(id)].readable());
+  std::vector<std::string> held;
+  for (int64_t id : two) held.push_back(m.entries[static_cast<size_t>(id)].path);
+  // More files around them do not change which ones are held out (only a lower hash could).
+  for (int i = 0; i < 6; ++i) write(root + "/more/m" + std::to_string(i) + ".png", cv::Mat(4, 4, CV_8UC1));
+  const Manifest bigger = scan_image_folder(root);
+  const std::vector<int64_t> again = held_out_entries(bigger, 2);
+  std::set<std::string> lowest_before(held.begin(), held.end());
+  size_t kept = 0;
+  for (int64_t id : again) kept += lowest_before.count(bigger.entries[static_cast<size_t>(id)].path);
+  std::set<std::string> new_files;
+  for (int64_t id : again) {
+    const auto& p = bigger.entries[static_cast<size_t>(id)].path;
+    if (!lowest_before.count(p)) new_files.insert(p);
+  }
+  for (const auto& p : new_files) EXPECT_EQ(p.rfind("more/", 0), 0u) << p;  // displaced only by a new file
+  EXPECT_EQ(kept + new_files.size(), 2u);
+  EXPECT_THROW(held_out_entries(m, m.readable_count()), InvalidArgument);
+  EXPECT_TRUE(held_out_entries(m, 0).empty());
+}
+
+TEST(ImageFolder, ChangesBetweenTwoManifestsAreNamed) {
+  test_util::TempDir tmp;
+  const std::string root = make_tree(tmp);
+  const Manifest before = scan_image_folder(root);
+  EXPECT_EQ(describe_changes(before, before), "");
+  fs::remove(root + "/d.tif");
+  write(root + "/z.png", cv::Mat(4, 4, CV_8UC1, cv::Scalar(1)));
+  write(root + "/a.png", cv::Mat(30, 40, CV_8UC3, cv::Scalar(99, 20, 30)));  // same size, other pixels
+  const Manifest after = scan_image_folder(root);
+  EXPECT_EQ(describe_changes(before, after), "1 added (z.png), 1 removed (d.tif), 1 modified (a.png)");
+  EXPECT_NE(before.hash(), after.hash());
 }
 
 TEST(ImageFolder, KnowsImageFilesByExtension) {

@@ -7,9 +7,15 @@
 #include "data/idx_writer.h"
 #include "dist/rank_threads.h"
 #include "io/test_temp_dir.h"
+#include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/train/trainer.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#endif
 
 namespace lockstep::train {
 namespace {
@@ -94,11 +100,47 @@ TEST(DistributedTrainer, RanksReadingDifferentImagesStopAtTheFirstEpoch) {
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
-    EXPECT_NE(messages[r].find("epoch 0: the data plan of rank(s) 1 (8 steps) differs from rank 0's"),
+    EXPECT_NE(messages[r].find("epoch 0: the data plan of rank(s) 1 (8 steps over 64 images) differs from rank 0's "
+                               "(8 steps over 64 images)"),
               std::string::npos)
         << messages[r];
   }
 }
+
+#if LOCKSTEP_HAVE_OPENCV
+TEST(DistributedTrainer, RanksWithDifferentImageFoldersStopAtTheFirstEpoch) {
+  ::lockstep::test_util::TempDir tmp;
+  const std::vector<std::string> dirs = {tmp.file("a"), tmp.file("b")};
+  for (const auto& dir : dirs) {
+    std::filesystem::create_directories(dir);
+    for (int i = 0; i < 16; ++i) {
+      cv::imwrite(dir + "/" + std::to_string(i) + ".png", cv::Mat(16, 16, CV_8UC3, cv::Scalar(i, 2 * i, 3 * i)));
+    }
+  }
+  cv::imwrite(dirs[1] + "/extra.png", cv::Mat(16, 16, CV_8UC3, cv::Scalar(5, 5, 5)));  // only on rank 1's node
+  std::vector<std::string> messages(2);
+  const auto errors = dist::test_util::run_ranks(2, [&](dist::Group& g, int r) {
+    Config c = tiny(4);
+    c.set("data.dir", dirs[r]);
+    c.set("data.buckets", std::string("16x16"));
+    c.set("data.eval_images", int64_t{2});
+    c.set("train.batch_size", int64_t{4});
+    try {
+      Trainer::create(c, tmp.file("run"), std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))->run({});
+      ADD_FAILURE() << "rank " << r << " trained on another folder than rank 0";
+    } catch (const dist::CollectiveFailure& e) {
+      messages[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+    EXPECT_NE(messages[r].find("epoch 0: the data plan of rank(s) 1 (3 steps over 15 images) differs from rank 0's "
+                               "(3 steps over 14 images)"),
+              std::string::npos)
+        << messages[r];
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace lockstep::train

@@ -27,11 +27,21 @@ struct FolderBatch {
   int64_t replaced = 0;           // images that failed to decode and were replaced
 };
 
+// Images of a bucket too small to fill one global batch moved to a fuller bucket.
+struct MergedBucket {
+  int64_t from = 0;  // bucket indices in the table
+  int64_t to = 0;
+  int64_t images = 0;
+};
+
 class FolderDataset {
  public:
-  // Throws InvalidArgument before any training: no readable image, a bad table, or a global batch
-  // that no bucket can fill (from the plan).
-  FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan);
+  // Trains on the manifest's readable entries except `excluded` (indices held out for evaluation).
+  // A bucket with fewer images than one global batch hands them to the bucket nearest its aspect
+  // ratio that has enough (see merged()). Throws InvalidArgument before any training: no readable
+  // image, an empty table, or a global batch that no bucket can fill.
+  FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan,
+                const std::vector<int64_t>& excluded = {});
 
   EpochPlan plan(int64_t epoch) const { return EpochPlan(buckets_, plan_options_, epoch); }
   // Decodes this rank's part of `step`; an image that fails to decode is replaced by the first
@@ -41,6 +51,10 @@ class FolderDataset {
   const Manifest& manifest() const { return manifest_; }
   const std::vector<std::vector<int64_t>>& buckets() const { return buckets_; }
   const std::vector<BucketSize>& table() const { return table_; }
+  int channels() const { return channels_; }
+  const PlanOptions& plan_options() const { return plan_options_; }
+  int64_t training_images() const;
+  const std::vector<MergedBucket>& merged() const { return merged_; }
   int64_t unreadable() const { return static_cast<int64_t>(manifest_.entries.size()) - manifest_.readable_count(); }
 
  private:
@@ -49,6 +63,9 @@ class FolderDataset {
   int channels_;
   PlanOptions plan_options_;
   std::vector<std::vector<int64_t>> buckets_;
+  std::vector<MergedBucket> merged_;
+
+  void merge_small_buckets();
 };
 
 // Loads steps [first_step, plan.steps()) of one epoch in order, `threads` workers decoding up to
@@ -62,6 +79,8 @@ class PrefetchLoader {
   PrefetchLoader& operator=(const PrefetchLoader&) = delete;
 
   bool done() const { return next_ >= plan_.steps(); }
+  int64_t epoch() const { return epoch_; }
+  int64_t next_step() const { return next_; }  // the step next() returns
   // The next step's batch; rethrows a worker's error. Adds the time spent waiting to waited_seconds().
   FolderBatch next();
   double waited_seconds() const { return waited_; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,20 @@ bool is_image_file(const std::string& name);
 // Walks `root` recursively. Every image file is decoded once to learn its size; a corrupt,
 // truncated or unreadable file stays in the manifest with its error (the data plan replaces it,
 // it is never silently dropped on one rank). Entries of `cached` whose path, size and mtime match
-// are reused without decoding. Throws IoError when `root` is not a readable directory.
-Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr);
+// are reused without decoding. `progress` (optional) is called every few files with (files done,
+// files in all). Throws IoError when `root` is not a readable directory.
+using ScanProgress = std::function<void(int64_t done, int64_t total)>;
+Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr,
+                           const ScanProgress& progress = {});
+
+// The `count` readable entries whose paths hash lowest, sorted: a held-out evaluation set that
+// depends on the paths alone, so it stays put when other files come or go. Throws InvalidArgument
+// when it would leave no readable entry to train on.
+std::vector<int64_t> held_out_entries(const Manifest& manifest, int64_t count);
+
+// What changed from `before` to `after` ("2 added (x.png, y.png), 1 modified (z.jpg)"), naming a
+// few paths of each kind; "" when the two list the same files with the same contents.
+std::string describe_changes(const Manifest& before, const Manifest& after);
 
 // JSON, written atomically. load_manifest throws CorruptInput naming the file when malformed.
 void save_manifest(const std::string& path, const Manifest& manifest);

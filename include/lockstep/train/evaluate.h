@@ -30,5 +30,9 @@ struct EvalResult {
 
 // Runs `model` in evaluation mode (restoring its mode after) on every image of `set`.
 EvalResult evaluate(model::AutoencoderImpl& model, const data::ImageSet& set, const EvalOptions& options);
+// The same over several sets (one per image size, e.g. per bucket), as if they were one: errors and
+// the code histogram are pooled over every pixel and token; the grid shows the first set's images.
+EvalResult evaluate(model::AutoencoderImpl& model, const std::vector<data::ImageSet>& sets,
+                    const EvalOptions& options);
 
 }  // namespace lockstep::train

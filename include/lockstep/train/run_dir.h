@@ -1,5 +1,5 @@
 // The files of a run directory: config.toml, metrics.jsonl, checkpoint.safetensors,
-// reconstructions.png and summary.json.
+// reconstructions.png, summary.json, and manifest.json for an image folder.
 #pragma once
 
 #include <string>
@@ -12,6 +12,8 @@ std::string config_path(const std::string& run_dir);
 std::string metrics_path(const std::string& run_dir);
 std::string reconstructions_path(const std::string& run_dir);
 std::string summary_path(const std::string& run_dir);
+// Runs on an image folder: the folder's manifest when the run started, checked on resume.
+std::string manifest_path(const std::string& run_dir);
 
 // Creates `run_dir` (and parents) for a new run. Throws InvalidArgument when it already holds a
 // run (a config or checkpoint), and IoError naming it when it cannot be created or written.

@@ -1,5 +1,5 @@
-// Training an autoencoder on Fashion-MNIST into a run directory: the resolved config, metrics,
-// checkpoints and a reconstruction grid. A run interrupted at step k and resumed reaches bit for
+// Training an autoencoder on Fashion-MNIST or an image folder into a run directory: the resolved
+// config, metrics, checkpoints, a reconstruction grid (and the folder's manifest). A run interrupted at step k and resumed reaches bit for
 // bit the parameters an uninterrupted run has at every later step.
 #pragma once
 
@@ -43,13 +43,16 @@ struct TrainSummary {
 
 class Trainer {
  public:
+  // Progress of the work before the first step (scanning an image folder, what the data is).
+  using InfoCallback = std::function<void(const std::string&)>;
+
   // A new run in `run_dir`, which must not already hold one; it is created if needed.
   static std::unique_ptr<Trainer> create(const Config& config, const std::string& run_dir,
-                                         std::shared_ptr<dist::Group> group);
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
   // Continues the run in `run_dir` from its checkpoint. `overrides` ("key=value") may change only
   // keys that do not alter the model or the data order (see resumable_keys()).
   static std::unique_ptr<Trainer> resume(const std::string& run_dir, const std::vector<std::string>& overrides,
-                                         std::shared_ptr<dist::Group> group);
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
   static const std::vector<std::string>& resumable_keys();
 
   ~Trainer();

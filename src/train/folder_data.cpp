@@ -1,0 +1,201 @@
+// An image folder as training data: its manifest (scanned with the run directory's copy as a
+// cache, written when the run starts and compared on resume), images held out for evaluation,
+// buckets, and the prefetching loader.
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include "lockstep/core/error.h"
+#include "lockstep/data/batch.h"
+#include "lockstep/data/folder_loader.h"
+#include "lockstep/data/image_folder.h"
+#include "lockstep/train/run_dir.h"
+#include "train_data.h"
+
+namespace lockstep::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct FolderSettings {
+  int64_t eval_images = 64;
+  int64_t train_subset = 0;  // 0: all
+  int rank = 0, world_size = 1;
+  int workers = 2, prefetch = 4;
+  std::string manifest_file;  // for messages
+};
+
+class FolderData final : public TrainData {
+ public:
+  FolderData(data::Manifest manifest, std::vector<data::BucketSize> table, int channels,
+             const data::PlanOptions& plan, const FolderSettings& settings)
+      : settings_(settings) {
+    held_out_ = data::held_out_entries(manifest, settings.eval_images);
+    std::vector<int64_t> excluded = held_out_;
+    if (settings.train_subset > 0) {
+      const std::set<int64_t> held(held_out_.begin(), held_out_.end());
+      int64_t kept = 0;
+      for (size_t i = 0; i < manifest.entries.size(); ++i) {
+        if (!manifest.entries[i].readable() || held.count(static_cast<int64_t>(i))) continue;
+        if (++kept > settings.train_subset) excluded.push_back(static_cast<int64_t>(i));
+      }
+    }
+    if (settings.rank == 0) eval_sets_ = decode_held_out(manifest, table, channels);
+    dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan, excluded);
+    steps_per_epoch_ = dataset_->plan(0).steps();
+  }
+
+  int64_t channels() const override { return dataset_->channels(); }
+  int64_t training_images() const override { return dataset_->training_images(); }
+  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  uint64_t data_hash() const override { return dataset_->manifest().hash(); }
+  data::EpochPlan plan(int64_t epoch) const override { return dataset_->plan(epoch); }
+  int64_t unreadable() const override { return dataset_->unreadable(); }
+  void set_end_step(int64_t end) override { end_step_ = end; }
+
+  // Only the sizes some training batch can have: a bucket with no image never reaches the model.
+  std::vector<data::BucketSize> image_sizes() const override {
+    std::vector<data::BucketSize> out;
+    for (size_t b = 0; b < dataset_->table().size(); ++b) {
+      if (!dataset_->buckets()[b].empty()) out.push_back(dataset_->table()[b]);
+    }
+    return out;
+  }
+
+  StepBatch batch(int64_t step) override {
+    const int64_t epoch = step / steps_per_epoch_, in_epoch = step % steps_per_epoch_;
+    if (!loader_ || loader_->epoch() != epoch || loader_->next_step() != in_epoch) start_loader(epoch, in_epoch);
+    const double waited_before = loader_->waited_seconds();
+    data::FolderBatch b = loader_->next();
+    StepBatch out;
+    out.images = data::images_to_tensor(data::image_set_from_images(b.images, dataset_->channels()), 0,
+                                        static_cast<int64_t>(b.images.size()));
+    out.replaced = b.replaced;
+    out.waited_s = loader_->waited_seconds() - waited_before;
+    // The next epoch's first steps decode while this, its predecessor's last step, trains.
+    if (loader_->done() && (epoch + 1) * steps_per_epoch_ < end_step_) start_loader(epoch + 1, 0);
+    return out;
+  }
+
+  EvalResult evaluate(model::AutoencoderImpl& model, const EvalOptions& options) const override {
+    LOCKSTEP_THROW_IF_NOT(!eval_sets_.empty(), InvalidArgument,
+                          "image folder: evaluation images are decoded on rank 0 only, which evaluates");
+    return train::evaluate(model, eval_sets_, options);
+  }
+
+  std::string describe() const override {
+    const auto& m = dataset_->manifest();
+    std::string buckets;
+    for (size_t b = 0; b < dataset_->table().size(); ++b) {
+      const auto n = dataset_->buckets()[b].size();
+      if (n == 0) continue;
+      buckets += detail::concat(buckets.empty() ? "" : ", ", dataset_->table()[b].width, "x",
+                                dataset_->table()[b].height, ": ", n);
+    }
+    const auto& table = dataset_->table();
+    for (const auto& merge : dataset_->merged()) {
+      const auto& from = table[static_cast<size_t>(merge.from)];
+      const auto& to = table[static_cast<size_t>(merge.to)];
+      buckets += detail::concat(" (", merge.images, " images of ", from.width, "x", from.height, ", too few for a ",
+                                "global batch, join ", to.width, "x", to.height, ")");
+    }
+    return detail::concat("image folder ", m.root, ": ", dataset_->training_images(), " training images, ",
+                          held_out_.size(), " held out for evaluation, ", unreadable(), " unreadable",
+                          unreadable() > 0 ? detail::concat(" (their errors are in ", settings_.manifest_file, ")") : "",
+                          "; buckets ", buckets, "; ", steps_per_epoch_, " steps per epoch");
+  }
+
+ private:
+  void start_loader(int64_t epoch, int64_t first_step) {
+    loader_.reset();  // its workers stop before the next loader's start
+    loader_ = std::make_unique<data::PrefetchLoader>(*dataset_, epoch, first_step, settings_.world_size,
+                                                     settings_.rank, settings_.workers, settings_.prefetch);
+  }
+
+  // The held-out images, decoded once and fitted to their buckets: one image set per bucket.
+  std::vector<data::ImageSet> decode_held_out(const data::Manifest& manifest,
+                                              const std::vector<data::BucketSize>& table, int channels) const {
+    const std::set<int64_t> held(held_out_.begin(), held_out_.end());
+    std::vector<data::ImageSet> sets;
+    const auto buckets = data::assign_buckets(manifest, table);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      std::vector<io::Image> images;
+      for (int64_t id : buckets[b]) {
+        if (!held.count(id)) continue;
+        const std::string path = (fs::path(manifest.root) / manifest.entries[static_cast<size_t>(id)].path).string();
+        images.push_back(data::fit_to_bucket(data::decode_image(path, channels), table[b]));
+      }
+      if (!images.empty()) sets.push_back(data::image_set_from_images(images, channels));
+    }
+    return sets;
+  }
+
+  FolderSettings settings_;
+  std::vector<int64_t> held_out_;
+  std::vector<data::ImageSet> eval_sets_;
+  std::unique_ptr<data::FolderDataset> dataset_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t end_step_ = INT64_MAX;
+  std::unique_ptr<data::PrefetchLoader> loader_;  // after dataset_, which it reads: destroyed first
+};
+
+// Scans `root`, reusing the entries of `cached` whose size and time are unchanged, and reports
+// progress every few seconds.
+data::Manifest scan_with_progress(const std::string& root, const data::Manifest* cached,
+                                  const std::function<void(const std::string&)>& on_info) {
+  using Clock = std::chrono::steady_clock;
+  auto last = Clock::now();
+  return data::scan_image_folder(root, cached, [&](int64_t done, int64_t total) {
+    if (!on_info || done == total || Clock::now() - last < std::chrono::seconds(3)) return;
+    last = Clock::now();
+    on_info(detail::concat("scanning ", root, ": ", done, " of ", total, " image files"));
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataContext& context) {
+  const std::string root = config.get_string("data.dir");
+  const auto channels = static_cast<int>(config.get_int("data.channels"));
+  LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "data.channels = ", channels, " must be 1 (gray) or 3 (RGB)");
+  const std::vector<data::BucketSize> table = data::parse_bucket_table(config.get_string("data.buckets"));
+
+  // The run's manifest: written when it starts, the cache of every later scan, and on resume the
+  // record of the data the run trained on, which the folder must still match exactly.
+  const std::string saved_path = manifest_path(context.run_dir);
+  std::unique_ptr<data::Manifest> saved;
+  if (context.resuming) {
+    LOCKSTEP_THROW_IF_NOT(fs::exists(saved_path), IoError, "cannot resume ", context.run_dir,
+                          ": it trained on an image folder but has no ", saved_path);
+    saved = std::make_unique<data::Manifest>(data::load_manifest(saved_path));
+  }
+  data::Manifest manifest = scan_with_progress(root, saved.get(), context.on_info);
+  if (saved) {
+    const std::string changes = data::describe_changes(*saved, manifest);
+    LOCKSTEP_THROW_IF_NOT(changes.empty() && saved->hash() == manifest.hash(), CorruptInput, "cannot resume ",
+                          context.run_dir, " exactly: image folder ", root, " changed since the run started: ",
+                          changes, " (the run's manifest is ", saved_path, ")");
+  } else if (context.rank == 0) {
+    data::save_manifest(saved_path, manifest);
+  }
+  LOCKSTEP_CHECK_ARG(!manifest.entries.empty(), "image folder ", root, " holds no image files (looked for ",
+                     ".png .jpg .jpeg .webp .tif .tiff .bmp .pgm .ppm .pnm below it)");
+  const int64_t readable = manifest.readable_count();
+  LOCKSTEP_CHECK_ARG(readable > 0, "image folder ", root, ": none of its ", manifest.entries.size(),
+                     " image files can be decoded (the errors are in ", saved_path, ")");
+  LOCKSTEP_CHECK_ARG(config.get_int("data.eval_images") < readable, "data.eval_images = ",
+                     config.get_int("data.eval_images"), " would hold out every one of the ", readable,
+                     " readable images in ", root, " for evaluation; set it lower");
+
+  FolderSettings s;
+  s.eval_images = config.get_int("data.eval_images");
+  s.train_subset = config.get_int("data.train_subset");
+  s.rank = context.rank;
+  s.world_size = context.world_size;
+  s.workers = static_cast<int>(config.get_int("data.workers"));
+  s.prefetch = static_cast<int>(config.get_int("data.prefetch"));
+  s.manifest_file = saved_path;
+  return std::make_unique<FolderData>(std::move(manifest), table, channels, plan_options(config), s);
+}
+
+}  // namespace lockstep::train

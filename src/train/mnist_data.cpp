@@ -1,0 +1,108 @@
+// Fashion-MNIST as training data (one bucket of 28x28 images, the test split for evaluation), and
+// the choice between it and an image folder.
+#include <filesystem>
+#include <numeric>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/hash.h"
+#include "lockstep/data/batch.h"
+#include "lockstep/data/image_set.h"
+#include "train_data.h"
+
+namespace lockstep::train {
+namespace {
+
+class FashionMnistData final : public TrainData {
+ public:
+  FashionMnistData(data::ImageSet train, data::ImageSet test, const data::PlanOptions& options, int64_t subset)
+      : train_(std::move(train)), test_(std::move(test)), plan_options_(options) {
+    LOCKSTEP_CHECK_ARG(options.global_batch <= train_.count, "train.batch_size = ", options.global_batch, " exceeds the ",
+                       train_.count, " training images (data.train_subset = ", subset, ")");
+    hash_ = fnv1a(train_.pixels.data(), train_.pixels.size());
+    steps_per_epoch_ = plan(0).steps();
+  }
+
+  int64_t channels() const override { return train_.channels; }
+  int64_t training_images() const override { return train_.count; }
+  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  std::vector<data::BucketSize> image_sizes() const override { return {{train_.width, train_.height}}; }
+  uint64_t data_hash() const override { return hash_; }
+
+  data::EpochPlan plan(int64_t epoch) const override {
+    std::vector<int64_t> ids(static_cast<size_t>(train_.count));
+    std::iota(ids.begin(), ids.end(), int64_t{0});
+    return data::EpochPlan({std::move(ids)}, plan_options_, epoch);
+  }
+
+  StepBatch batch(int64_t step) override {
+    const int64_t epoch = step / steps_per_epoch();
+    if (epoch != plan_epoch_) {
+      plan_ = std::make_unique<data::EpochPlan>(plan(epoch));
+      plan_epoch_ = epoch;
+    }
+    StepBatch out;
+    out.images = data::images_to_tensor(train_, plan_->rank_part(step % steps_per_epoch(), world_size_, rank_));
+    return out;
+  }
+
+  EvalResult evaluate(model::AutoencoderImpl& model, const EvalOptions& options) const override {
+    return train::evaluate(model, test_, options);
+  }
+
+  std::string describe() const override {
+    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.count,
+                          " test images; ", steps_per_epoch(), " steps per epoch");
+  }
+
+  void set_rank(int rank, int world_size) {
+    rank_ = rank;
+    world_size_ = world_size;
+  }
+
+ private:
+  data::ImageSet train_, test_;
+  data::PlanOptions plan_options_;
+  uint64_t hash_ = 0;
+  int64_t steps_per_epoch_ = 0;
+  int rank_ = 0, world_size_ = 1;
+  int64_t plan_epoch_ = -1;
+  std::unique_ptr<data::EpochPlan> plan_;
+};
+
+}  // namespace
+
+data::PlanOptions plan_options(const Config& config) {
+  data::PlanOptions o;
+  o.global_batch = config.get_int("train.batch_size");
+  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
+  return o;
+}
+
+std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataContext& context) {
+  const std::string dir = config.get_string("data.dir");
+  const int64_t subset = config.get_int("data.train_subset");
+  auto d = std::make_unique<FashionMnistData>(
+      data::first_images(data::load_fashion_mnist(dir, data::Split::Train), subset),
+      data::first_images(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset")),
+      plan_options(config), subset);
+  d->set_rank(context.rank, context.world_size);
+  return d;
+}
+
+std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context) {
+  LOCKSTEP_CHECK_ARG(config.get_int("train.batch_size") >= context.world_size, "train.batch_size = ",
+                     config.get_int("train.batch_size"), " is the global batch: it needs at least one image for each ",
+                     "of the ", context.world_size, " ranks");
+  if (config.get_string("data.dataset") == "auto") {
+    const std::string dir = config.get_string("data.dir");
+    const bool mnist = std::filesystem::exists(data::fashion_mnist_images_path(dir, data::Split::Train));
+    // A missing Fashion-MNIST directory keeps its own error (which names the Debian package).
+    const bool folder = !mnist && std::filesystem::is_directory(dir);
+    config.set("data.dataset", std::string(folder ? "folder" : "fashion-mnist"));
+  }
+  if (config.get_string("data.dataset") == "folder") return open_image_folder(config, context);
+  return open_fashion_mnist(config, context);
+}
+
+}  // namespace lockstep::train
