@@ -4,11 +4,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "folder_input.h"
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/io/atomic_file.h"
 #include "lockstep/io/image.h"
 #include "lockstep/io/npy.h"
 #include "lockstep/io/tensor_convert.h"
@@ -26,23 +31,68 @@ struct DecodeArgs {
   int threads = 0;
 };
 
+// Token ids from a .npy file, checked to be integers of shape (images, h, w[, k]).
+at::Tensor load_token_ids(const std::string& path, train::TrainedModel& t) {
+  const at::Tensor tokens = io::from_raw(io::load_npy(path));
+  LOCKSTEP_CHECK_ARG(!tokens.is_floating_point() && tokens.scalar_type() != torch::kBool, path,
+                     ": token ids must be integers, got ", tokens.scalar_type());
+  const at::Tensor ids = tokens.to(torch::kInt64);
+  LOCKSTEP_CHECK_ARG(ids.dim() >= 3 && ids.size(0) > 0, path, ": expected token ids of shape (images, h, w",
+                     t.model->quantizer().num_indices() > 1 ? ", k" : "", "), got ", ids.sizes());
+  return ids;
+}
+
+std::vector<io::Image> decode_all(const at::Tensor& ids, train::TrainedModel& t, int64_t batch_size) {
+  std::vector<io::Image> images;
+  for (int64_t first = 0; first < ids.size(0); first += batch_size) {
+    const at::Tensor part = ids.slice(0, first, std::min(first + batch_size, ids.size(0)));
+    for (auto& img : data::tensor_to_images(t.model->decode(part))) images.push_back(std::move(img));
+  }
+  return images;
+}
+
+// The directory `encode` wrote for a folder: every row back to a PNG at its source's path.
+int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
+  namespace fs = std::filesystem;
+  LOCKSTEP_CHECK_ARG(!args.output_dir.empty() && args.grid.empty(), args.tokens, " holds the tokens of an image ",
+                     "folder of several sizes: say where to write them with --output DIR (--grid needs one size)");
+  const std::string index_path = (fs::path(args.tokens) / kTokenIndexFile).string();
+  int64_t written = 0;
+  std::set<std::string> outputs;
+  try {
+    const nlohmann::json index = nlohmann::json::parse(io::read_file(index_path));
+    LOCKSTEP_THROW_IF_NOT(index.at("format") == kTokenIndexFormat, CorruptInput, index_path, ": format ",
+                          index.at("format").dump(), ", expected \"", kTokenIndexFormat, "\"");
+    for (const auto& bucket : index.at("buckets")) {
+      const std::string file = (fs::path(args.tokens) / bucket.at("file").get<std::string>()).string();
+      const auto& paths = bucket.at("paths");
+      const at::Tensor ids = load_token_ids(file, t);
+      LOCKSTEP_THROW_IF_NOT(ids.size(0) == static_cast<int64_t>(paths.size()), CorruptInput, file, " holds ",
+                            ids.size(0), " images but ", index_path, " names ", paths.size());
+      const std::vector<io::Image> images = decode_all(ids, t, args.batch_size);
+      for (size_t i = 0; i < images.size(); ++i) {
+        // a.jpg -> a.png, unless a.png (or another a.*) came first: then a.jpg.png.
+        fs::path out = fs::path(args.output_dir) / paths[i].get<std::string>();
+        out.replace_extension(".png");
+        if (!outputs.insert(out.string()).second) out = fs::path(args.output_dir) / (paths[i].get<std::string>() + ".png");
+        fs::create_directories(out.parent_path());
+        io::save_png(out.string(), images[i]);
+        ++written;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptInput(detail::concat(index_path, ": not an index written by lockstep encode: ", e.what()));
+  }
+  std::cout << "wrote " << written << " PNG images to " << args.output_dir << " (at their source paths)\n";
+  return kExitOk;
+}
+
 int run_decode(const DecodeArgs& args) {
   LOCKSTEP_CHECK_ARG(!args.output_dir.empty() || !args.grid.empty(), "say where to write: --output DIR and/or --grid FILE.png");
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
-  const io::RawTensor raw = io::load_npy(args.tokens);
-  const at::Tensor tokens = io::from_raw(raw);
-  LOCKSTEP_CHECK_ARG(!tokens.is_floating_point() && tokens.scalar_type() != torch::kBool, args.tokens,
-                     ": token ids must be integers, got ", tokens.scalar_type());
-  const at::Tensor ids = tokens.to(torch::kInt64);
-  LOCKSTEP_CHECK_ARG(ids.dim() >= 3 && ids.size(0) > 0, args.tokens, ": expected token ids of shape (images, h, w",
-                     t.model->quantizer().num_indices() > 1 ? ", k" : "", "), got ", ids.sizes());
-
-  std::vector<io::Image> images;
-  for (int64_t first = 0; first < ids.size(0); first += args.batch_size) {
-    const at::Tensor part = ids.slice(0, first, std::min(first + args.batch_size, ids.size(0)));
-    for (auto& img : data::tensor_to_images(t.model->decode(part))) images.push_back(std::move(img));
-  }
+  if (std::filesystem::is_directory(args.tokens)) return decode_folder(args, t);
+  const std::vector<io::Image> images = decode_all(load_token_ids(args.tokens, t), t, args.batch_size);
   if (!args.output_dir.empty()) {
     std::filesystem::create_directories(args.output_dir);
     for (size_t i = 0; i < images.size(); ++i) {
@@ -65,9 +115,12 @@ void add_decode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<DecodeArgs>();
   CLI::App* cmd = app.add_subcommand("decode", "Token ids (.npy) -> PNG images");
   cmd->footer("Reads token ids as `lockstep encode` writes them (any integer dtype) and writes one PNG per image "
-              "in --output, and/or one grid PNG with --grid.");
+              "in --output, and/or one grid PNG with --grid. Given the directory `encode` wrote for an image folder, "
+              "writes every image to --output at its source's path (as .png).");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
-  cmd->add_option("--tokens", args->tokens, "The .npy file of token ids")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--tokens", args->tokens, "The .npy file of token ids, or the directory encode wrote for a folder")
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)");
   cmd->add_option("--grid", args->grid, "One PNG with every image in a grid, 16 per row");
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)

@@ -1,12 +1,18 @@
 // lockstep encode: images -> token ids, saved as a .npy array NumPy reads directly.
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "folder_input.h"
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/io/atomic_file.h"
 #include "lockstep/io/npy.h"
 #include "lockstep/io/tensor_convert.h"
 #include "lockstep/train/model_factory.h"
@@ -43,9 +49,45 @@ data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t)
   return data::first_images(std::move(set), args.limit);
 }
 
+// A folder: one .npy of tokens per bucket in the output directory, and index.json naming the
+// source image of every row (and the files that could not be decoded).
+int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::string& dir) {
+  const FolderInput input = open_folder_input(t, args.checkpoint, dir, FolderSelection::All, args.limit);
+  std::filesystem::create_directories(args.output);
+  nlohmann::json index = {{"format", kTokenIndexFormat}, {"checkpoint", t.checkpoint}, {"folder", dir},
+                          {"buckets", nlohmann::json::array()}, {"unreadable", nlohmann::json::array()}};
+  std::map<size_t, std::vector<at::Tensor>> tokens;
+  std::map<size_t, nlohmann::json> paths;
+  for_each_batch(input, static_cast<int>(t.model->options().in_channels()), args.batch_size,
+                 [&](size_t bucket, const std::vector<int64_t>& ids, const at::Tensor& x) {
+                   tokens[bucket].push_back(t.model->encode(x));
+                   for (int64_t id : ids) paths[bucket].push_back(input.manifest.entries[static_cast<size_t>(id)].path);
+                 });
+  for (const auto& [bucket, parts] : tokens) {
+    const data::BucketSize size = input.table[bucket];
+    const at::Tensor all = torch::cat(parts).to(torch::kInt32);
+    const std::string file = std::to_string(size.width) + "x" + std::to_string(size.height) + ".npy";
+    io::save_npy((std::filesystem::path(args.output) / file).string(), io::to_raw(all));
+    index["buckets"].push_back(
+        {{"width", size.width}, {"height", size.height}, {"file", file}, {"paths", paths[bucket]}});
+    std::cout << "encoded " << all.size(0) << " images of " << size.width << "x" << size.height
+              << " into tokens of shape " << all.sizes() << " -> " << file << "\n";
+  }
+  for (const auto& e : input.manifest.entries) {
+    if (!e.readable()) index["unreadable"].push_back({{"path", e.path}, {"error", e.error}});
+  }
+  io::write_file_atomic((std::filesystem::path(args.output) / kTokenIndexFile).string(), index.dump(1) + "\n");
+  std::cout << "encoded " << input.images() << " images of " << dir << " (int32 tokens, codebook of "
+            << t.model->quantizer().codebook_size() << ") into " << args.output << "/; "
+            << index["unreadable"].size() << " unreadable files left out (listed in " << kTokenIndexFile << ")\n";
+  return kExitOk;
+}
+
 int run_encode(const EncodeArgs& args) {
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  if (args.images.empty() && is_image_folder(dir)) return encode_folder(args, t, dir);
   const data::ImageSet set = load_inputs(args, t);
   LOCKSTEP_CHECK_ARG(set.count > 0, "no images to encode");
   std::vector<at::Tensor> parts;
@@ -67,15 +109,19 @@ void add_encode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<EncodeArgs>();
   CLI::App* cmd = app.add_subcommand("encode", "Images -> token ids (.npy)");
   cmd->footer("Writes an int32 .npy array of shape (images, h, w), or (images, h, w, k) for quantizers with k indices "
-              "per token. Input: PNG files given with --images, or else a Fashion-MNIST split.");
+              "per token. Input: PNG files given with --images, or else a Fashion-MNIST split. For an image folder "
+              "(--data FOLDER, or the run's own folder), -o names a directory: one WxH.npy per bucket of the run's "
+              "data.buckets, and index.json with the source path of every row; `lockstep decode --tokens DIR` "
+              "turns it back into a folder of PNGs.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
-  cmd->add_option("-o,--output", args->output, "The .npy file to write")->required();
+  cmd->add_option("-o,--output", args->output, "The .npy file to write (a directory for an image folder)")->required();
   cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--data", args->data_dir, "Directory of the Fashion-MNIST .gz files (default: the run's data.dir)");
+  cmd->add_option("--data", args->data_dir,
+                  "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's data.dir)");
   cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
       ->check(CLI::IsMember({"test", "train"}))->capture_default_str();
-  cmd->add_option("--limit", args->limit, "Encode only the first N images of the split (0 = all)")
+  cmd->add_option("--limit", args->limit, "Encode only the first N images (in path order for folders; 0 = all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -59,6 +59,11 @@ void FolderDataset::merge_small_buckets() {
   }
 }
 
+io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels) {
+  const auto& entry = manifest.entries.at(static_cast<size_t>(id));
+  return fit_to_bucket(decode_image((std::filesystem::path(manifest.root) / entry.path).string(), channels), size);
+}
+
 int64_t FolderDataset::training_images() const {
   int64_t n = 0;
   for (const auto& members : buckets_) n += static_cast<int64_t>(members.size());
@@ -82,9 +87,8 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
     SplitMix64 rng(derive_seed(plan_options_.seed, static_cast<uint64_t>(epoch * 1000003 + step),
                                kReplacement * 1000003 + static_cast<uint64_t>(first_slot) + i));
     for (int attempt = 0;; ++attempt) {
-      const std::string path = (std::filesystem::path(manifest_.root) / manifest_.entries[static_cast<size_t>(id)].path).string();
       try {
-        out.images.push_back(fit_to_bucket(decode_image(path, channels_), out.size));
+        out.images.push_back(load_fitted(manifest_, id, out.size, channels_));
         break;
       } catch (const Error& e) {
         LOCKSTEP_THROW_IF_NOT(attempt + 1 < kMaxReplacementTries, CorruptInput, "image folder ", manifest_.root,

@@ -28,65 +28,88 @@ io::Image comparison_grid(const at::Tensor& originals, const at::Tensor& reconst
   return io::tile_images(tiles, static_cast<int>(columns));
 }
 
-EvalResult evaluate_sets(model::AutoencoderImpl& model, const std::vector<const data::ImageSet*>& sets,
-                         const EvalOptions& options) {
-  LOCKSTEP_CHECK_ARG(options.batch_size_ >= 1, "eval: batch_size = ", options.batch_size_, " must be >= 1");
-  int64_t images = 0, pixels = 0;
-  for (const auto* set : sets) {
-    images += set->count;
-    pixels += set->count * set->channels * set->height * set->width;
-  }
-  LOCKSTEP_CHECK_ARG(images >= 1, "eval: the image set is empty");
-  const bool was_training = model.is_training();
-  model.eval();
-  torch::NoGradGuard no_grad;
+}  // namespace
 
-  const int64_t k = model.quantizer().codebook_size();
-  at::Tensor histogram = torch::zeros({k}, torch::kInt64);
+struct Evaluation::State {
+  model::AutoencoderImpl& model;
+  EvalOptions options;
+  bool was_training = false;
+  at::Tensor histogram;
   double squared_error = 0;
+  int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
-  for (const auto* s : sets) {
-    const data::ImageSet& set = *s;
-    for (int64_t first = 0; first < set.count; first += options.batch_size_) {
-      const int64_t count = std::min(options.batch_size_, set.count - first);
-      const at::Tensor x = data::images_to_tensor(set, first, count);
-      const model::AutoencoderOutput out = model.forward(x, quant::QuantizeContext{});
-      // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
-      const at::Tensor diff = (out.reconstruction.clamp(-1, 1) - x) / 2;
-      squared_error += diff.pow(2).sum().item<double>();
-      histogram += torch::bincount(out.quant.indices.flatten(), {}, k);
-      if (!grid_in.defined() && options.grid_images_ > 0) {
-        const int64_t g = std::min(options.grid_images_, count);
-        grid_in = x.slice(0, 0, g);
-        grid_out = out.reconstruction.slice(0, 0, g);
-      }
+  torch::NoGradGuard no_grad;
+  State(model::AutoencoderImpl& m, const EvalOptions& o) : model(m), options(o) {}
+};
+
+Evaluation::Evaluation(model::AutoencoderImpl& model, const EvalOptions& options)
+    : s_(std::make_unique<State>(model, options)) {
+  LOCKSTEP_CHECK_ARG(options.batch_size_ >= 1, "eval: batch_size = ", options.batch_size_, " must be >= 1");
+  s_->was_training = model.is_training();
+  model.eval();
+  s_->histogram = torch::zeros({model.quantizer().codebook_size()}, torch::kInt64);
+}
+
+Evaluation::~Evaluation() {
+  if (s_->was_training) s_->model.train();
+}
+
+void Evaluation::add(const at::Tensor& images) {
+  State& s = *s_;
+  const int64_t k = s.histogram.size(0);
+  for (int64_t first = 0; first < images.size(0); first += s.options.batch_size_) {
+    const at::Tensor x = images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0)));
+    const model::AutoencoderOutput out = s.model.forward(x, quant::QuantizeContext{});
+    // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
+    const at::Tensor diff = (out.reconstruction.clamp(-1, 1) - x) / 2;
+    s.squared_error += diff.pow(2).sum().item<double>();
+    s.values += x.numel();
+    s.images += x.size(0);
+    s.histogram += torch::bincount(out.quant.indices.flatten(), {}, k);
+    if (!s.grid_in.defined() && s.options.grid_images_ > 0) {
+      const int64_t g = std::min(s.options.grid_images_, x.size(0));
+      s.grid_in = x.slice(0, 0, g);
+      s.grid_out = out.reconstruction.slice(0, 0, g);
     }
   }
-  if (was_training) model.train();
+}
 
+EvalResult Evaluation::result() const {
+  const State& s = *s_;
+  LOCKSTEP_CHECK_ARG(s.images >= 1, "eval: the image set is empty");
   EvalResult r;
-  r.images = images;
-  r.mse = squared_error / static_cast<double>(pixels);
+  r.images = s.images;
+  r.mse = s.squared_error / static_cast<double>(s.values);
   r.psnr_db = r.mse > 0 ? 10 * std::log10(1.0 / r.mse) : std::numeric_limits<double>::infinity();
-  const at::Tensor p = histogram.to(torch::kFloat64) / histogram.sum().item<double>();
-  r.codes_used = (histogram > 0).sum().item<int64_t>();
-  r.codebook_size = k;
-  r.code_usage = static_cast<double>(r.codes_used) / static_cast<double>(k);
+  const at::Tensor p = s.histogram.to(torch::kFloat64) / s.histogram.sum().item<double>();
+  r.codes_used = (s.histogram > 0).sum().item<int64_t>();
+  r.codebook_size = s.histogram.size(0);
+  r.code_usage = static_cast<double>(r.codes_used) / static_cast<double>(r.codebook_size);
   r.perplexity = std::exp(-(p * p.clamp_min(1e-300).log()).sum().item<double>());
-  if (grid_in.defined()) r.grid = comparison_grid(grid_in, grid_out);
+  if (s.grid_in.defined()) r.grid = comparison_grid(s.grid_in, s.grid_out);
   return r;
+}
+
+namespace {
+// Converted one batch at a time: a whole test set as float would be 4x its bytes.
+void add_set(Evaluation& e, const data::ImageSet& set, int64_t batch) {
+  for (int64_t first = 0; first < set.count; first += batch) {
+    e.add(data::images_to_tensor(set, first, std::min(batch, set.count - first)));
+  }
 }
 }  // namespace
 
 EvalResult evaluate(model::AutoencoderImpl& model, const data::ImageSet& set, const EvalOptions& options) {
-  return evaluate_sets(model, {&set}, options);
+  Evaluation e(model, options);
+  add_set(e, set, options.batch_size_);
+  return e.result();
 }
 
 EvalResult evaluate(model::AutoencoderImpl& model, const std::vector<data::ImageSet>& sets,
                     const EvalOptions& options) {
-  std::vector<const data::ImageSet*> pointers;
-  for (const auto& set : sets) pointers.push_back(&set);
-  return evaluate_sets(model, pointers, options);
+  Evaluation e(model, options);
+  for (const auto& set : sets) add_set(e, set, options.batch_size_);
+  return e.result();
 }
 
 }  // namespace lockstep::train

@@ -96,8 +96,8 @@ class FolderData final : public TrainData {
     for (const auto& merge : dataset_->merged()) {
       const auto& from = table[static_cast<size_t>(merge.from)];
       const auto& to = table[static_cast<size_t>(merge.to)];
-      buckets += detail::concat(" (", merge.images, " images of ", from.width, "x", from.height, ", too few for a ",
-                                "global batch, join ", to.width, "x", to.height, ")");
+      buckets += detail::concat("; the ", merge.images, " images of ", from.width, "x", from.height, " join ",
+                                to.width, "x", to.height, " (too few for one global batch)");
     }
     return detail::concat("image folder ", m.root, ": ", dataset_->training_images(), " training images, ",
                           held_out_.size(), " held out for evaluation, ", unreadable(), " unreadable",
@@ -122,8 +122,7 @@ class FolderData final : public TrainData {
       std::vector<io::Image> images;
       for (int64_t id : buckets[b]) {
         if (!held.count(id)) continue;
-        const std::string path = (fs::path(manifest.root) / manifest.entries[static_cast<size_t>(id)].path).string();
-        images.push_back(data::fit_to_bucket(data::decode_image(path, channels), table[b]));
+        images.push_back(data::load_fitted(manifest, id, table[b], channels));
       }
       if (!images.empty()) sets.push_back(data::image_set_from_images(images, channels));
     }

@@ -78,7 +78,7 @@ std::string set_error(const std::string& assignment) {
 
 TEST(ConfigTest, StartsAtTheDefaults) {
   Config c(lockstep_schema());
-  EXPECT_EQ(c.get_string("data.dataset"), "fashion-mnist");
+  EXPECT_EQ(c.get_string("data.dataset"), "auto");
   EXPECT_EQ(c.get_int("data.train_subset"), 0);
   EXPECT_EQ(c.get_int_list("model.channels"), (std::vector<int64_t>{16, 32, 64}));
   EXPECT_EQ(c.get_string("quantizer.name"), "fsq");
@@ -202,7 +202,7 @@ TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
   expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
                   {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
-                  {"data.dataset = \"mnist\" is not valid", "choose one of: fashion-mnist"});
+                  {"data.dataset = \"mnist\" is not valid", "choose one of: auto, fashion-mnist, folder"});
 }
 
 TEST(ConfigErrorTest, ListLengthIsChecked) {
@@ -344,7 +344,7 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
   std::string text = c.to_toml();
   expect_contains(text, {"[data]\n", "[quantizer]\n# Which quantizer", "[quantizer.fsq]\n", "levels = [8, 5, 5, 5]\n",
                          "# Training images per optimizer step.\nbatch_size = 64\n", "lr = 0.002\n",
-                         "weight_decay = 0.0\n", "dataset = \"fashion-mnist\"\n"});
+                         "weight_decay = 0.0\n", "dataset = \"auto\"\n"});
   EXPECT_LT(text.find("[train]"), text.find("[eval]"));
 }
 

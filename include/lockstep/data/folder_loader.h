@@ -27,6 +27,10 @@ struct FolderBatch {
   int64_t replaced = 0;           // images that failed to decode and were replaced
 };
 
+// Entry `id` of `manifest` decoded to `channels` and fitted to `size`, as training sees it. Throws
+// CorruptInput or IoError naming the file when it cannot be decoded.
+io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels);
+
 // Images of a bucket too small to fill one global batch moved to a fuller bucket.
 struct MergedBucket {
   int64_t from = 0;  // bucket indices in the table

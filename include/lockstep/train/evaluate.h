@@ -1,7 +1,10 @@
 // Test-set evaluation of an autoencoder: reconstruction error and how the codebook is used.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lockstep/data/image_set.h"
@@ -26,6 +29,24 @@ struct EvalResult {
   int64_t codes_used = 0;
   int64_t codebook_size = 0;
   io::Image grid;  // originals above their reconstructions, grid_images of each
+};
+
+// An evaluation fed batch by batch (batches may differ in size, e.g. one bucket after another):
+// the model runs in evaluation mode, without gradients, until the Evaluation is destroyed.
+class Evaluation {
+ public:
+  Evaluation(model::AutoencoderImpl& model, const EvalOptions& options);
+  ~Evaluation();  // restores the model's training mode
+  Evaluation(const Evaluation&) = delete;
+  Evaluation& operator=(const Evaluation&) = delete;
+
+  // x: (b, c, h, w) in [-1, 1]. Splits it into batches of options.batch_size_.
+  void add(const at::Tensor& x);
+  EvalResult result() const;  // throws InvalidArgument when nothing was added
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 // Runs `model` in evaluation mode (restoring its mode after) on every image of `set`.

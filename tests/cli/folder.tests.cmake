@@ -1,0 +1,40 @@
+# CLI tests of training on a real image folder: OpenCV's example images (Debian package opencv-doc,
+# fetched at test time by fetch_opencv_images.sh, never committed; 91 images of many sizes and
+# aspect ratios), plus a file that is not an image. Buckets of about 64x64 keep each run to seconds.
+set(LS $<TARGET_FILE:lockstep_cli>)
+set(COMPARE ${CMAKE_CURRENT_LIST_DIR}/compare_metrics.py)
+set(OPENCV_IMAGES ${CMAKE_BINARY_DIR}/test-data/opencv-images)
+set(IMAGES "bash ${CMAKE_CURRENT_LIST_DIR}/fetch_opencv_images.sh ${OPENCV_IMAGES} && cp -r ${OPENCV_IMAGES} images && echo junk > images/not-really.jpg")
+set(FOLDER "--buckets 64x64,80x64,64x80 --global-batch 8 --threads 1 --set data.eval_images=8 --set model.channels=[8,16] --set train.log_every=2")
+separate_arguments(FOLDER_ARGS UNIX_COMMAND "${FOLDER}")
+
+# G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets) give the losses of one process on the
+# whole batch; each epoch's report counts the file that is not an image; eval reads the run's
+# held-out images.
+lockstep_cli_test(folder_two_ranks_match_one_process_three_epochs EXIT 0
+                  OUTPUT "image folder images, held-out images, 8 images.*mse [0-9.]+  psnr" TIMEOUT 300
+                  SETUP "${IMAGES} && ${LS} train --data images --epochs 3 --run-dir one ${FOLDER} > one.log && ${LS} launch -n 2 --master-port 29801 -- train --data images --epochs 3 --run-dir two ${FOLDER} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && grep -q 'rank 0/2. epoch 3 of 3 ended at step [0-9]*: 0 images replaced (failed to decode), 1 unreadable files left out' two.log && grep -q 'not-really.jpg' two/manifest.json"
+                  ARGS eval two)
+# Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 ranks (3, 3 and 2 images)
+# continue the one-process sequence across the epoch boundary (10 steps per epoch).
+lockstep_cli_test(folder_resume_onto_three_ranks_matches_one_process EXIT 0 OUTPUT "step 14" TIMEOUT 300
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 14 --run-dir one ${FOLDER} > one.log && ${LS} launch -n 2 --master-port 29805 -- train --data images --steps 6 --run-dir run ${FOLDER} > part1.log && ${LS} launch -n 3 --master-port 29807 -- train --resume run --steps 14 > part2.log && grep -q 'resumed at step 6 of 14' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
+                  ARGS eval run --split train)
+# The (plan hash, steps) check: rank 1's node holds one more image; both ranks stop at the first
+# epoch naming rank 1, instead of training on different data.
+lockstep_cli_test(folder_ranks_with_different_folders_stop EXIT 1
+                  OUTPUT "epoch 0: the data plan of rank\\(s\\) 1 \\([0-9]+ steps over 84 images\\) differs from rank 0's \\([0-9]+ steps over 83 images\\)"
+                  TIMEOUT 120
+                  SETUP "${IMAGES} && cp -r images images1 && cp images/apple.jpg images1/apple-again.jpg && (${LS} train --rank 1 --world-size 2 --master-port 29811 --run-dir run --data images1 --steps 4 ${FOLDER} > rank1.log 2>&1 &)"
+                  ARGS train --rank 0 --world-size 2 --master-port 29811 --run-dir run --data images --steps 4 ${FOLDER_ARGS})
+# A run resumed on a folder that changed cannot continue its sequence: named, not trained.
+lockstep_cli_test(folder_resume_refuses_a_changed_folder EXIT 1
+                  OUTPUT "cannot resume run exactly: image folder images changed since the run started: 1 added \\(apple-again.jpg\\)"
+                  TIMEOUT 120
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 2 --run-dir run ${FOLDER} > run.log && cp images/apple.jpg images/apple-again.jpg"
+                  ARGS train --resume run --steps 4)
+# encode writes one .npy per bucket and an index; decode turns them back into a folder of PNGs at
+# the source paths.
+lockstep_cli_test(folder_encode_then_decode EXIT 0 OUTPUT "wrote 91 PNG images to decoded" TIMEOUT 120
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 2 --run-dir run ${FOLDER} > run.log && ${LS} encode run -o tokens > encode.log && grep -q 'encoded 91 images of images .* 1 unreadable files left out' encode.log && test -f tokens/80x64.npy"
+                  ARGS decode run --tokens tokens -o decoded)
