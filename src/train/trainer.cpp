@@ -168,8 +168,9 @@ struct Trainer::State {
     for (const auto& size : data->image_sizes()) {
       LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
                          size.height, " cannot pass through the model's ", model->options().channels().size(),
-                         " levels: each side must be a multiple of ", f,
-                         " (change data.buckets, or use fewer model.channels entries)");
+                         " levels: each side must be a multiple of ", f, " (",
+                         config.get_string("data.dataset") == "folder" ? "change data.buckets, or " : "",
+                         "use fewer model.channels entries)");
     }
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());

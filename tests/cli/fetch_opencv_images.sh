@@ -16,6 +16,7 @@ if (( $(ls "$src"/*.jpg 2>/dev/null | wc -l) < 50 )); then
   if ! (cd "$work" && apt-get download opencv-doc > download.log 2>&1); then
     echo "cannot get the Debian package opencv-doc (apt-get download opencv-doc):" >&2
     cat "$work/download.log" >&2
+    echo "(run apt-get update first, or install opencv-doc)" >&2
     exit 1
   fi
   dpkg-deb -x "$work"/opencv-doc_*.deb "$work/root"

@@ -4,6 +4,7 @@
 #include "lockstep/data/image_folder.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,43 @@ namespace fs = std::filesystem;
 void write(const std::string& path, const cv::Mat& m) {
   fs::create_directories(fs::path(path).parent_path());
   ASSERT_TRUE(cv::imwrite(path, m)) << path;
+}
+
+// A PNG with a palette (colour type 3, which OpenCV cannot write): `indices` is width x height,
+// `alpha` the palette entries' opacities (a tRNS chunk), empty for opaque.
+void write_palette_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb_palette,
+                       const std::vector<uint8_t>& alpha, const std::vector<uint8_t>& indices) {
+  std::string out = "\x89PNG\r\n\x1a\n";
+  auto chunk = [&out](const char* type, const std::string& data) {
+    auto be32 = [&out](uint32_t v) {
+      for (int s = 24; s >= 0; s -= 8) out += static_cast<char>((v >> s) & 0xff);
+    };
+    be32(static_cast<uint32_t>(data.size()));
+    const std::string body = std::string(type) + data;
+    out += body;
+    be32(static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()))));
+  };
+  std::string ihdr;
+  for (int v : {width, height}) {
+    for (int s = 24; s >= 0; s -= 8) ihdr += static_cast<char>((v >> s) & 0xff);
+  }
+  ihdr += std::string("\x08\x03\x00\x00\x00", 5);  // 8 bits, palette, deflate, no filter, no interlace
+  chunk("IHDR", ihdr);
+  chunk("PLTE", std::string(rgb_palette.begin(), rgb_palette.end()));
+  if (!alpha.empty()) chunk("tRNS", std::string(alpha.begin(), alpha.end()));
+  std::string raw;
+  for (int y = 0; y < height; ++y) {
+    raw += '\0';  // filter: none
+    raw.append(indices.begin() + y * width, indices.begin() + (y + 1) * width);
+  }
+  uLongf size = compressBound(static_cast<uLong>(raw.size()));
+  std::string packed(size, '\0');
+  compress(reinterpret_cast<Bytef*>(packed.data()), &size, reinterpret_cast<const Bytef*>(raw.data()),
+           static_cast<uLong>(raw.size()));
+  packed.resize(size);
+  chunk("IDAT", packed);
+  chunk("IEND", "");
+  std::ofstream(path, std::ios::binary) << out;
 }
 
 // A small tree of every kind of file a folder may hold.
@@ -127,6 +165,29 @@ TEST(ImageFolder, DecodingConvertsDepthAlphaAndChannels) {
   }
   EXPECT_THROW(decode_image(root + "/missing.png", 3), IoError);
   EXPECT_THROW(decode_image(root + "/a.png", 2), InvalidArgument);
+}
+
+TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
+  test_util::TempDir tmp;
+  const std::vector<uint8_t> palette = {255, 0, 0, 0, 0, 255};  // red, blue
+  const std::vector<uint8_t> indices = {0, 1, 1, 0, 0, 0, 1, 1};  // 4 x 2
+  write_palette_png(tmp.file("opaque.png"), 4, 2, palette, {}, indices);
+  write_palette_png(tmp.file("clear.png"), 4, 2, palette, {255, 0}, indices);  // blue fully transparent
+  const io::Image opaque = decode_image(tmp.file("opaque.png"), 3);
+  ASSERT_EQ(opaque.width, 4);
+  ASSERT_EQ(opaque.height, 2);
+  EXPECT_EQ(std::vector<uint8_t>(opaque.pixels.begin(), opaque.pixels.begin() + 6),
+            (std::vector<uint8_t>{255, 0, 0, 0, 0, 255}));
+  const io::Image clear = decode_image(tmp.file("clear.png"), 3);
+  EXPECT_EQ(std::vector<uint8_t>(clear.pixels.begin(), clear.pixels.begin() + 6),
+            (std::vector<uint8_t>{255, 0, 0, 0, 0, 0}));  // blue composited on black
+  write(tmp.file("deep.png"), cv::Mat(3, 5, CV_16UC3, cv::Scalar(0, 32896, 65535)));  // BGR, 16 bits
+  const io::Image deep = decode_image(tmp.file("deep.png"), 3);
+  EXPECT_EQ(std::vector<uint8_t>(deep.pixels.begin(), deep.pixels.begin() + 3), (std::vector<uint8_t>{255, 128, 0}));
+  // The manifest knows their sizes too.
+  const Manifest m = scan_image_folder(tmp.path());
+  ASSERT_EQ(m.entries.size(), 3u);
+  for (const auto& e : m.entries) EXPECT_TRUE(e.readable()) << e.path << ": " << e.error;
 }
 
 TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {

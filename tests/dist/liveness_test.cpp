@@ -44,7 +44,8 @@ std::string read_text(const std::string& path) {
 }
 
 // The rank side, run only as a child (LOCKSTEP_LIVENESS_DIR set): collectives until something fails;
-// rank 1 dies ("die") or stops issuing collectives while staying alive ("stall") after 3 of them.
+// after 3 of them rank 1 dies ("die"), stops issuing collectives while staying alive ("stall"), is
+// frozen ("stop"), sends another shape ("shape"), or skips a collective the others issue ("skip").
 TEST(LivenessChild, Rank) {
   const std::string dir = env_or("LOCKSTEP_LIVENESS_DIR", "");
   if (dir.empty()) GTEST_SKIP() << "runs only as a child of the Liveness tests";
@@ -74,6 +75,19 @@ TEST(LivenessChild, Rank) {
       if (o.rank == 1 && i == 3 && role == "stall") {
         write_text(dir + "/event", std::to_string(monotonic_ns()));
         std::this_thread::sleep_for(std::chrono::seconds(60));
+      }
+      // G1 across processes: at the fourth collective rank 1 sends another shape, or the other
+      // ranks issue a collective rank 1 skips (as when only some ranks evaluate).
+      if (i == 3 && (role == "shape" || role == "skip") && o.rank == 1) {
+        write_text(dir + "/event", std::to_string(monotonic_ns()));
+      }
+      if (i == 3 && role == "shape" && o.rank == 1) {
+        std::vector<at::Tensor> t{torch::ones({8})};
+        group->all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.other_shape"));
+      }
+      if (i == 3 && role == "skip" && o.rank != 1) {
+        std::vector<at::Tensor> t{torch::ones({16})};
+        group->broadcast(t, 0, LOCKSTEP_CALL_SITE("test.some_ranks_only"));
       }
       std::vector<at::Tensor> t{torch::ones({16})};
       group->all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.loop"));
@@ -188,6 +202,33 @@ TEST(Liveness, AStoppedRankIsAStallNotADeathAndIsNamedAtTheTimeout) {
     EXPECT_NE(m.find("rank 1 [process stopped]: step 3, after #3"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_EQ(m.find("died"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_GT(out.seconds_after_event[r], 2.5) << "rank " << r;
+  }
+}
+
+// Failure mode c with real processes: a mismatched collective is CollectiveMismatch on every rank
+// within a second, naming the calls of both sides (the thread-rank tests cover every kind).
+TEST(Liveness, AMismatchedShapeBetweenProcessesIsNamedOnEveryRankWithinASecond) {
+  const Outcome out = run_children("shape", 3, 20000);
+  for (int r = 0; r < 3; ++r) {
+    const std::string& m = out.messages[r];
+    EXPECT_NE(m.find("seen by rank " + std::to_string(r)), std::string::npos) << "rank " << r << ": " << m;
+    for (const char* part : {"test.other_shape", "test.loop", "float32 (8)", "float32 (16)"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << "rank " << r << " lacks '" << part << "': " << m;
+    }
+    EXPECT_GE(out.seconds_after_event[r], 0) << "rank " << r;
+    EXPECT_LT(out.seconds_after_event[r], 1.0) << "rank " << r << ": " << m;
+  }
+}
+
+TEST(Liveness, ACollectiveOneProcessSkipsIsNamedOnEveryRankWithinASecond) {
+  const Outcome out = run_children("skip", 3, 20000);
+  for (int r = 0; r < 3; ++r) {
+    const std::string& m = out.messages[r];
+    for (const char* part : {"#4 broadcast(root 0)", "test.some_ranks_only", "#4 all_reduce(sum)", "test.loop"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << "rank " << r << " lacks '" << part << "': " << m;
+    }
+    EXPECT_GE(out.seconds_after_event[r], 0) << "rank " << r;
+    EXPECT_LT(out.seconds_after_event[r], 1.0) << "rank " << r << ": " << m;
   }
 }
 
