@@ -1,5 +1,6 @@
-// The image-folder loader alone: decode + resize + centre-crop through PrefetchLoader, in images
-// per second, on JPEGs written at start-up (photographs' size: 640x480 and 480x640).
+// The image-folder loader alone: decode + resize + centre-crop through PrefetchLoader, and the
+// manifest scan, in images per second, on JPEGs written at start-up (photographs' size: 640x480
+// and 480x640).
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
@@ -48,6 +49,17 @@ void BM_FolderLoader(benchmark::State& state) {
   state.counters["waited_s"] = waited / static_cast<double>(state.iterations());
 }
 BENCHMARK(BM_FolderLoader)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The manifest: every image read and decoded once to learn its size. args: threads
+void BM_ScanFolder(benchmark::State& state) {
+  int64_t images = 0;
+  for (auto _ : state) {
+    images += static_cast<int64_t>(
+        lockstep::data::scan_image_folder(folder(), nullptr, {}, static_cast<int>(state.range(0))).entries.size());
+  }
+  state.counters["images"] = benchmark::Counter(static_cast<double>(images), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ScanFolder)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 #endif

@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/machine.h"
+#include "lockstep/data/image_folder.h"
 #include "lockstep/data/image_set.h"
 
 namespace lockstep::cli {
@@ -136,6 +137,10 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   rows.emplace_back("triad bandwidth", fixed(f.triad_gbs, 1) + " GB/s" + with_threads(f.threads));
   rows.emplace_back("Gloo backend", LOCKSTEP_HAVE_GLOO ? "available" : "not built (install libgloo-dev, rebuild)");
   rows.emplace_back("NCCL backend", nccl_status());
+  const std::string decoder = data::image_decoder_version();
+  rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
+                                                       "scripts/install-deps lists, rebuild)"
+                                                     : "decoded with " + decoder);
   rows.emplace_back("Fashion-MNIST", f.data.found ? "found in " + f.data.dir
                                                   : "missing (" + std::to_string(f.data.missing_files.size()) +
                                                         " of 4 files absent from " + f.data.dir + ")");
@@ -162,6 +167,10 @@ std::vector<std::string> report_warnings(const Findings& f) {
         "sgemm reached only " + fixed(per_thread, 1) +
         " GFLOP/s per thread; expected >= " + fixed(kMinSgemmGflopsPerThread, 0) + " on a modern x86-64 core: check " +
         (blas.vendor == "OpenBLAS" ? "OPENBLAS_CORETYPE" : "which BLAS is loaded") + " and that the machine is idle");
+  }
+  if (data::image_decoder_version().empty()) {
+    warnings.push_back("this build cannot decode images, so `lockstep train --data FOLDER` is unavailable: "
+                       "install libopencv-imgcodecs-dev and libopencv-imgproc-dev (scripts/install-deps) and rebuild");
   }
   if (!f.data.found) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +

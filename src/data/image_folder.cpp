@@ -3,10 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
+#include <thread>
 
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
@@ -71,6 +74,14 @@ cv::Mat decode_bytes(const std::string& bytes) {
 
 }  // namespace
 
+std::string image_decoder_version() {
+#if LOCKSTEP_HAVE_OPENCV
+  return std::string("OpenCV ") + CV_VERSION;
+#else
+  return "";
+#endif
+}
+
 bool is_image_file(const std::string& name) {
   std::string ext = fs::path(name).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -93,7 +104,43 @@ int64_t Manifest::readable_count() const {
   return std::count_if(entries.begin(), entries.end(), [](const ManifestEntry& e) { return e.readable(); });
 }
 
-Manifest scan_image_folder(const std::string& root, const Manifest* cached, const ScanProgress& progress) {
+#if LOCKSTEP_HAVE_OPENCV
+namespace {
+// One file's entry: reused from `cached` when its size and time match, else read and decoded.
+ManifestEntry scan_entry(const std::string& root, const std::string& rel, const Manifest* cached) {
+  const fs::path full = fs::path(root) / rel;
+  ManifestEntry e;
+  e.path = rel;
+  std::error_code ec;
+  e.bytes = static_cast<int64_t>(fs::file_size(full, ec));
+  e.mtime_ns = static_cast<int64_t>(fs::last_write_time(full, ec).time_since_epoch().count());
+  if (cached) {
+    const auto hit = std::lower_bound(cached->entries.begin(), cached->entries.end(), rel,
+                                      [](const ManifestEntry& c, const std::string& p) { return c.path < p; });
+    if (hit != cached->entries.end() && hit->path == rel && hit->bytes == e.bytes && hit->mtime_ns == e.mtime_ns) {
+      return *hit;
+    }
+  }
+  try {
+    const std::string bytes = read_bytes(full.string());
+    e.checksum = fnv1a(bytes.data(), bytes.size());
+    const cv::Mat decoded = decode_bytes(bytes);
+    if (decoded.empty()) {
+      e.error = "cannot be decoded (corrupt, truncated, or a format this OpenCV lacks)";
+    } else {
+      e.width = decoded.cols;
+      e.height = decoded.rows;
+    }
+  } catch (const Error& err) {
+    e.error = err.what();
+  }
+  return e;
+}
+}  // namespace
+#endif
+
+Manifest scan_image_folder(const std::string& root, const Manifest* cached, const ScanProgress& progress,
+                           int threads) {
   LOCKSTEP_THROW_IF_NOT(fs::is_directory(root), IoError, "image folder ", root, " is not a directory");
 #if !LOCKSTEP_HAVE_OPENCV
   throw InvalidArgument(detail::concat("image folder ", root, ": this build of lockstep has no OpenCV to decode ",
@@ -110,38 +157,33 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached, cons
   }
   std::sort(files.begin(), files.end());
   const auto total = static_cast<int64_t>(files.size());
-  for (const auto& rel : files) {
-    const auto done = static_cast<int64_t>(m.entries.size());
-    if (progress && done % 64 == 0) progress(done, total);
-    const fs::path full = fs::path(root) / rel;
-    ManifestEntry e;
-    e.path = rel;
-    std::error_code ec;
-    e.bytes = static_cast<int64_t>(fs::file_size(full, ec));
-    e.mtime_ns = static_cast<int64_t>(fs::last_write_time(full, ec).time_since_epoch().count());
-    if (cached) {
-      const auto hit = std::lower_bound(cached->entries.begin(), cached->entries.end(), rel,
-                                        [](const ManifestEntry& c, const std::string& p) { return c.path < p; });
-      if (hit != cached->entries.end() && hit->path == rel && hit->bytes == e.bytes && hit->mtime_ns == e.mtime_ns) {
-        m.entries.push_back(*hit);
-        continue;
-      }
-    }
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(total, 1)));
+
+  // Files are handed out one at a time; each lands in its own slot, so the order stays sorted.
+  m.entries.resize(files.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&](bool reports) {
     try {
-      const std::string bytes = read_bytes(full.string());
-      e.checksum = fnv1a(bytes.data(), bytes.size());
-      const cv::Mat decoded = decode_bytes(bytes);
-      if (decoded.empty()) {
-        e.error = "cannot be decoded (corrupt, truncated, or a format this OpenCV lacks)";
-      } else {
-        e.width = decoded.cols;
-        e.height = decoded.rows;
+      for (size_t i; (i = next++) < files.size();) {
+        m.entries[i] = scan_entry(root, files[i], cached);
+        const int64_t d = ++done;
+        if (reports && progress) progress(d, total);  // the caller's thread alone reports
       }
-    } catch (const Error& err) {
-      e.error = err.what();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = files.size();  // the others stop too
     }
-    m.entries.push_back(std::move(e));
-  }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(work, false);
+  work(true);
+  for (auto& h : helpers) h.join();
+  if (error) std::rethrow_exception(error);
   if (progress) progress(total, total);
   return m;
 #endif

@@ -190,6 +190,32 @@ TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
   for (const auto& e : m.entries) EXPECT_TRUE(e.readable()) << e.path << ": " << e.error;
 }
 
+TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgressInOrder) {
+  test_util::TempDir tmp;
+  const std::string root = make_tree(tmp);
+  for (int i = 0; i < 20; ++i) {
+    write(root + "/many/" + std::to_string(i) + ".png", cv::Mat(3 + i, 4, CV_8UC1, cv::Scalar(i)));
+  }
+  const Manifest one = scan_image_folder(root, nullptr, {}, 1);
+  std::vector<int64_t> reported;
+  const Manifest four = scan_image_folder(root, nullptr, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 27);
+    reported.push_back(done);
+  }, 4);
+  ASSERT_EQ(one.entries.size(), 27u);
+  ASSERT_EQ(four.entries.size(), one.entries.size());
+  for (size_t i = 0; i < one.entries.size(); ++i) {
+    EXPECT_EQ(four.entries[i].path, one.entries[i].path);
+    EXPECT_EQ(four.entries[i].height, one.entries[i].height);
+    EXPECT_EQ(four.entries[i].checksum, one.entries[i].checksum);
+    EXPECT_EQ(four.entries[i].error, one.entries[i].error);
+  }
+  EXPECT_EQ(four.hash(), one.hash());
+  ASSERT_FALSE(reported.empty());
+  EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
+  EXPECT_EQ(reported.back(), 27);
+}
+
 TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {
   test_util::TempDir tmp;
   const std::string root = make_tree(tmp);

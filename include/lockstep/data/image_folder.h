@@ -32,17 +32,21 @@ struct Manifest {
   int64_t readable_count() const;
 };
 
+// "OpenCV 4.6.0" when this build decodes images, "" when it was built without OpenCV.
+std::string image_decoder_version();
+
 // True for the file names this loader reads (by extension, any case).
 bool is_image_file(const std::string& name);
 
 // Walks `root` recursively. Every image file is decoded once to learn its size; a corrupt,
 // truncated or unreadable file stays in the manifest with its error (the data plan replaces it,
 // it is never silently dropped on one rank). Entries of `cached` whose path, size and mtime match
-// are reused without decoding. `progress` (optional) is called every few files with (files done,
-// files in all). Throws IoError when `root` is not a readable directory.
+// are reused without decoding. Files are decoded on `threads` threads (0: one per core).
+// `progress` (optional) is called on the caller's thread with (files done, files in all). Throws
+// IoError when `root` is not a readable directory.
 using ScanProgress = std::function<void(int64_t done, int64_t total)>;
 Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr,
-                           const ScanProgress& progress = {});
+                           const ScanProgress& progress = {}, int threads = 0);
 
 // The `count` readable entries whose paths hash lowest, sorted: a held-out evaluation set that
 // depends on the paths alone, so it stays put when other files come or go. Throws InvalidArgument
