@@ -62,13 +62,67 @@ io::Image to_image(cv::Mat m, int channels) {
   return image;
 }
 
-cv::Mat decode_bytes(const std::string& bytes) {
-  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
-  try {
-    return cv::imdecode(raw, cv::IMREAD_UNCHANGED);
-  } catch (const cv::Exception&) {
-    return cv::Mat();  // OpenCV throws for some truncated files and returns empty for others
+#endif
+
+// Why a JPEG or PNG is cut short, or "" when it is complete (or another format, or broken in a way
+// the decoder judges). libjpeg decodes a truncated JPEG without an error, filling the rest with
+// grey; libpng prints to stderr before it fails. Checking first makes both a clean, named error.
+std::string truncation_error(const std::string& bytes) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  if (n >= 2 && b[0] == 0xFF && b[1] == 0xD8) {
+    // Walk the segments from SOI to EOI: marker FF xx, then a 2-byte length for most; a scan
+    // (SOS) is followed by entropy-coded data, in which FF is always followed by 00 or a restart
+    // marker, up to the next marker. Running out of bytes before EOI means the file was cut short.
+    // Segments carry their lengths, so an EXIF thumbnail is skipped whole; bytes after EOI are not read.
+    const std::string cut = detail::concat("truncated JPEG: no end-of-image marker (", n, " bytes)");
+    auto is_restart = [](unsigned char m) { return m >= 0xD0 && m <= 0xD7; };
+    size_t i = 2;
+    while (true) {
+      if (i >= n) return cut;
+      if (b[i] != 0xFF) return "";  // not a marker where one must be: let the decoder judge
+      while (i < n && b[i] == 0xFF) ++i;  // fill bytes
+      if (i >= n) return cut;
+      const unsigned char marker = b[i++];
+      if (marker == 0xD9) return "";  // EOI
+      if (marker == 0x01 || is_restart(marker)) continue;  // no length
+      if (i + 2 > n) return cut;
+      i += (size_t{b[i]} << 8) | b[i + 1];
+      if (marker == 0xDA) {
+        while (i + 1 < n && !(b[i] == 0xFF && b[i + 1] != 0x00 && !is_restart(b[i + 1]))) ++i;
+        if (i + 1 >= n) return cut;
+      }
+    }
   }
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n >= 8 && std::equal(kPng, kPng + 8, b)) {
+    // Walk the chunks (4-byte length, 4-byte type, data, 4-byte CRC) up to IEND.
+    size_t at = 8;
+    while (at + 8 <= n) {
+      const uint64_t length = (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) |
+                              uint64_t{b[at + 3]};
+      if (std::equal(b + at + 4, b + at + 8, reinterpret_cast<const unsigned char*>("IEND"))) return "";
+      at += 12 + length;
+    }
+    return detail::concat("truncated PNG: its chunks run past the end of the file (", n, " bytes) before IEND");
+  }
+  return "";
+}
+
+#if LOCKSTEP_HAVE_OPENCV
+// Decodes, or returns an empty Mat and says why in `error`.
+cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
+  *error = truncation_error(bytes);
+  if (!error->empty()) return cv::Mat();
+  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
+  cv::Mat decoded;
+  try {
+    decoded = cv::imdecode(raw, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception&) {
+    // OpenCV throws for some broken files and returns an empty Mat for others.
+  }
+  if (decoded.empty()) *error = "cannot be decoded (corrupt, or a format this OpenCV lacks)";
+  return decoded;
 }
 #endif
 
@@ -124,10 +178,8 @@ ManifestEntry scan_entry(const std::string& root, const std::string& rel, const 
   try {
     const std::string bytes = read_bytes(full.string());
     e.checksum = fnv1a(bytes.data(), bytes.size());
-    const cv::Mat decoded = decode_bytes(bytes);
-    if (decoded.empty()) {
-      e.error = "cannot be decoded (corrupt, truncated, or a format this OpenCV lacks)";
-    } else {
+    const cv::Mat decoded = decode_bytes(bytes, &e.error);
+    if (!decoded.empty()) {
       e.width = decoded.cols;
       e.height = decoded.rows;
     }
@@ -282,9 +334,9 @@ io::Image decode_image(const std::string& path, int channels) {
 #if !LOCKSTEP_HAVE_OPENCV
   throw InvalidArgument(detail::concat("cannot decode ", path, ": this build of lockstep has no OpenCV"));
 #else
-  const cv::Mat decoded = decode_bytes(read_bytes(path));
-  LOCKSTEP_THROW_IF_NOT(!decoded.empty(), CorruptInput, "cannot decode image ", path,
-                        " (corrupt, truncated, or a format this OpenCV lacks)");
+  std::string error;
+  const cv::Mat decoded = decode_bytes(read_bytes(path), &error);
+  LOCKSTEP_THROW_IF_NOT(!decoded.empty(), CorruptInput, "cannot decode image ", path, ": ", error);
   return to_image(decoded, channels);
 #endif
 }

@@ -190,6 +190,40 @@ TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
   for (const auto& e : m.entries) EXPECT_TRUE(e.readable()) << e.path << ": " << e.error;
 }
 
+TEST(ImageFolder, TruncatedJpegsAndPngsAreUnreadableWithoutNoiseButTrailingBytesAreFine) {
+  test_util::TempDir tmp;
+  cv::Mat photo(48, 64, CV_8UC3);
+  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
+  std::vector<uchar> jpeg, png;
+  ASSERT_TRUE(cv::imencode(".jpg", photo, jpeg));
+  ASSERT_TRUE(cv::imencode(".png", photo, png));
+  auto save = [&](const std::string& name, const std::vector<uchar>& bytes, size_t size, const std::string& extra) {
+    std::ofstream out(tmp.file(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
+    out << extra;
+  };
+  save("cut.jpg", jpeg, jpeg.size() * 2 / 3, "");  // libjpeg alone would fill the rest with grey
+  save("tail.jpg", jpeg, jpeg.size(), std::string("\xff\xda trailing bytes some cameras add", 37));
+  save("cut.png", png, png.size() * 2 / 3, "");
+  save("whole.png", png, png.size(), "");
+  testing::internal::CaptureStderr();
+  const Manifest m = scan_image_folder(tmp.path());
+  const std::string printed = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(m.entries.size(), 4u);  // cut.jpg, cut.png, tail.jpg, whole.png
+  EXPECT_NE(m.entries[0].error.find("truncated JPEG: no end-of-image marker"), std::string::npos) << m.entries[0].error;
+  EXPECT_NE(m.entries[1].error.find("truncated PNG"), std::string::npos) << m.entries[1].error;
+  EXPECT_TRUE(m.entries[2].readable()) << m.entries[2].error;
+  EXPECT_EQ(m.entries[2].width, 64);
+  EXPECT_TRUE(m.entries[3].readable()) << m.entries[3].error;
+  EXPECT_EQ(printed, "");  // nothing from libpng
+  try {
+    decode_image(tmp.file("cut.jpg"), 3);
+    FAIL() << "decoded a truncated JPEG";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.jpg: truncated JPEG"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgressInOrder) {
   test_util::TempDir tmp;
   const std::string root = make_tree(tmp);
