@@ -55,7 +55,8 @@ std::vector<io::Image> decode_all(const at::Tensor& ids, train::TrainedModel& t,
 int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
   namespace fs = std::filesystem;
   LOCKSTEP_CHECK_ARG(!args.output_dir.empty() && args.grid.empty(), args.tokens, " holds the tokens of an image ",
-                     "folder of several sizes: say where to write them with --output DIR (--grid needs one size)");
+                     "folder (one .npy per bucket): say where to write the images with --output DIR (--grid takes one "
+                     ".npy file)");
   const std::string index_path = (fs::path(args.tokens) / kTokenIndexFile).string();
   int64_t written = 0;
   std::set<std::string> outputs;
@@ -71,6 +72,9 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
                             ids.size(0), " images but ", index_path, " names ", paths.size());
       const std::vector<io::Image> images = decode_all(ids, t, args.batch_size);
       for (size_t i = 0; i < images.size(); ++i) {
+        const fs::path source = paths[i].get<std::string>();
+        LOCKSTEP_THROW_IF_NOT(source.is_relative() && source.lexically_normal().string().rfind("..", 0) != 0,
+                              CorruptInput, index_path, ": path ", source, " leads outside the output directory");
         // a.jpg -> a.png, unless a.png (or another a.*) came first: then a.jpg.png.
         fs::path out = fs::path(args.output_dir) / paths[i].get<std::string>();
         out.replace_extension(".png");

@@ -23,36 +23,77 @@ int64_t FolderInput::images() const {
   return n;
 }
 
+namespace {
+data::PlanOptions run_plan_options(const train::Config& config) {
+  data::PlanOptions o;
+  o.global_batch = config.get_int("train.batch_size");
+  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
+  return o;
+}
+}  // namespace
+
 FolderInput open_folder_input(const train::TrainedModel& model, const std::string& checkpoint_or_run_dir,
                               const std::string& dir, FolderSelection selection, int64_t limit) {
+  const train::Config& config = model.config;
+  const int channels = static_cast<int>(model.model->options().in_channels());
   FolderInput in;
-  std::unique_ptr<data::Manifest> cache;
-  if (fs::is_directory(checkpoint_or_run_dir) && fs::exists(train::manifest_path(checkpoint_or_run_dir))) {
-    cache = std::make_unique<data::Manifest>(data::load_manifest(train::manifest_path(checkpoint_or_run_dir)));
+  in.table = data::parse_bucket_table(config.get_string("data.buckets"));
+  data::check_bucket_table(in.table, model.model->options().downsampling());
+
+  // The run's manifest (when the run directory is at hand): the images it trained and held out.
+  std::unique_ptr<data::Manifest> run_manifest;
+  const std::string saved = fs::is_directory(checkpoint_or_run_dir) ? train::manifest_path(checkpoint_or_run_dir) : "";
+  if (!saved.empty() && fs::exists(saved)) run_manifest = std::make_unique<data::Manifest>(data::load_manifest(saved));
+  const bool same_folder = run_manifest && fs::exists(run_manifest->root) && fs::exists(dir) &&
+                           fs::equivalent(run_manifest->root, dir);
+  if (selection != FolderSelection::All && run_manifest) {
+    in.manifest = *run_manifest;  // as it trained, even if files were added since
+    in.manifest.root = dir;
+  } else {
+    in.manifest = data::scan_image_folder(dir, same_folder ? run_manifest.get() : nullptr);
   }
-  in.manifest = data::scan_image_folder(dir, cache.get());
   LOCKSTEP_CHECK_ARG(in.manifest.readable_count() > 0, "image folder ", dir, " holds no readable image (",
                      in.manifest.entries.size(), " image files listed)");
-  in.table = data::parse_bucket_table(model.config.get_string("data.buckets"));
 
-  std::set<int64_t> held;
-  if (selection != FolderSelection::All) {
-    const auto ids = data::held_out_entries(in.manifest, model.config.get_int("data.eval_images"));
-    held.insert(ids.begin(), ids.end());
+  // Images go to the bucket their aspect ratio trained in (after the run merged its small ones).
+  std::vector<int64_t> bucket_map(in.table.size());
+  for (size_t b = 0; b < bucket_map.size(); ++b) bucket_map[b] = static_cast<int64_t>(b);
+  std::unique_ptr<data::FolderDataset> run_data;
+  if (run_manifest || selection != FolderSelection::All) {
+    const data::Manifest& trained = run_manifest ? *run_manifest : in.manifest;
+    const data::FolderSplit split =
+        data::split_folder(trained, config.get_int("data.eval_images"), config.get_int("data.train_subset"));
+    run_data = std::make_unique<data::FolderDataset>(trained, in.table, channels, run_plan_options(config),
+                                                     split.excluded);
+    bucket_map = run_data->bucket_map();
   }
-  std::set<int64_t> chosen;  // the first `limit` selected entries, in path order
-  for (size_t i = 0; i < in.manifest.entries.size(); ++i) {
-    const auto id = static_cast<int64_t>(i);
-    if (!in.manifest.entries[i].readable()) continue;
-    if (selection == FolderSelection::HeldOut && !held.count(id)) continue;
-    if (selection == FolderSelection::Training && held.count(id)) continue;
-    if (limit > 0 && static_cast<int64_t>(chosen.size()) >= limit) break;
-    chosen.insert(id);
+
+  std::vector<std::vector<int64_t>> chosen(in.table.size());
+  if (selection == FolderSelection::Training) {
+    chosen = run_data->buckets();
+  } else if (selection == FolderSelection::HeldOut) {
+    chosen = run_data->place(data::held_out_entries(in.manifest, config.get_int("data.eval_images")));
+  } else {
+    const auto assigned = data::assign_buckets(in.manifest, in.table);
+    for (size_t b = 0; b < assigned.size(); ++b) {
+      auto& into = chosen[static_cast<size_t>(bucket_map[b])];
+      into.insert(into.end(), assigned[b].begin(), assigned[b].end());
+    }
   }
-  in.buckets = data::assign_buckets(in.manifest, in.table);
-  for (auto& members : in.buckets) {
-    members.erase(std::remove_if(members.begin(), members.end(), [&](int64_t id) { return !chosen.count(id); }),
-                  members.end());
+  // `limit`: the first images in path order, wherever they are.
+  std::vector<int64_t> all;
+  for (const auto& ids : chosen) all.insert(all.end(), ids.begin(), ids.end());
+  std::sort(all.begin(), all.end());
+  const std::set<int64_t> kept(all.begin(), limit > 0 && limit < static_cast<int64_t>(all.size())
+                                                ? all.begin() + limit
+                                                : all.end());
+  in.buckets.assign(in.table.size(), {});
+  for (size_t b = 0; b < chosen.size(); ++b) {
+    for (int64_t id : chosen[b]) {
+      if (kept.count(id)) in.buckets[b].push_back(id);
+    }
+    std::sort(in.buckets[b].begin(), in.buckets[b].end());
   }
   return in;
 }

@@ -26,9 +26,10 @@ struct FolderInput {
   int64_t images() const;
 };
 
-// Scans `dir` (with the run directory's manifest.json as a cache when `checkpoint_or_run_dir` is a
-// run that has one), and selects every readable image, or the run's held-out (data.eval_images) or
-// training images; `limit` > 0 keeps the first that many in path order.
+// The run's own folder (`dir` is its data.dir): its held-out (data.eval_images) or training images,
+// from the manifest the run saved when `checkpoint_or_run_dir` is its directory (else a scan).
+// FolderSelection::All: every readable image of `dir` (any folder). Every image goes to the bucket
+// its aspect ratio trained in, as in training. `limit` > 0 keeps the first that many in path order.
 FolderInput open_folder_input(const train::TrainedModel& model, const std::string& checkpoint_or_run_dir,
                               const std::string& dir, FolderSelection selection, int64_t limit);
 

@@ -42,8 +42,9 @@ void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple) 
   for (size_t i = 0; i < table.size(); ++i) {
     const auto& s = table[i];
     LOCKSTEP_CHECK_ARG(s.width >= 1 && s.height >= 1 && s.width % multiple == 0 && s.height % multiple == 0,
-                       "bucket ", i, " (", s.width, "x", s.height, "): each side must be a positive multiple of ",
-                       multiple, " for this model");
+                       "bucket ", i, " (", s.width, "x", s.height, "): each side must be ",
+                       multiple > 1 ? detail::concat("a positive multiple of ", multiple, " for this model")
+                                    : std::string("positive"));
     for (size_t j = 0; j < i; ++j) {
       LOCKSTEP_CHECK_ARG(s.width * table[j].height != s.height * table[j].width, "buckets ", j, " (", table[j].width,
                          "x", table[j].height, ") and ", i, " (", s.width, "x", s.height,

@@ -30,6 +30,49 @@ FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, i
   }
   merge_small_buckets();
   (void)EpochPlan(buckets_, plan_options_, 0);  // cannot fail now; a last check of the plan's rules
+
+  table_bucket_.assign(manifest_.entries.size(), -1);
+  const auto all = assign_buckets(manifest_, table_);
+  for (size_t b = 0; b < all.size(); ++b) {
+    for (int64_t id : all[b]) table_bucket_[static_cast<size_t>(id)] = static_cast<int64_t>(b);
+  }
+  auto log_aspect = [&](size_t b) { return std::log(static_cast<double>(table_[b].width) / table_[b].height); };
+  for (size_t b = 0; b < table_.size(); ++b) {
+    size_t target = b;
+    for (size_t c = 0; buckets_[b].empty() && c < table_.size(); ++c) {
+      if (buckets_[c].empty()) continue;
+      if (buckets_[target].empty() ||
+          std::abs(log_aspect(c) - log_aspect(b)) < std::abs(log_aspect(target) - log_aspect(b)) - 1e-12) {
+        target = c;
+      }
+    }
+    bucket_map_.push_back(static_cast<int64_t>(target));
+  }
+}
+
+std::vector<std::vector<int64_t>> FolderDataset::place(const std::vector<int64_t>& ids) const {
+  std::vector<std::vector<int64_t>> out(table_.size());
+  for (int64_t id : ids) {
+    LOCKSTEP_CHECK_ARG(id >= 0 && id < static_cast<int64_t>(table_bucket_.size()) && table_bucket_[id] >= 0,
+                       "image folder: entry ", id, " is not a readable image of the manifest");
+    out[static_cast<size_t>(bucket_map_[static_cast<size_t>(table_bucket_[id])])].push_back(id);
+  }
+  return out;
+}
+
+FolderSplit split_folder(const Manifest& manifest, int64_t eval_images, int64_t train_subset) {
+  FolderSplit split;
+  split.held_out = held_out_entries(manifest, eval_images);
+  split.excluded = split.held_out;
+  if (train_subset > 0) {
+    const std::set<int64_t> held(split.held_out.begin(), split.held_out.end());
+    int64_t kept = 0;
+    for (size_t i = 0; i < manifest.entries.size(); ++i) {
+      if (!manifest.entries[i].readable() || held.count(static_cast<int64_t>(i))) continue;
+      if (++kept > train_subset) split.excluded.push_back(static_cast<int64_t>(i));
+    }
+  }
+  return split;
 }
 
 void FolderDataset::merge_small_buckets() {
@@ -91,6 +134,8 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
         out.images.push_back(load_fitted(manifest_, id, out.size, channels_));
         break;
       } catch (const Error& e) {
+        // Unreadable or undecodable files only: a bad bucket size is not the image's fault.
+        if (!dynamic_cast<const CorruptInput*>(&e) && !dynamic_cast<const IoError*>(&e)) throw;
         LOCKSTEP_THROW_IF_NOT(attempt + 1 < kMaxReplacementTries, CorruptInput, "image folder ", manifest_.root,
                               ": ", original, " and ", attempt, " replacements drawn from its bucket could not be ",
                               "decoded (the folder changed since its manifest was built?); last: ", e.what());
@@ -103,13 +148,14 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
 }
 
 PrefetchLoader::PrefetchLoader(const FolderDataset& dataset, int64_t epoch, int64_t first_step, int world_size,
-                               int rank, int threads, int depth)
+                               int rank, int threads, int depth, int64_t end_step)
     : dataset_(dataset), plan_(dataset.plan(epoch)), epoch_(epoch), world_size_(world_size), rank_(rank),
-      depth_(depth), claimed_(first_step), next_(first_step) {
+      depth_(depth), end_(end_step >= 0 ? std::min(end_step, plan_.steps()) : plan_.steps()), claimed_(first_step),
+      next_(first_step) {
   LOCKSTEP_CHECK_ARG(threads >= 1 && depth >= 1, "loader: threads = ", threads, " and depth = ", depth,
                      " must be >= 1");
-  LOCKSTEP_CHECK_ARG(first_step >= 0 && first_step <= plan_.steps(), "loader: first step ", first_step,
-                     " outside the epoch's ", plan_.steps(), " steps");
+  LOCKSTEP_CHECK_ARG(first_step >= 0 && first_step <= end_, "loader: first step ", first_step,
+                     " outside the epoch's ", end_, " steps to load");
   for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
 }
 
@@ -127,8 +173,8 @@ void PrefetchLoader::work() {
     int64_t step = 0;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return stopping_ || error_ || claimed_ >= plan_.steps() || claimed_ < next_ + depth_; });
-      if (stopping_ || error_ || claimed_ >= plan_.steps()) return;
+      changed_.wait(lock, [&] { return stopping_ || error_ || claimed_ >= end_ || claimed_ < next_ + depth_; });
+      if (stopping_ || error_ || claimed_ >= end_) return;
       step = claimed_++;
     }
     try {

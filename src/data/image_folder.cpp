@@ -204,7 +204,8 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached, cons
   for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied);
        it != fs::recursive_directory_iterator(); ++it) {
     if (it->is_regular_file() && is_image_file(it->path().filename().string())) {
-      files.push_back(fs::relative(it->path(), root).generic_string());
+      // Lexically: a symbolic link keeps its own name (fs::relative would give its target's path).
+      files.push_back(it->path().lexically_relative(root).generic_string());
     }
   }
   std::sort(files.begin(), files.end());
@@ -266,8 +267,9 @@ std::string describe_changes(const Manifest& before, const Manifest& after) {
     } else if (a == before.entries.end() || b->path < a->path) {
       added.push_back((b++)->path);
     } else {
+      // Errors are compared as readable or not: their text may name the folder's absolute path.
       if (a->bytes != b->bytes || a->checksum != b->checksum || a->width != b->width || a->height != b->height ||
-          a->error != b->error) {
+          a->readable() != b->readable()) {
         modified.push_back(a->path);
       }
       ++a;

@@ -3,7 +3,6 @@
 // buckets, and the prefetching loader.
 #include <chrono>
 #include <filesystem>
-#include <set>
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
@@ -30,19 +29,12 @@ class FolderData final : public TrainData {
   FolderData(data::Manifest manifest, std::vector<data::BucketSize> table, int channels,
              const data::PlanOptions& plan, const FolderSettings& settings)
       : settings_(settings) {
-    held_out_ = data::held_out_entries(manifest, settings.eval_images);
-    std::vector<int64_t> excluded = held_out_;
-    if (settings.train_subset > 0) {
-      const std::set<int64_t> held(held_out_.begin(), held_out_.end());
-      int64_t kept = 0;
-      for (size_t i = 0; i < manifest.entries.size(); ++i) {
-        if (!manifest.entries[i].readable() || held.count(static_cast<int64_t>(i))) continue;
-        if (++kept > settings.train_subset) excluded.push_back(static_cast<int64_t>(i));
-      }
-    }
-    if (settings.rank == 0) eval_sets_ = decode_held_out(manifest, table, channels);
-    dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan, excluded);
+    const data::FolderSplit split = data::split_folder(manifest, settings.eval_images, settings.train_subset);
+    held_out_ = split.held_out;
+    dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan,
+                                                     split.excluded);
     steps_per_epoch_ = dataset_->plan(0).steps();
+    if (settings.rank == 0) eval_sets_ = decode_held_out();
   }
 
   int64_t channels() const override { return dataset_->channels(); }
@@ -53,18 +45,14 @@ class FolderData final : public TrainData {
   int64_t unreadable() const override { return dataset_->unreadable(); }
   void set_end_step(int64_t end) override { end_step_ = end; }
 
-  // Only the sizes some training batch can have: a bucket with no image never reaches the model.
-  std::vector<data::BucketSize> image_sizes() const override {
-    std::vector<data::BucketSize> out;
-    for (size_t b = 0; b < dataset_->table().size(); ++b) {
-      if (!dataset_->buckets()[b].empty()) out.push_back(dataset_->table()[b]);
-    }
-    return out;
-  }
+  // The whole table: a size no training batch has still serves `lockstep eval` on other folders.
+  std::vector<data::BucketSize> image_sizes() const override { return dataset_->table(); }
 
   StepBatch batch(int64_t step) override {
     const int64_t epoch = step / steps_per_epoch_, in_epoch = step % steps_per_epoch_;
-    if (!loader_ || loader_->epoch() != epoch || loader_->next_step() != in_epoch) start_loader(epoch, in_epoch);
+    if (!loader_ || loader_->epoch() != epoch || loader_->next_step() != in_epoch || loader_->done()) {
+      start_loader(epoch, in_epoch);
+    }
     const double waited_before = loader_->waited_seconds();
     data::FolderBatch b = loader_->next();
     StepBatch out;
@@ -109,22 +97,21 @@ class FolderData final : public TrainData {
   void start_loader(int64_t epoch, int64_t first_step) {
     loader_.reset();  // its workers stop before the next loader's start
     loader_ = std::make_unique<data::PrefetchLoader>(*dataset_, epoch, first_step, settings_.world_size,
-                                                     settings_.rank, settings_.workers, settings_.prefetch);
+                                                     settings_.rank, settings_.workers, settings_.prefetch,
+                                                     /*end_step=*/end_step_ - epoch * steps_per_epoch_);
   }
 
-  // The held-out images, decoded once and fitted to their buckets: one image set per bucket.
-  std::vector<data::ImageSet> decode_held_out(const data::Manifest& manifest,
-                                              const std::vector<data::BucketSize>& table, int channels) const {
-    const std::set<int64_t> held(held_out_.begin(), held_out_.end());
+  // The held-out images, decoded once, each fitted to the bucket its aspect ratio trains in (where
+  // a merged bucket's images went): one image set per bucket.
+  std::vector<data::ImageSet> decode_held_out() const {
     std::vector<data::ImageSet> sets;
-    const auto buckets = data::assign_buckets(manifest, table);
-    for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto placed = dataset_->place(held_out_);
+    for (size_t b = 0; b < placed.size(); ++b) {
       std::vector<io::Image> images;
-      for (int64_t id : buckets[b]) {
-        if (!held.count(id)) continue;
-        images.push_back(data::load_fitted(manifest, id, table[b], channels));
+      for (int64_t id : placed[b]) {
+        images.push_back(data::load_fitted(dataset_->manifest(), id, dataset_->table()[b], dataset_->channels()));
       }
-      if (!images.empty()) sets.push_back(data::image_set_from_images(images, channels));
+      if (!images.empty()) sets.push_back(data::image_set_from_images(images, dataset_->channels()));
     }
     return sets;
   }
@@ -134,7 +121,7 @@ class FolderData final : public TrainData {
   std::vector<data::ImageSet> eval_sets_;
   std::unique_ptr<data::FolderDataset> dataset_;
   int64_t steps_per_epoch_ = 0;
-  int64_t end_step_ = INT64_MAX;
+  int64_t end_step_ = INT64_MAX / 2;  // no end until set_end_step (halved: epoch arithmetic stays in range)
   std::unique_ptr<data::PrefetchLoader> loader_;  // after dataset_, which it reads: destroyed first
 };
 
@@ -158,6 +145,7 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   const auto channels = static_cast<int>(config.get_int("data.channels"));
   LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "data.channels = ", channels, " must be 1 (gray) or 3 (RGB)");
   const std::vector<data::BucketSize> table = data::parse_bucket_table(config.get_string("data.buckets"));
+  data::check_bucket_table(table, 1);  // positive sides, distinct aspect ratios (the model checks the rest)
 
   // The run's manifest: written when it starts, the cache of every later scan, and on resume the
   // record of the data the run trained on, which the folder must still match exactly.

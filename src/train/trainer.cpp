@@ -154,7 +154,12 @@ struct Trainer::State {
     context.resuming = resuming;
     context.rank = group->rank();
     context.world_size = group->size();
-    context.on_info = on_info;
+    // Progress before the first collective (a long scan) also goes where the others' reports look.
+    context.on_info = [this, on_info](const std::string& text) {
+      group->set_progress(text);
+      if (on_info) on_info(text);
+    };
+    group->set_progress("opening the data");
     data = open_train_data(config, context);
     if (on_info && is_root()) on_info(data->describe());
     batch_size = config.get_int("train.batch_size");

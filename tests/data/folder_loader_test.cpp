@@ -87,6 +87,17 @@ TEST(FolderLoader, PrefetchingGivesTheStepsInOrderAndResumesMidEpoch) {
   EXPECT_EQ(third.images[0].pixels, all[3].images[0].pixels);
 }
 
+TEST(FolderLoader, AnEndStepStopsTheLoaderBeforeTheEpochEnds) {
+  test_util::TempDir tmp;
+  const FolderDataset data = dataset(make_folder(tmp));
+  ASSERT_EQ(data.plan(0).steps(), 5);
+  PrefetchLoader loader(data, 0, 1, 1, 0, /*threads=*/2, /*depth=*/4, /*end_step=*/3);
+  EXPECT_EQ(loader.next().step, 1);
+  EXPECT_EQ(loader.next().step, 2);
+  EXPECT_TRUE(loader.done());
+  EXPECT_THROW(loader.next(), InvalidArgument);
+}
+
 TEST(FolderLoader, AnImageThatBreaksAfterTheManifestIsReplacedTheSameWayEveryTime) {
   test_util::TempDir tmp;
   const std::string root = make_folder(tmp);

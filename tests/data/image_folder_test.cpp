@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "io/test_temp_dir.h"
 #include "lockstep/config_build.h"
@@ -232,8 +233,10 @@ TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgress
   }
   const Manifest one = scan_image_folder(root, nullptr, {}, 1);
   std::vector<int64_t> reported;
+  const auto caller = std::this_thread::get_id();
   const Manifest four = scan_image_folder(root, nullptr, [&](int64_t done, int64_t total) {
     EXPECT_EQ(total, 27);
+    EXPECT_EQ(std::this_thread::get_id(), caller);  // callbacks need no locking
     reported.push_back(done);
   }, 4);
   ASSERT_EQ(one.entries.size(), 27u);
@@ -246,8 +249,18 @@ TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgress
   }
   EXPECT_EQ(four.hash(), one.hash());
   ASSERT_FALSE(reported.empty());
-  EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
   EXPECT_EQ(reported.back(), 27);
+}
+
+TEST(ImageFolder, ASymbolicLinkIsListedUnderItsOwnName) {
+  test_util::TempDir tmp;
+  write(tmp.file("elsewhere/x.png"), cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));
+  fs::create_directories(tmp.file("root/sub"));
+  fs::create_symlink(tmp.file("elsewhere/x.png"), tmp.file("root/sub/link.png"));
+  const Manifest m = scan_image_folder(tmp.file("root") + "/");
+  ASSERT_EQ(m.entries.size(), 1u);
+  EXPECT_EQ(m.entries[0].path, "sub/link.png");
+  EXPECT_EQ(m.entries[0].width, 6);
 }
 
 TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {

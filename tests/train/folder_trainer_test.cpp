@@ -125,7 +125,7 @@ TEST(FolderTrainer, AResumedRunIsBitwiseTheUninterruptedOneAcrossEpochs) {
   std::atomic<bool> stop{false};
   TrainCallbacks cb;
   cb.stop_requested = &stop;
-  cb.on_step = [&](const StepReport& r) { stop = r.step == 3; };  // mid-epoch: the loader ran ahead
+  cb.on_step = [&](const StepReport& r) { stop = r.step == 4; };  // mid-epoch (3 per epoch): the loader ran ahead
   EXPECT_TRUE(Trainer::create(folder_config(root, 11), tmp.file("resumed"), one())->run(cb).interrupted);
   Trainer::resume(tmp.file("resumed"), {"data.workers=1", "data.prefetch=1"}, one())->run({});
 
@@ -205,6 +205,15 @@ TEST(FolderTrainer, SettingsThatCannotWorkFailBeforeTraining) {
                                "be a multiple of 2"),
             std::string::npos)
       << error_of(odd);
+  // Every size of the table must suit the model, also one whose images join another bucket.
+  Config merged_odd = folder_config(root, 2);
+  merged_odd.set("data.buckets", std::string("32x32,64x32,31x62"));
+  EXPECT_NE(error_of(merged_odd).find("training images of 31x62 cannot pass through"), std::string::npos)
+      << error_of(merged_odd);
+  Config twins = folder_config(root, 2);
+  twins.set("data.buckets", std::string("32x32,64x64"));
+  EXPECT_NE(error_of(twins).find("(32x32) and 1 (64x64) have the same aspect ratio"), std::string::npos)
+      << error_of(twins);
   Config all_held = folder_config(root, 2);
   all_held.set("data.eval_images", int64_t{37});
   EXPECT_NE(error_of(all_held).find("data.eval_images = 37 would hold out every one of the 37 readable images"),

@@ -31,6 +31,15 @@ struct FolderBatch {
 // CorruptInput or IoError naming the file when it cannot be decoded.
 io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels);
 
+// Which readable entries are held out for evaluation (held_out_entries) and which the training set
+// leaves out: the held-out ones, and with `train_subset` > 0 every other one after the first
+// train_subset (in path order).
+struct FolderSplit {
+  std::vector<int64_t> held_out;
+  std::vector<int64_t> excluded;
+};
+FolderSplit split_folder(const Manifest& manifest, int64_t eval_images, int64_t train_subset);
+
 // Images of a bucket too small to fill one global batch moved to a fuller bucket.
 struct MergedBucket {
   int64_t from = 0;  // bucket indices in the table
@@ -59,6 +68,12 @@ class FolderDataset {
   const PlanOptions& plan_options() const { return plan_options_; }
   int64_t training_images() const;
   const std::vector<MergedBucket>& merged() const { return merged_; }
+  // For each bucket of the table, the bucket its aspect ratio trains in: itself when it holds
+  // training images, else the nearest by aspect ratio that does (where a merged bucket's went).
+  const std::vector<int64_t>& bucket_map() const { return bucket_map_; }
+  // Readable entries `ids` (e.g. held-out images) grouped by the bucket images of their aspect
+  // ratio train in, so they are fitted as training fits their siblings.
+  std::vector<std::vector<int64_t>> place(const std::vector<int64_t>& ids) const;
   int64_t unreadable() const { return static_cast<int64_t>(manifest_.entries.size()) - manifest_.readable_count(); }
 
  private:
@@ -68,21 +83,24 @@ class FolderDataset {
   PlanOptions plan_options_;
   std::vector<std::vector<int64_t>> buckets_;
   std::vector<MergedBucket> merged_;
+  std::vector<int64_t> table_bucket_;  // per manifest entry: its bucket in the table, -1 if unreadable
+  std::vector<int64_t> bucket_map_;
 
   void merge_small_buckets();
 };
 
-// Loads steps [first_step, plan.steps()) of one epoch in order, `threads` workers decoding up to
+// Loads steps [first_step, end_step or plan.steps()) of one epoch in order, `threads` workers decoding up to
 // `depth` steps ahead. next() blocks only when the workers are behind, and reports how long.
 class PrefetchLoader {
  public:
+  // With `end_step` >= 0, loads only up to that step (exclusive): nothing past a run's last step.
   PrefetchLoader(const FolderDataset& dataset, int64_t epoch, int64_t first_step, int world_size, int rank,
-                 int threads = 2, int depth = 4);
+                 int threads = 2, int depth = 4, int64_t end_step = -1);
   ~PrefetchLoader();
   PrefetchLoader(const PrefetchLoader&) = delete;
   PrefetchLoader& operator=(const PrefetchLoader&) = delete;
 
-  bool done() const { return next_ >= plan_.steps(); }
+  bool done() const { return next_ >= end_; }
   int64_t epoch() const { return epoch_; }
   int64_t next_step() const { return next_; }  // the step next() returns
   // The next step's batch; rethrows a worker's error. Adds the time spent waiting to waited_seconds().
@@ -99,6 +117,7 @@ class PrefetchLoader {
   const int world_size_, rank_, depth_;
   std::mutex mutex_;
   std::condition_variable changed_;
+  int64_t end_;      // one past the last step to load
   int64_t claimed_;  // next step a worker will take
   int64_t next_;     // next step next() returns
   std::map<int64_t, FolderBatch> ready_;
