@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "liveness.h"
+#include "work_wait.h"
 #include "lockstep/dist/collective.h"
 
 namespace lockstep::dist {
@@ -319,10 +320,9 @@ class ProcessGroup final : public Group {
     Liveness::Watch watch(*liveness_);
     while (true) {
       try {
-        work->wait(std::chrono::milliseconds(100));
-        return;
+        if (wait_slice(*work, std::chrono::milliseconds(100)) == SliceResult::Done) return;
       } catch (const std::exception& e) {
-        if (work->isCompleted()) fail(call, e, start, timeout);
+        fail(call, e, start, timeout);
       }
       const auto now = Clock::now();
       if (now - start >= timeout) throw_timeout(call, timeout, "");
