@@ -155,7 +155,10 @@ std::vector<int> Liveness::Watch::check() {
   const auto now = Clock::now();
   const auto statuses = liveness_.read_statuses();
   if (beats_.empty()) {
-    for (const auto& st : statuses) beats_.push_back(st.beat);
+    for (const auto& st : statuses) {
+      beats_.push_back(st.beat);
+      texts_.push_back(st.text);
+    }
     changed_.assign(statuses.size(), now);
   }
   std::vector<int> dead;
@@ -163,6 +166,10 @@ std::vector<int> Liveness::Watch::check() {
     if (statuses[r].beat != beats_[r]) {
       beats_[r] = statuses[r].beat;
       changed_[r] = now;
+    }
+    if (r != liveness_.rank_ && statuses[r].beat != -1 && statuses[r].text != texts_[r]) {
+      texts_[r] = statuses[r].text;
+      last_progress_ = now;
     }
     if (r != liveness_.rank_ && now - changed_[r] >= kDeadAfter && liveness_.process_of(r) == Process::Gone) {
       dead.push_back(r);

@@ -41,16 +41,21 @@ class Liveness {
 
   // For polling while a collective is pending: call check() every kBeat or so; it returns the
   // ranks silent for kDeadAfter whose process this host can see is gone (a stopped or remote
-  // silent rank is a stall, for the timeout to report).
+  // silent rank is a stall, for the timeout to report). last_progress() is when another rank last
+  // published a new status (progress, or a collective entered or left): a rank still working,
+  // e.g. scanning a folder before its first collective, is not stalled.
   class Watch {
    public:
-    explicit Watch(const Liveness& liveness) : liveness_(liveness) {}
+    explicit Watch(const Liveness& liveness) : liveness_(liveness), last_progress_(Clock::now()) {}
     std::vector<int> check();
+    Clock::time_point last_progress() const { return last_progress_; }
 
    private:
     const Liveness& liveness_;
     std::vector<int64_t> beats_;
+    std::vector<std::string> texts_;
     std::vector<Clock::time_point> changed_;
+    Clock::time_point last_progress_;
   };
 
   // Every rank's status, one line each; with `waiting_for`, the ranks that have not reached

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -93,16 +94,16 @@ class ProcessGroup final : public Group {
  public:
   explicit ProcessGroup(const GroupOptions& options) : options_(options) {
     connect();
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-    gloo_options->devices.push_back(device());
-    gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
-                                                         options_.rank, options_.size, gloo_options);
+    connect_gloo();
     liveness_ = std::make_unique<Liveness>(store_, options_.rank, options_.size);
     liveness_->set_note("connected, no collective yet");
   }
 
   ~ProcessGroup() override {
     if (failed_ && options_.rank == 0 && options_.size > 1) std::this_thread::sleep_for(kStoreGrace);
+    // After a failure an operation may still be pending, which Gloo's destructor would wait out
+    // (up to its backstop timer): leave it, the process is about to report and exit.
+    if (failed_) (void)gloo_.release();
   }
 
   void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
@@ -143,7 +144,7 @@ class ProcessGroup final : public Group {
       std::vector<at::Tensor> one{buffer};
       c10d::AllreduceOptions o;
       o.reduceOp = to_c10d(op);
-      o.timeout = timeout_of(opts);
+      o.timeout = backend_timeout(timeout_of(opts));
       pending->works.push_back(gloo_->allreduce(one, o));
     }
     return pending;
@@ -158,7 +159,7 @@ class ProcessGroup final : public Group {
     for (int r = 0; r < options_.size; ++r) outputs[0].push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
     std::vector<at::Tensor> inputs{input.contiguous()};
     c10d::AllgatherOptions o;
-    o.timeout = timeout_of(opts);
+    o.timeout = backend_timeout(timeout_of(opts));
     finish(gloo_->allgather(outputs, inputs, o), call, opts);
     leave(call);
     return outputs[0];
@@ -178,7 +179,7 @@ class ProcessGroup final : public Group {
       std::vector<at::Tensor> one{buffer};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      o.timeout = timeout_of(opts);
+      o.timeout = backend_timeout(timeout_of(opts));
       finish(gloo_->broadcast(one, o), call, opts);
     }
     unpack(packed, tensors);
@@ -217,6 +218,11 @@ class ProcessGroup final : public Group {
   std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const {
     return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
   }
+  // Gloo's own timer, a backstop only: finish() enforces the timeout, counted from the last progress
+  // another rank published, so an operation may wait longer than `timeout` while ranks still work.
+  static std::chrono::milliseconds backend_timeout(std::chrono::milliseconds timeout) {
+    return std::max<std::chrono::milliseconds>(timeout * 10, std::chrono::hours(1));
+  }
 
   // GLOO_SOCKET_IFNAME as in PyTorch; else loopback masters keep every rank on 127.0.0.1, and
   // otherwise Gloo binds to this host's address.
@@ -225,6 +231,31 @@ class ProcessGroup final : public Group {
     const std::string& m = options_.master_addr;
     if (m == "127.0.0.1" || m == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
     return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+
+  // Gloo's own timer is only a backstop (finish() enforces the timeout, counted from the last
+  // progress another rank published), but connecting every pair must still end within
+  // connect_timeout: the connection runs on a helper thread that is abandoned when it takes longer
+  // (the process reports and exits).
+  void connect_gloo() {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(backend_timeout(options_.timeout));
+    gloo_options->devices.push_back(device());
+    using Gloo = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+    auto made = std::make_shared<std::promise<Gloo>>();
+    std::future<Gloo> result = made->get_future();
+    std::thread([made, store = c10::make_intrusive<c10d::PrefixStore>("gloo", store_), rank = options_.rank,
+                 size = options_.size, gloo_options] {
+      try {
+        made->set_value(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options));
+      } catch (...) {
+        made->set_exception(std::current_exception());
+      }
+    }).detach();
+    LOCKSTEP_THROW_IF_NOT(result.wait_for(options_.connect_timeout) == std::future_status::ready, CollectiveFailure,
+                          "rank ", options_.rank, " of ", options_.size, ": Gloo could not connect to every other ",
+                          "rank within ", options_.connect_timeout.count(),
+                          " ms (did a rank die while connecting, or does a firewall block the ports?)");
+    gloo_ = result.get();
   }
 
   // Rank 0 hosts the store; everyone announces itself and waits for the rest, so that a rank that
@@ -305,7 +336,7 @@ class ProcessGroup final : public Group {
     for (int r = 0; r < options_.size; ++r) outputs[0].push_back(torch::empty_like(t));
     std::vector<at::Tensor> inputs{t};
     c10d::AllgatherOptions o;
-    o.timeout = timeout_of(opts);
+    o.timeout = backend_timeout(timeout_of(opts));
     finish(gloo_->allgather(outputs, inputs, o), call, opts);
     return outputs[0];
   }
@@ -325,7 +356,8 @@ class ProcessGroup final : public Group {
         fail(call, e, start, timeout);
       }
       const auto now = Clock::now();
-      if (now - start >= timeout) throw_timeout(call, timeout, "");
+      // The timeout runs from the last sign of work on another rank: a stall is `timeout` without any.
+      if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout, "");
       if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave Gloo waiting forever
         last_check = now;
         const std::vector<int> dead = watch.check();
@@ -341,12 +373,14 @@ class ProcessGroup final : public Group {
     }
   }
 
-  // The backend gave up on `call` with `e`: its own timer (set to our limit) or, typically, a peer
-  // that closed its connection; report which, naming the ranks that are gone.
+  // The backend gave up on `call` with `e`: its own timer (the backstop) or, typically, a peer that
+  // closed its connection; report which, naming the ranks that are gone.
   [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e, Clock::time_point start,
                          std::chrono::milliseconds timeout) {
     failed_ = true;
-    if (Clock::now() - start >= timeout - std::chrono::milliseconds(200)) throw_timeout(call, timeout, "");
+    if (Clock::now() - start >= backend_timeout(timeout) - std::chrono::milliseconds(200)) {
+      throw_timeout(call, timeout, "");
+    }
     const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
     throw CollectiveFailure(detail::concat(
         "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
@@ -176,6 +177,42 @@ TEST(ProcessGroup, ARankThatRunsOutOfBatchesIsNamedAtTheDivergence) {
         << messages[r];
     EXPECT_LT(seconds[r], 1.0) << "rank " << r;
   }
+}
+
+// The timeout is for stalls: a rank that takes longer than the timeout to reach a collective but
+// publishes progress meanwhile (scanning an image folder, say) is waited for; one that goes
+// silent for the timeout is reported.
+TEST(ProcessGroup, TheTimeoutRunsFromTheLastProgressAnotherRankPublished) {
+  CollectiveOptions opts(LOCKSTEP_CALL_SITE("test.after_long_work"));
+  opts.timeout = std::chrono::milliseconds(1000);
+  std::vector<double> seconds(2);
+  const auto working = run_ranks(2, [&](Group& g, int r) {
+    const auto start = std::chrono::steady_clock::now();
+    if (r == 1) {
+      for (int i = 0; i < 12; ++i) {  // 2.4 s of work, over twice the timeout, progress every 0.2 s
+        g.set_progress("scanning: " + std::to_string(i) + " of 12");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+    std::vector<at::Tensor> t{torch::ones({4})};
+    g.all_reduce(t, ReduceOp::Sum, opts);
+    EXPECT_TRUE(torch::equal(t[0], torch::full({4}, 2.0f)));
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  expect_no_errors(working);
+  EXPECT_GT(seconds[0], 2.0);  // rank 0 waited well past its timeout
+
+  std::string message;
+  const auto silent = run_ranks(2, [&](Group& g, int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // no progress
+    std::vector<at::Tensor> t{torch::ones({4})};
+    try {
+      g.all_reduce(t, ReduceOp::Sum, opts);
+    } catch (const CollectiveFailure& e) {
+      if (r == 0) message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("timed out after 1000 ms waiting for rank(s) 1"), std::string::npos) << message;
 }
 
 TEST(ProcessGroup, ARankThatNeverArrivesIsNamed) {
