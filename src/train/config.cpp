@@ -1,4 +1,4 @@
-// Schema and Config: validation, TOML loading and writing, and "key=value" overrides.
+// Config: validation against the schema, TOML loading and writing, and "key=value" overrides.
 #include "lockstep/train/config.h"
 
 #include <toml++/toml.h>
@@ -14,74 +14,13 @@
 #include <sstream>
 #include <utility>
 
+#include "config_text.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::train {
+using namespace config_text;
+
 namespace {
-
-// Joins `parts` with ", ".
-std::string join(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;
-  return out;
-}
-
-std::string trim(std::string_view s) {
-  const char* space = " \t\r\n";
-  size_t begin = s.find_first_not_of(space);
-  if (begin == std::string_view::npos) return "";
-  return std::string(s.substr(begin, s.find_last_not_of(space) - begin + 1));
-}
-
-std::string parent_of(const std::string& dotted) {
-  size_t dot = dotted.rfind('.');
-  return dot == std::string::npos ? "" : dotted.substr(0, dot);
-}
-
-std::string format_double(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  // Shortest text that reads back as the same double.
-  std::string s(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
-  if (s.find_first_of(".eE") == std::string::npos) s += ".0";  // TOML would read "2" as an integer
-  return s;
-}
-
-// Bounds are doubles; show integral ones without ".0" so integer limits read naturally.
-std::string format_bound(double v) {
-  if (std::abs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
-  return format_double(v);
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (u < 0x20 || u == 0x7f) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04x", u);
-      out += esc;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-template <typename T, typename F>
-std::string format_list(const std::vector<T>& items, F format_one) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + format_one(items[i]);
-  return out + "]";
-}
 
 // "integer 5", "string \"abc\"": what a value of the wrong type was.
 std::string describe_value(const Value& v) {
@@ -95,25 +34,6 @@ std::string describe_value(const Value& v) {
 
 [[noreturn]] void fail_type(const KeySpec& spec, const std::string& got, const std::string& where) {
   fail(spec.key + " must be " + describe_type(spec.type) + ", got " + got, where);
-}
-
-std::string range_text(const KeySpec& spec) {
-  if (spec.min && spec.max) {
-    return std::string("in ") + (spec.min_exclusive ? "(" : "[") + format_bound(*spec.min) + ", " +
-           format_bound(*spec.max) + (spec.max_exclusive ? ")" : "]");
-  }
-  if (spec.min) return (spec.min_exclusive ? "> " : ">= ") + format_bound(*spec.min);
-  if (spec.max) return (spec.max_exclusive ? "< " : "<= ") + format_bound(*spec.max);
-  return "";
-}
-
-std::string length_text(const KeySpec& spec) {
-  if (spec.min_len && spec.max_len) {
-    return std::to_string(*spec.min_len) + " to " + std::to_string(*spec.max_len) + " elements";
-  }
-  if (spec.min_len) return "at least " + std::to_string(*spec.min_len) + " elements";
-  if (spec.max_len) return "at most " + std::to_string(*spec.max_len) + " elements";
-  return "";
 }
 
 // Throws when the number `x` (shown as `shown`, e.g. "model.channels[1] = 2000") breaks the limits.
@@ -139,41 +59,6 @@ void check_list(const KeySpec& spec, const std::vector<T>& items, const std::str
   }
 }
 
-// Converts an integer to a float where the key wants one, then checks type and limits.
-Value checked(const KeySpec& spec, Value v, const std::string& where) {
-  if (spec.type == ValueType::Float && std::holds_alternative<int64_t>(v)) {
-    v = static_cast<double>(std::get<int64_t>(v));
-  }
-  if (spec.type == ValueType::FloatList && std::holds_alternative<std::vector<int64_t>>(v)) {
-    const auto& ints = std::get<std::vector<int64_t>>(v);
-    v = std::vector<double>(ints.begin(), ints.end());
-  }
-  if (static_cast<ValueType>(v.index()) != spec.type) fail_type(spec, describe_value(v), where);
-  switch (spec.type) {
-    case ValueType::Bool:
-      break;
-    case ValueType::Int:
-      check_number(spec, static_cast<double>(std::get<int64_t>(v)), spec.key + " = " + format_value(v), where);
-      break;
-    case ValueType::Float:
-      check_number(spec, std::get<double>(v), spec.key + " = " + format_value(v), where);
-      break;
-    case ValueType::String: {
-      const auto& s = std::get<std::string>(v);
-      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
-        fail(spec.key + " = " + quote(s) + " is not valid", where, "choose one of: " + join(spec.choices));
-      }
-      break;
-    }
-    case ValueType::IntList:
-      check_list(spec, std::get<std::vector<int64_t>>(v), where);
-      break;
-    case ValueType::FloatList:
-      check_list(spec, std::get<std::vector<double>>(v), where);
-      break;
-  }
-  return v;
-}
 
 // "valid keys in [train]: batch_size, ..." plus the sections nested under it, if any.
 std::string section_hint(const Schema& schema, const std::string& section) {
@@ -325,183 +210,43 @@ Value from_text(const KeySpec& spec, const std::string& text, const std::string&
   return *v;
 }
 
-bool is_bare_key(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-  });
-}
 
 }  // namespace
 
-std::string describe_type(ValueType type) {
-  switch (type) {
+// Converts an integer to a float where the key wants one, then checks type and limits.
+Value config_text::checked(const KeySpec& spec, Value v, const std::string& where) {
+  if (spec.type == ValueType::Float && std::holds_alternative<int64_t>(v)) {
+    v = static_cast<double>(std::get<int64_t>(v));
+  }
+  if (spec.type == ValueType::FloatList && std::holds_alternative<std::vector<int64_t>>(v)) {
+    const auto& ints = std::get<std::vector<int64_t>>(v);
+    v = std::vector<double>(ints.begin(), ints.end());
+  }
+  if (static_cast<ValueType>(v.index()) != spec.type) fail_type(spec, describe_value(v), where);
+  switch (spec.type) {
     case ValueType::Bool:
-      return "a boolean (true or false)";
+      break;
     case ValueType::Int:
-      return "an integer";
+      check_number(spec, static_cast<double>(std::get<int64_t>(v)), spec.key + " = " + format_value(v), where);
+      break;
     case ValueType::Float:
-      return "a number";
-    case ValueType::String:
-      return "a string";
+      check_number(spec, std::get<double>(v), spec.key + " = " + format_value(v), where);
+      break;
+    case ValueType::String: {
+      const auto& s = std::get<std::string>(v);
+      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+        fail(spec.key + " = " + quote(s) + " is not valid", where, "choose one of: " + join(spec.choices));
+      }
+      break;
+    }
     case ValueType::IntList:
-      return "a list of integers";
+      check_list(spec, std::get<std::vector<int64_t>>(v), where);
+      break;
     case ValueType::FloatList:
-      return "a list of numbers";
+      check_list(spec, std::get<std::vector<double>>(v), where);
+      break;
   }
-  return "?";
-}
-
-std::string format_value(const Value& value) {
-  struct Formatter {
-    std::string operator()(bool b) const { return b ? "true" : "false"; }
-    std::string operator()(int64_t i) const { return std::to_string(i); }
-    std::string operator()(double d) const { return format_double(d); }
-    std::string operator()(const std::string& s) const { return quote(s); }
-    std::string operator()(const std::vector<int64_t>& v) const {
-      return format_list(v, [](int64_t i) { return std::to_string(i); });
-    }
-    std::string operator()(const std::vector<double>& v) const { return format_list(v, format_double); }
-  };
-  return std::visit(Formatter{}, value);
-}
-
-// ---- KeySpec ----
-
-namespace {
-KeySpec make_spec(std::string key, ValueType type, Value default_value, std::string help) {
-  KeySpec spec;
-  spec.key = std::move(key);
-  spec.type = type;
-  spec.default_value = std::move(default_value);
-  spec.help = std::move(help);
-  return spec;
-}
-}  // namespace
-
-KeySpec KeySpec::boolean(std::string key, bool d, std::string help) {
-  return make_spec(std::move(key), ValueType::Bool, d, std::move(help));
-}
-KeySpec KeySpec::integer(std::string key, int64_t d, std::string help) {
-  return make_spec(std::move(key), ValueType::Int, d, std::move(help));
-}
-KeySpec KeySpec::floating(std::string key, double d, std::string help) {
-  return make_spec(std::move(key), ValueType::Float, d, std::move(help));
-}
-KeySpec KeySpec::string(std::string key, std::string d, std::string help) {
-  return make_spec(std::move(key), ValueType::String, std::move(d), std::move(help));
-}
-KeySpec KeySpec::int_list(std::string key, std::vector<int64_t> d, std::string help) {
-  return make_spec(std::move(key), ValueType::IntList, std::move(d), std::move(help));
-}
-KeySpec KeySpec::float_list(std::string key, std::vector<double> d, std::string help) {
-  return make_spec(std::move(key), ValueType::FloatList, std::move(d), std::move(help));
-}
-
-KeySpec& KeySpec::at_least(double lo) {
-  min = lo;
-  min_exclusive = false;
-  return *this;
-}
-KeySpec& KeySpec::greater_than(double lo) {
-  min = lo;
-  min_exclusive = true;
-  return *this;
-}
-KeySpec& KeySpec::at_most(double hi) {
-  max = hi;
-  max_exclusive = false;
-  return *this;
-}
-KeySpec& KeySpec::less_than(double hi) {
-  max = hi;
-  max_exclusive = true;
-  return *this;
-}
-KeySpec& KeySpec::in_range(double lo, double hi) { return at_least(lo).at_most(hi); }
-KeySpec& KeySpec::one_of(std::vector<std::string> allowed) {
-  choices = std::move(allowed);
-  return *this;
-}
-KeySpec& KeySpec::length(size_t lo, size_t hi) {
-  min_len = lo;
-  max_len = hi;
-  return *this;
-}
-
-std::string KeySpec::section() const { return parent_of(key); }
-std::string KeySpec::name() const { return key.substr(key.rfind('.') + 1); }
-
-std::string KeySpec::constraint_text() const {
-  if (type == ValueType::String) return choices.empty() ? "" : "one of: " + join(choices);
-  bool list = type == ValueType::IntList || type == ValueType::FloatList;
-  std::string range = range_text(*this);
-  if (!list) return range;
-  std::string len = length_text(*this);
-  if (range.empty()) return len;
-  return len.empty() ? "each " + range : len + ", each " + range;
-}
-
-// ---- Schema ----
-
-void Schema::add(KeySpec spec) {
-  std::string where = " (schema key '" + spec.key + "')";
-  LOCKSTEP_CHECK_ARG(spec.key.find('.') != std::string::npos, "schema key '", spec.key,
-                     "' must be dotted as section.name");
-  std::stringstream parts(spec.key);
-  for (std::string part; std::getline(parts, part, '.');) {
-    LOCKSTEP_CHECK_ARG(is_bare_key(part), "schema key '", spec.key, "': '", part,
-                       "' must be non-empty letters, digits, '_' or '-'");
-  }
-  LOCKSTEP_CHECK_ARG(index_.count(spec.key) == 0, "schema key '", spec.key, "' is added twice");
-  LOCKSTEP_CHECK_ARG(!is_section(spec.key), "schema key '", spec.key, "' is already a section");
-  for (std::string s = spec.section(); !s.empty(); s = parent_of(s)) {
-    LOCKSTEP_CHECK_ARG(index_.count(s) == 0, "schema key '", spec.key, "' is inside '", s, "', which is a key");
-  }
-  spec.default_value = checked(spec, spec.default_value, where);
-  index_[spec.key] = keys_.size();
-  keys_.push_back(std::move(spec));
-}
-
-const KeySpec* Schema::find(const std::string& key) const {
-  auto it = index_.find(key);
-  return it == index_.end() ? nullptr : &keys_[it->second];
-}
-
-bool Schema::is_section(const std::string& section) const {
-  if (section.empty()) return false;
-  auto it = index_.lower_bound(section + ".");
-  return it != index_.end() && it->first.compare(0, section.size() + 1, section + ".") == 0;
-}
-
-std::vector<std::string> Schema::sections() const {
-  std::vector<std::string> out;
-  for (const KeySpec& spec : keys_) {
-    // Parents before children: "quantizer" before "quantizer.fsq".
-    std::vector<std::string> chain;
-    for (std::string s = spec.section(); !s.empty(); s = parent_of(s)) chain.push_back(s);
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-      if (std::find(out.begin(), out.end(), *it) == out.end()) out.push_back(*it);
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> Schema::keys_in_section(const std::string& section) const {
-  std::vector<std::string> out;
-  for (const KeySpec& spec : keys_) {
-    if (spec.section() == section) out.push_back(spec.name());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<std::string> Schema::subsections(const std::string& section) const {
-  std::vector<std::string> out;
-  for (const std::string& s : sections()) {
-    if (parent_of(s) == section) out.push_back(section.empty() ? s : s.substr(section.size() + 1));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return v;
 }
 
 // ---- Config ----
