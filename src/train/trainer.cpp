@@ -376,7 +376,8 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     window_loss += step_loss;
     ++window_steps;
     StepReport report{s.step, s.total_steps, (s.step - 1) / s.steps_per_epoch, epochs, window_loss / window_steps,
-                      window_steps * s.batch_size / seconds_since(window_start), seconds_since(start)};
+                      window_steps * s.batch_size / seconds_since(window_start), seconds_since(start),
+                      x.size(3), x.size(2)};
     if (cb.on_step) cb.on_step(report);
     if (metrics && (s.step % log_every == 0 || s.step == s.total_steps)) {
       metrics->write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},

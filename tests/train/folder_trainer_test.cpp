@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "io/test_temp_dir.h"
 #include "lockstep/config_build.h"
@@ -96,7 +97,12 @@ TEST(FolderTrainer, TrainsOnEveryBucketAndReportsTheDataEachEpoch) {
       << info.back();
   EXPECT_NE(info.back().find("images of 32x64 join 32x32 (too few for one global batch)"), std::string::npos) << info.back();
   EXPECT_EQ(trainer->config().get_string("data.dataset"), "folder");  // "auto" resolved, and recorded
-  const TrainSummary s = trainer->run({});
+  std::set<std::pair<int64_t, int64_t>> sizes;  // (width, height) of the steps
+  TrainCallbacks cb;
+  cb.on_step = [&](const StepReport& r) { sizes.emplace(r.image_width, r.image_height); };
+  const TrainSummary s = trainer->run(cb);
+  // Both buckets with images train (the tall ones at 32x32), and nothing else.
+  EXPECT_EQ(sizes, (std::set<std::pair<int64_t, int64_t>>{{32, 32}, {64, 32}}));
 
   const auto epochs = records_of(run, "epoch");
   ASSERT_EQ(epochs.size(), 3u);

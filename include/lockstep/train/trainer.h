@@ -23,6 +23,8 @@ struct StepReport {
   double loss = 0;
   double images_per_s = 0;  // over the last logging window
   double elapsed_s = 0;     // in this process
+  int64_t image_width = 0;  // the step's images (its bucket, for an image folder)
+  int64_t image_height = 0;
 };
 
 struct TrainCallbacks {
