@@ -53,24 +53,31 @@ void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple) 
   }
 }
 
+int64_t nearest_bucket(const std::vector<BucketSize>& table, double width, double height,
+                       const std::function<bool(size_t)>& allowed) {
+  const double aspect = std::log(width / height);
+  int64_t best = -1;
+  double best_distance = 1e300;
+  for (size_t b = 0; b < table.size(); ++b) {
+    if (allowed && !allowed(b)) continue;
+    const double d =
+        std::abs(aspect - std::log(static_cast<double>(table[b].width) / static_cast<double>(table[b].height)));
+    if (d < best_distance - 1e-12) {
+      best = static_cast<int64_t>(b);
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
 std::vector<std::vector<int64_t>> assign_buckets(const Manifest& manifest, const std::vector<BucketSize>& table) {
   LOCKSTEP_CHECK_ARG(!table.empty(), "the bucket table is empty");
   std::vector<std::vector<int64_t>> out(table.size());
   for (size_t i = 0; i < manifest.entries.size(); ++i) {
     const auto& e = manifest.entries[i];
     if (!e.readable()) continue;
-    const double aspect = std::log(static_cast<double>(e.width) / static_cast<double>(e.height));
-    size_t best = 0;
-    double best_distance = 1e300;
-    for (size_t b = 0; b < table.size(); ++b) {
-      const double d =
-          std::abs(aspect - std::log(static_cast<double>(table[b].width) / static_cast<double>(table[b].height)));
-      if (d < best_distance - 1e-12) {
-        best = b;
-        best_distance = d;
-      }
-    }
-    out[best].push_back(static_cast<int64_t>(i));
+    const int64_t b = nearest_bucket(table, static_cast<double>(e.width), static_cast<double>(e.height));
+    out[static_cast<size_t>(b)].push_back(static_cast<int64_t>(i));
   }
   return out;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -23,6 +22,10 @@ FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, i
                      manifest_.entries.size(), " image files listed, none decodable)");
   LOCKSTEP_CHECK_ARG(!table_.empty(), "the bucket table is empty");
   buckets_ = assign_buckets(manifest_, table_);
+  table_bucket_.assign(manifest_.entries.size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (int64_t id : buckets_[b]) table_bucket_[static_cast<size_t>(id)] = static_cast<int64_t>(b);
+  }
   const std::set<int64_t> skip(excluded.begin(), excluded.end());
   for (auto& members : buckets_) {
     members.erase(std::remove_if(members.begin(), members.end(), [&](int64_t id) { return skip.count(id) > 0; }),
@@ -31,22 +34,10 @@ FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, i
   merge_small_buckets();
   (void)EpochPlan(buckets_, plan_options_, 0);  // cannot fail now; a last check of the plan's rules
 
-  table_bucket_.assign(manifest_.entries.size(), -1);
-  const auto all = assign_buckets(manifest_, table_);
-  for (size_t b = 0; b < all.size(); ++b) {
-    for (int64_t id : all[b]) table_bucket_[static_cast<size_t>(id)] = static_cast<int64_t>(b);
-  }
-  auto log_aspect = [&](size_t b) { return std::log(static_cast<double>(table_[b].width) / table_[b].height); };
+  auto trains = [&](size_t b) { return !buckets_[b].empty(); };
   for (size_t b = 0; b < table_.size(); ++b) {
-    size_t target = b;
-    for (size_t c = 0; buckets_[b].empty() && c < table_.size(); ++c) {
-      if (buckets_[c].empty()) continue;
-      if (buckets_[target].empty() ||
-          std::abs(log_aspect(c) - log_aspect(b)) < std::abs(log_aspect(target) - log_aspect(b)) - 1e-12) {
-        target = c;
-      }
-    }
-    bucket_map_.push_back(static_cast<int64_t>(target));
+    bucket_map_.push_back(trains(b) ? static_cast<int64_t>(b)
+                                    : nearest_bucket(table_, table_[b].width, table_[b].height, trains));
   }
 }
 
@@ -77,7 +68,6 @@ FolderSplit split_folder(const Manifest& manifest, int64_t eval_images, int64_t 
 
 void FolderDataset::merge_small_buckets() {
   const auto batch = static_cast<size_t>(plan_options_.global_batch);
-  auto log_aspect = [&](size_t b) { return std::log(static_cast<double>(table_[b].width) / table_[b].height); };
   size_t largest = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (buckets_[b].size() > buckets_[largest].size()) largest = b;
@@ -88,13 +78,10 @@ void FolderDataset::merge_small_buckets() {
                      " training images; lower the global batch or add images");
   // A bucket that cannot fill one global batch gives its images to the full bucket nearest its
   // aspect ratio, where they are fitted like that bucket's own.
+  auto full = [&](size_t c) { return buckets_[c].size() >= batch; };
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].empty() || buckets_[b].size() >= batch) continue;
-    size_t target = largest;
-    for (size_t c = 0; c < buckets_.size(); ++c) {
-      if (buckets_[c].size() < batch) continue;
-      if (std::abs(log_aspect(c) - log_aspect(b)) < std::abs(log_aspect(target) - log_aspect(b)) - 1e-12) target = c;
-    }
+    if (buckets_[b].empty() || full(b)) continue;
+    const auto target = static_cast<size_t>(nearest_bucket(table_, table_[b].width, table_[b].height, full));
     merged_.push_back({static_cast<int64_t>(b), static_cast<int64_t>(target), static_cast<int64_t>(buckets_[b].size())});
     buckets_[target].insert(buckets_[target].end(), buckets_[b].begin(), buckets_[b].end());
     std::sort(buckets_[target].begin(), buckets_[target].end());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ std::vector<BucketSize> parse_bucket_table(const std::string& text);
 // Throws InvalidArgument when the table is empty, a side is < 1 or not a multiple of `multiple`,
 // or two buckets share an aspect ratio.
 void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple);
+
+// The bucket of `table` whose aspect ratio is nearest `width / height` on a log scale, among those
+// `allowed` accepts (every one when it is empty); ties go to the earlier bucket; -1 when none is
+// allowed. Images, and buckets too small to train alone, find their bucket this way.
+int64_t nearest_bucket(const std::vector<BucketSize>& table, double width, double height,
+                       const std::function<bool(size_t)>& allowed = {});
 
 // Manifest entry indices per bucket (readable entries only; ties go to the earlier bucket).
 std::vector<std::vector<int64_t>> assign_buckets(const Manifest& manifest, const std::vector<BucketSize>& table);
