@@ -8,6 +8,7 @@
 #include "lockstep/data/batch.h"
 #include "lockstep/data/folder_loader.h"
 #include "lockstep/data/image_set.h"
+#include "lockstep/train/data_settings.h"
 #include "lockstep/train/run_dir.h"
 
 namespace lockstep::cli {
@@ -22,16 +23,6 @@ int64_t FolderInput::images() const {
   for (const auto& b : buckets) n += static_cast<int64_t>(b.size());
   return n;
 }
-
-namespace {
-data::PlanOptions run_plan_options(const train::Config& config) {
-  data::PlanOptions o;
-  o.global_batch = config.get_int("train.batch_size");
-  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
-  return o;
-}
-}  // namespace
 
 FolderInput open_folder_input(const train::TrainedModel& model, const std::string& checkpoint_or_run_dir,
                               const std::string& dir, FolderSelection selection, int64_t limit) {
@@ -60,11 +51,11 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   std::vector<int64_t> bucket_map(in.table.size());
   for (size_t b = 0; b < bucket_map.size(); ++b) bucket_map[b] = static_cast<int64_t>(b);
   std::unique_ptr<data::FolderDataset> run_data;
+  data::FolderSplit split;  // of the run's folder
   if (run_manifest || selection != FolderSelection::All) {
     const data::Manifest& trained = run_manifest ? *run_manifest : in.manifest;
-    const data::FolderSplit split =
-        data::split_folder(trained, config.get_int("data.eval_images"), config.get_int("data.train_subset"));
-    run_data = std::make_unique<data::FolderDataset>(trained, in.table, channels, run_plan_options(config),
+    split = data::split_folder(trained, config.get_int("data.eval_images"), config.get_int("data.train_subset"));
+    run_data = std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(config),
                                                      split.excluded);
     bucket_map = run_data->bucket_map();
   }
@@ -73,7 +64,7 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   if (selection == FolderSelection::Training) {
     chosen = run_data->buckets();
   } else if (selection == FolderSelection::HeldOut) {
-    chosen = run_data->place(data::held_out_entries(in.manifest, config.get_int("data.eval_images")));
+    chosen = run_data->place(split.held_out);  // in.manifest is the run's here
   } else {
     const auto assigned = data::assign_buckets(in.manifest, in.table);
     for (size_t b = 0; b < assigned.size(); ++b) {

@@ -71,14 +71,6 @@ class FashionMnistData final : public TrainData {
 
 }  // namespace
 
-data::PlanOptions plan_options(const Config& config) {
-  data::PlanOptions o;
-  o.global_batch = config.get_int("train.batch_size");
-  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
-  return o;
-}
-
 std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataContext& context) {
   const std::string dir = config.get_string("data.dir");
   const int64_t subset = config.get_int("data.train_subset");

@@ -14,6 +14,7 @@
 #include "lockstep/data/buckets.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/data_settings.h"
 #include "lockstep/train/evaluate.h"
 
 namespace lockstep::train {
@@ -54,9 +55,6 @@ struct DataContext {
   int world_size = 1;
   std::function<void(const std::string&)> on_info;  // progress of long work (scanning a folder)
 };
-
-// train.batch_size, train.seed and data.remainder as the plan's options.
-data::PlanOptions plan_options(const Config& config);
 
 // Opens what `config` describes, first resolving data.dataset = "auto" in `config` to what
 // data.dir holds. Throws before any training for missing data, an empty folder, a bucket table
