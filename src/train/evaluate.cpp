@@ -38,7 +38,6 @@ struct Evaluation::State {
   double squared_error = 0;
   int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
-  torch::NoGradGuard no_grad;
   State(model::AutoencoderImpl& m, const EvalOptions& o) : model(m), options(o) {}
 };
 
@@ -55,6 +54,7 @@ Evaluation::~Evaluation() {
 }
 
 void Evaluation::add(const at::Tensor& images) {
+  torch::NoGradGuard no_grad;  // scoped here: grad mode is per thread
   State& s = *s_;
   const int64_t k = s.histogram.size(0);
   for (int64_t first = 0; first < images.size(0); first += s.options.batch_size_) {

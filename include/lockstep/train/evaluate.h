@@ -32,7 +32,7 @@ struct EvalResult {
 };
 
 // An evaluation fed batch by batch (batches may differ in size, e.g. one bucket after another):
-// the model runs in evaluation mode, without gradients, until the Evaluation is destroyed.
+// the model runs in evaluation mode until the Evaluation is destroyed, add() without gradients.
 class Evaluation {
  public:
   Evaluation(model::AutoencoderImpl& model, const EvalOptions& options);
