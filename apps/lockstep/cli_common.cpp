@@ -14,17 +14,33 @@
 #include <sstream>
 #include <thread>
 
+#include "lockstep/core/threads.h"
+
 namespace lockstep::cli {
 
 void add_threads_option(CLI::App& cmd, int& threads) {
-  cmd.add_option("--threads", threads, "Intra-op threads (0 = one per core)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--threads", threads, kThreadsHelp)->check(CLI::NonNegativeNumber);
 }
 
-void apply_threads(int threads) {
-  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+ThreadChoice apply_threads(int threads) {
+  const ThreadChoice choice = choose_threads(threads);
+  at::set_num_threads(choice.threads);
+  return choice;
 }
 
 bool stdout_is_terminal() { return isatty(fileno(stdout)) != 0; }
+
+void announce_store_port(int port) {
+  const char* text = std::getenv(kStorePortFdEnv);
+  if (!text || !*text) return;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  unsetenv(kStorePortFdEnv);  // once: a process this one starts must not write there
+  if (*end != '\0' || fd < 3) return;
+  const std::string line = std::to_string(port) + "\n";
+  (void)!::write(static_cast<int>(fd), line.data(), line.size());
+  ::close(static_cast<int>(fd));
+}
 
 std::string format_eval(const train::EvalResult& r) {
   char buf[256];

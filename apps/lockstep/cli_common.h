@@ -5,15 +5,26 @@
 
 #include <string>
 
+#include "lockstep/core/threads.h"
 #include "lockstep/train/evaluate.h"
 
 namespace lockstep::cli {
 
-// Adds --threads; apply_threads() then sets torch's intra-op thread count (0 = all cores).
+constexpr const char* kThreadsHelp =
+    "Intra-op threads (0 = OMP_NUM_THREADS when set, else the cores shared among the ranks on this node)";
+
+// Adds --threads; apply_threads() then sets torch's intra-op thread count (see choose_threads).
 void add_threads_option(CLI::App& cmd, int& threads);
-void apply_threads(int threads);
+ThreadChoice apply_threads(int threads);
 
 bool stdout_is_terminal();
+
+// lockstep launch starts rank 0 first, with MASTER_PORT=0 and this variable naming the write end
+// of a pipe: rank 0's store listens on a port the kernel chose, rank 0 writes it there, and launch
+// then starts the other ranks with it. No port is ever guessed, so runs side by side cannot collide.
+constexpr const char* kStorePortFdEnv = "LOCKSTEP_STORE_PORT_FD";
+// Writes "<port>\n" to the pipe kStorePortFdEnv names, if it is set, and closes it.
+void announce_store_port(int port);
 
 // `v` with `digits` decimals: fixed(3.14159, 2) == "3.14".
 std::string fixed(double v, int digits);

@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/machine.h"
+#include "lockstep/core/threads.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/data/image_set.h"
 
@@ -92,7 +93,7 @@ struct Findings {
 Findings examine(const DoctorOptions& opt) {
   Findings f;
   f.cpu = detect_cpu();
-  f.threads = opt.threads > 0 ? opt.threads : f.cpu.logical_cores;
+  f.threads = opt.threads > 0 ? choose_threads(opt.threads).threads : f.cpu.logical_cores;
   f.threads_from_flag = opt.threads > 0;
   at::set_num_threads(f.threads);
   // Measure before asking the BLAS its thread count: OpenMP OpenBLAS adopts it at its next call.

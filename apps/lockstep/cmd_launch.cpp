@@ -1,44 +1,51 @@
 // `lockstep launch -n N [--nnodes M --node-rank i --master-addr A --master-port P] -- SUBCOMMAND ...`:
 // starts this node's ranks of a distributed run with torchrun's environment, prefixes their output
-// with [rank r/w], and when one fails, stops the others and exits with its status.
+// with [rank r/w], and when one fails (or launch is told to stop), stops the others and exits.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::cli {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct LaunchOptions {
   int nproc = 1;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  double grace_s = 5;  // after a failure, how long the others get to stop before SIGKILL
+  int master_port = -1;  // -1: on one node, a free port rank 0's store gets from the kernel; else 29500
+  double grace_s = 10;   // after a failure or a signal, how long the ranks get to stop before SIGKILL
   std::vector<std::string> command;
 };
 
 struct Child {
   pid_t pid = -1;
-  int fd = -1;  // read end of the rank's stdout + stderr
+  int fd = -1;  // read end (non-blocking) of the rank's stdout + stderr; -1 at end of stream
   int rank = 0;
   std::string pending;  // output after the last newline
   bool running = true;
   int status = 0;
 };
+
+volatile sig_atomic_t g_signal = 0;
+extern "C" void on_launch_signal(int sig) { g_signal = sig; }
 
 std::string self_path() {
   std::vector<char> buf(4096);
@@ -47,25 +54,38 @@ std::string self_path() {
   return std::string(buf.data(), static_cast<size_t>(n));
 }
 
-Child start(const LaunchOptions& o, int local_rank, const std::string& program) {
+// Starts local rank `local_rank` with MASTER_PORT=port; `announce_fd` >= 0 is the pipe where the
+// rank writes the port its store got (rank 0 with port 0).
+Child start(const LaunchOptions& o, int local_rank, int port, int announce_fd, const std::string& program) {
   int fds[2];
-  LOCKSTEP_THROW_IF_NOT(::pipe(fds) == 0, Error, "launch: pipe failed: ", std::strerror(errno));
+  LOCKSTEP_THROW_IF_NOT(::pipe2(fds, O_CLOEXEC) == 0, Error, "launch: pipe failed: ", std::strerror(errno));
   Child c;
   c.rank = o.node_rank * o.nproc + local_rank;
+  const pid_t parent = ::getpid();
   c.pid = ::fork();
   LOCKSTEP_THROW_IF_NOT(c.pid >= 0, Error, "launch: fork failed: ", std::strerror(errno));
   if (c.pid == 0) {
+    // If launch dies (even by SIGKILL), its ranks are told to stop rather than left running.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGHUP, SIG_DFL);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
     const int world = o.nnodes * o.nproc;
     ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
     ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
     ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
     ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
     ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
-    ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    if (announce_fd >= 0) {
+      const int inherited = ::dup(announce_fd);  // without O_CLOEXEC: survives the exec
+      ::setenv(kStorePortFdEnv, std::to_string(inherited).c_str(), 1);
+    } else {
+      ::unsetenv(kStorePortFdEnv);
+    }
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(program.c_str()));
     for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -75,30 +95,43 @@ Child start(const LaunchOptions& o, int local_rank, const std::string& program) 
     ::_exit(127);
   }
   ::close(fds[1]);
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   c.fd = fds[0];
   return c;
 }
 
-// Prints every complete line read from the child, prefixed; at end of stream, the rest.
-void drain(Child& c, int world, bool eof) {
-  char buf[4096];
-  while (true) {
+// Prints every complete line the rank has written so far, prefixed, without ever blocking; at end
+// of stream also the rest, and closes the stream.
+void drain(Child& c, int world) {
+  if (c.fd < 0) return;
+  const std::string prefix = "[rank " + std::to_string(c.rank) + "/" + std::to_string(world) + "] ";
+  char buf[65536];
+  bool eof = false;
+  for (int reads = 0; reads < 16; ++reads) {  // at most 1 MiB per turn, so no rank starves the rest
     const ssize_t n = ::read(c.fd, buf, sizeof buf);
-    if (n <= 0) break;
-    c.pending.append(buf, static_cast<size_t>(n));
-    if (n < static_cast<ssize_t>(sizeof buf)) break;
+    if (n > 0) {
+      c.pending.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    eof = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    break;
   }
   size_t start = 0, end;
   while ((end = c.pending.find('\n', start)) != std::string::npos) {
-    std::cout << "[rank " << c.rank << "/" << world << "] " << c.pending.substr(start, end - start + 1);
+    std::cout << prefix << c.pending.substr(start, end - start + 1);
     start = end + 1;
   }
   c.pending.erase(0, start);
-  if (eof && !c.pending.empty()) {
-    std::cout << "[rank " << c.rank << "/" << world << "] " << c.pending << "\n";
+  if ((eof || c.pending.size() > (1u << 20)) && !c.pending.empty()) {  // a line without end is printed whole
+    std::cout << prefix << c.pending << "\n";
     c.pending.clear();
   }
   std::cout.flush();
+  if (eof) {
+    ::close(c.fd);
+    c.fd = -1;
+  }
 }
 
 std::string describe_status(int status) {
@@ -107,65 +140,189 @@ std::string describe_status(int status) {
   return "unknown status";
 }
 
-int run_launch(const LaunchOptions& o) {
-  LOCKSTEP_CHECK_ARG(!o.command.empty(), "launch: give the subcommand to run after --, e.g. lockstep launch -n 2 -- "
-                                         "train --steps 100");
-  LOCKSTEP_CHECK_ARG(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
-                     " must lie in [0, --nnodes ", o.nnodes, ")");
-  const int world = o.nnodes * o.nproc;
-  const std::string program = self_path();
-  std::vector<Child> children;
-  for (int l = 0; l < o.nproc; ++l) children.push_back(start(o, l, program));
+// Reads what rank 0 announced on the port pipe: the port once a whole line is there, -1 while
+// waiting, 0 when the pipe closed without one (the subcommand formed no process group).
+int read_announced_port(int fd, std::string& text) {
+  char buf[64];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      text.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    return text.find('\n') != std::string::npos ? std::atoi(text.c_str()) : 0;
+  }
+  if (text.find('\n') == std::string::npos) return -1;
+  return std::atoi(text.c_str());
+}
 
-  int failed = -1;  // index of the first child that failed
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  int running = o.nproc;
-  while (running > 0) {
+class Launcher {
+ public:
+  Launcher(const LaunchOptions& o) : o_(o), world_(o.nnodes * o.nproc), program_(self_path()) {}
+
+  int run() {
+    install_signal_handlers();
+    const bool any_port = o_.master_port <= 0 && o_.nnodes == 1;
+    if (any_port) {
+      // Rank 0 first: its store takes a port from the kernel and says which; then the others.
+      int fds[2];
+      LOCKSTEP_THROW_IF_NOT(::pipe2(fds, O_CLOEXEC) == 0, Error, "launch: pipe failed: ", std::strerror(errno));
+      children_.push_back(start(o_, 0, 0, fds[1], program_));
+      ::close(fds[1]);
+      ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+      port_fd_ = fds[0];
+      awaiting_port_ = o_.nproc > 1;
+      waiting_since_ = Clock::now();
+    } else {
+      const int port = o_.master_port < 0 ? 29500 : o_.master_port;
+      for (int l = 0; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_));
+    }
+    while (running() > 0 || awaiting_port_) step();
+    restore_signal_handlers();
+    return outcome();
+  }
+
+ private:
+  void step() {
     std::vector<pollfd> fds;
-    for (auto& c : children) {
+    for (const auto& c : children_) {
       if (c.fd >= 0) fds.push_back({c.fd, POLLIN, 0});
     }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (auto& c : children) {
-      if (c.fd >= 0) drain(c, world, false);
+    if (awaiting_port_ && port_fd_ >= 0) fds.push_back({port_fd_, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 50);  // a signal ends it early (EINTR): handled below
+    for (auto& c : children_) drain(c, world_);
+    reap();
+    if (awaiting_port_) start_rest_when_announced();
+    if (g_signal != 0 && signal_ == 0) stop_all_for_signal(g_signal);
+    if (Clock::now() > kill_deadline_) {
+      for (auto& c : children_) {
+        if (c.running) ::kill(c.pid, SIGKILL);
+      }
+      kill_deadline_ = Clock::time_point::max();
+    }
+  }
+
+  // Starts ranks 1.. once rank 0 said its store's port; never after a failure or a signal.
+  void start_rest_when_announced() {
+    if (failed_ >= 0 || signal_ != 0) {
+      awaiting_port_ = false;
+      return;
+    }
+    int port = -1;
+    if (port_fd_ >= 0) {
+      port = read_announced_port(port_fd_, port_text_);
+      if (port >= 0) {
+        ::close(port_fd_);
+        port_fd_ = -1;
+      }
+    } else if (!children_[0].running) {
+      port = 0;  // rank 0 ended well without a group (e.g. `launch -- eval`): the others need no port
+    }
+    if (port == 0 && children_[0].running) return;  // its pipe closed as it exits: wait for its status
+    if (port < 0) {
+      if (!told_waiting_ && Clock::now() - waiting_since_ > std::chrono::seconds(30)) {
+        std::cout << "lockstep launch: still waiting for rank 0's store to listen before starting the other ranks\n"
+                  << std::flush;
+        told_waiting_ = true;
+      }
+      return;
+    }
+    awaiting_port_ = false;
+    for (int l = 1; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_));
+  }
+
+  void reap() {
+    for (auto& c : children_) {
       if (!c.running) continue;
       int status = 0;
       if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.running = false;
       c.status = status;
-      --running;
-      if (c.fd >= 0) {
-        drain(c, world, true);
-        ::close(c.fd);
-        c.fd = -1;
-      }
+      // The rank's last words: read until the pipe ends (a grandchild holding it is not waited for).
+      for (int i = 0; i < 64 && c.fd >= 0; ++i) drain(c, world_);
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && failed < 0) {
-        failed = static_cast<int>(&c - children.data());
+      if (!ok && failed_ < 0 && signal_ == 0) {
+        failed_ = static_cast<int>(&c - children_.data());
         std::cout << "lockstep launch: rank " << c.rank << " failed (" << describe_status(status)
-                  << "); stopping the other ranks\n";
-        std::cout.flush();
-        for (auto& other : children) {
-          if (other.running) ::kill(other.pid, SIGTERM);
-        }
-        stop_deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+                  << "); stopping the other ranks\n"
+                  << std::flush;
+        stop_all(SIGTERM);
       }
-    }
-    if (failed >= 0 && std::chrono::steady_clock::now() > stop_deadline) {
-      for (auto& other : children) {
-        if (other.running) ::kill(other.pid, SIGKILL);
-      }
-      stop_deadline = std::chrono::steady_clock::time_point::max();
     }
   }
-  if (failed < 0) return kExitOk;
-  const Child& c = children[failed];
-  std::cerr << "lockstep: error: rank " << c.rank << " of " << world << " failed with "
-            << describe_status(c.status) << " (its output is above, prefixed [rank " << c.rank << "/" << world
-            << "])\n";
-  return WIFEXITED(c.status) ? WEXITSTATUS(c.status) : kExitError;
+
+  void stop_all_for_signal(int sig) {
+    signal_ = sig;
+    std::cout << "lockstep launch: got " << strsignal(sig) << "; passing it to the ranks (SIGKILL after " << o_.grace_s
+              << " s)\n"
+              << std::flush;
+    stop_all(sig == SIGHUP ? SIGTERM : sig);
+  }
+
+  // Sends `sig` to every running rank (and wakes stopped ones so they can act on it); SIGKILL follows
+  // after the grace period.
+  void stop_all(int sig) {
+    for (auto& c : children_) {
+      if (!c.running) continue;
+      ::kill(c.pid, sig);
+      ::kill(c.pid, SIGCONT);
+    }
+    kill_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.grace_s * 1000));
+  }
+
+  int running() const {
+    int n = 0;
+    for (const auto& c : children_) n += c.running ? 1 : 0;
+    return n;
+  }
+
+  int outcome() const {
+    if (signal_ != 0) {
+      std::cerr << "lockstep: launch stopped by " << strsignal(signal_) << "\n";
+      return 128 + signal_;
+    }
+    if (failed_ < 0) return kExitOk;
+    const Child& c = children_[failed_];
+    std::cerr << "lockstep: error: rank " << c.rank << " of " << world_ << " failed with " << describe_status(c.status)
+              << " (its output is above, prefixed [rank " << c.rank << "/" << world_ << "])\n";
+    return WIFEXITED(c.status) ? WEXITSTATUS(c.status) : kExitError;
+  }
+
+  static void install_signal_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_launch_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: poll returns at once
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  }
+  static void restore_signal_handlers() {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+  }
+
+  const LaunchOptions& o_;
+  const int world_;
+  const std::string program_;
+  std::vector<Child> children_;
+  bool awaiting_port_ = false;  // ranks 1.. wait for the port of rank 0's store
+  int port_fd_ = -1;            // rank 0's port announcement, while open
+  std::string port_text_;
+  Clock::time_point waiting_since_;
+  bool told_waiting_ = false;
+  int failed_ = -1;  // index of the first child that failed
+  int signal_ = 0;   // the signal launch was stopped by
+  Clock::time_point kill_deadline_ = Clock::time_point::max();
+};
+
+int run_launch(const LaunchOptions& o) {
+  LOCKSTEP_CHECK_ARG(!o.command.empty(), "launch: give the subcommand to run after --, e.g. lockstep launch -n 2 -- "
+                                         "train --steps 100");
+  LOCKSTEP_CHECK_ARG(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
+                     " must lie in [0, --nnodes ", o.nnodes, ")");
+  LOCKSTEP_CHECK_ARG(o.master_port != 0 || o.nnodes == 1, "launch: --master-port 0 (any free port) works on one node ",
+                     "only; with --nnodes ", o.nnodes, " every node must be given the same port");
+  return Launcher(o).run();
 }
 
 }  // namespace
@@ -177,8 +334,10 @@ void add_launch_command(CLI::App& app, Runner& run) {
       "Start this node's ranks of a distributed run: lockstep launch -n N [--nnodes M --node-rank i "
       "--master-addr A --master-port P] -- SUBCOMMAND ARGS. Each rank runs `lockstep SUBCOMMAND ARGS` with "
       "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets "
-      "them); output lines are prefixed [rank r/w]. When a rank fails, the others get SIGTERM (SIGKILL after "
-      "a grace period) and launch exits with the failed rank's status.");
+      "them); output lines are prefixed [rank r/w]. The ranks of a node share its cores (each takes cores / N "
+      "intra-op threads unless --threads or OMP_NUM_THREADS says otherwise). When a rank fails, or launch gets "
+      "SIGINT, SIGTERM or SIGHUP, the ranks are stopped (SIGKILL after --grace seconds) and launch exits with "
+      "the failed rank's status (128 + the signal's number when stopped by one).");
   cmd->add_option("-n,--nproc-per-node", opt->nproc, "Ranks to start on this node")
       ->required()
       ->check(CLI::Range(1, 256));
@@ -186,10 +345,11 @@ void add_launch_command(CLI::App& app, Runner& run) {
   cmd->add_option("--node-rank", opt->node_rank, "This node's index in [0, nnodes)")->capture_default_str();
   cmd->add_option("--master-addr", opt->master_addr, "Address of node 0, where rank 0 hosts the store")
       ->capture_default_str();
-  cmd->add_option("--master-port", opt->master_port, "Port of rank 0's store")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 65535));
-  cmd->add_option("--grace", opt->grace_s, "Seconds the other ranks get to stop after one fails")
+  cmd->add_option("--master-port", opt->master_port,
+                  "Port of rank 0's store (default: on one node, a free port the kernel gives rank 0's store, so "
+                  "runs side by side never collide; with --nnodes > 1, 29500)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--grace", opt->grace_s, "Seconds the ranks get to stop after one fails or launch is stopped")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("command", opt->command, "The lockstep subcommand and its arguments, after --")->required();

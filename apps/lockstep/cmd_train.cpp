@@ -75,7 +75,13 @@ int run_train(const TrainArgs& args) {
     if (args.world_size > 0) options.size = args.world_size;
     if (args.rank >= 0) options.rank = args.rank;
     if (!args.master_addr.empty()) options.master_addr = args.master_addr;
-    if (args.master_port > 0) options.master_port = args.master_port;
+    if (args.master_port >= 0) options.master_port = args.master_port;
+    const bool any_port = options.master_port == 0;
+    options.on_listening = [any_port, addr = options.master_addr](int port) {
+      // Someone must tell the other ranks a port the kernel chose: launch (through the pipe) or the user.
+      if (any_port) std::cout << "rank 0: the store listens on " << addr << ":" << port << std::endl;
+      announce_store_port(port);
+    };
     LOCKSTEP_CHECK_ARG(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
                        options.size);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
@@ -173,8 +179,10 @@ void add_train_command(CLI::App& app, Runner& run) {
   cmd->add_option("--world-size", args->world_size, "Ranks in the run (default: WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--master-addr", args->master_addr, "Address of rank 0's store (default: MASTER_ADDR, else 127.0.0.1)");
-  cmd->add_option("--master-port", args->master_port, "Port of rank 0's store (default: MASTER_PORT, else 29500)")
-      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--master-port", args->master_port,
+                  "Port of rank 0's store (default: MASTER_PORT, else 29500); 0 on rank 0: any free port, printed "
+                  "for the other ranks")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--collective-timeout", args->collective_timeout_s,
                   "Seconds a rank waits in one collective before naming the ranks it waits for (runs started "
                   "by lockstep launch or torchrun)")
@@ -193,7 +201,7 @@ void add_train_command(CLI::App& app, Runner& run) {
                "Images per step, over all ranks: each rank takes its part (the same as --batch-size)");
   add_shortcut(*cmd, *args, "--lr", "FLOAT", "train.lr", "Learning rate");
   add_shortcut(*cmd, *args, "--seed", "INT", "train.seed", "Seed of every random choice");
-  add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", "Intra-op threads (0 = one per core)");
+  add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", kThreadsHelp);
   add_shortcut(*cmd, *args, "--quantizer", "NAME", "quantizer.name", "Quantizer");
   add_shortcut(*cmd, *args, "--data", "DIR", "data.dir",
                "Fashion-MNIST's directory of .gz files, or a folder of images (any depth; see docs/data.md)");

@@ -267,13 +267,20 @@ class ProcessGroup final : public Group {
     o.numWorkers = options_.size;
     o.waitWorkers = false;
     o.timeout = options_.connect_timeout;
+    int listening_port = 0;
     try {
-      store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr, o);
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(options_.master_addr, o);
+      listening_port = tcp->getPort();
+      store_ = tcp;
     } catch (const std::exception& e) {
       throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size,
                                              ": cannot reach the master's store at ", options_.master_addr, ":",
                                              options_.master_port, " within ", options_.connect_timeout.count(),
                                              " ms: ", e.what()));
+    }
+    if (options_.rank == 0) {
+      options_.master_port = listening_port;  // the kernel's choice when 0 was asked for
+      if (options_.on_listening) options_.on_listening(options_.master_port);
     }
     const int64_t claims = store_->add(detail::concat("lockstep/claim/", options_.rank), 1);
     store_->set(detail::concat("lockstep/world/", options_.rank), to_bytes(std::to_string(options_.size)));
@@ -439,8 +446,10 @@ GroupOptions GroupOptions::from_environment() {
 void GroupOptions::validate() const {
   LOCKSTEP_CHECK_ARG(size >= 1, "group size ", size, " must be >= 1");
   LOCKSTEP_CHECK_ARG(rank >= 0 && rank < size, "rank ", rank, " must lie in [0, ", size, ")");
-  LOCKSTEP_CHECK_ARG(master_port >= 1 && master_port <= 65535, "master port ", master_port,
-                     " must lie in [1, 65535]");
+  LOCKSTEP_CHECK_ARG(master_port >= 0 && master_port <= 65535, "master port ", master_port,
+                     " must lie in [0, 65535]");
+  LOCKSTEP_CHECK_ARG(master_port != 0 || rank == 0, "rank ", rank, " needs the port of rank 0's store; port 0 ",
+                     "(any free port) is for rank 0 alone, which then says the port it got");
   LOCKSTEP_CHECK_ARG(!master_addr.empty(), "the master address is empty");
   LOCKSTEP_CHECK_ARG(timeout.count() > 0, "collective timeout ", timeout.count(), " ms must be positive");
   LOCKSTEP_CHECK_ARG(connect_timeout >= std::chrono::seconds(1), "connect timeout ", connect_timeout.count(),

@@ -11,38 +11,38 @@ lockstep_cli_test(launch_needs_a_command EXIT 2 OUTPUT "command is required" ARG
 # Every rank fails the same way: launch reports the first and exits with its status.
 lockstep_cli_test(launch_reports_a_failed_rank EXIT 1
                   OUTPUT "\\[rank [01]/2\\] lockstep: error: .*dataset-fashion-mnist.*rank [01] of 2 failed with exit status 1"
-                  TIMEOUT 60 ARGS launch -n 2 --master-port 29721 -- train --run-dir run --data nowhere)
+                  TIMEOUT 60 ARGS launch -n 2 -- train --run-dir run --data nowhere)
 # G4 end to end: 3 ranks (24 images = 8 each) give the losses of one process on the whole batch,
 # with gradients sent in several 8 KiB buckets during backward; the run directory is written once,
 # by rank 0.
 lockstep_cli_test(launch_three_ranks_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
-                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 3 --master-port 29723 -- train --run-dir three ${SMALL} --set train.grad_bucket_kb=8 > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
+                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 3 -- train --run-dir three ${SMALL} --set train.grad_bucket_kb=8 > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
                   ARGS eval three --limit 32)
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so
 # after 12 steps the losses agree to ~1e-6 most steps and 3e-4 at worst (measured): tolerance 1e-3.
 lockstep_cli_test(launch_uneven_ranks_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
-                  SETUP "${LS} train --run-dir one ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > one.log && ${LS} launch -n 5 --master-port 29727 -- train --run-dir five ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > five.log && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 1e-3"
+                  SETUP "${LS} train --run-dir one ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > one.log && ${LS} launch -n 5 -- train --run-dir five ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > five.log && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 1e-3"
                   ARGS eval five --limit 32)
 # Failure mode a: rank 0 alone evaluates mid-training (its forwards issue no collective); training
 # completes and the replica check at every checkpoint finds all ranks' parameters and codebooks equal.
 lockstep_cli_test(launch_rank0_evaluates_midway_vq EXIT 0
                   OUTPUT "\\[rank 0/2\\] eval at step 3:.*\\[rank 0/2\\] test: mse"
-                  TIMEOUT 240 ARGS launch -n 2 --master-port 29731 -- train --run-dir run ${SMALL_ARGS} --quantizer vq
+                  TIMEOUT 240 ARGS launch -n 2 -- train --run-dir run ${SMALL_ARGS} --quantizer vq
                   --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1
                   --set train.eval_every=3 --set train.checkpoint_every=4)
 lockstep_cli_test(launch_rank0_evaluates_midway_residual_lfq EXIT 0
                   OUTPUT "\\[rank 0/2\\] eval at step 6:.*\\[rank 0/2\\] test: mse"
-                  TIMEOUT 240 ARGS launch -n 2 --master-port 29735 -- train --run-dir run ${SMALL_ARGS}
+                  TIMEOUT 240 ARGS launch -n 2 -- train --run-dir run ${SMALL_ARGS}
                   --quantizer residual-lfq --set quantizer.lfq.codebook_size=64 --set train.eval_every=6)
 # A 2-rank run resumed on 3 ranks (the same global batch) continues the single-process sequence.
 lockstep_cli_test(launch_resume_onto_more_ranks_matches_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 300
-                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 2 --master-port 29741 -- train --run-dir run --steps 6 ${COMMON} > part1.log && ${LS} launch -n 3 --master-port 29743 -- train --resume run --steps 12 > part2.log && grep -q 'resumed at step 6 of 12' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
+                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 2 -- train --run-dir run --steps 6 ${COMMON} > part1.log && ${LS} launch -n 3 -- train --resume run --steps 12 > part2.log && grep -q 'resumed at step 6 of 12' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
                   ARGS eval run --limit 16)
 # Failure mode c: codebook sync (VQ's EMA, k-means, dead codes) and gradient sync together for
 # hundreds of steps: no hang, and the replicas stay identical (checked at every checkpoint).
 lockstep_cli_test(launch_hundreds_of_steps_vq EXIT 0 OUTPUT "\\[rank 0/2\\] trained 300 steps" TIMEOUT 300
-                  ARGS launch -n 2 --master-port 29751 -- train --run-dir run --steps 300 --batch-size 16
+                  ARGS launch -n 2 -- train --run-dir run --steps 300 --batch-size 16
                   --threads 1 --set data.train_subset=1600 --set data.test_subset=16 --set model.channels=[4,4]
                   --set train.log_every=100 --set train.checkpoint_every=50 --quantizer vq
                   --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=0.5)
@@ -50,16 +50,27 @@ lockstep_cli_test(launch_hundreds_of_steps_vq EXIT 0 OUTPUT "\\[rank 0/2\\] trai
 # training goes on, and the replica check at every checkpoint finds the buffers in sync.
 lockstep_cli_test(launch_batch_norm_buffers_stay_in_sync EXIT 0
                   OUTPUT "\\[rank 0/2\\] eval at step 4:.*\\[rank 0/2\\] test: mse"
-                  TIMEOUT 240 ARGS launch -n 2 --master-port 29761 -- train --run-dir run ${SMALL_ARGS}
+                  TIMEOUT 240 ARGS launch -n 2 -- train --run-dir run ${SMALL_ARGS}
                   --set model.batch_norm=true --set train.eval_every=4 --set train.checkpoint_every=2)
-# Ranks from flags instead of the environment: rank 1 in the background, rank 0 in the foreground.
-lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "trained 6 steps.*test: mse" TIMEOUT 120
-                  SETUP "(${LS} train --rank 1 --world-size 2 --master-port 29771 --run-dir run --steps 6 ${COMMON} > rank1.log 2>&1 &)"
-                  ARGS train --rank 0 --world-size 2 --master-port 29771 --run-dir run --steps 6 ${COMMON_ARGS})
+# Ranks from flags instead of the environment: rank 0 takes any free port (--master-port 0) and
+# says which; rank 1 is started with it (tests/cli/two_ranks.sh).
+lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "store listens on 127.0.0.1:[0-9]+.*trained 6 steps.*test: mse"
+                  TIMEOUT 120 RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/two_ranks.sh -
+                  ARGS train --run-dir run --steps 6 ${COMMON_ARGS})
 lockstep_cli_test(train_rank_beyond_world_size EXIT 1 OUTPUT "--rank 5 must be below --world-size 2"
                   ARGS train --rank 5 --world-size 2)
 # Failure mode f end to end (tests/cli/kill_a_rank.sh): a SIGKILLed rank is named within 2 s, and
 # the run resumes exactly; `eval` then reads the resumed run.
 lockstep_cli_test(kill_a_rank_then_resume EXIT 0 OUTPUT "step 100" TIMEOUT 300
-                  SETUP "bash ${CMAKE_CURRENT_LIST_DIR}/kill_a_rank.sh ${LS} 29791 ${COMPARE} > kill.log 2>&1 || (cat kill.log && false)"
+                  SETUP "bash ${CMAKE_CURRENT_LIST_DIR}/kill_a_rank.sh ${LS} ${COMPARE} > kill.log 2>&1 || (cat kill.log && false)"
                   ARGS eval run --limit 16)
+# launch when a rank misbehaves or launch is told to stop (tests/cli/launch_faults.sh): a rank
+# stopped with SIGSTOP is reported by the others and launch exits non-zero; a rank that prints
+# nothing never blocks the output of one that logs every step; SIGTERM reaches every rank. No
+# process is left behind in any case.
+lockstep_cli_test(launch_reports_a_stalled_rank EXIT 0 OUTPUT "ok: stalled rank 1 reported" TIMEOUT 240
+                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS stall)
+lockstep_cli_test(launch_never_blocks_on_a_silent_rank EXIT 0 OUTPUT "ok: [0-9]+ step lines" TIMEOUT 300
+                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS chatty)
+lockstep_cli_test(launch_passes_sigterm_to_its_ranks EXIT 0 OUTPUT "ok: SIGTERM passed" TIMEOUT 240
+                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS sigterm)

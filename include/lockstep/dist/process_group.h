@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,7 +17,11 @@ struct GroupOptions {
   int rank = 0;
   int size = 1;
   std::string master_addr = "127.0.0.1";
+  // 0 on rank 0: any free port (the kernel's choice, so no race with other programs); the port is
+  // then passed to on_listening, and the other ranks must be told it.
   int master_port = 29500;
+  // Called on rank 0 once its store listens, with the port, before waiting for the other ranks.
+  std::function<void(int port)> on_listening;
   // Default limit of each collective (CollectiveOptions::timeout overrides it per call).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // How long ranks wait for each other (and rank 0's store) at start-up; TCPStore's socket code
@@ -33,7 +38,8 @@ struct GroupOptions {
   // True when WORLD_SIZE or RANK is set: the process was started as one rank of several.
   static bool environment_has_ranks();
 
-  // Throws InvalidArgument naming the values: size < 1, rank outside [0, size), bad port, a
+  // Throws InvalidArgument naming the values: size < 1, rank outside [0, size), bad port (0 on a
+  // rank other than 0), a
   // timeout <= 0 or a connect timeout under 1 s.
   void validate() const;
 };
