@@ -60,14 +60,40 @@ void sync_directory(const std::string& path) {
   if (rc != 0 && err != EINVAL && err != ENOTSUP) fail("sync directory", dir, err);
 }
 
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Where a write to `path` lands: the file a symlink leads to (written through, never replaced by
+// a file of its own). Throws IoError when that is anything but a regular file or absent: the
+// rename would otherwise turn /dev/null or a FIFO into a plain file.
+std::string regular_target(const std::string& path) {
+  std::error_code ec;
+  const auto target = std::filesystem::weakly_canonical(path, ec);
+  const std::string resolved = ec ? path : target.string();
+  struct stat st {};
+  if (::stat(resolved.c_str(), &st) != 0) return resolved;  // absent: created
+  if (!S_ISREG(st.st_mode)) {
+    throw IoError(detail::concat("cannot write '", path, "': it is ", kind_of(st.st_mode),
+                                 "; lockstep writes regular files only (give the path of a new or regular file)"));
+  }
+  return resolved;
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   LOCKSTEP_CHECK_ARG(!path.empty(), "write_file_atomic: empty path");
+  const std::string target = regular_target(path);
   TempFile tmp;
   // pid + counter: ranks run as threads in one process may write beside each other at once.
   static std::atomic<uint64_t> counter{0};
-  tmp.path = detail::concat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  tmp.path = detail::concat(target, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (tmp.fd < 0) {
     int err = errno;
@@ -80,22 +106,27 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   int fd = tmp.fd;
   tmp.fd = -1;
   if (::close(fd) != 0) fail("close", tmp.path, errno);
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.path.c_str(), target.c_str()) != 0) {
     int err = errno;
     throw IoError(detail::concat("cannot write '", path, "': rename from '", tmp.path, "' failed: ", errno_text(err)));
   }
   tmp.renamed = true;
-  sync_directory(path);
+  sync_directory(target);
 }
 
 std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Checked before opening: opening a FIFO blocks until someone writes, and /dev/zero never ends.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail("open", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    throw IoError(detail::concat("cannot read '", path, "': it is ", kind_of(st.st_mode), ", not a regular file"));
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("open", path, errno);
   std::string out;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // replaced between stat and open
     ::close(fd);
-    throw IoError(detail::concat("cannot read '", path, "': it is a directory"));
+    throw IoError(detail::concat("cannot read '", path, "': it is not a regular file"));
   }
   if (st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
   char buf[1 << 16];

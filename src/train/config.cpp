@@ -16,6 +16,7 @@
 
 #include "config_text.h"
 #include "lockstep/core/error.h"
+#include "lockstep/io/atomic_file.h"
 
 namespace lockstep::train {
 using namespace config_text;
@@ -254,12 +255,7 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
 Config::Config(const Schema& schema) : schema_(&schema) {}
 
 void Config::load_toml_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot open config file '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw IoError("cannot read config file '" + path + "'");
-  load_toml_string(text.str(), "config file " + path);
+  load_toml_string(io::read_file(path), "config file " + path);
 }
 
 void Config::load_toml_string(std::string_view text, const std::string& origin) {

@@ -32,9 +32,10 @@ Schema build_schema() {
             .one_of({"drop", "pad"}));
   s.add(K::integer("data.channels", 3, "Image folders: channels the images are converted to (1 gray, 3 RGB).")
             .in_range(1, 3));
-  s.add(K::integer("data.eval_images", 64,
-                   "Image folders: images held out for evaluation (those whose paths hash lowest).")
-            .at_least(1));
+  s.add(K::integer("data.eval_images", 0,
+                   "Image folders: images held out for evaluation (those whose paths hash lowest); 0 holds out "
+                   "a tenth of the readable images, at least 1 and at most 64.")
+            .at_least(0));
   s.add(K::integer("data.workers", 2, "Image folders: threads decoding images ahead of the training step.")
             .in_range(1, 64));
   s.add(K::integer("data.prefetch", 4, "Image folders: steps the loader may decode ahead.").in_range(1, 1024));
@@ -139,7 +140,7 @@ Schema build_schema() {
   s.add(K::floating("train.weight_decay", 0.0, "Weight decay of the optimizer; 0 turns it off.").in_range(0, 10));
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));
-  s.add(K::integer("train.threads", 0, "Intra-op CPU threads; 0 uses all cores.").at_least(0));
+  s.add(K::integer("train.threads", 0, "Intra-op CPU threads per rank; 0 uses OMP_NUM_THREADS when set, else this machine's cores shared among the ranks on it (LOCAL_WORLD_SIZE).").at_least(0));
   s.add(K::integer("train.grad_bucket_kb", 1024,
                    "Distributed runs: gradients are all-reduced in buckets of about this many KiB, each sent "
                    "as soon as backward has produced it.")

@@ -1,6 +1,13 @@
 #include "lockstep/train/data_settings.h"
 
+#include <algorithm>
+
+#include "lockstep/core/error.h"
+
 namespace lockstep::train {
+namespace {
+constexpr int64_t kMostAutoEvalImages = 64;
+}  // namespace
 
 data::PlanOptions plan_options(const Config& config) {
   data::PlanOptions o;
@@ -8,6 +15,22 @@ data::PlanOptions plan_options(const Config& config) {
   o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
   o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
   return o;
+}
+
+int64_t eval_image_count(const Config& config, int64_t readable) {
+  const int64_t asked = config.get_int("data.eval_images");
+  const int64_t count = asked > 0 ? asked : std::clamp<int64_t>(readable / 10, 1, kMostAutoEvalImages);
+  LOCKSTEP_CHECK_ARG(count < readable, "data.eval_images = ", asked, asked > 0 ? "" : " (chosen: 1)",
+                     " would hold out every one of the ", readable, " readable images for evaluation; ",
+                     asked > 0 ? "set it lower" : "an image folder needs at least 2 readable images");
+  return count;
+}
+
+std::string describe_eval_images(const Config& config, int64_t readable) {
+  const int64_t count = eval_image_count(config, readable);
+  if (config.get_int("data.eval_images") > 0) return detail::concat(count, " held out for evaluation");
+  return detail::concat(count, " held out for evaluation (data.eval_images = 0: a tenth of the ", readable,
+                        " readable images, at most ", kMostAutoEvalImages, ")");
 }
 
 }  // namespace lockstep::train

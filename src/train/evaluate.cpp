@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "lockstep/core/error.h"
@@ -9,10 +10,35 @@
 
 namespace lockstep::train {
 namespace {
-// Originals in one band of rows, reconstructions in the next, `columns` images per row.
+// Tiles at least this many pixels on their shorter side, so that a 28x28 image can be looked at.
+constexpr int64_t kMinTileSide = 96;
+constexpr int64_t kMostTileScale = 8;
+
+// Each pixel as a factor x factor block (nearest neighbour: the pixels stay visible as they are).
+io::Image scaled_up(const io::Image& in, int64_t factor) {
+  if (factor <= 1) return in;
+  io::Image out{static_cast<int>(in.width * factor), static_cast<int>(in.height * factor), in.channels, {}};
+  out.pixels.resize(static_cast<size_t>(out.width) * out.height * out.channels);
+  for (int64_t y = 0; y < out.height; ++y) {
+    for (int64_t x = 0; x < out.width; ++x) {
+      const size_t from = static_cast<size_t>(((y / factor) * in.width + x / factor) * in.channels);
+      const size_t to = static_cast<size_t>((y * out.width + x) * out.channels);
+      for (int c = 0; c < in.channels; ++c) out.pixels[to + c] = in.pixels[from + c];
+    }
+  }
+  return out;
+}
+
+// Originals in one band of rows, reconstructions in the next, `columns` images per row, each scaled
+// up by a whole factor when small.
 io::Image comparison_grid(const at::Tensor& originals, const at::Tensor& reconstructions) {
-  const auto a = data::tensor_to_images(originals);
-  const auto b = data::tensor_to_images(reconstructions);
+  auto a = data::tensor_to_images(originals);
+  auto b = data::tensor_to_images(reconstructions);
+  const int64_t side = std::min(a[0].width, a[0].height);
+  const int64_t factor = std::clamp<int64_t>((kMinTileSide + side - 1) / side, 1, kMostTileScale);
+  for (auto* images : {&a, &b}) {
+    for (auto& image : *images) image = scaled_up(image, factor);
+  }
   const int64_t n = static_cast<int64_t>(a.size());
   const int64_t columns = std::min<int64_t>(8, n);
   std::vector<io::Image> tiles;

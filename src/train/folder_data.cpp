@@ -8,6 +8,7 @@
 #include "lockstep/data/batch.h"
 #include "lockstep/data/folder_loader.h"
 #include "lockstep/data/image_folder.h"
+#include "lockstep/train/data_settings.h"
 #include "lockstep/train/run_dir.h"
 #include "train_data.h"
 
@@ -17,12 +18,27 @@ namespace fs = std::filesystem;
 namespace {
 
 struct FolderSettings {
-  int64_t eval_images = 64;
+  int64_t eval_images = 1;
+  std::string eval_note;  // how many are held out, and why
   int64_t train_subset = 0;  // 0: all
   int rank = 0, world_size = 1;
   int workers = 2, prefetch = 4;
   std::string manifest_file;  // for messages
 };
+
+// "a.jpg: not an image; b.png: truncated" for the first `most` unreadable files, "... and N more".
+std::string first_errors(const data::Manifest& m, size_t most) {
+  std::vector<std::string> shown;
+  size_t total = 0;
+  for (const auto& e : m.entries) {
+    if (e.readable()) continue;
+    if (++total <= most) shown.push_back(e.path + ": " + e.error.substr(0, 200));
+  }
+  std::string text;
+  for (const auto& item : shown) text += (text.empty() ? "" : "; ") + item;
+  if (total > most) text += detail::concat("; and ", total - most, " more");
+  return text;
+}
 
 class FolderData final : public TrainData {
  public:
@@ -88,8 +104,10 @@ class FolderData final : public TrainData {
                                 to.width, "x", to.height, " (too few for one global batch)");
     }
     return detail::concat("image folder ", m.root, ": ", dataset_->training_images(), " training images, ",
-                          held_out_.size(), " held out for evaluation, ", unreadable(), " unreadable",
-                          unreadable() > 0 ? detail::concat(" (their errors are in ", settings_.manifest_file, ")") : "",
+                          settings_.eval_note, ", ", unreadable(), " unreadable",
+                          unreadable() > 0 ? detail::concat(" (", first_errors(m, 3), "; all in ",
+                                                            settings_.manifest_file, ")")
+                                           : "",
                           "; buckets ", buckets, "; ", steps_per_epoch_, " steps per epoch");
   }
 
@@ -170,12 +188,9 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   const int64_t readable = manifest.readable_count();
   LOCKSTEP_CHECK_ARG(readable > 0, "image folder ", root, ": none of its ", manifest.entries.size(),
                      " image files can be decoded (the errors are in ", saved_path, ")");
-  LOCKSTEP_CHECK_ARG(config.get_int("data.eval_images") < readable, "data.eval_images = ",
-                     config.get_int("data.eval_images"), " would hold out every one of the ", readable,
-                     " readable images in ", root, " for evaluation; set it lower");
-
   FolderSettings s;
-  s.eval_images = config.get_int("data.eval_images");
+  s.eval_images = eval_image_count(config, readable);
+  s.eval_note = describe_eval_images(config, readable);
   s.train_subset = config.get_int("data.train_subset");
   s.rank = context.rank;
   s.world_size = context.world_size;

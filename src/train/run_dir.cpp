@@ -2,7 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <regex>
 #include <system_error>
 
 #include "lockstep/core/error.h"
@@ -20,19 +28,60 @@ std::string reconstructions_path(const std::string& run_dir) {
 std::string summary_path(const std::string& run_dir) { return (fs::path(run_dir) / "summary.json").string(); }
 std::string manifest_path(const std::string& run_dir) { return (fs::path(run_dir) / "manifest.json").string(); }
 
-void prepare_new_run_dir(const std::string& run_dir) {
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  LOCKSTEP_THROW_IF_NOT(fd_ >= 0, IoError, "cannot lock run directory ", run_dir, ": cannot open ", path, ": ",
+                        std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    throw InvalidArgument(detail::concat("run directory ", run_dir, " is in use by another lockstep process",
+                                         n > 0 ? detail::concat(" (pid ", std::string(holder, static_cast<size_t>(n)),
+                                                                ")")
+                                               : std::string(),
+                                         "; wait for it to finish, or choose another --run-dir"));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The pid is only for the message above; the lock itself holds.
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race)
+}
+
+std::unique_ptr<RunDirLock> prepare_new_run_dir(const std::string& run_dir) {
   LOCKSTEP_CHECK_ARG(!run_dir.empty(), "the run directory must not be empty");
-  LOCKSTEP_CHECK_ARG(!fs::exists(config_path(run_dir)) && !fs::exists(checkpoint_path(run_dir)), "run directory ",
-                     run_dir, " already holds a run; continue it with --resume ", run_dir,
-                     ", or choose another --run-dir");
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   LOCKSTEP_THROW_IF_NOT(!ec && fs::is_directory(run_dir), IoError, "cannot create run directory ", run_dir, ": ",
                         ec ? ec.message() : "a file of that name exists");
+  auto lock = std::make_unique<RunDirLock>(run_dir);  // first: no other process can start a run here now
+  LOCKSTEP_CHECK_ARG(!fs::exists(config_path(run_dir)) && !fs::exists(checkpoint_path(run_dir)), "run directory ",
+                     run_dir, " already holds a run; continue it with --resume ", run_dir,
+                     ", or choose another --run-dir");
   // Fail now, not after minutes of training, when the directory cannot be written.
   const std::string probe = (fs::path(run_dir) / ".write-test").string();
   io::write_file_atomic(probe, "");
   fs::remove(probe, ec);
+  return lock;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& run_dir) {
+  static const std::regex temporary(R"(.+\.tmp\.[0-9]+\.[0-9]+)");  // what io::write_file_atomic names them
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file(ec) || !std::regex_match(name, temporary)) continue;
+    if (fs::remove(entry.path(), ec)) removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds,

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
 #include "lockstep/core/random.h"
+#include "lockstep/core/threads.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
@@ -34,7 +36,7 @@ const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.step
                                                  "train.grad_bucket_kb",
                                                  "train.checkpoint_every", "train.eval_every", "eval.batch_size",
                                                  "eval.grid_images", "data.dir", "data.workers",
-                                                 "data.prefetch"};
+                                                 "data.prefetch", "train.threads"};
 // Keys each rank may set for itself: where its copy of the data is, and how it uses its cores.
 const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch"};
 
@@ -55,6 +57,7 @@ std::string format_seconds(double s) {
 struct Trainer::State {
   Config config{lockstep_schema()};
   std::string run_dir;
+  std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0, which writes the run directory
   std::shared_ptr<dist::Group> group;
   std::unique_ptr<TrainData> data;
   model::Autoencoder model{nullptr};
@@ -64,6 +67,7 @@ struct Trainer::State {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
+  int64_t saved_step = -1;     // the step of the checkpoint on disk, -1 before the first
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
   std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
   std::vector<at::Tensor> local_buffers;    // float buffers outside the quantizer (BatchNorm statistics)
@@ -144,9 +148,11 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
     if (distributed()) reducer = std::make_unique<dist::GroupReducer>(group);
     else reducer = std::make_unique<quant::LocalReducer>();
-    const int64_t threads = config.get_int("train.threads");
-    at::set_num_threads(threads > 0 ? static_cast<int>(threads)
-                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    const ThreadChoice threads = choose_threads(config.get_int("train.threads"), "train.threads");
+    at::set_num_threads(threads.threads);
+    if (on_info && is_root()) {
+      on_info(detail::concat("intra-op threads: ", threads.threads, " per rank (", threads.reason, ")"));
+    }
     torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
 
     DataContext context;
@@ -227,6 +233,7 @@ struct Trainer::State {
     c.optimizer_steps = adam->steps();
     c.config_toml = config.to_toml();
     save_checkpoint(checkpoint_path(run_dir), c);
+    saved_step = step;
   }
 
   EvalResult evaluate_test() {
@@ -249,7 +256,7 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
-  if (s->is_root()) prepare_new_run_dir(run_dir);
+  if (s->is_root()) s->run_dir_lock = prepare_new_run_dir(run_dir);
   s->build(/*resuming=*/false, on_info);
   s->check_same_config();
   s->sync_model();
@@ -263,6 +270,14 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_THROW_IF_NOT(fs::is_directory(run_dir), IoError, "cannot resume: ", run_dir, " is not a directory");
+  if (s->is_root()) {
+    s->run_dir_lock = std::make_unique<RunDirLock>(run_dir);
+    const auto removed = remove_stale_temporaries(run_dir);
+    if (!removed.empty() && on_info) {
+      on_info(detail::concat("removed ", removed.size(), " temporary file(s) a stopped process left in ", run_dir, ": ",
+                             detail::concat_list(removed)));
+    }
+  }
   s->config.load_toml_file(config_path(run_dir));
   for (const auto& assignment : overrides) {
     std::string key = assignment.substr(0, assignment.find('='));
@@ -293,6 +308,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   cpu_generator.set_state(c.torch_rng);
   s->step = c.step;
+  s->saved_step = c.step;
   s->check_same_config();
   s->sync_model();  // every rank read the same file; the broadcast also checks that all arrived
   if (!overrides.empty() && s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
@@ -367,6 +383,14 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       stop_everywhere = control[1].item<float>() > 0;
       step_replaced = std::lround(control[2].item<float>());
     }
+    // Every rank sees the same summed loss, so every rank stops here together; nothing of this
+    // step reaches the parameters or the checkpoint.
+    LOCKSTEP_THROW_IF_NOT(std::isfinite(step_loss), TrainingDiverged, "step ", s.step + 1, ": the loss is ",
+                          step_loss, ": training diverged (train.lr is ", s.config.get_float("train.lr"),
+                          "; a lower one may help). ",
+                          s.saved_step >= 0 ? detail::concat(checkpoint_path(s.run_dir), " still holds step ",
+                                                             s.saved_step, ", before the divergence")
+                                            : std::string("No checkpoint was written yet"));
     epoch_replaced += step_replaced;
     s.adam->step();
     s.sync_buffers();

@@ -1,6 +1,7 @@
 #include "lockstep/io/atomic_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <string>
@@ -97,6 +98,57 @@ TEST(AtomicFile, ReadFileErrorsNameThePath) {
     EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
   }
   EXPECT_THROW(read_file(dir.path()), IoError);
+}
+
+// The rename would turn a device or FIFO into a plain file (as root, /dev/null too): refused.
+TEST(AtomicFile, SpecialFilesAreRefusedNotReplaced) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {fifo, std::string("/dev/null")}) {
+    try {
+      write_file_atomic(path, "x");
+      FAIL() << "wrote to " << path;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("regular files only"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"pipe"});
+}
+
+// A symlink is written through: the link stays a link and its target gets the bytes.
+TEST(AtomicFile, SymlinksAreWrittenThrough) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.file("real"));
+  const std::string target = dir.file("real/out.txt");
+  lockstep::test_util::write_bytes(target, "old");
+  const std::string link = dir.file("link.txt");
+  std::filesystem::create_symlink(target, link);
+  write_file_atomic(link, "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_file(target), "new");
+  EXPECT_EQ(read_file(link), "new");
+}
+
+// A FIFO would block the open until someone writes, /dev/zero would be read until memory runs out.
+TEST(AtomicFile, ReadingRefusesWhatIsNotARegularFileWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    try {
+      read_file(path);
+      FAIL() << "read " << path;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -234,6 +234,24 @@ TEST(FolderTrainer, SettingsThatCannotWorkFailBeforeTraining) {
   EXPECT_NE(error_of(nothing).find("holds no image files"), std::string::npos) << error_of(nothing);
 }
 
+// A small folder trains with the defaults: a tenth of its images is held out, and the first
+// line says so and names the file that cannot be decoded, with its reason.
+TEST(FolderTrainer, SmallFoldersTrainWithTheDefaultsAndSayWhatWasChosen) {
+  test_util::TempDir tmp;
+  const std::string root = make_folder(tmp);
+  Config c = folder_config(root, 2);
+  c.set("data.eval_images", int64_t{0});
+  std::vector<std::string> said;
+  auto trainer = Trainer::create(c, tmp.file("run"), one(), [&](const std::string& t) { said.push_back(t); });
+  std::string all;
+  for (const auto& line : said) all += line + "\n";
+  EXPECT_NE(all.find("34 training images, 3 held out for evaluation (data.eval_images = 0: a tenth of the 37 "
+                     "readable images, at most 64), 1 unreadable (notes.png: "),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(trainer->run({}).test.images, 3);
+}
+
 }  // namespace
 }  // namespace lockstep::train
 #endif  // LOCKSTEP_HAVE_OPENCV

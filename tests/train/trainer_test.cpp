@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <filesystem>
 
 #include "io/test_temp_dir.h"
@@ -54,6 +57,9 @@ TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
   EXPECT_TRUE(saw_eval);
   EXPECT_GT(s.test.psnr_db, 10.0);
   EXPECT_GT(s.test.codes_used, 1);
+  // 4 originals above their reconstructions, each 28x28 image scaled 4x so a person can see it.
+  EXPECT_EQ(s.test.grid.width, 4 * 112 + 3 * 2);
+  EXPECT_EQ(s.test.grid.height, 2 * 112 + 2);
   for (const auto& path : {config_path(run), checkpoint_path(run), reconstructions_path(run), summary_path(run)}) {
     EXPECT_TRUE(std::filesystem::exists(path)) << path;
   }
@@ -184,6 +190,68 @@ TEST(Trainer, ImpossibleSettingsFailBeforeTraining) {
     FAIL();
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("dataset-fashion-mnist"), std::string::npos) << e.what();
+  }
+}
+
+// A second process training into the same directory (or resuming it) while a run holds it is
+// refused, instead of the two runs overwriting each other's files.
+TEST(Trainer, ARunDirectoryInUseIsRefused) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  auto first = Trainer::create(small_config(2), run, one());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      if (attempt == 0) Trainer::create(small_config(2), run, one());
+      else Trainer::resume(run, {}, one());
+      FAIL() << "a second trainer took the run directory";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another lockstep process (pid " + std::to_string(::getpid())),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  first->run({});
+  first.reset();  // the lock ends with its holder
+  EXPECT_EQ(Trainer::resume(run, {"train.steps=3"}, one())->run({}).steps, 3);
+}
+
+// Temporary files of a process killed while writing are removed when the run is resumed.
+TEST(Trainer, ResumeRemovesTemporaryFilesAKilledProcessLeft) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  Trainer::create(small_config(2), run, one())->run({});
+  const std::string stale = checkpoint_path(run) + ".tmp.123456.0";
+  io::write_file_atomic(stale, "half a checkpoint");
+  io::write_file_atomic(run + "/notes.tmp.txt", "not ours");
+  std::vector<std::string> said;
+  Trainer::resume(run, {"train.steps=3"}, one(), [&](const std::string& text) { said.push_back(text); });
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(run + "/notes.tmp.txt"));
+  ASSERT_FALSE(said.empty());
+  EXPECT_NE(said[0].find("removed 1 temporary file(s)"), std::string::npos) << said[0];
+}
+
+// VQ at lr 10 overflows at step 3 (loss 2.4e20 at step 2, nan at 3): the run stops there with an
+// error naming the step, and the checkpoint of step 2 stays as it was.
+TEST(Trainer, ADivergingRunStopsAtTheFirstNonFiniteLossAndKeepsItsLastCheckpoint) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  Config c = small_config(20);
+  c.set("quantizer.name", std::string("vq"));
+  c.set("train.lr", 10.0);
+  c.set("train.checkpoint_every", int64_t{1});
+  c.set("train.log_every", int64_t{1});
+  auto trainer = Trainer::create(c, run, one());
+  try {
+    trainer->run({});
+    FAIL() << "a run whose loss became nan finished";
+  } catch (const TrainingDiverged& e) {
+    EXPECT_NE(std::string(e.what()).find("step 3: the loss is"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("still holds step 2"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, 2);
+  for (const auto& r : read_metrics(metrics_path(run))) {
+    for (const auto& [k, v] : r.values) EXPECT_TRUE(std::isfinite(v)) << r.kind << " " << k << " at step " << r.step;
   }
 }
 

@@ -2,6 +2,8 @@
 // that must see a run's data as it trained (lockstep eval, encode).
 #pragma once
 
+#include <string>
+
 #include "lockstep/data/plan.h"
 #include "lockstep/train/config.h"
 
@@ -9,5 +11,13 @@ namespace lockstep::train {
 
 // train.batch_size (the global batch), train.seed and data.remainder.
 data::PlanOptions plan_options(const Config& config);
+
+// Image folders: how many of `readable` images are held out for evaluation. data.eval_images when
+// set (> 0); 0 chooses a tenth of the readable images, at least 1 and at most 64, so that small
+// folders train too. Throws InvalidArgument when that would leave no image to train on.
+int64_t eval_image_count(const Config& config, int64_t readable);
+
+// "3 held out (data.eval_images = 0: a tenth of 30 readable images)": the count and why, for the user.
+std::string describe_eval_images(const Config& config, int64_t readable);
 
 }  // namespace lockstep::train

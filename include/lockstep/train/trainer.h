@@ -9,11 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/error.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/evaluate.h"
 
 namespace lockstep::train {
+
+// The loss of a step was not finite (nan or inf). Thrown on every rank at the same step, before
+// that step changes the parameters; the run directory keeps its last checkpoint.
+class TrainingDiverged : public Error {
+ public:
+  using Error::Error;
+};
 
 struct StepReport {
   int64_t step = 0;  // steps completed
