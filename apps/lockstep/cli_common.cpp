@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -18,8 +20,46 @@
 
 namespace lockstep::cli {
 
+namespace {
+
+CLI::Validator integer_at_least(long long low) {
+  return CLI::Validator(
+      [low](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || v < low) {
+          return "must be a whole number >= " + std::to_string(low) + " (at most 9223372036854775807), not '" +
+                 text.substr(0, 40) + "'";
+        }
+        return "";
+      },
+      "INT >= " + std::to_string(low));
+}
+
+CLI::Validator real_above(bool inclusive) {
+  return CLI::Validator(
+      [inclusive](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (!inclusive && v == 0)) {
+          return std::string("must be a finite number ") + (inclusive ? ">= 0" : "> 0") + ", not '" +
+                 text.substr(0, 40) + "'";
+        }
+        return "";
+      },
+      inclusive ? "NUMBER >= 0" : "NUMBER > 0");
+}
+
+}  // namespace
+
+const CLI::Validator kPositiveInt = integer_at_least(1);
+const CLI::Validator kNonNegativeInt = integer_at_least(0);
+const CLI::Validator kPositiveReal = real_above(false);
+const CLI::Validator kNonNegativeReal = real_above(true);
+
 void add_threads_option(CLI::App& cmd, int& threads) {
-  cmd.add_option("--threads", threads, kThreadsHelp)->check(CLI::NonNegativeNumber);
+  cmd.add_option("--threads", threads, kThreadsHelp)->check(kNonNegativeInt);
 }
 
 ThreadChoice apply_threads(int threads) {

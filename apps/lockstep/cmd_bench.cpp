@@ -209,11 +209,11 @@ void add_bench_command(CLI::App& app, Runner& run) {
       "extra memory, and the target for one thread on the reference machine. Takes about a minute.");
   quantizers->add_option("--threads", opt->threads, "Intra-op threads (the targets are for 1)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   quantizers->add_option("--filter", opt->filter, "Run only cases whose 'name shape' contains this text");
   quantizers->add_option("--min-time", opt->min_seconds, "Seconds to repeat each case for")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveReal);
   quantizers->callback([&run, opt] { run = [opt] { return run_bench(*opt); }; });
   auto copt = std::make_shared<CollectiveBenchOptions>();
   auto* collectives = bench->add_subcommand(

@@ -207,7 +207,7 @@ void add_doctor_command(CLI::App& app, Runner& run) {
       "GFLOP/s and memory (triad) GB/s, distributed backends (Gloo, NCCL) and where Fashion-MNIST "
       "is; then warnings. Exits 0 even when it warns.");
   cmd->add_option("--threads", opt->threads, "Intra-op threads to measure with (default: one per logical core)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   cmd->add_option("--data", opt->data_dir, "Directory to look for Fashion-MNIST in")->capture_default_str();
   cmd->add_flag("--quick", opt->quick, "Shorter measurements (about 1 s in all instead of 3-5)");
   cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });

@@ -122,8 +122,8 @@ void add_encode_command(CLI::App& app, Runner& run) {
   cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
       ->check(CLI::IsMember({"test", "train"}))->capture_default_str();
   cmd->add_option("--limit", args->limit, "Encode only the first N images (in path order for folders; 0 = all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)
+      ->check(kNonNegativeInt);
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(kPositiveInt)
       ->capture_default_str();
   add_threads_option(*cmd, args->threads);
   cmd->callback([&run, args] { run = [args] { return run_encode(*args); }; });

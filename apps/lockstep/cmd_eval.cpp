@@ -73,8 +73,8 @@ void add_eval_command(CLI::App& app, Runner& run) {
                   "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's data.dir)");
   cmd->add_option("--split", args->split, "Which split to evaluate")->check(CLI::IsMember({"test", "train"}))
       ->capture_default_str();
-  cmd->add_option("--limit", args->limit, "Evaluate only the first N images (in path order for folders; 0 = all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(CLI::PositiveNumber)
+  cmd->add_option("--limit", args->limit, "Evaluate only the first N images (in path order for folders; 0 = all)")->check(kNonNegativeInt);
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(kPositiveInt)
       ->capture_default_str();
   cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
   add_threads_option(*cmd, args->threads);

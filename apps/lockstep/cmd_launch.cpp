@@ -351,7 +351,7 @@ void add_launch_command(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--grace", opt->grace_s, "Seconds the ranks get to stop after one fails or launch is stopped")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeReal);
   cmd->add_option("command", opt->command, "The lockstep subcommand and its arguments, after --")->required();
   cmd->callback([&run, opt] { run = [opt] { return run_launch(*opt); }; });
 }

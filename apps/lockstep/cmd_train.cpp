@@ -175,9 +175,9 @@ void add_train_command(CLI::App& app, Runner& run) {
   cmd->add_option("--set", args->sets, "Override one setting, KEY=VALUE (repeatable), e.g. --set train.lr=1e-3")
       ->type_name("KEY=VALUE");
   cmd->add_option("--rank", args->rank, "This process's rank (default: RANK from the environment)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   cmd->add_option("--world-size", args->world_size, "Ranks in the run (default: WORLD_SIZE, else 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   cmd->add_option("--master-addr", args->master_addr, "Address of rank 0's store (default: MASTER_ADDR, else 127.0.0.1)");
   cmd->add_option("--master-port", args->master_port,
                   "Port of rank 0's store (default: MASTER_PORT, else 29500); 0 on rank 0: any free port, printed "
@@ -187,7 +187,7 @@ void add_train_command(CLI::App& app, Runner& run) {
                   "Seconds a rank waits in one collective before naming the ranks it waits for (runs started "
                   "by lockstep launch or torchrun)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(kPositiveReal)
       ->type_name("SECONDS");
   cmd->add_option("--run-dir", args->run_dir, "Where to write the run (default runs/<date-time>)")->type_name("DIR");
   cmd->add_option("--resume", args->resume,

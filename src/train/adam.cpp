@@ -51,7 +51,13 @@ std::map<std::string, at::Tensor> Adam::state() const {
 }
 
 void Adam::load_state(const std::map<std::string, at::Tensor>& state, int64_t steps) {
-  LOCKSTEP_THROW_IF_NOT(steps >= 0, CorruptInput, "adam: negative step count ", steps);
+  // Bias correction raises beta to the step count; beyond 2^53 the count is no longer exact as a
+  // double, and one more step would overflow int64 (no real run gets near either).
+  LOCKSTEP_THROW_IF_NOT(steps >= 0 && steps < (int64_t{1} << 53), CorruptInput, "adam: step count ", steps,
+                        " is outside [0, 2^53)");
+  LOCKSTEP_THROW_IF_NOT(state.size() == 2 * slots_.size(), CorruptInput, "optimizer state has ", state.size(),
+                        " tensors, but this model's optimizer has ", 2 * slots_.size(),
+                        " (exp_avg and exp_avg_sq per parameter)");
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
     const std::pair<std::string, at::Tensor*> parts[] = {{"exp_avg." + s.name, &s.exp_avg},
@@ -61,6 +67,8 @@ void Adam::load_state(const std::map<std::string, at::Tensor>& state, int64_t st
       LOCKSTEP_THROW_IF_NOT(it != state.end(), CorruptInput, "optimizer state has no tensor '", key, "'");
       LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst->sizes(), CorruptInput, "optimizer state '", key,
                             "' has shape ", it->second.sizes(), ", the model needs ", dst->sizes());
+      LOCKSTEP_THROW_IF_NOT(it->second.scalar_type() == dst->scalar_type(), CorruptInput, "optimizer state '", key,
+                            "' is ", it->second.scalar_type(), ", the model needs ", dst->scalar_type());
       dst->copy_(it->second);
     }
   }

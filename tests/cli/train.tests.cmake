@@ -52,3 +52,16 @@ lockstep_cli_test(decode_rejects_out_of_range EXIT 1 OUTPUT "indices must lie in
                   ARGS decode run --tokens f.npy -o out)
 lockstep_cli_test(train_resume_print_config EXIT 1 OUTPUT "run being resumed keeps its own in nowhere/config.toml"
                   ARGS train --resume nowhere --print-config)
+# Numbers out of range are named in plain words: no 309-digit bound, no silent clamping.
+lockstep_cli_test(train_world_size_zero EXIT 2 OUTPUT "--world-size: must be a whole number >= 1 .*not '0'"
+                  REJECT "179769" ARGS train --world-size 0)
+lockstep_cli_test(train_timeout_zero EXIT 2 OUTPUT "--collective-timeout: must be a finite number > 0, not '0'"
+                  REJECT "179769" ARGS train --collective-timeout 0)
+lockstep_cli_test(eval_limit_beyond_64_bits EXIT 2
+                  OUTPUT "--limit: must be a whole number >= 0 \\(at most 9223372036854775807\\), not '99999999999999999999'"
+                  ARGS eval run --limit 99999999999999999999)
+# A training run whose loss becomes nan stops with an error naming the step, keeping its checkpoint.
+lockstep_cli_test(train_divergence_is_an_error EXIT 1
+                  OUTPUT "step [0-9]+: the loss is (-?nan|-?inf): training diverged \\(train.lr is 10"
+                  ARGS train --run-dir run --steps 20 --lr 10 --quantizer vq --threads 1 --batch-size 32
+                  --set data.train_subset=640 --set data.test_subset=64 --set model.channels=[8,16])

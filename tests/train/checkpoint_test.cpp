@@ -116,5 +116,30 @@ TEST(Adam, StateRoundTripsAndContinuesIdentically) {
   EXPECT_THROW(b.load_state({}, 1), CorruptInput);
 }
 
+// Damage that loaded silently before: a step count that overflows the next step, moments of
+// another dtype (cast on load), and tensors the optimizer does not have.
+TEST(Adam, DamagedStateIsRefusedNotCast) {
+  at::Tensor w = torch::zeros({4, 3}, torch::requires_grad());
+  Adam a({{"w", w}}, AdamOptions());
+  const auto good = a.state();
+  a.load_state(good, 7);
+  auto message = [&](const std::map<std::string, at::Tensor>& state, int64_t steps) {
+    try {
+      a.load_state(state, steps);
+    } catch (const CorruptInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message(good, INT64_MAX).find("step count 9223372036854775807 is outside"), std::string::npos);
+  auto ints = good;
+  ints["exp_avg.w"] = ints["exp_avg.w"].to(torch::kInt32);
+  EXPECT_NE(message(ints, 1).find("'exp_avg.w' is Int, the model needs Float"), std::string::npos) << message(ints, 1);
+  auto extra = good;
+  extra["exp_avg.other"] = torch::zeros({1});
+  EXPECT_NE(message(extra, 1).find("optimizer state has 3 tensors, but this model's optimizer has 2"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace lockstep::train
