@@ -37,8 +37,9 @@ const char* collective_op_name(CollectiveOp op) {
 }
 
 CollectiveCall CollectiveCall::of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
-                                  const CallSite& site, ReduceOp reduce, int root) {
+                                  const CallSite& site, const Phase& phase, ReduceOp reduce, int root) {
   CollectiveCall call;
+  call.phase = phase;
   call.sequence = sequence;
   call.op = op;
   call.reduce = reduce;
@@ -76,7 +77,7 @@ std::string CollectiveCall::describe() const {
     }
     out += ")";
   }
-  return out + " at " + site.to_string();
+  return out + " at " + site.to_string() + " in " + phase.describe();
 }
 
 std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const {
@@ -96,7 +97,9 @@ std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const 
           root,
           static_cast<int64_t>(tensors.size()),
           static_cast<int64_t>(shapes),
-          static_cast<int64_t>(tag_hash)};
+          static_cast<int64_t>(tag_hash),
+          static_cast<int64_t>(phase.kind),
+          phase.step};
 }
 
 CollectiveMismatch::CollectiveMismatch(int rank, std::vector<std::string> per_rank)

@@ -19,6 +19,25 @@ std::string CallSite::to_string() const {
   return detail::concat(tag, " (", file, ":", line, ")");
 }
 
+std::string Phase::describe() const {
+  switch (kind) {
+    case Kind::TrainStep: return detail::concat("train step ", step);
+    case Kind::Evaluation: return detail::concat("evaluation after step ", step);
+    case Kind::None: break;
+  }
+  return "no declared phase";
+}
+
+void Group::set_phase(const Phase& phase) {
+  std::lock_guard<std::mutex> lock(phase_mutex_);
+  phase_ = phase;
+}
+
+Phase Group::phase() const {
+  std::lock_guard<std::mutex> lock(phase_mutex_);
+  return phase_;
+}
+
 namespace {
 class Done final : public PendingCollective {
  public:

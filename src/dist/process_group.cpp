@@ -135,7 +135,7 @@ class ProcessGroup final : public Group {
                                                       const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // collectives are issued one at a time, in order
     auto pending = std::make_unique<Pending>(*this, tensors, opts);
-    pending->call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, op);
+    pending->call = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
     enter(pending->call);
     agree(pending->call, opts);
     if (tensors.empty()) return pending;
@@ -152,7 +152,7 @@ class ProcessGroup final : public Group {
 
   std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
-    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site);
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
     enter(call);
     agree(call, opts);
     std::vector<std::vector<at::Tensor>> outputs(1);
@@ -170,7 +170,7 @@ class ProcessGroup final : public Group {
     LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
                        " is not a rank of a group of size ", options_.size);
     const CollectiveCall call =
-        CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, ReduceOp::Sum, root);
+        CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
     enter(call);
     agree(call, opts);
     if (tensors.empty()) return leave(call);
@@ -189,7 +189,7 @@ class ProcessGroup final : public Group {
   // The fingerprint exchange is itself a barrier.
   void barrier(const CollectiveOptions& opts) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one collective at a time, in issue order
-    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site);
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
     enter(call);
     agree(call, opts);
     leave(call);

@@ -345,6 +345,9 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       summary.interrupted = true;
       break;
     }
+    // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
+    // running a training-mode forward to validate) cannot pair with this step's.
+    const dist::PhaseScope phase(*s.group, dist::Phase::train_step(s.step + 1));
     // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
     // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
     s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));

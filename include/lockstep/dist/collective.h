@@ -31,14 +31,17 @@ struct CollectiveCall {
   int root = -1;                    // broadcast only
   std::vector<TensorSpec> tensors;
   CallSite site;
+  Phase phase;  // as the caller declared it on the group
 
   static CollectiveCall of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
-                           const CallSite& site, ReduceOp reduce = ReduceOp::Sum, int root = -1);
+                           const CallSite& site, const Phase& phase, ReduceOp reduce = ReduceOp::Sum,
+                           int root = -1);
 
-  // "#7 all_reduce(sum) of [float32 (512), float32 (512, 64)] at vq.ema (src/quant/vq.cpp:230)"
+  // "#7 all_reduce(sum) of [float32 (512), float32 (512, 64)] at vq.ema (src/quant/vq.cpp:230) in
+  // train step 8"
   std::string describe() const;
 
-  static constexpr size_t kWords = 8;
+  static constexpr size_t kWords = 10;
   // Everything ranks must agree on, as fixed-size words: equal fingerprints mean the calls match
   // (up to 64-bit hash collisions of the shapes and the call-site tag; file and line may differ).
   std::array<int64_t, kWords> fingerprint() const;

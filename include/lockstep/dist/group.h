@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,23 @@ struct CallSite {
   const char* file = "";
   int line = 0;
   std::string to_string() const;  // "tag (file:line)"
+};
+
+// Where in training the caller is when it issues collectives: a training step (which one), an
+// evaluation, or nothing declared. It is part of every collective's fingerprint, so a collective
+// issued from another phase on one rank (rank 0 running a training-mode forward to validate while
+// rank 1 runs its next step) cannot pair with the other's: it is a CollectiveMismatch before any
+// data moves, even where sequence number, op, shapes and tag all agree.
+struct Phase {
+  enum class Kind { None = 0, TrainStep = 1, Evaluation = 2 };
+  Kind kind = Kind::None;
+  int64_t step = 0;  // the training step (1-based) being taken, or after which evaluation runs
+
+  static Phase train_step(int64_t step) { return {Kind::TrainStep, step}; }
+  static Phase evaluation(int64_t after_step) { return {Kind::Evaluation, after_step}; }
+  // "train step 8", "evaluation after step 8", "no declared phase"
+  std::string describe() const;
+  bool operator==(const Phase& o) const { return kind == o.kind && step == o.step; }
 };
 
 // Options every collective takes (gloo's style): who calls, and how long to wait at most.
@@ -69,6 +87,27 @@ class Group {
   // What the caller is doing ("step 57"), shown in other ranks' reports when this rank dies or
   // stalls. Not a collective.
   virtual void set_progress(const std::string& progress) { (void)progress; }
+
+  // The phase every later collective is fingerprinted with (see Phase); use PhaseScope.
+  void set_phase(const Phase& phase);
+  Phase phase() const;
+
+ private:
+  mutable std::mutex phase_mutex_;
+  Phase phase_;
+};
+
+// Declares `phase` on `group` for its lifetime, then restores the one before.
+class PhaseScope {
+ public:
+  PhaseScope(Group& group, const Phase& phase) : group_(group), previous_(group.phase()) { group.set_phase(phase); }
+  ~PhaseScope() { group_.set_phase(previous_); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Group& group_;
+  Phase previous_;
 };
 
 // The group of one process: rank 0 of 1. Checks its arguments like a real group would, so that
