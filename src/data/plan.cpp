@@ -63,6 +63,11 @@ PlannedBatch EpochPlan::batch(int64_t step) const {
   return out;
 }
 
+int64_t EpochPlan::rank_offset(int64_t global_batch, int world_size, int rank) {
+  const int64_t base = global_batch / world_size, extra = global_batch % world_size;
+  return rank * base + std::min<int64_t>(rank, extra);
+}
+
 std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank) const {
   LOCKSTEP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "data plan: rank ", rank,
                      " of a world of ", world_size);
@@ -70,7 +75,7 @@ std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank
                      " cannot give each of ", world_size, " ranks a sample");
   const PlannedBatch all = batch(step);
   const int64_t total = options_.global_batch, base = total / world_size, extra = total % world_size;
-  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
+  const int64_t first = rank_offset(total, world_size, rank);
   const int64_t count = base + (rank < extra ? 1 : 0);
   return {all.samples.begin() + first, all.samples.begin() + first + count};
 }

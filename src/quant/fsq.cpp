@@ -138,7 +138,8 @@ void Fsq::build_plan() {
   plan_.basis.assign(basis_.data_ptr<int64_t>(), basis_.data_ptr<int64_t>() + L);
 }
 
-FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at::Generator>& noise) const {
+FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at::Generator>& noise,
+                                  int64_t element_offset) const {
   const int64_t L = plan_.num_levels;
   LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
   LOCKSTEP_CHECK_ARG(z_in.device().is_cpu(), "fsq: the fused kernel runs on the CPU, got z on ", z_in.device());
@@ -152,6 +153,7 @@ FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at:
     // Round up so that any p > 0 gives some noise; p just below 1 saturates at 2^32 - 1.
     const double threshold = std::ceil(options_.noise_dropout() * 4294967296.0);
     noise_spec.threshold = static_cast<uint32_t>(std::min(threshold, 4294967295.0));
+    noise_spec.element_offset = element_offset;
   }
 
   if (z.requires_grad() && at::GradMode::is_enabled()) {
@@ -219,7 +221,9 @@ QuantizerOutput Fsq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // FSQ is computed in float32 whatever the input precision, as the reference does.
   std::optional<at::Generator> noise;
   if (is_training() && options_.noise_dropout() > 0) noise = ctx.generator;
-  const FsqCodes result = quantize_and_index(to_code_space(x), noise);
+  const at::Tensor z = to_code_space(x);
+  const int64_t per_item = x.size(0) > 0 ? z.numel() / x.size(0) : 0;
+  const FsqCodes result = quantize_and_index(z, noise, ctx.first_item * per_item);
   QuantizerOutput out;
   out.indices = squeeze_indices(result.indices);
   out.quantized = from_code_space(result.codes).to(x.scalar_type());

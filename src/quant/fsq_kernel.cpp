@@ -185,7 +185,7 @@ LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* 
         chunk_indices<0>(level, basis, indices + t0, tokens, L);
         break;
     }
-    if (noise.threshold != 0) chunk_noise(noise, codes + first, first, n);
+    if (noise.threshold != 0) chunk_noise(noise, codes + first, noise.element_offset + first, n);
   }
 }
 

@@ -1,11 +1,14 @@
 #include "lockstep/quant/lfq.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <mutex>
 #include <string>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
 
 namespace lockstep::quant {
 namespace {
@@ -99,29 +102,53 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   out.quantized = from_code_space(z + (q - z).detach()).to(x.scalar_type());
 
   at::Tensor tokens = z.reshape({-1, c, bits_});  // (N, c, bits)
-  if (options_.frac_per_sample_entropy() < 1) {
-    // The reference's random subset of int(N * frac) tokens, for both entropy terms.
-    const int64_t n = tokens.size(0);
-    const auto sampled = static_cast<int64_t>(static_cast<double>(n) * options_.frac_per_sample_entropy());
-    const c10::optional<at::Generator> gen =
-        ctx.generator.defined() ? c10::optional<at::Generator>(ctx.generator) : c10::nullopt;
-    const at::Tensor chosen = torch::randperm(n, gen, torch::kInt64).narrow(0, 0, sampled);
-    tokens = tokens.index_select(0, chosen);
+  const int64_t local_tokens = tokens.size(0);
+  const bool subset = options_.frac_per_sample_entropy() < 1;
+  if (subset) {
+    // Each token joins the entropy subset with probability frac, decided by a hash of its global
+    // position: W ranks choose exactly the tokens one process holding the batch would. (The
+    // reference takes exactly int(N * frac) tokens at random; the count here is binomial.)
+    at::Generator gen = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
+    uint64_t key = 0;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+    }
+    const int64_t first_token = x.size(0) > 0 ? ctx.first_item * (local_tokens / x.size(0)) : 0;
+    const auto frac = static_cast<float>(options_.frac_per_sample_entropy());
+    std::vector<int64_t> chosen;
+    for (int64_t t = 0; t < local_tokens; ++t) {
+      if (hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) chosen.push_back(t);
+    }
+    tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64));
   }
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();
   const double inv_t = options_.inv_temperature();
   // Mean over tokens and codebooks, as the reference's entropy(prob).mean() over (N, c, K).
-  const at::Tensor per_sample = lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value);
+  at::Tensor per_sample = tokens.size(0) > 0 ? lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value)
+                                             : torch::zeros({}, tokens.options());
   // One (count, sum) reduction over everyone holding the batch, whatever the data.
   const at::Tensor local_sum = lfq_sum_probs(tokens.transpose(0, 1), inv_t, code_value);  // (c, K)
   const at::Tensor count = torch::full({1}, static_cast<double>(tokens.size(0)), tokens.options());
-  at::Tensor packed = torch::cat({count, local_sum.reshape(-1)});
+  std::vector<at::Tensor> parts{count};
+  if (subset) parts.push_back(torch::full({1}, static_cast<double>(local_tokens), tokens.options()));
+  parts.push_back(local_sum.reshape(-1));
+  at::Tensor packed = torch::cat(parts);
   LocalReducer local;
   Reducer* reducer = ctx.reducer ? ctx.reducer : &local;
   packed = reducer->sum(packed, "lfq.avg_probs");
-  const at::Tensor avg_probs =
-      packed.narrow(0, 1, c * codebook_size()).reshape({c, codebook_size()}) / packed.narrow(0, 0, 1).detach().clamp_min(1);
+  const int64_t head = subset ? 2 : 1;
+  const at::Tensor avg_probs = packed.narrow(0, head, c * codebook_size()).reshape({c, codebook_size()}) /
+                               packed.narrow(0, 0, 1).detach().clamp_min(1);
+  if (subset) {
+    // The caller weights this holder's loss by its share of the batch (local / global tokens); this
+    // turns its subset mean into its share of the global subset mean.
+    const double chosen_here = static_cast<double>(tokens.size(0));
+    const double chosen_all = std::max(1.0, packed[0].item<double>());
+    const double tokens_all = packed[1].item<double>();
+    per_sample = per_sample * (chosen_here / chosen_all * tokens_all / static_cast<double>(std::max<int64_t>(1, local_tokens)));
+  }
   const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs).mean();
   const at::Tensor aux = per_sample - options_.diversity_gamma() * codebook_entropy;
   out.losses["entropy"] = aux * options_.entropy_loss_weight();

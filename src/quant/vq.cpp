@@ -1,10 +1,14 @@
 #include "lockstep/quant/vq.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <mutex>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
 
 namespace lockstep::quant {
@@ -29,8 +33,10 @@ at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator g
 
 // Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
 // Euclidean distance or the cosine similarity; tokens in chunks so no (n, K) matrix is held whole.
+// The noise of (token, code) is hashed from (key, the token's global index `first_token + row`,
+// code), so a token draws the same wherever it sits in the batch and whichever rank holds it.
 at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Metric metric, double temperature,
-                        at::Generator generator) {
+                        uint64_t key, int64_t first_token) {
   const int64_t n = tokens.size(0);
   const int64_t k = codebook.size(0);
   const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / k);  // 32 MiB of logits
@@ -43,8 +49,15 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
     at::Tensor logits = metric == Metric::Cosine
                             ? dots
                             : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
-    const at::Tensor u = torch::empty({len, k}, torch::kFloat32).uniform_(0, 1, generator);
-    const at::Tensor gumbel = -(-(u.clamp_min(1e-20).log())).clamp_min(1e-20).log();
+    at::Tensor u = torch::empty({len, k}, torch::kFloat32);
+    float* p = u.data_ptr<float>();
+    at::parallel_for(0, len, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const auto token = static_cast<uint64_t>(first_token + start + r);
+        for (int64_t j = 0; j < k; ++j) p[r * k + j] = hashed_uniform(key, token * static_cast<uint64_t>(k) + j);
+      }
+    });
+    const at::Tensor gumbel = -(-(u.log())).log();
     indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
   }
   return indices;
@@ -128,11 +141,18 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
   return options_.use_cosine_sim() ? l2norm(grouped) : grouped;
 }
 
-at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator) const {
+at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const {
+  uint64_t key = 0;
+  if (generator.defined()) {  // one draw per call, the same on every rank
+    at::Generator gen = generator;  // a handle: draws advance the caller's generator
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  }
   std::vector<at::Tensor> per_codebook;
   for (int64_t c = 0; c < tokens.size(0); ++c) {
     per_codebook.push_back(generator.defined()
-                               ? sample_codes(tokens[c], embed_[c], metric_, options_.sample_codebook_temp(), generator)
+                               ? sample_codes(tokens[c], embed_[c], metric_, options_.sample_codebook_temp(),
+                                              mix64(key + static_cast<uint64_t>(c)), first_token)
                                : nearest_code(tokens[c], embed_[c], metric_).indices);
   }
   return torch::stack(per_codebook);
@@ -163,7 +183,9 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   if (is_training() && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
-  const at::Tensor indices = assign(tokens, stochastic ? or_default(ctx.generator) : at::Generator());
+  const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
+  const at::Tensor indices =
+      assign(tokens, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * tokens_per_item);
   const at::Tensor q = lookup(indices);
   const int64_t cd = options_.codebook_dim();
   const at::Tensor out = options_.estimator() == VqEstimator::RotationTrick
@@ -247,7 +269,7 @@ void Vq::expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Gener
 at::Tensor Vq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
   const at::Tensor tokens = prepare(group_by_codebook(x));
-  return ungroup_indices(assign(tokens, at::Generator()), x.size(0), x.size(1));
+  return ungroup_indices(assign(tokens, at::Generator(), 0), x.size(0), x.size(1));
 }
 
 at::Tensor Vq::decode(const at::Tensor& indices) {

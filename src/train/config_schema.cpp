@@ -92,7 +92,8 @@ Schema build_schema() {
                    "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."));
   s.add(K::integer("quantizer.lfq.num_codebooks", 1, "LFQ codebooks per token, each of log2 K bits.").in_range(1, 64));
   s.add(K::floating("quantizer.lfq.frac_per_sample_entropy", 1.0,
-                    "Fraction of each batch's tokens (drawn at random per rank) that enter the entropy loss.")
+                    "Fraction of each batch's tokens that enter the entropy loss: each token with this probability, "
+                    "by a hash of its place in the global batch (the reference takes exactly that share).")
             .greater_than(0)
             .at_most(1));
   s.add(K::integer("quantizer.vq.dim", 8, "Channels of each latent token, the length of each code vector.")

@@ -362,6 +362,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     // function of (seed, step): the same on every rank and after a resume, with no collective.
     quant::QuantizeContext ctx;
     ctx.reducer = s.reducer.get();
+    ctx.first_item = data::EpochPlan::rank_offset(s.batch_size, s.group->size(), s.group->rank());
     ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
         derive_seed(static_cast<uint64_t>(s.config.get_int("train.seed")), static_cast<uint64_t>(s.step),
                     /*purpose=*/2));

@@ -40,11 +40,14 @@ constexpr int kSteps = 3;
 
 // Runs kSteps on `x` (this holder's part); the loss is weighted by part / whole * holders, as the
 // trainer does, so that averaging over holders gives the whole batch's loss and gradient.
-Trace train(quant::Quantizer& q, quant::Reducer& reducer, const std::vector<at::Tensor>& batches, double weight) {
+Trace train(quant::Quantizer& q, quant::Reducer& reducer, const std::vector<at::Tensor>& batches, double weight,
+            int64_t first_item) {
   Trace t;
   for (int step = 0; step < kSteps; ++step) {
     const at::Tensor x = batches[step].clone().requires_grad_();
-    const quant::QuantizerOutput out = q.quantize(x, {&reducer, step_generator(step)});
+    quant::QuantizeContext ctx{&reducer, step_generator(step)};
+    ctx.first_item = first_item;
+    const quant::QuantizerOutput out = q.quantize(x, ctx);
     // A stand-in for the decoder's loss, so that quantizers without losses (FSQ) are checked too.
     const at::Tensor loss = (out.total_loss() + out.quantized.pow(2).mean()) * weight;
     loss.backward();
@@ -68,7 +71,7 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
     batches.push_back(torch::empty({items, 6, reference->dim()}).normal_(0, 1, at::detail::createCPUGenerator(step)));
   }
   quant::LocalReducer local;
-  const Trace single = train(*reference, local, batches, 1.0);
+  const Trace single = train(*reference, local, batches, 1.0, 0);
 
   // Built here, one after another: construction draws from torch's default generator, which rank
   // threads building at once would share.
@@ -82,7 +85,7 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
     for (const auto& b : batches) mine.push_back(b.narrow(0, first, c.split[r]));
     auto q = quantizers[r];
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
-    traces[r] = train(*q, reducer, mine, static_cast<double>(c.split[r]) * w / static_cast<double>(items));
+    traces[r] = train(*q, reducer, mine, static_cast<double>(c.split[r]) * w / static_cast<double>(items), first);
   });
   for (int r = 0; r < w; ++r) ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
 
@@ -118,6 +121,13 @@ INSTANTIATE_TEST_SUITE_P(
               "quantizer.vq.separate_codebook_per_head=true", "quantizer.vq.threshold_ema_dead_code=1.0"},
              {3, 3, 2}},
         Case{"fsq_5_3", "fsq", {}, {5, 3}},
+        // Randomness keyed by each token's place in the global batch: the same draws as one process.
+        Case{"fsq_noise_dropout_5_3", "fsq",
+             {"quantizer.fsq.preserve_symmetry=true", "quantizer.fsq.noise_dropout=0.5"}, {5, 3}},
+        Case{"vq_stochastic_codes_3_3_2", "vq",
+             {"quantizer.vq.codebook_size=16", "quantizer.vq.stochastic_sample_codes=true"}, {3, 3, 2}},
+        Case{"lfq_entropy_subset_5_3", "lfq",
+             {"quantizer.lfq.codebook_size=64", "quantizer.lfq.frac_per_sample_entropy=0.5"}, {5, 3}},
         Case{"lfq_3_3_2", "lfq", {"quantizer.lfq.codebook_size=64"}, {3, 3, 2}},
         Case{"residual_vq_dropout_5_3", "residual-vq",
              {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=3",

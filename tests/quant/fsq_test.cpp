@@ -315,10 +315,26 @@ TEST(FsqNoiseDropout, NeedsTheSymmetricBoundAndAProbability) {
   EXPECT_THROW(Fsq(FsqOptions({(int64_t{1} << 22) + 1})), InvalidArgument);
 }
 
-QuantizerOutput noisy(Fsq& fsq, const at::Tensor& x, uint64_t seed) {
+QuantizerOutput noisy(Fsq& fsq, const at::Tensor& x, uint64_t seed, int64_t first_item = 0) {
   QuantizeContext ctx;
   ctx.generator = at::detail::createCPUGenerator(seed);
+  ctx.first_item = first_item;
   return fsq.quantize(x, ctx);
+}
+
+// The noise of an element is keyed by its place in the global batch: a holder of items [2, 4)
+// draws what one process holding items [0, 4) draws for them, and two holders of different items
+// draw independently even on identical inputs (they agreed on 87.8% of decisions when the noise
+// followed the local position; independent draws with p = 0.5 agree on half).
+TEST(FsqNoiseDropout, KeyedByTheGlobalPositionOfEachElement) {
+  Fsq fsq(FsqOptions({5, 5, 5, 5}).preserve_symmetry(true).noise_dropout(0.5));
+  const at::Tensor x = torch::zeros({4, 5000, 4});
+  const at::Tensor whole = noisy(fsq, x, 3).quantized;
+  const at::Tensor second_half = noisy(fsq, x.narrow(0, 2, 2), 3, /*first_item=*/2).quantized;
+  EXPECT_TRUE(torch::equal(second_half, whole.narrow(0, 2, 2)));
+  const at::Tensor first_half = noisy(fsq, x.narrow(0, 0, 2), 3, /*first_item=*/0).quantized;
+  const double same_decision = ((first_half != 0) == (second_half != 0)).to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(same_decision, 0.5, 0.02);
 }
 
 TEST(FsqNoiseDropout, SeededTrainingOnlyAndIndicesUntouched) {

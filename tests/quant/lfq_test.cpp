@@ -1,4 +1,5 @@
 #include "lockstep/quant/lfq.h"
+#include "lockstep/core/random.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -347,35 +348,51 @@ TEST(Lfq, TwoCodebooksAverageEachCodebooksBruteForceEntropy) {
   EXPECT_EQ(projected.quantize(torch::randn({1, 4, 5}), {}).indices.sizes(), (std::vector<int64_t>{1, 4, 3}));
 }
 
-TEST(Lfq, SampledFractionComesFromTheContextGenerator) {
+// With frac_per_sample_entropy < 1 each token joins the entropy subset with probability frac, by a
+// hash of (one number drawn from the context's generator, the token's global position).
+std::vector<int64_t> expected_subset(uint64_t seed, int64_t first_token, int64_t tokens, float frac) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const uint64_t key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  std::vector<int64_t> chosen;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) chosen.push_back(t);
+  }
+  return chosen;
+}
+
+TEST(Lfq, SampledFractionComesFromTheContextGeneratorAndTheGlobalPosition) {
   torch::manual_seed(12);
   const LfqOptions options = LfqOptions(16).frac_per_sample_entropy(0.4).inv_temperature(1.0);
   Lfq lfq(options);
-  const at::Tensor x = torch::randn({2, 10, 4}) * 0.5;  // 20 tokens, 8 sampled
-  const auto loss_with_seed = [&](uint64_t seed, CountingReducer* reducer) {
+  const at::Tensor x = torch::randn({2, 10, 4}) * 0.5;  // 20 tokens
+  const auto loss_with_seed = [&](uint64_t seed, CountingReducer* reducer, int64_t first_item = 0) {
     QuantizeContext ctx;
     ctx.generator = at::detail::createCPUGenerator(seed);
     ctx.reducer = reducer;
+    ctx.first_item = first_item;
     return lfq.quantize(x, ctx).losses.at("entropy").item<float>();
   };
   CountingReducer reducer;
   const float a = loss_with_seed(7, &reducer);
+  const std::vector<int64_t> chosen = expected_subset(7, 0, 20, 0.4f);
+  ASSERT_GT(chosen.size(), 0u);
+  ASSERT_LT(chosen.size(), 20u);
   EXPECT_EQ(reducer.calls, 1);
-  EXPECT_EQ(reducer.last_local[0].item<float>(), 8.0f) << "count of sampled tokens";
+  EXPECT_EQ(reducer.last_local[0].item<float>(), static_cast<float>(chosen.size())) << "count of sampled tokens";
+  EXPECT_EQ(reducer.last_local[1].item<float>(), 20.0f) << "count of all tokens";
   EXPECT_EQ(loss_with_seed(7, nullptr), a);
   EXPECT_NE(loss_with_seed(8, nullptr), a);
+  EXPECT_NE(loss_with_seed(7, nullptr, /*first_item=*/5), a) << "another place in the batch, another subset";
 
-  // The same subset as randperm(20, generator) picks, through the brute force.
-  at::Generator gen = at::detail::createCPUGenerator(7);
-  const at::Tensor chosen = torch::randperm(20, gen, torch::kInt64).narrow(0, 0, 8);
-  const at::Tensor subset = x.reshape({-1, 4}).index_select(0, chosen);
+  const at::Tensor subset =
+      x.reshape({-1, 4}).index_select(0, torch::tensor(chosen, torch::kInt64));
   const BruteForce ref = brute_force(subset, lfq.indices_to_codes(torch::arange(16)), 1.0);
   EXPECT_NEAR(a, ((ref.per_sample_clamped - ref.codebook) * 0.1).item<float>(), 1e-6);
   // Not all tokens: the full batch gives another value.
   const BruteForce all = brute_force(x.reshape({-1, 4}), lfq.indices_to_codes(torch::arange(16)), 1.0);
   EXPECT_GT(std::abs(a - ((all.per_sample_clamped - all.codebook) * 0.1).item<float>()), 1e-4);
 
-  // One reduction per call even when no token is sampled (int(2 * 0.4) = 0) or there are none.
+  // One reduction per call even when no token is sampled or there are none; the loss stays finite.
   for (int64_t n : {0, 1, 3}) {
     reducer.calls = 0;
     QuantizeContext ctx;
@@ -383,7 +400,7 @@ TEST(Lfq, SampledFractionComesFromTheContextGenerator) {
     const at::Tensor xn = torch::randn({2, n, 4}, torch::requires_grad());
     const at::Tensor loss = lfq.quantize(xn, ctx).total_loss();
     EXPECT_EQ(reducer.calls, 1) << "n = " << n;
-    EXPECT_EQ(reducer.last_local[0].item<float>(), static_cast<float>(static_cast<int64_t>(2 * n * 0.4)));
+    EXPECT_EQ(reducer.last_local[1].item<float>(), static_cast<float>(2 * n));
     EXPECT_TRUE(torch::isfinite(loss).item<bool>()) << "n = " << n;
     loss.backward();
   }

@@ -20,6 +20,20 @@ class SplitMix64 {
   uint64_t state_;
 };
 
+// SplitMix64's finaliser: a well-mixed 64-bit hash of `x`, for counter-based random numbers
+// keyed by (seed, position) that do not depend on how work is split.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// A float in (0, 1), exact in float32, from the hash of (key, counter).
+inline float hashed_uniform(uint64_t key, uint64_t counter) {
+  return (static_cast<float>(mix64(key ^ mix64(counter)) >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
 // A seed for an independent stream derived from (seed, a, b), e.g. (run seed, epoch, purpose).
 uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0);
 

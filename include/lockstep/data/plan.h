@@ -45,6 +45,8 @@ class EpochPlan {
   // This rank's part of global batch `step`: contiguous, in rank order, the first
   // global_batch % world ranks holding one sample more (the trainer's split).
   std::vector<int64_t> rank_part(int64_t step, int world_size, int rank) const;
+  // Where `rank`'s part starts in a global batch of `global_batch` split over `world_size` ranks.
+  static int64_t rank_offset(int64_t global_batch, int world_size, int rank);
   // A hash of the whole epoch's sequence (buckets and samples), for ranks to compare at the start
   // of each epoch and for pinned-value tests.
   uint64_t hash() const;

@@ -70,6 +70,7 @@ constexpr int64_t kFsqChunkPositions = 1024;
 struct FsqNoise {
   uint64_t seed = 0;
   uint32_t threshold = 0;  // p * 2^32; 0 means no noise
+  int64_t element_offset = 0;  // global index of z's first element: the noise is keyed by it
 };
 
 // Tokens [token_begin, token_end) of z (tokens, L) -> codes (tokens, L), indices (tokens,) and,
@@ -111,7 +112,9 @@ class Fsq final : public Quantizer {
   // With `noise` set (defined or not: undefined means torch's default CPU generator), noise
   // dropout is applied as FsqOptions::noise_dropout says; one 64-bit number is drawn from the
   // generator per call, so the result does not depend on the thread count.
-  FsqCodes quantize_and_index(const at::Tensor& z, const std::optional<at::Generator>& noise = std::nullopt) const;
+  // `element_offset` is the global index of z's first element (QuantizeContext::first_item).
+  FsqCodes quantize_and_index(const at::Tensor& z, const std::optional<at::Generator>& noise = std::nullopt,
+                              int64_t element_offset = 0) const;
   // As quantize_and_index without gradient or noise, into preallocated outputs (codes: float32,
   // contiguous, z's shape; indices: int64, contiguous, z's shape without its last axis), so that
   // an encoder reusing its buffers pays no allocation or page faults.

@@ -19,6 +19,11 @@ struct QuantizeContext {
   // Randomness that must agree across ranks: seeded once and advanced by step counters by the
   // caller. Undefined means the quantizer must not need randomness.
   at::Generator generator;
+  // Index in the global batch of this holder's first item (b). Per-token randomness (FSQ noise
+  // dropout, VQ's sampled codes, LFQ's entropy subset) is keyed by a token's global position, so
+  // W holders draw exactly what one process holding the whole batch draws, and different holders
+  // draw independently.
+  int64_t first_item = 0;
 };
 
 struct QuantizerOutput {

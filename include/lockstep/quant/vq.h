@@ -129,7 +129,8 @@ class Vq final : public Quantizer {
   // Tokens (C, M, cd) the codebooks see: l2-normalised when cosine.
   at::Tensor prepare(const at::Tensor& grouped) const;
   // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined.
-  at::Tensor assign(const at::Tensor& tokens, const at::Generator& generator) const;
+  // first_token: the global index of tokens' first row (sampled codes are keyed by it).
+  at::Tensor assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const;
   at::Tensor lookup(const at::Tensor& indices) const;  // (C, M) -> (C, M, cd)
   at::Tensor orthogonal_loss() const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
