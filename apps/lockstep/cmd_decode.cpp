@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "folder_input.h"
 #include "lockstep/core/error.h"
+#include "lockstep/io/nesting.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/io/image.h"
@@ -61,7 +62,9 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
   int64_t written = 0;
   std::set<std::string> outputs;
   try {
-    const nlohmann::json index = nlohmann::json::parse(io::read_file(index_path));
+    const std::string index_text = io::read_file(index_path);
+    io::check_nesting(io::json_nesting_depth(index_text), io::kMaxJsonNesting, index_path);
+    const nlohmann::json index = nlohmann::json::parse(index_text);
     LOCKSTEP_THROW_IF_NOT(index.at("format") == kTokenIndexFormat, CorruptInput, index_path, ": format ",
                           index.at("format").dump(), ", expected \"", kTokenIndexFormat, "\"");
     for (const auto& bucket : index.at("buckets")) {

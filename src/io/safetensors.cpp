@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lockstep/core/error.h"
+#include "lockstep/io/nesting.h"
 #include "lockstep/io/atomic_file.h"
 
 namespace lockstep::io {
@@ -172,6 +173,8 @@ SafetensorsData decode_safetensors(const std::string& bytes, const std::string& 
   LOCKSTEP_THROW_IF_NOT(n <= bytes.size() - 8, CorruptInput, origin, ": safetensors header length ", n, " exceeds the ",
                         bytes.size() - 8, " bytes after the length field");
 
+  const std::string_view header_text(bytes.data() + 8, static_cast<size_t>(n));
+  check_nesting(json_nesting_depth(header_text), kMaxJsonNesting, origin + ": safetensors header");
   json header;
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));

@@ -17,6 +17,7 @@
 #include "config_text.h"
 #include "lockstep/core/error.h"
 #include "lockstep/io/atomic_file.h"
+#include "lockstep/io/nesting.h"
 
 namespace lockstep::train {
 using namespace config_text;
@@ -259,6 +260,7 @@ void Config::load_toml_file(const std::string& path) {
 }
 
 void Config::load_toml_string(std::string_view text, const std::string& origin) {
+  io::check_nesting(io::toml_nesting_depth(text), io::kMaxTomlNesting, origin);
   toml::table root;
   try {
     root = toml::parse(text);
@@ -279,12 +281,16 @@ void Config::set(const std::string& key, Value value) {
 }
 
 void Config::set_from_string(const std::string& assignment) {
+  // Quoted whole only when short: a 400 KB list is named by its start and its size.
+  const std::string shown = assignment.size() <= 200 ? assignment
+                                                     : assignment.substr(0, 160) + "... (" +
+                                                           std::to_string(assignment.size()) + " characters)";
   size_t eq = assignment.find('=');
   std::string key = trim(std::string_view(assignment).substr(0, eq));
   if (eq == std::string::npos || key.empty()) {
-    throw InvalidArgument("invalid override '" + assignment + "': expected key=value, e.g. train.lr=1e-3");
+    throw InvalidArgument("invalid override '" + shown + "': expected key=value, e.g. train.lr=1e-3");
   }
-  std::string where = " (override '" + assignment + "')";
+  std::string where = " (override '" + shown + "')";
   const KeySpec* spec = schema_->find(key);
   if (!spec) fail_unknown(*schema_, key, where, false);
   Value value = from_text(*spec, trim(std::string_view(assignment).substr(eq + 1)), where);
