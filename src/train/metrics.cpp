@@ -2,6 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -24,8 +29,12 @@ MetricsLog::MetricsLog(std::string path, int64_t resume_step) : path_(std::move(
     }
     io::write_file_atomic(path_, kept);
   }
-  out_.open(path_, std::ios::app);
-  LOCKSTEP_THROW_IF_NOT(out_.good(), IoError, "cannot open ", path_, " for writing");
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  LOCKSTEP_THROW_IF_NOT(fd_ >= 0, IoError, "cannot open ", path_, " for writing: ", std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsLog::write(const MetricsRecord& record) {
@@ -33,9 +42,21 @@ void MetricsLog::write(const MetricsRecord& record) {
   j["kind"] = record.kind;
   j["step"] = record.step;
   for (const auto& [key, value] : record.values) j[key] = value;
-  out_ << j.dump() << "\n";
-  out_.flush();
-  LOCKSTEP_THROW_IF_NOT(out_.good(), IoError, "writing ", path_, " failed");
+  const std::string line = j.dump() + "\n";
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+        // The torn line stays; a resumed run drops it when it reads the file back.
+      }
+      throw IoError(detail::concat("writing ", path_, " failed: ", std::strerror(err), " (the line was not kept)"));
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 std::vector<MetricsRecord> read_metrics(const std::string& path) {

@@ -21,13 +21,18 @@ class MetricsLog {
   // which an interrupted run wrote past its last checkpoint and the resumed run will write again.
   MetricsLog(std::string path, int64_t resume_step = -1);
 
-  // Appends one line and flushes it, so a crash loses at most the line being written.
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // Appends one line with one write. When the write fails (a full disk), the file is cut back to
+  // the end of the previous line and IoError is thrown: no half line is left behind.
   void write(const MetricsRecord& record);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // Reads every record of a metrics.jsonl file (for tests and tools); throws CorruptInput for a
