@@ -88,6 +88,8 @@ struct Findings {
   double sgemm_gflops = 0;
   double triad_gbs = 0;
   FashionMnistStatus data;
+  std::string data_error;  // the files are there but cannot be read: what is wrong
+  int64_t train_images = 0, test_images = 0;
 };
 
 Findings examine(const DoctorOptions& opt) {
@@ -105,6 +107,15 @@ Findings examine(const DoctorOptions& opt) {
   f.core_by_lockstep = coretype_set_by_lockstep();
   f.core_env = std::getenv(kCoretypeEnv);
   f.data = locate_fashion_mnist(opt.data_dir);
+  if (f.data.found) {
+    // Opened and checked as training would (headers, sizes, labels), not only looked for.
+    try {
+      f.train_images = data::load_fashion_mnist(opt.data_dir, data::Split::Train).count;
+      f.test_images = data::load_fashion_mnist(opt.data_dir, data::Split::Test).count;
+    } catch (const std::exception& e) {
+      f.data_error = e.what();
+    }
+  }
   return f;
 }
 
@@ -142,9 +153,12 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
                                                        "scripts/install-deps lists, rebuild)"
                                                      : "decoded with " + decoder);
-  rows.emplace_back("Fashion-MNIST", f.data.found ? "found in " + f.data.dir
-                                                  : "missing (" + std::to_string(f.data.missing_files.size()) +
-                                                        " of 4 files absent from " + f.data.dir + ")");
+  rows.emplace_back("Fashion-MNIST",
+                    !f.data.found ? "missing (" + std::to_string(f.data.missing_files.size()) + " of 4 files absent from " +
+                                        f.data.dir + ")"
+                    : !f.data_error.empty() ? "damaged in " + f.data.dir
+                                            : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
+                                                  " training and " + std::to_string(f.test_images) + " test images)");
   return rows;
 }
 
@@ -172,6 +186,10 @@ std::vector<std::string> report_warnings(const Findings& f) {
   if (data::image_decoder_version().empty()) {
     warnings.push_back("this build cannot decode images, so `lockstep train --data FOLDER` is unavailable: "
                        "install libopencv-imgcodecs-dev and libopencv-imgproc-dev (scripts/install-deps) and rebuild");
+  }
+  if (f.data.found && !f.data_error.empty()) {
+    warnings.push_back("Fashion-MNIST in " + f.data.dir + " cannot be read: " + f.data_error +
+                       " (reinstall it: apt-get install --reinstall dataset-fashion-mnist)");
   }
   if (!f.data.found) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +

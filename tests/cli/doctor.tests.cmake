@@ -1,5 +1,5 @@
 # `lockstep doctor`: it runs, says what it prints, picks OpenBLAS's kernels and never fails on warnings.
-lockstep_cli_test(doctor_runs EXIT 0 OUTPUT "LibTorch +1\\.13.*BLAS.*sgemm n=1024 +[0-9.]+ GFLOP/s.*triad bandwidth +[0-9.]+ GB/s.*Fashion-MNIST"
+lockstep_cli_test(doctor_runs EXIT 0 OUTPUT "LibTorch +1\\.13.*BLAS.*sgemm n=1024 +[0-9.]+ GFLOP/s.*triad bandwidth +[0-9.]+ GB/s.*Fashion-MNIST +read from .* \\(60000 training and 10000 test images\\)"
                   ARGS doctor --quick)
 lockstep_cli_test(doctor_help EXIT 0 OUTPUT "sgemm GFLOP/s.*--threads.*--data.*--quick" ARGS doctor --help)
 lockstep_cli_test(doctor_threads_flag EXIT 0 OUTPUT "intra-op threads +1 \\(--threads\\).*GFLOP/s with 1 thread \\(.*GB/s with 1 thread"
@@ -38,3 +38,8 @@ if(EXISTS ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3)
 else()
   message(STATUS "cli.doctor_warns_about_reference_blas not defined: no ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3")
 endif()
+# The doctor opens the data set: a damaged file (here cut short) is a warning naming it.
+lockstep_cli_test(doctor_reads_the_data_set EXIT 0
+                  OUTPUT "Fashion-MNIST +damaged in data.*WARNING: Fashion-MNIST in data cannot be read: .*t10k-images-idx3-ubyte.gz"
+                  SETUP "cp -r /usr/share/datasets/fashion-mnist data && head -c 5000 /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz > data/t10k-images-idx3-ubyte.gz"
+                  ARGS doctor --quick --threads 1 --data data)
