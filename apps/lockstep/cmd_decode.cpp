@@ -38,8 +38,9 @@ at::Tensor load_token_ids(const std::string& path, train::TrainedModel& t) {
   LOCKSTEP_CHECK_ARG(!tokens.is_floating_point() && tokens.scalar_type() != torch::kBool, path,
                      ": token ids must be integers, got ", tokens.scalar_type());
   const at::Tensor ids = tokens.to(torch::kInt64);
-  LOCKSTEP_CHECK_ARG(ids.dim() >= 3 && ids.size(0) > 0, path, ": expected token ids of shape (images, h, w",
-                     t.model->quantizer().num_indices() > 1 ? ", k" : "", "), got ", ids.sizes());
+  LOCKSTEP_CHECK_ARG(ids.dim() >= 3 && ids.numel() > 0, path, ": expected token ids of shape (images, h, w",
+                     t.model->quantizer().num_indices() > 1 ? ", k" : "", ") with no side of length 0, got ",
+                     ids.sizes());
   return ids;
 }
 
@@ -67,6 +68,7 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
     const nlohmann::json index = nlohmann::json::parse(index_text);
     LOCKSTEP_THROW_IF_NOT(index.at("format") == kTokenIndexFormat, CorruptInput, index_path, ": format ",
                           index.at("format").dump(), ", expected \"", kTokenIndexFormat, "\"");
+    std::set<std::string> sources;  // every image once: a second one of a path would overwrite the first
     for (const auto& bucket : index.at("buckets")) {
       const std::string file = (fs::path(args.tokens) / bucket.at("file").get<std::string>()).string();
       const auto& paths = bucket.at("paths");
@@ -78,6 +80,11 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
         const fs::path source = paths[i].get<std::string>();
         LOCKSTEP_THROW_IF_NOT(source.is_relative() && source.lexically_normal().string().rfind("..", 0) != 0,
                               CorruptInput, index_path, ": path ", source, " leads outside the output directory");
+        const fs::path name = source.lexically_normal().filename();
+        LOCKSTEP_THROW_IF_NOT(!name.empty() && name != "." && name != "..", CorruptInput, index_path, ": path ",
+                              source, " names no file");
+        LOCKSTEP_THROW_IF_NOT(sources.insert(source.lexically_normal().string()).second, CorruptInput, index_path,
+                              ": path ", source, " is listed twice");
         // a.jpg -> a.png, unless a.png (or another a.*) came first: then a.jpg.png.
         fs::path out = fs::path(args.output_dir) / paths[i].get<std::string>();
         out.replace_extension(".png");

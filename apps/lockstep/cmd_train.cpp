@@ -1,4 +1,6 @@
 // lockstep train: train an autoencoder into a run directory, or resume one.
+#include <c10/util/Exception.h>
+
 #include <csignal>
 #include <ctime>
 #include <iostream>
@@ -93,6 +95,9 @@ int run_train(const TrainArgs& args) {
   // moment on destruction so that the other ranks can read where everyone was.
   try {
     return run_train_on(args, group);
+  } catch (const c10::Error& e) {
+    report_error(e.what_without_backtrace());  // without LibTorch's C++ stack frames
+    return kExitError;
   } catch (const std::exception& e) {
     report_error(e.what());
     return kExitError;

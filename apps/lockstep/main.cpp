@@ -1,5 +1,8 @@
 // lockstep: train, evaluate and use image tokenizers. Each subcommand lives in its own file.
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <new>
 #include <iostream>
 
 #include "blas_env.h"
@@ -55,6 +58,14 @@ int main(int argc, char** argv) {
 
   try {
     return run();
+  } catch (const c10::Error& e) {
+    // LibTorch's own message, without its C++ stack frames: they tell a user nothing.
+    lockstep::cli::report_error(e.what_without_backtrace());
+    return lockstep::cli::kExitError;
+  } catch (const std::bad_alloc&) {
+    lockstep::cli::report_error("out of memory: the sizes asked for (batch, image, model or codebook) need more "
+                                "memory than this machine can give");
+    return lockstep::cli::kExitError;
   } catch (const std::exception& e) {
     // lockstep::Error, and what torch and the standard library throw: an error report, never a crash.
     lockstep::cli::report_error(e.what());

@@ -98,6 +98,9 @@ void load_module_state(torch::nn::Module& module, const std::map<std::string, at
     LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst.sizes() && it->second.scalar_type() == dst.scalar_type(),
                           CorruptInput, origin, ": tensor '", name, "' is ", it->second.scalar_type(), " ",
                           it->second.sizes(), ", the model needs ", dst.scalar_type(), " ", dst.sizes());
+    // A nan or inf weight turns every later result into garbage (token ids of -2^31): refused here.
+    LOCKSTEP_THROW_IF_NOT(!it->second.is_floating_point() || torch::isfinite(it->second).all().item<bool>(),
+                          CorruptInput, origin, ": tensor '", name, "' holds nan or infinite values");
     at::Tensor(dst).copy_(it->second);
   }
 }

@@ -306,7 +306,17 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   s->adam->load_state(c.optimizer, c.optimizer_steps);
   LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
-  cpu_generator.set_state(c.torch_rng);
+  const at::Tensor expected_rng = cpu_generator.get_state();
+  LOCKSTEP_THROW_IF_NOT(c.torch_rng.scalar_type() == expected_rng.scalar_type() &&
+                            c.torch_rng.sizes() == expected_rng.sizes(),
+                        CorruptInput, path, ": its RNG state is ", c.torch_rng.scalar_type(), " ", c.torch_rng.sizes(),
+                        ", a CPU generator's state is ", expected_rng.scalar_type(), " ", expected_rng.sizes());
+  try {
+    cpu_generator.set_state(c.torch_rng);
+  } catch (const c10::Error& e) {
+    throw CorruptInput(detail::concat(path, ": its RNG state is not a valid generator state: ",
+                                      e.what_without_backtrace()));
+  }
   s->step = c.step;
   s->saved_step = c.step;
   s->check_same_config();

@@ -42,6 +42,11 @@ lockstep_cli_test(folder_resume_refuses_a_changed_folder EXIT 1
                   ARGS train --resume run --steps 4)
 # encode writes one .npy per bucket and an index; decode turns them back into a folder of PNGs at
 # the source paths.
+# An index naming one image twice (or no file at all) would overwrite images: refused.
+lockstep_cli_test(folder_decode_refuses_a_path_listed_twice EXIT 1 OUTPUT "tokens/index.json: path .* is listed twice"
+                  TIMEOUT 120
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 1 --run-dir run ${FOLDER} > run.log && ${LS} encode run -o tokens > encode.log && python3 ${CMAKE_CURRENT_LIST_DIR}/duplicate_index_path.py tokens"
+                  ARGS decode run --tokens tokens -o decoded)
 lockstep_cli_test(folder_encode_then_decode EXIT 0 OUTPUT "wrote 91 PNG images to decoded" TIMEOUT 120
                   SETUP "${IMAGES} && ${LS} train --data images --steps 2 --run-dir run ${FOLDER} > run.log && ${LS} encode run -o tokens > encode.log && grep -q 'encoded 91 images of images .* 1 unreadable files left out' encode.log && test -f tokens/80x64.npy"
                   ARGS decode run --tokens tokens -o decoded)

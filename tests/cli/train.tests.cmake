@@ -50,6 +50,9 @@ lockstep_cli_test(decode_rejects_float_tokens EXIT 1 OUTPUT "must be integers" T
 lockstep_cli_test(decode_rejects_out_of_range EXIT 1 OUTPUT "indices must lie in .0, 1000. " TIMEOUT 120
                   SETUP "${TINY_RUN} && python3 ${MAKE_NPY} f.npy '<i4' 1,14,14 127"
                   ARGS decode run --tokens f.npy -o out)
+lockstep_cli_test(decode_rejects_an_empty_grid EXIT 1 OUTPUT "with no side of length 0, got \\[2, 0, 7\\]" TIMEOUT 120
+                  REJECT "frame #" SETUP "${TINY_RUN} && python3 ${MAKE_NPY} e.npy '<i4' 2,0,7 0"
+                  ARGS decode run --tokens e.npy -o out)
 lockstep_cli_test(train_resume_print_config EXIT 1 OUTPUT "run being resumed keeps its own in nowhere/config.toml"
                   ARGS train --resume nowhere --print-config)
 # Numbers out of range are named in plain words: no 309-digit bound, no silent clamping.

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "io/test_temp_dir.h"
 #include "lockstep/core/error.h"
@@ -64,6 +65,25 @@ TEST(Checkpoint, AModelOfAnotherShapeIsRefusedByName) {
     // Names a tensor whose shape changed, both shapes, and the file.
     EXPECT_NE(what.find("' is Float [4], the model needs Float [6]"), std::string::npos) << what;
     EXPECT_NE(what.find("c.safetensors"), std::string::npos) << what;
+  }
+}
+
+// A nan weight made encode write token ids of -2^31 and exit 0: such a checkpoint is refused.
+TEST(Checkpoint, NonFiniteWeightsAreRefusedByName) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  Checkpoint c = sample_checkpoint(m);
+  auto& [name, tensor] = *c.model.begin();
+  tensor = tensor.clone();
+  tensor.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  save_checkpoint(tmp.file("nan.safetensors"), c);
+  auto fresh = small_model({4, 8});
+  try {
+    load_module_state(*fresh, load_checkpoint(tmp.file("nan.safetensors")).model, tmp.file("nan.safetensors"));
+    FAIL() << "a checkpoint with a nan weight was loaded";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor '" + name + "' holds nan or infinite values"), std::string::npos)
+        << e.what();
   }
 }
 
