@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "lockstep/core/error.h"
-#include "lockstep/io/nesting.h"
 #include "lockstep/io/atomic_file.h"
+#include "lockstep/io/nesting.h"
 
 namespace lockstep::io {
 namespace {
@@ -176,11 +178,26 @@ SafetensorsData decode_safetensors(const std::string& bytes, const std::string& 
   const std::string_view header_text(bytes.data() + 8, static_cast<size_t>(n));
   check_nesting(json_nesting_depth(header_text), kMaxJsonNesting, origin + ": safetensors header");
   json header;
+  // JSON lets a key repeat and the parser keeps the last; a checkpoint whose step or tensor is
+  // written twice is damaged, so repeats are found while parsing and refused.
+  std::vector<std::set<std::string>> keys_per_object;
+  std::string repeated;
+  const json::parser_callback_t watch_keys = [&](int, json::parse_event_t event, json& value) {
+    if (event == json::parse_event_t::object_start) keys_per_object.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys_per_object.empty()) keys_per_object.pop_back();
+    if (event == json::parse_event_t::key && !keys_per_object.empty() && repeated.empty() &&
+        !keys_per_object.back().insert(value.get<std::string>()).second) {
+      repeated = value.get<std::string>();
+    }
+    return true;
+  };
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), watch_keys);
   } catch (const json::exception& e) {
     throw CorruptInput(detail::concat(origin, ": safetensors header is not valid JSON: ", e.what()));
   }
+  LOCKSTEP_THROW_IF_NOT(repeated.empty(), CorruptInput, origin, ": safetensors header names '",
+                        repeated.substr(0, 100), "' twice in one object");
   LOCKSTEP_THROW_IF_NOT(header.is_object(), CorruptInput, origin, ": safetensors header is not a JSON object but ",
                         header.type_name());
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "lockstep/config_build.h"
@@ -20,12 +21,10 @@ int64_t parse_int(const io::SafetensorsData& data, const std::string& key) {
   auto it = data.metadata.find(key);
   LOCKSTEP_THROW_IF_NOT(it != data.metadata.end(), CorruptInput, data.origin, ": checkpoint metadata has no '", key,
                         "'");
-  try {
-    size_t used = 0;
-    const int64_t v = std::stoll(it->second, &used);
-    if (used == it->second.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
+  // Digits only: stoll would also take " 10" or "+10", which lockstep never writes.
+  const bool digits = !it->second.empty() && it->second.size() <= 18 &&
+                      std::all_of(it->second.begin(), it->second.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (digits) return std::stoll(it->second);
   throw CorruptInput(detail::concat(data.origin, ": checkpoint metadata '", key, "' = '", it->second,
                                     "' is not a non-negative integer"));
 }

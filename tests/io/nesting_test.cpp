@@ -54,5 +54,22 @@ TEST(Nesting, ATomlTableNameOf20000PartsIsRefused) {
   }
 }
 
+// JSON keeps the last of two equal keys; in a checkpoint that hides damage, so it is refused.
+TEST(SafetensorsHeader, AKeyNamedTwiceInOneObjectIsCorruptInput) {
+  try {
+    decode_safetensors(safetensors_with_header(R"({"__metadata__": {"step": "10", "step": "99"}})"), "twice.st");
+    FAIL() << "accepted";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("twice.st: safetensors header names 'step' twice"), std::string::npos)
+        << e.what();
+  }
+  // The same key in two different objects (every tensor has a dtype) is fine.
+  const std::string two_tensors =
+      safetensors_with_header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                              R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})") +
+      std::string(8, '\0');
+  EXPECT_NO_THROW(decode_safetensors(two_tensors, "ok.st"));
+}
+
 }  // namespace
 }  // namespace lockstep::io

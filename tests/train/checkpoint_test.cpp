@@ -87,6 +87,24 @@ TEST(Checkpoint, NonFiniteWeightsAreRefusedByName) {
   }
 }
 
+// Numbers in the metadata are digits only, as lockstep writes them (" 10" and "+10" loaded before).
+TEST(Checkpoint, MetadataNumbersAreDigitsOnly) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  save_checkpoint(tmp.file("c.safetensors"), sample_checkpoint(m));
+  for (const std::string bad : {" 10", "+10", "10 ", "1e3", "", "99999999999999999999"}) {
+    io::SafetensorsData data = io::load_safetensors(tmp.file("c.safetensors"));
+    data.metadata["step"] = bad;
+    io::save_safetensors(tmp.file("bad.safetensors"), data);
+    try {
+      load_checkpoint(tmp.file("bad.safetensors"));
+      FAIL() << "step '" << bad << "' was accepted";
+    } catch (const CorruptInput& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a non-negative integer"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Checkpoint, DamagedOrForeignFilesAreNamedErrors) {
   test_util::TempDir tmp;
   auto m = small_model({4, 8});
