@@ -8,6 +8,7 @@
 #include <string>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 
 namespace lockstep::quant {
@@ -49,6 +50,11 @@ Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
   bits_ = 0;
   while ((int64_t{1} << bits_) < options_.codebook_size()) ++bits_;
   const int64_t code_dim = options_.num_codebooks() * bits_;
+  // Training holds the average code distribution and its gradient: a few (codebooks, K) float tensors.
+  check_fits_in_memory(4.0 * 4 * static_cast<double>(options_.num_codebooks()) *
+                           static_cast<double>(options_.codebook_size()),
+                       ::lockstep::detail::concat("lfq: the code distribution of ", options_.num_codebooks(), " codebook(s) of ",
+                                      options_.codebook_size(), " codes"));
   dim_ = options_.dim().value_or(code_dim);
   if (dim_ != code_dim) {
     project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));

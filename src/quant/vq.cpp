@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
 
@@ -91,6 +92,9 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
     project_in_ = register_module("project_in", torch::nn::Linear(options_.dim(), options_.heads() * cd));
     project_out_ = register_module("project_out", torch::nn::Linear(options_.heads() * cd, options_.dim()));
   }
+  // embed, embed_avg and their working copies: about four (C, K, cd) float tensors.
+  check_fits_in_memory(4.0 * 4 * static_cast<double>(codebooks) * static_cast<double>(k) * static_cast<double>(cd),
+                       ::lockstep::detail::concat("vq: ", codebooks, " codebook(s) of ", k, " codes of dimension ", cd));
   at::Tensor embed = torch::zeros({codebooks, k, cd});
   if (!options_.kmeans_init()) {
     // The reference draws kaiming_uniform_ on a (C, K, cd) tensor, whose fan_in torch counts as

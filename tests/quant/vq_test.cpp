@@ -57,6 +57,18 @@ INSTANTIATE_TEST_SUITE_P(All, VqEstimators,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(VqEstimator::StraightThrough,
                                                                                    VqEstimator::RotationTrick)));
 
+// A codebook larger than any machine's memory is refused before allocating, saying what and how much.
+TEST(Vq, ACodebookBeyondMemoryIsRefusedBeforeAllocating) {
+  try {
+    Vq vq(VqOptions(1 << 20, 1 << 20));
+    FAIL() << "a 16 TiB codebook was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("vq: 1 codebook(s) of 1048576 codes of dimension 1048576 needs 16384.0 GiB"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Vq, DefaultEstimatorIsTheRotationTrickAboveOneDimension) {
   EXPECT_EQ(VqOptions(2, 4).estimator(), VqEstimator::RotationTrick);
   EXPECT_EQ(VqOptions(1, 4).estimator(), VqEstimator::StraightThrough);
