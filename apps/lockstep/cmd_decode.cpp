@@ -41,6 +41,21 @@ at::Tensor load_token_ids(const std::string& path, train::TrainedModel& t) {
   LOCKSTEP_CHECK_ARG(ids.dim() >= 3 && ids.numel() > 0, path, ": expected token ids of shape (images, h, w",
                      t.model->quantizer().num_indices() > 1 ? ", k" : "", ") with no side of length 0, got ",
                      ids.sizes());
+  // Named here with the file, the value and where it is: the quantizer alone knows none of these.
+  const int64_t codes = t.model->quantizer().codebook_size();
+  const at::Tensor bad = ((ids < 0) | (ids >= codes)).reshape(-1).nonzero();
+  if (bad.numel() > 0) {
+    const int64_t flat = bad[0][0].item<int64_t>();
+    std::vector<int64_t> where;
+    int64_t rest = flat;
+    for (int64_t d = ids.dim() - 1; d >= 0; --d) {
+      where.insert(where.begin(), rest % ids.size(d));
+      rest /= ids.size(d);
+    }
+    throw InvalidArgument(detail::concat(path, ": token id ", ids.reshape(-1)[flat].item<int64_t>(), " at ",
+                                         c10::IntArrayRef(where), " is outside [0, ", codes, ") (", bad.size(0),
+                                         " of the ", ids.numel(), " ids are)"));
+  }
   return ids;
 }
 
