@@ -10,27 +10,33 @@ std::vector<at::Tensor> code_counts_and_sums(const at::Tensor& tokens, const at:
   // A plain loop: LibTorch 1.13's index_add_ on a matrix runs one tensor op per row (~1.5 us each),
   // which made the EMA step of a 16384-token batch cost more than its nearest-code search.
   const int64_t codebooks = tokens.size(0), m = tokens.size(1), d = tokens.size(2);
-  at::Tensor counts = torch::zeros({codebooks * k}, torch::kFloat32);
-  at::Tensor sums = torch::zeros({codebooks * k, d}, torch::kFloat32);
+  at::Tensor counts = torch::zeros({codebooks * k}, torch::kFloat64);
+  at::Tensor sums = torch::zeros({codebooks * k, d}, torch::kFloat64);
   const at::Tensor x = tokens.to(torch::kFloat32).contiguous();
   const at::Tensor idx = indices.to(torch::kInt64).contiguous();
   const float* xp = x.data_ptr<float>();
   const int64_t* ip = idx.data_ptr<int64_t>();
-  float* cp = counts.data_ptr<float>();
-  float* sp = sums.data_ptr<float>();
+  double* cp = counts.data_ptr<double>();
+  double* sp = sums.data_ptr<double>();
   for (int64_t c = 0; c < codebooks; ++c) {
     for (int64_t t = 0; t < m; ++t) {
       const int64_t code = ip[c * m + t];
       LOCKSTEP_THROW_IF_NOT(code >= 0 && code < k, InvalidArgument, "code index ", code, " outside [0, ", k, ")");
       const int64_t row = c * k + code;
-      cp[row] += 1.0f;
+      cp[row] += 1.0;
       const float* src = xp + (c * m + t) * d;
-      float* dst = sp + row * d;
+      double* dst = sp + row * d;
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) dst[j] += src[j];
     }
   }
   return {counts, sums};
+}
+
+std::vector<at::Tensor> to_float_stats(const std::vector<at::Tensor>& stats) {
+  std::vector<at::Tensor> out;
+  for (const auto& s : stats) out.push_back(s.to(torch::kFloat32));
+  return out;
 }
 
 KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric,
@@ -50,6 +56,7 @@ KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t
     for (int64_t c = 0; c < codebooks; ++c) assigned.push_back(nearest_code(tokens[c], means[c], metric).indices);
     std::vector<at::Tensor> stats = code_counts_and_sums(tokens, torch::stack(assigned), k);
     reducer.sum_(stats, tag);
+    stats = to_float_stats(stats);
     counts = stats[0].view({codebooks, k});
     const at::Tensor empty = (counts == 0).unsqueeze(2);
     at::Tensor new_means = stats[1].view({codebooks, k, -1}) / counts.clamp_min(1).unsqueeze(2);

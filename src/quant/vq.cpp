@@ -242,6 +242,7 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
   const int64_t codebooks = tokens.size(0);
   std::vector<at::Tensor> stats = code_counts_and_sums(tokens, indices, k);
   reducer.sum_(stats, "vq.ema");  // exactly once per training call, whatever the data
+  stats = to_float_stats(stats);
   const double weight = 1.0 - options_.decay();
   cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);
   embed_avg_.lerp_(stats[1].view({codebooks, k, -1}), weight);

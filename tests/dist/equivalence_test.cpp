@@ -109,6 +109,52 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
   }
 }
 
+// Bitwise, not just close: tokens from flat image regions repeat exactly, so codes tie, and a sum
+// that differs in its last bit between W ranks and one process flips which code wins, after which
+// the codebooks drift apart (2.09 after 60 steps before the statistics were summed in float64).
+// With k-means, dead codes and EMA, W in {2, 3} must give the one-process codebook bit for bit.
+TEST(Equivalence, CodebooksAreBitwiseTheOneProcessOnesWithRepeatedTokens) {
+  const Case c{"vq_kmeans_dead_codes", "vq",
+               {"quantizer.vq.codebook_size=24", "quantizer.vq.kmeans_init=true", "quantizer.vq.kmeans_iters=4",
+                "quantizer.vq.threshold_ema_dead_code=2"},
+               {}};
+  for (const std::vector<int64_t> split : {std::vector<int64_t>{9, 7}, std::vector<int64_t>{6, 5, 5}}) {
+    const int w = static_cast<int>(split.size());
+    auto reference = build(c);
+    std::vector<at::Tensor> batches;
+    for (int step = 0; step < kSteps; ++step) {
+      at::Generator gen = at::detail::createCPUGenerator(50 + step);
+      at::Tensor b = torch::empty({16, 12, reference->dim()}).normal_(0, 1, gen);
+      const at::Tensor flat = torch::empty({3, reference->dim()}).normal_(0, 1, gen);  // "backgrounds"
+      for (int64_t item = 0; item < 16; ++item) {
+        for (int64_t t = 0; t < 8; ++t) b[item][t].copy_(flat[(item + t) % 3]);
+      }
+      batches.push_back(b);
+    }
+    quant::LocalReducer local;
+    const Trace single = train(*reference, local, batches, 1.0, 0);
+    std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
+    for (int r = 0; r < w; ++r) quantizers.push_back(build(c));
+    std::vector<Trace> traces(w);
+    const auto errors = test_util::run_ranks(w, [&](Group& g, int r) {
+      int64_t first = 0;
+      for (int k = 0; k < r; ++k) first += split[k];
+      std::vector<at::Tensor> mine;
+      for (const auto& b : batches) mine.push_back(b.narrow(0, first, split[r]));
+      GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
+      traces[r] = train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / 16.0, first);
+    });
+    for (int r = 0; r < w; ++r) {
+      ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
+      for (const auto& [name, value] : single.final_state) {
+        EXPECT_TRUE(torch::equal(traces[r].final_state.at(name), value))
+            << w << " ranks, rank " << r << ", " << name << ": "
+            << (traces[r].final_state.at(name) - value).abs().max().item<float>();
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Quantizers, Equivalence,
     ::testing::Values(

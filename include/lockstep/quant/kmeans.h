@@ -24,7 +24,13 @@ KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t
                     Reducer& reducer, const char* tag = "kmeans");
 
 // Per-code token counts (C*K) and sums (C*K, d) of tokens (C, M, d) assigned `indices` (C, M):
-// codebook c's code i is row c*K + i, so every codebook travels in one reduction.
+// codebook c's code i is row c*K + i, so every codebook travels in one reduction. float64, so that
+// sums over any split of the tokens (W ranks, then their sum) round to the same float32 as one sum
+// over all of them: the error of a double sum (2^-53 of the sum of magnitudes) decides the float
+// only when the exact sum lies that close to a midpoint between two floats.
+// Reduce them, then convert with to_float_stats().
 std::vector<at::Tensor> code_counts_and_sums(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
+// The reduced statistics, rounded to float32 once.
+std::vector<at::Tensor> to_float_stats(const std::vector<at::Tensor>& stats);
 
 }  // namespace lockstep::quant
