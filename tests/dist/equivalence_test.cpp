@@ -58,6 +58,29 @@ Trace train(quant::Quantizer& q, quant::Reducer& reducer, const std::vector<at::
   return t;
 }
 
+// Trains c's quantizer on ranks holding `split` items of each batch (threads of a real group).
+// Quantizers are built here, one after another: construction draws from torch's default generator,
+// which rank threads building at once would share.
+std::vector<Trace> train_on_ranks(const Case& c, const std::vector<int64_t>& split,
+                                  const std::vector<at::Tensor>& batches) {
+  const int w = static_cast<int>(split.size());
+  const int64_t items = batches[0].size(0);
+  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
+  for (int r = 0; r < w; ++r) quantizers.push_back(build(c));
+  std::vector<Trace> traces(w);
+  const auto errors = test_util::run_ranks(w, [&](Group& g, int r) {
+    int64_t first = 0;
+    for (int k = 0; k < r; ++k) first += split[k];
+    std::vector<at::Tensor> mine;
+    for (const auto& b : batches) mine.push_back(b.narrow(0, first, split[r]));
+    GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
+    traces[r] = train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / static_cast<double>(items),
+                      first);
+  });
+  for (int r = 0; r < w; ++r) EXPECT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
+  return traces;
+}
+
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
@@ -73,21 +96,9 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
   quant::LocalReducer local;
   const Trace single = train(*reference, local, batches, 1.0, 0);
 
-  // Built here, one after another: construction draws from torch's default generator, which rank
-  // threads building at once would share.
-  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
-  for (int r = 0; r < w; ++r) quantizers.push_back(build(c));
-  std::vector<Trace> traces(w);
-  const auto errors = test_util::run_ranks(w, [&](Group& g, int r) {
-    int64_t first = 0;
-    for (int k = 0; k < r; ++k) first += c.split[k];
-    std::vector<at::Tensor> mine;
-    for (const auto& b : batches) mine.push_back(b.narrow(0, first, c.split[r]));
-    auto q = quantizers[r];
-    GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
-    traces[r] = train(*q, reducer, mine, static_cast<double>(c.split[r]) * w / static_cast<double>(items), first);
-  });
-  for (int r = 0; r < w; ++r) ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
+  const std::vector<Trace> traces = train_on_ranks(c, c.split, batches);
+  ASSERT_EQ(traces.size(), static_cast<size_t>(w));
+  if (::testing::Test::HasFailure()) return;
 
   for (int step = 0; step < kSteps; ++step) {
     double loss = 0;
@@ -133,19 +144,9 @@ TEST(Equivalence, CodebooksAreBitwiseTheOneProcessOnesWithRepeatedTokens) {
     }
     quant::LocalReducer local;
     const Trace single = train(*reference, local, batches, 1.0, 0);
-    std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
-    for (int r = 0; r < w; ++r) quantizers.push_back(build(c));
-    std::vector<Trace> traces(w);
-    const auto errors = test_util::run_ranks(w, [&](Group& g, int r) {
-      int64_t first = 0;
-      for (int k = 0; k < r; ++k) first += split[k];
-      std::vector<at::Tensor> mine;
-      for (const auto& b : batches) mine.push_back(b.narrow(0, first, split[r]));
-      GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
-      traces[r] = train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / 16.0, first);
-    });
+    const std::vector<Trace> traces = train_on_ranks(c, split, batches);
+    if (::testing::Test::HasFailure()) return;
     for (int r = 0; r < w; ++r) {
-      ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
       for (const auto& [name, value] : single.final_state) {
         EXPECT_TRUE(torch::equal(traces[r].final_state.at(name), value))
             << w << " ranks, rank " << r << ", " << name << ": "
