@@ -1,6 +1,19 @@
 # The README's quick-start commands. Each installs what it needs first (scripts/install-deps is
 # idempotent and fast when everything is there), then configures, builds and runs.
+#
+# LIBTORCH=pip (default): LibTorch 2.x from PyPI's torch, in the project's Python environment
+#   (scripts/python-env); a CUDA build that also runs on CPU. Builds in build/.
+# LIBTORCH=system: Debian's libtorch-dev 1.13 (CPU only). Builds in build-system/.
+LIBTORCH ?= pip
+ifeq ($(LIBTORCH),pip)
 BUILD_DIR ?= build
+DEPS_FLAGS :=
+else ifeq ($(LIBTORCH),system)
+BUILD_DIR ?= build-system
+DEPS_FLAGS := --system
+else
+$(error LIBTORCH=$(LIBTORCH): use LIBTORCH=pip (PyPI's torch 2.x, the default) or LIBTORCH=system (Debian's 1.13))
+endif
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
@@ -10,10 +23,14 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 all: build
 
 deps:
-	@scripts/install-deps
+	@scripts/install-deps $(DEPS_FLAGS)
 
+# Configures once per LibTorch: a build directory made for another LibTorch is configured afresh.
 configure: deps
-	@if [ ! -f $(BUILD_DIR)/CMakeCache.txt ]; then cmake -S . -B $(BUILD_DIR) $(GENERATOR) $(CMAKE_FLAGS); fi
+	@root="$$( [ "$(LIBTORCH)" = pip ] && scripts/python-env --torch-root )"; \
+	if [ ! -f $(BUILD_DIR)/CMakeCache.txt ] || ! grep -qxF "LOCKSTEP_TORCH_ROOT:PATH=$$root" $(BUILD_DIR)/CMakeCache.txt; then \
+	  cmake --fresh -S . -B $(BUILD_DIR) $(GENERATOR) $(CMAKE_FLAGS) -DLOCKSTEP_TORCH_ROOT="$$root"; \
+	fi
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)

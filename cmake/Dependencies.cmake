@@ -1,5 +1,36 @@
 # Everything lockstep links against, found once for every target.
+
+# LibTorch: PyPI's torch (2.x) when LOCKSTEP_TORCH_ROOT names its package directory (the Makefile
+# passes `scripts/python-env --torch-root`), else whatever find_package finds (Debian's 1.13).
+set(LOCKSTEP_TORCH_ROOT "" CACHE PATH "torch's Python package directory (PyPI's LibTorch 2.x); empty: the system's LibTorch")
+if(LOCKSTEP_TORCH_ROOT)
+  if(NOT EXISTS "${LOCKSTEP_TORCH_ROOT}/share/cmake/Torch/TorchConfig.cmake")
+    message(FATAL_ERROR "LOCKSTEP_TORCH_ROOT=${LOCKSTEP_TORCH_ROOT} holds no share/cmake/Torch/TorchConfig.cmake "
+                        "(run scripts/python-env --torch-root for the right directory)")
+  endif()
+  # <Package>_ROOT is searched first by the find_library calls inside TorchConfig too, so the
+  # wheel's libraries win over a system LibTorch installed beside it.
+  set(Torch_ROOT "${LOCKSTEP_TORCH_ROOT}")
+endif()
 find_package(Torch REQUIRED)
+# Headers of one LibTorch with libraries of another crash at run time: refuse the mix here.
+get_filename_component(LOCKSTEP_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
+get_filename_component(LOCKSTEP_TORCH_LIBDIR "${LOCKSTEP_TORCH_LIBDIR}" REALPATH)
+get_filename_component(LOCKSTEP_TORCH_PREFIX "${TORCH_INSTALL_PREFIX}" REALPATH)
+string(FIND "${LOCKSTEP_TORCH_LIBDIR}" "${LOCKSTEP_TORCH_PREFIX}/" LOCKSTEP_TORCH_LIB_AT)
+if(NOT LOCKSTEP_TORCH_LIB_AT EQUAL 0)
+  message(FATAL_ERROR "LibTorch's CMake package is in ${TORCH_INSTALL_PREFIX} but its library was found at "
+                      "${TORCH_LIBRARY}: two LibTorch installations are mixed (set LOCKSTEP_TORCH_ROOT)")
+endif()
+# PyPI's torch links NCCL, cuDNN and the CUDA runtime from the nvidia-* wheels beside it (through
+# its RPATH). The CUDA toolkit's own copies come earlier on the link line, so point the linker at
+# the wheels' copies, or it resolves libtorch_cuda's symbols against an older NCCL and fails.
+get_filename_component(LOCKSTEP_NVIDIA_WHEELS "${LOCKSTEP_TORCH_PREFIX}/../nvidia" ABSOLUTE)
+file(GLOB LOCKSTEP_NVIDIA_LIBDIRS LIST_DIRECTORIES true "${LOCKSTEP_NVIDIA_WHEELS}/*/lib")
+set(LOCKSTEP_TORCH_LINK_OPTIONS)
+foreach(dir IN LISTS LOCKSTEP_NVIDIA_LIBDIRS)
+  list(APPEND LOCKSTEP_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${dir}")
+endforeach()
 find_package(Threads REQUIRED)
 # ATen's at::parallel_for splits work only in code compiled with OpenMP (_OPENMP defined).
 find_package(OpenMP REQUIRED)
@@ -23,10 +54,19 @@ else()
   message(WARNING "gloo headers not found: multi-process groups will be unavailable (install libgloo-dev)")
 endif()
 
-# CUDA paths are compiled only when the linked LibTorch was built with CUDA.
+# CUDA paths (devices, NCCL) are compiled only when the linked LibTorch was built with CUDA; NCCL's
+# header is the one of the NCCL that LibTorch links (PyPI: the nvidia-nccl wheel).
 set(LOCKSTEP_HAVE_CUDA OFF)
+set(LOCKSTEP_HAVE_NCCL OFF)
 if(LOCKSTEP_WITH_CUDA AND TORCH_CUDA_LIBRARIES)
   set(LOCKSTEP_HAVE_CUDA ON)
+  find_path(LOCKSTEP_NCCL_INCLUDE_DIR nccl.h HINTS "${LOCKSTEP_NVIDIA_WHEELS}/nccl/include" ${CUDAToolkit_INCLUDE_DIRS})
+  # lockstep calls NCCL itself (its version for doctor), so it links the library LibTorch loads.
+  find_library(LOCKSTEP_NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR HINTS "${LOCKSTEP_NVIDIA_WHEELS}/nccl/lib"
+               ${CUDAToolkit_LIBRARY_DIR})
+  if(LOCKSTEP_NCCL_INCLUDE_DIR AND LOCKSTEP_NCCL_LIBRARY)
+    set(LOCKSTEP_HAVE_NCCL ON)
+  endif()
 endif()
 # Image folders (issue #5) decode and resize with OpenCV's core, imgcodecs and imgproc (Debian
 # ships no CMake config without the full libopencv-dev, so they are found by hand).
@@ -43,4 +83,5 @@ else()
   endif()
   message(WARNING "OpenCV not found: image folders will be unavailable (scripts/install-deps installs it)")
 endif()
-message(STATUS "lockstep: LibTorch ${Torch_VERSION}, gloo=${LOCKSTEP_HAVE_GLOO}, cuda=${LOCKSTEP_HAVE_CUDA}, opencv=${LOCKSTEP_HAVE_OPENCV}")
+message(STATUS "lockstep: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}), gloo=${LOCKSTEP_HAVE_GLOO}, "
+               "cuda=${LOCKSTEP_HAVE_CUDA}, nccl=${LOCKSTEP_HAVE_NCCL}, opencv=${LOCKSTEP_HAVE_OPENCV}")
