@@ -11,6 +11,15 @@ namespace {
 
 constexpr int64_t kMagic = 0x6c6f636b73746570;  // "lockstep": a fingerprint, not stray data
 
+std::string dtype_name(const at::Tensor& t);
+
+// "float32", or "float32 on cuda" for tensors off the CPU: ranks must agree on the device type too,
+// which decides the transport that carries the data (Gloo or NCCL).
+std::string spec_type(const at::Tensor& t) {
+  if (t.device().is_cpu()) return dtype_name(t);
+  return dtype_name(t) + " on " + c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+}
+
 std::string dtype_name(const at::Tensor& t) {
   std::string name = c10::toString(t.scalar_type());  // "Float", "Long", ...
   if (name == "Float") return "float32";
@@ -45,7 +54,7 @@ CollectiveCall CollectiveCall::of(uint64_t sequence, CollectiveOp op, const std:
   call.reduce = reduce;
   call.root = root;
   call.site = site;
-  for (const auto& t : tensors) call.tensors.push_back({dtype_name(t), t.sizes().vec()});
+  for (const auto& t : tensors) call.tensors.push_back({spec_type(t), t.sizes().vec()});
   return call;
 }
 

@@ -24,11 +24,13 @@ void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
-class ProcessGroupRanks : public ::testing::TestWithParam<int> {};
+using test_util::Join;
+
+class ProcessGroupRanks : public ::testing::TestWithParam<std::tuple<int, Join>> {};
 
 TEST_P(ProcessGroupRanks, CollectivesGiveTheirDefinitionsWithMixedDtypesInOneCall) {
-  const int w = GetParam();
-  expect_no_errors(run_ranks(w, [w](Group& g, int r) {
+  const auto [w, join] = GetParam();
+  expect_no_errors(run_ranks(w, [w = w](Group& g, int r) {
     ASSERT_EQ(g.rank(), r);
     ASSERT_EQ(g.size(), w);
     // One call, two dtypes and shapes: values r+1 everywhere.
@@ -50,10 +52,22 @@ TEST_P(ProcessGroupRanks, CollectivesGiveTheirDefinitionsWithMixedDtypesInOneCal
     EXPECT_TRUE(torch::equal(b[0], torch::full({4}, float(w - 1))));
     EXPECT_EQ(b[1].item<int64_t>(), w - 1);
     g.barrier(LOCKSTEP_CALL_SITE("test.barrier"));
-  }));
+    // Several all_reduces in flight at once (gradient buckets) complete in issue order.
+    std::vector<std::vector<at::Tensor>> buckets;
+    for (int b = 0; b < 3; ++b) buckets.push_back({torch::full({5}, float(b * (r + 1)))});
+    std::vector<std::unique_ptr<PendingCollective>> pending;
+    for (auto& bucket : buckets) pending.push_back(g.all_reduce_async(bucket, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.bucket")));
+    for (auto& p : pending) p->wait();
+    for (int b = 0; b < 3; ++b) EXPECT_TRUE(torch::equal(buckets[b][0], torch::full({5}, float(b * w * (w + 1) / 2))));
+  }, join));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ProcessGroupRanks, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Sizes, ProcessGroupRanks,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(Join::Gloo, Join::InMemory)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Ranks" +
+                                  test_util::join_name(std::get<1>(info.param));
+                         });
 
 struct Mismatch {
   std::string name;
@@ -119,10 +133,10 @@ std::vector<Mismatch> mismatches() {
   };
 }
 
-class CollectiveMismatches : public ::testing::TestWithParam<Mismatch> {};
+class CollectiveMismatches : public ::testing::TestWithParam<std::tuple<Mismatch, Join>> {};
 
 TEST_P(CollectiveMismatches, RaiseOnEveryRankBeforeTheTimeoutNamingBothCallsThenTheGroupStillWorks) {
-  const Mismatch& m = GetParam();
+  const Mismatch& m = std::get<0>(GetParam());
   std::vector<double> seconds(2);
   const auto errors = run_ranks(2, [&](Group& g, int r) {
     g.barrier(LOCKSTEP_CALL_SITE("test.start"));
@@ -141,14 +155,47 @@ TEST_P(CollectiveMismatches, RaiseOnEveryRankBeforeTheTimeoutNamingBothCallsThen
     std::vector<at::Tensor> t{torch::ones({2})};
     g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
     EXPECT_TRUE(torch::equal(t[0], torch::full({2}, 2.0f)));
-  });
+  }, std::get<1>(GetParam()));
   expect_no_errors(errors);
   // Well inside the 20 s timeout, so raised by the check, not a timeout; bench/ measures the speed.
   for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[r], test_util::kFarBelowTheTimeoutS) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveMismatches, ::testing::ValuesIn(mismatches()),
-                         [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveMismatches,
+                         ::testing::Combine(::testing::ValuesIn(mismatches()),
+                                            ::testing::Values(Join::Gloo, Join::InMemory)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + test_util::join_name(std::get<1>(info.param));
+                         });
+
+// Without fingerprints (checked = false, for measuring the check's cost) nothing stops ranks from
+// disagreeing; the in-memory transport still turns it into an error on every rank, as Gloo would
+// not always (it can abort the process or return a wrong sum).
+TEST(InMemoryGroups, UncheckedCallsThatDisagreeFailOnEveryRank) {
+  GroupOptions o = test_util::local_options(0, 2, 0);
+  o.checked = false;
+  const auto groups = make_in_memory_groups(o);
+  std::vector<std::string> messages(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<at::Tensor> t{torch::ones({r + 1})};
+      try {
+        groups[r]->all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.unchecked"));
+      } catch (const CollectiveFailure& e) {
+        messages[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("#1 all_reduce(sum) of [float32 (" + std::to_string(r + 1) + ")] at test.unchecked"),
+              std::string::npos)
+        << messages[r];
+    EXPECT_NE(messages[r].find("differs between ranks"), std::string::npos) << messages[r];
+  }
+  EXPECT_EQ(groups[1]->describe(), "in-memory, rank 1 of 2");
+}
 
 // Failure mode e: one rank runs out of batches (forced here; the data plan of issue #5 prevents it)
 // and moves on to the end of the epoch while the others still sync gradients: every rank gets

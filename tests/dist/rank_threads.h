@@ -1,5 +1,6 @@
-// Runs W ranks of a real process group as threads of this test, on 127.0.0.1.
-// A rank's exception is kept, not rethrown, so tests can assert what each rank saw.
+// Runs W ranks of a group as threads of this test: over Gloo on 127.0.0.1 (a real process group),
+// or joined in memory (no ports). A rank's exception is kept, not rethrown, so tests can assert
+// what each rank saw.
 #pragma once
 
 #include <netinet/in.h>
@@ -48,9 +49,33 @@ inline GroupOptions local_options(int rank, int size, int port) {
   return o;
 }
 
+// What joins the rank threads: the transport under the checked channel.
+enum class Join { Gloo, InMemory };
+inline const char* join_name(Join join) { return join == Join::Gloo ? "Gloo" : "InMemory"; }
+
+inline std::vector<std::exception_ptr> run_in_memory_ranks(int size, const std::function<void(Group&, int)>& body) {
+  std::vector<std::exception_ptr> errors(size);
+  const std::vector<std::shared_ptr<Group>> groups = make_in_memory_groups(local_options(0, size, 0));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*groups[r], r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Runs body(group, rank) on `size` ranks; returns each rank's exception (null when it returned).
-// Rank 0's store takes any free port (no port is guessed); the other ranks connect once it listens.
-inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(Group&, int)>& body) {
+// Over Gloo, rank 0's store takes any free port (no port is guessed); the others connect once it
+// listens.
+inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(Group&, int)>& body,
+                                                 Join join = Join::Gloo) {
+  if (join == Join::InMemory) return run_in_memory_ranks(size, body);
   std::vector<std::exception_ptr> errors(size);
   std::promise<int> listening;
   std::shared_future<int> port = listening.get_future().share();

@@ -20,7 +20,7 @@ enum class CollectiveOp { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier =
 const char* collective_op_name(CollectiveOp op);
 
 struct TensorSpec {
-  std::string dtype;  // "float32"
+  std::string dtype;  // "float32"; "float32 on cuda" off the CPU
   std::vector<int64_t> sizes;
 };
 

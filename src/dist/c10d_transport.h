@@ -1,0 +1,52 @@
+// A transport over one of torch's c10d backends (Gloo, NCCL): the operations the checked channel
+// needs, mapped onto the backend's collectives. Internal to src/dist.
+#pragma once
+
+#include "lockstep/config_build.h"
+
+#if LOCKSTEP_HAVE_GLOO  // c10d comes with the distributed build of LibTorch that Gloo needs
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
+
+#include <chrono>
+#include <functional>
+
+#include "transport.h"
+
+namespace lockstep::dist {
+
+// LibTorch 2 splits a process group's backends (Gloo, NCCL) out of c10d::ProcessGroup; 1.13's Gloo
+// group is a ProcessGroup itself. Both have the same collective calls.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+class C10dTransport : public Transport {
+ public:
+  // `backstop`: the backend's own timer, far above lockstep's (which counts from the last
+  // progress another rank published); `abort`: what abandon() does (none for Gloo).
+  C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::DeviceType device,
+                std::chrono::milliseconds backstop, std::function<void()> abort = {});
+  ~C10dTransport() override;
+
+  const char* name() const override { return name_; }
+  bool carries(c10::DeviceType device) const override { return device == device_; }
+  std::unique_ptr<TransportWork> all_reduce(at::Tensor& buffer, ReduceOp op) override;
+  std::unique_ptr<TransportWork> all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) override;
+  std::unique_ptr<TransportWork> broadcast(at::Tensor& buffer, int root) override;
+  void abandon() override;
+
+ private:
+  c10::intrusive_ptr<C10dBackend> backend_;
+  const char* name_;
+  c10::DeviceType device_;
+  std::chrono::milliseconds backstop_;
+  std::function<void()> abort_;
+  bool abandoned_ = false;
+};
+
+}  // namespace lockstep::dist
+#endif

@@ -1,0 +1,263 @@
+#include "checked_group.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <thread>
+#include <utility>
+
+namespace lockstep::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string join(const std::vector<int>& ranks) {
+  std::vector<std::string> names;
+  for (int r : ranks) names.push_back(std::to_string(r));
+  return detail::concat_list(names);
+}
+
+// Tensors of one call travel as one flat buffer per dtype, in order of first appearance: one
+// transport operation per dtype, whatever the number of tensors.
+struct Packed {
+  std::vector<at::Tensor> buffers;
+  std::vector<std::pair<size_t, int64_t>> where;  // per tensor: (buffer, offset)
+};
+
+Packed pack(const std::vector<at::Tensor>& tensors) {
+  Packed p;
+  std::map<at::ScalarType, size_t> buffer_of;
+  std::vector<std::vector<at::Tensor>> parts;
+  std::vector<int64_t> lengths;
+  for (const auto& t : tensors) {
+    auto [it, added] = buffer_of.emplace(t.scalar_type(), parts.size());
+    if (added) {
+      parts.emplace_back();
+      lengths.push_back(0);
+    }
+    p.where.emplace_back(it->second, lengths[it->second]);
+    parts[it->second].push_back(t.reshape({-1}));
+    lengths[it->second] += t.numel();
+  }
+  for (auto& part : parts) p.buffers.push_back(part.size() == 1 ? part[0].contiguous().clone() : torch::cat(part));
+  return p;
+}
+
+void unpack(const Packed& p, std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto [buffer, offset] = p.where[i];
+    tensors[i].copy_(p.buffers[buffer].narrow(0, offset, tensors[i].numel()).view(tensors[i].sizes()));
+  }
+}
+
+}  // namespace
+
+// An all_reduce whose data is on its way: the transport works while the caller computes.
+class CheckedGroup::Pending final : public PendingCollective {
+ public:
+  Pending(CheckedGroup& group, std::vector<at::Tensor>& tensors, const CollectiveOptions& opts)
+      : group_(group), tensors_(tensors), opts_(opts) {}
+
+  void wait() override {
+    for (auto& work : works_) group_.finish(*work, call_, opts_);
+    if (!tensors_.empty()) unpack(packed_, tensors_);
+    group_.liveness_->leave(call_);
+  }
+
+ private:
+  friend class CheckedGroup;
+  CheckedGroup& group_;
+  std::vector<at::Tensor>& tensors_;
+  CollectiveOptions opts_;
+  CollectiveCall call_;
+  Packed packed_;
+  std::vector<std::unique_ptr<TransportWork>> works_;
+};
+
+CheckedGroup::CheckedGroup(const CheckedGroupOptions& options, c10::intrusive_ptr<c10d::Store> store,
+                           std::unique_ptr<Transport> control, std::unique_ptr<Transport> device)
+    : options_(options), store_(std::move(store)), control_(std::move(control)), device_(std::move(device)) {
+  liveness_ = std::make_unique<Liveness>(store_, options_.rank, options_.size);
+  liveness_->set_note("connected, no collective yet");
+}
+
+CheckedGroup::~CheckedGroup() {
+  if (failed_ && options_.rank == 0 && options_.size > 1) std::this_thread::sleep_for(options_.store_grace);
+}
+
+std::chrono::milliseconds CheckedGroup::timeout_of(const CollectiveOptions& opts) const {
+  return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
+}
+
+Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, const CollectiveCall& call) {
+  if (tensors.empty()) return *control_;
+  const c10::DeviceType type = tensors[0].device().type();
+  for (const auto& t : tensors) {
+    LOCKSTEP_CHECK_ARG(t.device().type() == type, "rank ", options_.rank, ": ", call.describe(),
+                       " mixes tensors on ", tensors[0].device(), " and ", t.device(), " in one call");
+  }
+  if (control_->carries(type)) return *control_;
+  if (device_ && device_->carries(type)) return *device_;
+  throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", call.describe(), " has tensors on ",
+                                       tensors[0].device(), ", which this group's transports (", control_->name(),
+                                       device_ ? std::string(", ") + device_->name() : std::string(),
+                                       ") do not carry"));
+}
+
+void CheckedGroup::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) {
+  all_reduce_async(tensors, op, opts)->wait();
+}
+
+// The fingerprint exchange happens now; the data moves on the transport until wait().
+std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                                  const CollectiveOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto pending = std::make_unique<Pending>(*this, tensors, opts);
+  pending->call_ = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
+  liveness_->enter(pending->call_);
+  agree(pending->call_, opts);
+  if (tensors.empty()) return pending;
+  Transport& transport = transport_for(tensors, pending->call_);
+  pending->packed_ = pack(tensors);
+  for (auto& buffer : pending->packed_.buffers) pending->works_.push_back(transport.all_reduce(buffer, op));
+  return pending;
+}
+
+std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const CollectiveOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
+  liveness_->enter(call);
+  agree(call, opts);
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
+  auto work = transport_for({input}, call).all_gather(outputs, input.contiguous());
+  finish(*work, call, opts);
+  liveness_->leave(call);
+  return outputs;
+}
+
+void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
+                     " is not a rank of a group of size ", options_.size);
+  const CollectiveCall call =
+      CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
+  liveness_->enter(call);
+  agree(call, opts);
+  if (tensors.empty()) return liveness_->leave(call);
+  Transport& transport = transport_for(tensors, call);
+  Packed packed = pack(tensors);
+  for (auto& buffer : packed.buffers) {
+    auto work = transport.broadcast(buffer, root);
+    finish(*work, call, opts);
+  }
+  unpack(packed, tensors);
+  liveness_->leave(call);
+}
+
+// The fingerprint exchange is itself a barrier; unchecked, an empty all_reduce stands in for it.
+void CheckedGroup::barrier(const CollectiveOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
+  liveness_->enter(call);
+  agree(call, opts);
+  if (!options_.checked) {
+    at::Tensor token = torch::zeros({1}, torch::kInt64);
+    auto work = control_->all_reduce(token, ReduceOp::Sum);
+    finish(*work, call, opts);
+  }
+  liveness_->leave(call);
+}
+
+// Fingerprints are of fixed size, so the exchange itself can never mismatch.
+void CheckedGroup::agree(const CollectiveCall& call, const CollectiveOptions& opts) {
+  if (!options_.checked) return;
+  const auto words = call.fingerprint();
+  const at::Tensor mine = torch::tensor(std::vector<int64_t>(words.begin(), words.end()), torch::kInt64);
+  const std::vector<at::Tensor> all = gather_on_control(mine, call, opts);
+  bool same = true;
+  for (const auto& theirs : all) same = same && torch::equal(theirs, all[0]);
+  if (same) return;
+  // Every rank saw the same fingerprints, so every rank takes this path: exchange descriptions.
+  const std::string text = call.describe();
+  const at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+  int64_t longest = 0;
+  for (const auto& l : gather_on_control(length, call, opts)) longest = std::max(longest, l.item<int64_t>());
+  at::Tensor bytes = torch::zeros({longest}, torch::kUInt8);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  std::vector<std::string> per_rank;
+  for (const auto& b : gather_on_control(bytes, call, opts)) {
+    const std::string padded(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), static_cast<size_t>(longest));
+    per_rank.push_back(padded.substr(0, padded.find('\0')));
+  }
+  throw CollectiveMismatch(options_.rank, std::move(per_rank));
+}
+
+std::vector<at::Tensor> CheckedGroup::gather_on_control(const at::Tensor& t, const CollectiveCall& call,
+                                                        const CollectiveOptions& opts) {
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(t));
+  auto work = control_->all_gather(outputs, t);
+  finish(*work, call, opts);
+  return outputs;
+}
+
+// A rank that dies is named within ~2 s (its beat stops), a rank that stalls when the timeout
+// expires, counted from the last progress another rank published. After either the group is
+// unusable (the transports are abandoned): the caller reports and exits.
+void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts) {
+  const auto timeout = timeout_of(opts);
+  const auto start = Clock::now();
+  auto last_check = start;
+  Liveness::Watch watch(*liveness_);
+  while (true) {
+    try {
+      if (work.wait_for(std::chrono::milliseconds(100))) return;
+    } catch (const std::exception& e) {
+      fail(call, e);
+    }
+    const auto now = Clock::now();
+    if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout);
+    if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave the transport waiting forever
+      last_check = now;
+      const std::vector<int> dead = watch.check();
+      if (!dead.empty()) {
+        mark_failed();
+        throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                               " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
+                                               Liveness::kDeadAfter.count(),
+                                               " ms, process gone); where every rank was:",
+                                               liveness_->where_everyone_is()));
+      }
+    }
+  }
+}
+
+void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout) {
+  mark_failed();
+  std::vector<int> waiting;
+  const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
+  throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                         " timed out after ", timeout.count(), " ms",
+                                         waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
+                                         "; where every rank is:", where));
+}
+
+// The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
+// backend's own (backstop) timer; name the ranks that are gone.
+void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
+  mark_failed();
+  const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
+  throw CollectiveFailure(detail::concat(
+      "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
+      dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
+      "; where every rank was:", liveness_->where_everyone_is()));
+}
+
+void CheckedGroup::mark_failed() {
+  failed_ = true;
+  control_->abandon();
+  if (device_) device_->abandon();
+}
+
+}  // namespace lockstep::dist

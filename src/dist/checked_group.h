@@ -1,0 +1,82 @@
+// The checked channel: the one Group implementation for many ranks, whatever moves the bytes. It
+// owns what G1 and G2 promise (docs/distributed.md): sequence numbers, the fingerprint exchange
+// before any data moves (a disagreement is a CollectiveMismatch on every rank), waits that watch
+// the other ranks' heartbeats (a dead rank is named within ~2 s, a stalled one at the timeout with
+// where every rank is), and the reports. Under it, transports (transport.h): the control transport
+// carries fingerprints and CPU tensors; a device transport (NCCL) carries CUDA tensors. Internal
+// to src/dist: make_process_group and make_in_memory_groups build it.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "liveness.h"
+#include "lockstep/dist/collective.h"
+#include "lockstep/dist/group.h"
+#include "transport.h"
+
+namespace lockstep::dist {
+
+struct CheckedGroupOptions {
+  int rank = 0;
+  int size = 1;
+  std::string where;  // for describe(): "gloo, rank 1 of 2 via 127.0.0.1:29500"
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  bool checked = true;  // exchange fingerprints (off only to measure what the check costs)
+  // After a failure rank 0 keeps the store (which the others read their reports from) up this long.
+  std::chrono::milliseconds store_grace{2000};
+};
+
+class CheckedGroup final : public Group {
+ public:
+  // `store`: where heartbeats and statuses are published (the rendezvous store, or an in-memory
+  // one shared by thread ranks). `control` carries fingerprints and CPU tensors; `device`, when
+  // given, carries the tensors of its device type (CUDA).
+  CheckedGroup(const CheckedGroupOptions& options, c10::intrusive_ptr<c10d::Store> store,
+               std::unique_ptr<Transport> control, std::unique_ptr<Transport> device = nullptr);
+  ~CheckedGroup() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string describe() const override { return options_.where; }
+
+  void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override;
+  std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                      const CollectiveOptions& opts) override;
+  std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override;
+  void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) override;
+  void barrier(const CollectiveOptions& opts) override;
+  void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
+
+ private:
+  class Pending;
+
+  std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const;
+  Transport& transport_for(const std::vector<at::Tensor>& tensors, const CollectiveCall& call);
+  // G1: fingerprints exchanged on the control transport; CollectiveMismatch on every rank when
+  // they differ, naming each rank's call.
+  void agree(const CollectiveCall& call, const CollectiveOptions& opts);
+  std::vector<at::Tensor> gather_on_control(const at::Tensor& t, const CollectiveCall& call,
+                                            const CollectiveOptions& opts);
+  // G2: waits for `work` in slices, watching the other ranks in between.
+  void finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts);
+  [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout);
+  [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e);
+  void mark_failed();
+
+  CheckedGroupOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<Transport> control_;
+  std::unique_ptr<Transport> device_;
+  std::unique_ptr<Liveness> liveness_;
+  uint64_t sequence_ = 0;
+  std::mutex mutex_;     // collectives are issued one at a time, in order
+  bool failed_ = false;  // a collective failed: the group is unusable
+};
+
+}  // namespace lockstep::dist
