@@ -24,6 +24,7 @@
 #include "lockstep/core/threads.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/data/image_set.h"
+#include "lockstep/dist/backends.h"
 
 namespace lockstep::cli {
 namespace {
@@ -65,17 +66,6 @@ std::string cpu_features(const CpuInfo& cpu) {
   return lack.empty() ? have : have + " (no " + lack + ")";
 }
 
-std::string nccl_status() {
-#if LOCKSTEP_HAVE_CUDA
-  if (torch::cuda::is_available()) {
-    return "available (" + std::to_string(torch::cuda::device_count()) + " CUDA devices)";
-  }
-  return "CUDA build, but no CUDA device is visible";
-#else
-  return "not in this LibTorch build";
-#endif
-}
-
 // Everything the doctor found out, gathered before anything is printed.
 struct Findings {
   CpuInfo cpu;
@@ -90,6 +80,7 @@ struct Findings {
   FashionMnistStatus data;
   std::string data_error;  // the files are there but cannot be read: what is wrong
   int64_t train_images = 0, test_images = 0;
+  dist::BackendReport backends;
 };
 
 Findings examine(const DoctorOptions& opt) {
@@ -106,6 +97,7 @@ Findings examine(const DoctorOptions& opt) {
   f.recommended_core = recommended_openblas_coretype(f.cpu);
   f.core_by_lockstep = coretype_set_by_lockstep();
   f.core_env = std::getenv(kCoretypeEnv);
+  f.backends = dist::report_backends();
   f.data = locate_fashion_mnist(opt.data_dir);
   if (f.data.found) {
     // Opened and checked as training would (headers, sizes, labels), not only looked for.
@@ -124,8 +116,15 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   const auto& blas = f.blas;
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("lockstep", LOCKSTEP_VERSION);
-  rows.emplace_back("LibTorch", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                                    std::to_string(TORCH_VERSION_PATCH));
+  const auto& b = f.backends;
+  rows.emplace_back("LibTorch", b.libtorch_version + (b.libtorch_origin == "system" ? " (the system's)"
+                                                                                     : " (PyPI wheel in " + b.libtorch_origin + ")"));
+  rows.emplace_back("CUDA", b.cuda_built ? "built with CUDA " + b.cuda_version
+                                         : "not built (this LibTorch has no CUDA, or LOCKSTEP_WITH_CUDA=OFF)");
+  if (b.cuda_built) {
+    if (b.devices.empty()) rows.emplace_back("CUDA devices", "none: " + b.device_note);
+    for (const auto& device : b.devices) rows.emplace_back("CUDA device", device);
+  }
   rows.emplace_back("CPU", cpu.model_name + " (" + cpu.vendor + " family " + std::to_string(cpu.family) + " model " +
                                std::to_string(cpu.model) + ", " + std::to_string(cpu.logical_cores) +
                                " logical cores)");
@@ -147,8 +146,12 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
                                                               with_threads(f.threads) + " (" +
                                                               fixed(f.sgemm_gflops / f.threads, 1) + " per thread)");
   rows.emplace_back("triad bandwidth", fixed(f.triad_gbs, 1) + " GB/s" + with_threads(f.threads));
-  rows.emplace_back("Gloo backend", LOCKSTEP_HAVE_GLOO ? "available" : "not built (install libgloo-dev, rebuild)");
-  rows.emplace_back("NCCL backend", nccl_status());
+  rows.emplace_back("Gloo transport", b.gloo ? "built (CPU tensors between processes)"
+                                             : "not built (install libgloo-dev, rebuild)");
+  rows.emplace_back("NCCL transport", !b.nccl_built ? "not built (needs a LibTorch with CUDA: make LIBTORCH=pip)"
+                                      : b.devices.empty() ? "built (NCCL " + b.nccl_version + "), unusable here: no CUDA device"
+                                                          : "built (NCCL " + b.nccl_version + "), usable on " +
+                                                                std::to_string(b.devices.size()) + " CUDA device(s)");
   const std::string decoder = data::image_decoder_version();
   rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
                                                        "scripts/install-deps lists, rebuild)"
@@ -222,8 +225,9 @@ void add_doctor_command(CLI::App& app, Runner& run) {
       "doctor",
       "Check this machine and print, one item per line: lockstep and LibTorch versions, CPU model and "
       "features, the BLAS in use (library, vendor, OpenBLAS core type, threads), measured sgemm "
-      "GFLOP/s and memory (triad) GB/s, distributed backends (Gloo, NCCL) and where Fashion-MNIST "
-      "is; then warnings. Exits 0 even when it warns.");
+      "GFLOP/s and memory (triad) GB/s, CUDA (built with, devices visible), the transports between "
+      "ranks (Gloo, NCCL and its version) and where Fashion-MNIST is; then warnings. Exits 0 even "
+      "when it warns.");
   cmd->add_option("--threads", opt->threads, "Intra-op threads to measure with (default: one per logical core)")
       ->check(kPositiveInt);
   cmd->add_option("--data", opt->data_dir, "Directory to look for Fashion-MNIST in")->capture_default_str();

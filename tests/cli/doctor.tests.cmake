@@ -1,5 +1,5 @@
 # `lockstep doctor`: it runs, says what it prints, picks OpenBLAS's kernels and never fails on warnings.
-lockstep_cli_test(doctor_runs EXIT 0 OUTPUT "LibTorch +1\\.13.*BLAS.*sgemm n=1024 +[0-9.]+ GFLOP/s.*triad bandwidth +[0-9.]+ GB/s.*Fashion-MNIST +read from .* \\(60000 training and 10000 test images\\)"
+lockstep_cli_test(doctor_runs EXIT 0 OUTPUT "LibTorch +[12]\\.[0-9]+\\.[0-9]+ .*CUDA +(built with CUDA [0-9.]+|not built).*BLAS.*sgemm n=1024 +[0-9.]+ GFLOP/s.*triad bandwidth +[0-9.]+ GB/s.*Gloo transport +built.*NCCL transport +(built \\(NCCL [0-9.]+\\)|not built).*Fashion-MNIST +read from .* \\(60000 training and 10000 test images\\)"
                   ARGS doctor --quick)
 lockstep_cli_test(doctor_help EXIT 0 OUTPUT "sgemm GFLOP/s.*--threads.*--data.*--quick" ARGS doctor --help)
 lockstep_cli_test(doctor_threads_flag EXIT 0 OUTPUT "intra-op threads +1 \\(--threads\\).*GFLOP/s with 1 thread \\(.*GB/s with 1 thread"
