@@ -74,3 +74,17 @@ lockstep_cli_test(launch_never_blocks_on_a_silent_rank EXIT 0 OUTPUT "ok: [0-9]+
                   RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS chatty)
 lockstep_cli_test(launch_passes_sigterm_to_its_ranks EXIT 0 OUTPUT "ok: SIGTERM passed" TIMEOUT 240
                   RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS sigterm)
+# torchrun (PyPI's torch brings one): its agent hosts the store (TORCHELASTIC_USE_AGENT_STORE), so
+# rank 0 connects as a client. 2 ranks under torchrun give exactly what `lockstep launch -n 2` gives,
+# and one process's losses. Builds without torchrun beside LibTorch (Debian's 1.13 has a broken
+# one) show the test as skipped.
+find_program(LOCKSTEP_TORCHRUN torchrun HINTS "${LOCKSTEP_TORCH_ROOT}/../../../../bin" NO_DEFAULT_PATH)
+if(LOCKSTEP_TORCHRUN)
+  lockstep_cli_test(torchrun_two_ranks_match_launch_and_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 300
+                    SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 2 -- train --run-dir launched ${SMALL} > launched.log && (${LOCKSTEP_TORCHRUN} --standalone --nproc-per-node 2 --no-python ${LS} train --run-dir torchrun ${SMALL} > torchrun.log 2>&1 || (cat torchrun.log && false)) && [ $(grep -c 'trained 12 steps' torchrun.log) = 2 ] && python3 ${COMPARE} one/metrics.jsonl torchrun/metrics.jsonl 1e-4 && python3 ${COMPARE} launched/metrics.jsonl torchrun/metrics.jsonl 0"
+                    ARGS eval torchrun --limit 32)
+else()
+  add_test(NAME cli.torchrun_two_ranks_match_launch_and_one_process
+           COMMAND sh -c "echo 'skipped: no torchrun beside this LibTorch (${LOCKSTEP_TORCH_ROOT})'; exit 77")
+  set_tests_properties(cli.torchrun_two_ranks_match_launch_and_one_process PROPERTIES SKIP_RETURN_CODE 77)
+endif()
