@@ -216,11 +216,18 @@ const std::vector<Kernel>& kernels() {
   return all;
 }
 
+void check_shapes(const at::Tensor& x, const at::Tensor& codebook) {
+  LOCKSTEP_CHECK_ARG(x.dim() == 2 && codebook.dim() == 2 && x.size(1) == codebook.size(1),
+                     "nearest_code: expected x (n, d) and codebook (k, d), got ", x.sizes(), " and ", codebook.sizes());
+  LOCKSTEP_CHECK_ARG(codebook.size(0) >= 1, "nearest_code: the codebook is empty");
+  LOCKSTEP_CHECK_ARG(x.device() == codebook.device(), "nearest_code: x is on ", x.device(), " but the codebook on ",
+                     codebook.device());
+}
+
 NearestCode search(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric, const Kernel& kernel) {
-  LOCKSTEP_CHECK_ARG(x_in.dim() == 2 && codebook_in.dim() == 2 && x_in.size(1) == codebook_in.size(1),
-                     "nearest_code: expected x (n, d) and codebook (k, d), got ", x_in.sizes(), " and ",
-                     codebook_in.sizes());
-  LOCKSTEP_CHECK_ARG(codebook_in.size(0) >= 1, "nearest_code: the codebook is empty");
+  check_shapes(x_in, codebook_in);
+  LOCKSTEP_CHECK_ARG(x_in.device().is_cpu(), "nearest_code: kernel ", kernel.name, " runs on the CPU, got x on ",
+                     x_in.device());
   LOCKSTEP_CHECK_ARG(codebook_in.size(0) <= std::numeric_limits<int32_t>::max() - kernel.block,
                      "nearest_code: too many codes: ", codebook_in.size(0));
   const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
@@ -254,9 +261,14 @@ NearestCode search(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric
   return out;
 }
 
+// Tokens x codes tiles of the device-independent search: 16 MiB of float32 scores at most.
+constexpr int64_t kTileTokens = 2048, kTileCodes = 2048;
+
 }  // namespace
 
 NearestCode nearest_code(const at::Tensor& x, const at::Tensor& codebook, Metric metric) {
+  check_shapes(x, codebook);
+  if (!x.device().is_cpu()) return detail::nearest_code_tiled(x, codebook, metric, kTileTokens, kTileCodes);
   return search(x, codebook, metric, kernels().front());
 }
 
@@ -268,8 +280,44 @@ std::vector<std::string> nearest_code_kernels() {
   return names;
 }
 
+// Per tile: Euclidean scores |e|^2 - 2 x.e (|x|^2 is the same for every code of a token), cosine
+// -x.e; min() takes the first of equal values, and a later tile replaces the running best only
+// when strictly better, so exact ties go to the lowest code index as in the fused kernel.
+NearestCode nearest_code_tiled(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric,
+                               int64_t tile_tokens, int64_t tile_codes) {
+  check_shapes(x_in, codebook_in);
+  LOCKSTEP_CHECK_ARG(tile_tokens >= 1 && tile_codes >= 1, "nearest_code: tiles of ", tile_tokens, " x ", tile_codes);
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), k = codebook.size(0);
+  const auto on = x.options();
+  NearestCode out{torch::empty({n}, on.dtype(torch::kInt64)), torch::empty({n}, on)};
+  const bool euclid = metric == Metric::Euclidean;
+  const at::Tensor code_norms = euclid ? codebook.square().sum(1) : at::Tensor();
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+    const int64_t tn = std::min(tile_tokens, n - t0);
+    const at::Tensor xt = x.narrow(0, t0, tn);
+    at::Tensor best = torch::full({tn}, std::numeric_limits<float>::infinity(), on);
+    at::Tensor best_index = torch::zeros({tn}, on.dtype(torch::kInt64));
+    for (int64_t c0 = 0; c0 < k; c0 += tile_codes) {
+      const int64_t cn = std::min(tile_codes, k - c0);
+      const at::Tensor codes = codebook.narrow(0, c0, cn);
+      const at::Tensor scores = euclid ? torch::addmm(code_norms.narrow(0, c0, cn).unsqueeze(0), xt, codes.t(), 1, -2)
+                                       : torch::mm(xt, codes.t()).neg_();
+      const auto [value, index] = scores.min(1);
+      const at::Tensor better = value < best;
+      best = torch::where(better, value, best);
+      best_index = torch::where(better, index + c0, best_index);
+    }
+    out.indices.narrow(0, t0, tn).copy_(best_index);
+    out.score.narrow(0, t0, tn).copy_(euclid ? (best + xt.square().sum(1)).clamp_min_(0) : best.neg());
+  }
+  return out;
+}
+
 NearestCode nearest_code_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
                                      const std::string& kernel) {
+  if (kernel == "tiled") return nearest_code_tiled(x, codebook, metric, kTileTokens, kTileCodes);
   for (const Kernel& candidate : kernels()) {
     if (kernel == candidate.name) return search(x, codebook, metric, candidate);
   }

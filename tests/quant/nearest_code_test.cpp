@@ -125,6 +125,7 @@ TEST(NearestCode, SeveralThreadsGiveTheSameAnswer) {
 // 8 or 12 tokens) and code block (8, 16 or 32 codes): fewer tokens or codes than one block, one
 // more or one less than a block, odd d.
 bool kernel_available(const std::string& kernel) {
+  if (kernel == "tiled") return true;  // torch operations: runs on any device
   const std::vector<std::string> all = detail::nearest_code_kernels();
   return std::find(all.begin(), all.end(), kernel) != all.end();
 }
@@ -165,7 +166,8 @@ TEST_P(NearestCodeKernelSizes, EqualsBruteForce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, NearestCodeKernelSizes,
-                         ::testing::Values(std::string("avx512"), std::string("avx2"), std::string("generic")));
+                         ::testing::Values(std::string("avx512"), std::string("avx2"), std::string("generic"),
+                                           std::string("tiled")));
 
 class NearestCodeKernel : public ::testing::TestWithParam<std::string> {
  protected:
@@ -212,8 +214,41 @@ TEST_P(NearestCodeKernel, SeveralThreadsGiveTheSameAnswer) {
   expect_equals_brute_force(x, codebook, Metric::Euclidean, two);
 }
 
+// The fused kernels only: the tiled search gives neither of these two guarantees (see below).
 INSTANTIATE_TEST_SUITE_P(Kernels, NearestCodeKernel,
                          ::testing::Values(std::string("avx512"), std::string("avx2"), std::string("generic")));
+
+// The device-independent search (what CUDA runs) against the fused CPU kernel, with tiles small
+// enough that tokens and codes span many tiles. Its scores come from a BLAS matrix product, whose
+// rounding of one dot product may depend on the column's place and on the thread count (OpenBLAS:
+// both, seen here), so an exact copy of a code can win a tie (an equally near code) and results
+// are not bitwise thread-invariant; elsewhere indices differ only on near-ties, and scores agree.
+TEST(NearestCodeTiled, MatchesTheFusedKernelAcrossTiles) {
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    auto [x, codebook] = random_inputs(3001, 700, 12, metric);
+    for (int64_t copy : {64, 65, 600}) codebook[copy] = codebook[3];
+    x.narrow(0, 0, 50).copy_(codebook[3].unsqueeze(0).expand({50, 12}));
+    const NearestCode fused = nearest_code(x, codebook, metric);
+    const auto [exact, exact_score] = brute_force(x, codebook, metric);
+    for (auto [tokens, codes] : {std::pair<int64_t, int64_t>{64, 64}, {1000, 7}, {5000, 5000}}) {
+      SCOPED_TRACE(::testing::Message() << "tiles " << tokens << " x " << codes);
+      const NearestCode tiled = detail::nearest_code_tiled(x, codebook, metric, tokens, codes);
+      const at::Tensor dup = tiled.indices.narrow(0, 0, 50);
+      EXPECT_TRUE((dup == 3).logical_or(dup == 64).logical_or(dup == 65).logical_or(dup == 600).all().item<bool>());
+      const at::Tensor rest = tiled.indices.narrow(0, 50, 2951), rest_fused = fused.indices.narrow(0, 50, 2951);
+      EXPECT_LE((rest != rest_fused).sum().item<int64_t>(), 10);  // near-ties: 0-4 seen
+      EXPECT_TRUE(torch::allclose(tiled.score, fused.score, 1e-4, 1e-4)) << (tiled.score - fused.score).abs().max();
+      EXPECT_TRUE(torch::allclose(tiled.score, exact_score, 1e-4, 1e-4));
+    }
+  }
+  // Every distance overflowing to +inf still gives a valid index (0).
+  const at::Tensor huge = torch::full({5, 3}, 3e38f);
+  EXPECT_TRUE((detail::nearest_code_tiled(huge, -huge.narrow(0, 0, 3), Metric::Euclidean, 2, 2).indices == 0)
+                  .all()
+                  .item<bool>());
+  EXPECT_THROW(detail::nearest_code_tiled(torch::randn({3, 4}), torch::randn({5, 4}), Metric::Euclidean, 0, 8),
+               InvalidArgument);
+}
 
 }  // namespace
 }  // namespace lockstep::quant
