@@ -8,7 +8,9 @@
 #include "network_transports.h"
 
 #if LOCKSTEP_HAVE_NCCL
+#ifndef USE_C10D_NCCL  // LibTorch 2.x's CMake target defines it already
 #define USE_C10D_NCCL
+#endif
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
