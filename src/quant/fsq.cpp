@@ -142,8 +142,6 @@ FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at:
                                   int64_t element_offset) const {
   const int64_t L = plan_.num_levels;
   LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
-  LOCKSTEP_CHECK_ARG(z_in.device().is_cpu(), "fsq: the fused kernel runs on the CPU, got z on ", z_in.device());
-  const at::Tensor z = z_in.to(torch::kFloat32).contiguous();  // no copy when it already is
 
   detail::FsqNoise noise_spec;
   if (noise && options_.noise_dropout() > 0) {
@@ -155,7 +153,9 @@ FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at:
     noise_spec.threshold = static_cast<uint32_t>(std::min(threshold, 4294967295.0));
     noise_spec.element_offset = element_offset;
   }
+  if (!z_in.device().is_cpu()) return detail::fsq_forward_torch(plan_, z_in, noise_spec);
 
+  const at::Tensor z = z_in.to(torch::kFloat32).contiguous();  // no copy when it already is
   if (z.requires_grad() && at::GradMode::is_enabled()) {
     const auto outputs = FsqFunction::apply(z, &plan_, noise_spec);
     return {outputs[0], outputs[1]};
@@ -187,17 +187,24 @@ at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
   const int64_t L = plan_.num_levels;
   LOCKSTEP_CHECK_ARG(codes_in.dim() >= 1 && codes_in.size(-1) == L, "fsq: expected codes (..., ", L, "), got ",
                      codes_in.sizes());
-  const at::Tensor codes = codes_in.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  if (!codes_in.device().is_cpu()) {  // the same formula in torch operations, on the codes' device
+    const at::Tensor c = codes_in.detach().to(torch::kFloat32);
+    const at::Tensor levels = levels_.to(c.device()), half_width = (levels / 2).floor();
+    const at::Tensor level = options_.preserve_symmetry() ? (c + 1.0f) / (2 / (levels - 1)) : c * half_width + half_width;
+    return (level.round().to(torch::kInt64) * basis_.to(c.device())).sum(-1);
+  }
+  const at::Tensor codes = codes_in.detach().to(torch::kFloat32).contiguous();
   at::Tensor indices = at::empty(codes.sizes().slice(0, codes.dim() - 1), codes.options().dtype(at::kLong));
   detail::fsq_codes_to_indices(plan_, codes.data_ptr<float>(), indices.data_ptr<int64_t>(), codes.numel() / L);
   return indices;
 }
 
 at::Tensor Fsq::indices_to_codes(const at::Tensor& indices) const {
+  const at::Tensor levels = levels_.to(indices.device());
   const at::Tensor level_index =
-      indices.unsqueeze(-1).floor_divide(basis_).remainder(levels_.to(torch::kInt64)).to(torch::kFloat32);
-  if (options_.preserve_symmetry()) return level_index * (2 / (levels_ - 1)) - 1;
-  const at::Tensor half_width = (levels_ / 2).floor();
+      indices.unsqueeze(-1).floor_divide(basis_.to(indices.device())).remainder(levels.to(torch::kInt64)).to(torch::kFloat32);
+  if (options_.preserve_symmetry()) return level_index * (2 / (levels - 1)) - 1;
+  const at::Tensor half_width = (levels / 2).floor();
   return (level_index - half_width) / half_width;
 }
 

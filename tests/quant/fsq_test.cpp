@@ -239,11 +239,19 @@ TEST_P(FsqKernel, MatchesTheTorchOpReference) {
     EXPECT_TRUE(torch::equal(fsq.indices_to_codes(got.indices), got.codes.detach()));
     EXPECT_TRUE(torch::equal(fsq.codes_to_indices(want.detach()), want_indices));
 
+    // The library's own torch-op path (what runs off the CPU) is that reference, bit for bit.
+    const at::Tensor zt = z.clone().requires_grad_();
+    const FsqCodes torch_path = detail::fsq_forward_torch(fsq.kernel_plan(), zt, {});
+    EXPECT_TRUE(torch::equal(torch_path.codes.detach(), want.detach()));
+    EXPECT_TRUE(torch::equal(torch_path.indices, want_indices));
+
     const at::Tensor upstream = torch::rand_like(z) * 2 - 1;
     (got.codes * upstream).sum().backward();
     (want * upstream).sum().backward();
+    (torch_path.codes * upstream).sum().backward();
     EXPECT_TRUE(torch::allclose(zk.grad(), zr.grad(), 1e-5, 1e-6))
         << (zk.grad() - zr.grad()).abs().max() << " at z " << z.flatten()[(zk.grad() - zr.grad()).abs().argmax()];
+    EXPECT_TRUE(torch::allclose(zt.grad(), zr.grad(), 1e-5, 1e-6)) << (zt.grad() - zr.grad()).abs().max();
   }
 }
 
@@ -370,6 +378,36 @@ TEST(FsqNoiseDropout, SeededTrainingOnlyAndIndicesUntouched) {
   noisy(fsq, xa, 3).quantized.sum().backward();
   plain.quantize(xb, {}).quantized.sum().backward();
   EXPECT_TRUE(torch::equal(xa.grad(), xb.grad()));
+}
+
+// Off the CPU the noise comes from the same counter-based hash: the torch-op path adds exactly the
+// fused kernel's noise to exactly the same elements (where both paths round to the same code).
+TEST(FsqNoiseDropout, TheTorchPathAddsTheKernelsNoise) {
+  torch::manual_seed(12);
+  Fsq fsq(FsqOptions({7, 5, 5, 4}).preserve_symmetry(true).noise_dropout(0.5));
+  const at::Tensor z = torch::randn({20000, 4}) * 2;
+  const int64_t tokens = z.size(0);
+  detail::FsqNoise noise;
+  noise.seed = 0x1234567890abcdefULL;
+  noise.threshold = 1u << 31;
+  noise.element_offset = 123457;
+  auto fused = [&](const detail::FsqNoise& with) {
+    at::Tensor codes = torch::empty_like(z);
+    at::Tensor indices = torch::empty({tokens}, torch::kInt64);
+    detail::fsq_forward_tokens(fsq.kernel_plan(), z.data_ptr<float>(), codes.data_ptr<float>(),
+                               indices.data_ptr<int64_t>(), nullptr, with, 0, tokens);
+    return codes;
+  };
+  const at::Tensor clean_fused = fused({}), noisy_fused = fused(noise);
+  const at::Tensor clean_torch = detail::fsq_forward_torch(fsq.kernel_plan(), z, {}).codes;
+  const at::Tensor noisy_torch = detail::fsq_forward_torch(fsq.kernel_plan(), z, noise).codes;
+  const at::Tensor same = clean_fused == clean_torch;
+  EXPECT_LE((~same).sum().item<int64_t>(), 10);  // a tanh ulp on a rounding boundary
+  EXPECT_TRUE(torch::equal(noisy_fused.masked_select(same), noisy_torch.masked_select(same)));
+  // Half the elements drew noise; those at +-1 pushed outwards are clamped back, so fewer moved.
+  const double moved = (noisy_torch != clean_torch).to(torch::kFloat64).mean().item<double>();
+  EXPECT_GT(moved, 0.3);
+  EXPECT_NEAR(moved, (noisy_fused != clean_fused).to(torch::kFloat64).mean().item<double>(), 1e-3);
 }
 
 TEST(FsqNoiseDropout, FractionAndDistributionOfTheNoise) {

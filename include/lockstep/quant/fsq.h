@@ -88,6 +88,13 @@ struct FsqCodes {
   at::Tensor indices;  // int64, z's shape without its last axis
 };
 
+namespace detail {
+// The same pass from torch operations on z's device (what runs off the CPU), with the kernel's
+// straight-through gradient and noise; torch's tanh may move a value within ~1e-6 of a rounding
+// boundary to the neighbouring level.
+FsqCodes fsq_forward_torch(const FsqKernelPlan& plan, const at::Tensor& z, const FsqNoise& noise);
+}  // namespace detail
+
 class Fsq final : public Quantizer {
  public:
   explicit Fsq(FsqOptions options);
@@ -107,7 +114,7 @@ class Fsq final : public Quantizer {
   // Bounds and rounds z (..., len(levels)) with a straight-through gradient.
   at::Tensor quantize_codes(const at::Tensor& z) const;
   // Codes and indices of z (..., len(levels)) in one pass over memory, split over at::parallel_for
-  // for large inputs. z of another dtype or layout is first converted to contiguous float32 (a
+  // for large inputs; off the CPU, the same from torch operations (detail::fsq_forward_torch). z of another dtype or layout is first converted to contiguous float32 (a
   // differentiable copy). The codes' gradient is the straight-through gradient of the bound.
   // With `noise` set (defined or not: undefined means torch's default CPU generator), noise
   // dropout is applied as FsqOptions::noise_dropout says; one 64-bit number is drawn from the
@@ -121,6 +128,7 @@ class Fsq final : public Quantizer {
   void quantize_and_index_out(const at::Tensor& z, at::Tensor& codes, at::Tensor& indices) const;
 
   const FsqOptions& options() const { return options_; }
+  const detail::FsqKernelPlan& kernel_plan() const { return plan_; }  // for tests of the two paths
 
  private:
   // (b, n, dim) -> (b, n, codebooks, levels) before the bound, projecting when needed.
