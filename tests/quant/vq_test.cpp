@@ -6,6 +6,7 @@
 #include <set>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/kmeans.h"
 #include "lockstep/quant/registry.h"
 #include "recording_reducer.h"
 
@@ -395,6 +396,29 @@ TEST(Vq, StochasticSamplingDrawsFromTheSoftmaxWithTheCallersGenerator) {
   d.eval();
   EXPECT_TRUE((d.quantize(x, {nullptr, seeded(7)}).indices == 0).all().item<bool>());
   EXPECT_TRUE((d.encode(x) == 0).all().item<bool>());
+}
+
+// The EMA and k-means statistics off the CPU come from index_add_ (what CUDA runs): on the CPU it
+// adds in token order like the loop, so the float64 counts and sums are the loop's exactly.
+TEST(CodeStatistics, TheTorchPathGivesTheLoopsCountsAndSums) {
+  torch::manual_seed(21);
+  const at::Tensor tokens = torch::randn({3, 500, 7});
+  const at::Tensor indices = torch::randint(0, 40, {3, 500}, torch::kInt64);
+  const auto loop = code_counts_and_sums(tokens, indices, 40);
+  const auto ops = detail::code_counts_and_sums_torch(tokens, indices, 40);
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].scalar_type(), torch::kFloat64);
+  EXPECT_TRUE(torch::equal(ops[0], loop[0]));
+  EXPECT_TRUE(torch::equal(ops[1], loop[1]));
+  EXPECT_EQ(ops[0].sum().item<double>(), 1500.0);
+  const at::Tensor bad = indices.clone();
+  bad[2][7] = 40;
+  try {
+    detail::code_counts_and_sums_torch(tokens, bad, 40);
+    FAIL() << "accepted code index 40 of 40";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("code index 40 outside [0, 40)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
