@@ -95,9 +95,23 @@ struct RotateTo : public torch::autograd::Function<RotateTo> {
 
 }  // namespace
 
+namespace detail {
+// The definition from torch operations, on x's device; autograd derives the same backward, since
+// everything but x is detached.
+at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q) {
+  auto clamped_norm = [](const at::Tensor& t) { return t.norm(2, -1, true).clamp_min(kEps); };
+  const at::Tensor xf = x.to(torch::kFloat32), qf = q.detach().to(torch::kFloat32), xd = xf.detach();
+  const at::Tensor u = xd / clamped_norm(xd), q_hat = qf / clamped_norm(qf);
+  const at::Tensor w = (u + q_hat) / clamped_norm(u + q_hat);
+  const at::Tensor scale = qf.norm(2, -1, true) / clamped_norm(xd);
+  return scale * (xf - 2 * (xf * w).sum(-1, true) * w + 2 * (xf * u).sum(-1, true) * q_hat);
+}
+}  // namespace detail
+
 at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q) {
   LOCKSTEP_CHECK_ARG(x.dim() == 2 && x.sizes() == q.sizes(), "rotate_to: expected x and q of one shape (n, d), got ",
                      x.sizes(), " and ", q.sizes());
+  if (!x.device().is_cpu()) return detail::rotate_to_torch(x, q);
   const at::Tensor xf = x.to(torch::kFloat32).contiguous();
   const at::Tensor qf = q.detach().to(torch::kFloat32).contiguous();
   return RotateTo::apply(xf, qf);

@@ -122,12 +122,16 @@ TEST(Vq, FusedRotationTrickMatchesTheTorchOpFormIncludingDegenerateRows) {
     q[2].zero_();       // zero code
     q[3] = -x[3];       // opposite: u + q^ = 0
     const at::Tensor g = torch::randn({2000, d});
-    const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+    const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_(), xc = x.clone().requires_grad_();
     const at::Tensor fused = rotate_to(xa, q), reference = rotate_to_reference(xb, q);
+    const at::Tensor off_cpu = detail::rotate_to_torch(xc, q);  // the path other devices run
     EXPECT_TRUE(torch::allclose(fused, reference, 1e-4, 1e-4)) << "d = " << d << " " << (fused - reference).abs().max();
+    EXPECT_TRUE(torch::allclose(off_cpu, reference, 1e-4, 1e-4)) << "d = " << d << " " << (off_cpu - reference).abs().max();
     (fused * g).sum().backward();
     (reference * g).sum().backward();
+    (off_cpu * g).sum().backward();
     EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-4, 1e-4)) << "d = " << d << " " << (xa.grad() - xb.grad()).abs().max();
+    EXPECT_TRUE(torch::allclose(xc.grad(), xb.grad(), 1e-4, 1e-4)) << "d = " << d << " " << (xc.grad() - xb.grad()).abs().max();
   }
 }
 

@@ -148,7 +148,13 @@ class Vq final : public Quantizer {
 };
 
 // The rotation trick's output (n, d) for tokens x (n, d) and their codes q (n, d): value q,
-// gradient to x rotated (see docs/quantizers.md). Exposed for tests.
+// gradient to x rotated (see docs/quantizers.md). Exposed for tests. On the CPU one fused pass; on
+// any other device detail::rotate_to_torch.
 at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q);
+
+namespace detail {
+// The rotation trick from torch operations (what runs off the CPU).
+at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q);
+}  // namespace detail
 
 }  // namespace lockstep::quant
