@@ -23,6 +23,8 @@
 // division by probabilities that may underflow). Tokens go through in chunks that keep P_hi,
 // P_lo and their gradients within a byte budget; the backward rebuilds each chunk's P_hi and P_lo
 // (cheap next to the GEMMs) rather than keeping them, so memory stays bounded up to K = 2^24.
+// Off the CPU the halves come from torch operations (halves_from_ops) and each chunk's reverse
+// pass from autograd on the rebuilt halves: the same chunks, GEMMs and memory bound.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -139,14 +141,32 @@ void backward_halves(const at::Tensor& x, double z_scale, const at::Tensor& dhi,
   });
 }
 
+// The same halves from torch operations, on x's device and differentiable: what runs off the CPU.
+// x: (len, bits) -> {hi (len, 2^h), lo (len, 2^l)}.
+std::pair<at::Tensor, at::Tensor> halves_from_ops(const at::Tensor& x, double z_scale) {
+  const int64_t len = x.size(0), bits = x.size(1), h = bits / 2;
+  const at::Tensor z = x * z_scale;
+  const at::Tensor q0 = torch::sigmoid(-z), q1 = torch::sigmoid(z);  // each directly, as bit_pairs
+  auto expand_ops = [&](int64_t first, int64_t m) {
+    at::Tensor p = torch::ones({len, 1}, x.options());
+    for (int64_t k = first; k < first + m; ++k) {  // out[2i + b] = prev[i] q_b
+      p = torch::stack({p * q0.narrow(1, k, 1), p * q1.narrow(1, k, 1)}, 2).reshape({len, -1});
+    }
+    return p;
+  };
+  return {expand_ops(0, h), expand_ops(h, bits - h)};
+}
+
 struct SumProbs : public torch::autograd::Function<SumProbs> {
-  // x: (c, n, bits) -> (c, 2^h, 2^l), the sum over tokens of p_t per codebook.
+  // x: (c, n, bits) -> (c, 2^h, 2^l), the sum over tokens of p_t per codebook. `ops`: the halves
+  // from torch operations (any device) instead of the CPU loops.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, double z_scale,
-                            int64_t chunk_tokens) {
+                            int64_t chunk_tokens, bool ops) {
     const at::Tensor x = x_in.contiguous();
     ctx->save_for_backward({x});
     ctx->saved_data["z_scale"] = z_scale;
     ctx->saved_data["chunk_tokens"] = chunk_tokens;
+    ctx->saved_data["ops"] = ops;
     const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
     at::Tensor total = torch::zeros({x.size(0), int64_t{1} << h, int64_t{1} << l}, x.options());
     for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
@@ -154,6 +174,11 @@ struct SumProbs : public torch::autograd::Function<SumProbs> {
       const at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
       const at::Tensor lo = torch::empty({len, int64_t{1} << l}, x.options());
       for (int64_t c = 0; c < x.size(0); ++c) {
+        if (ops) {
+          const auto [hi_ops, lo_ops] = halves_from_ops(x[c].narrow(0, start, len), z_scale);
+          total[c].addmm_(hi_ops.t(), lo_ops);
+          continue;
+        }
         build_halves(x[c].narrow(0, start, len), z_scale, hi, lo);
         total[c].addmm_(hi.t(), lo);
       }
@@ -167,6 +192,7 @@ struct SumProbs : public torch::autograd::Function<SumProbs> {
     const double z_scale = ctx->saved_data["z_scale"].toDouble();
     const int64_t chunk_tokens = ctx->saved_data["chunk_tokens"].toInt();
     const at::Tensor g = grad_outputs[0].to(x.scalar_type()).contiguous();  // (c, 2^h, 2^l)
+    if (ctx->saved_data["ops"].toBool()) return {backward_from_ops(x, g, z_scale, chunk_tokens), {}, {}, {}};
     const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
     at::Tensor grad_x = torch::empty_like(x);
     for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
@@ -181,7 +207,28 @@ struct SumProbs : public torch::autograd::Function<SumProbs> {
         backward_halves(xc, z_scale, dhi, dlo, grad_x[c].narrow(0, start, len));
       }
     }
-    return {grad_x, at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // Each chunk's halves rebuilt with autograd on, then the GEMM's backward pulled through them.
+  static at::Tensor backward_from_ops(const at::Tensor& x, const at::Tensor& g, double z_scale, int64_t chunk_tokens) {
+    at::Tensor grad_x = torch::empty_like(x);
+    at::AutoGradMode grad_on(true);
+    for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
+      const int64_t len = std::min(chunk_tokens, x.size(1) - start);
+      for (int64_t c = 0; c < x.size(0); ++c) {
+        const at::Tensor xc = x[c].narrow(0, start, len).detach().requires_grad_();
+        const auto [hi, lo] = halves_from_ops(xc, z_scale);
+        // With one bit the high half is empty (a column of ones): nothing flows through it.
+        std::vector<at::Tensor> outputs{lo}, grads{torch::mm(hi.detach(), g[c])};
+        if (hi.requires_grad()) {
+          outputs.push_back(hi);
+          grads.push_back(torch::mm(lo.detach(), g[c].t()));
+        }
+        grad_x[c].narrow(0, start, len).copy_(torch::autograd::grad(outputs, {xc}, grads)[0]);
+      }
+    }
+    return grad_x;
   }
 };
 
@@ -196,7 +243,9 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
   return h.sum(-1).mean();
 }
 
-at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
+namespace {
+at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes,
+                     bool ops) {
   LOCKSTEP_CHECK_ARG((x.dim() == 2 || x.dim() == 3) && x.size(-1) >= 1 && x.size(-1) <= 24,
                      "lfq: expected tokens (n, bits) or (codebooks, n, bits) with 1 <= bits <= 24, got ", x.sizes());
   LOCKSTEP_CHECK_ARG(budget_bytes >= 1, "lfq: budget_bytes = ", budget_bytes, " must be >= 1");
@@ -204,9 +253,20 @@ at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double cod
   const int64_t bits = x3.size(2), groups = x3.size(0);
   // Codebooks go one after the other through the same chunk buffers.
   const int64_t chunk = lfq_chunk_tokens(bits, static_cast<int64_t>(x3.element_size()), budget_bytes);
-  const at::Tensor sum = SumProbs::apply(x3, 4 * inv_temperature * code_value, chunk).reshape({groups, -1});
+  const at::Tensor sum = SumProbs::apply(x3, 4 * inv_temperature * code_value, chunk, ops).reshape({groups, -1});
   return x.dim() == 2 ? sum.squeeze(0) : sum;
 }
+}  // namespace
+
+at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
+  return sum_probs(x, inv_temperature, code_value, budget_bytes, !x.device().is_cpu());
+}
+
+namespace detail {
+at::Tensor lfq_sum_probs_ops(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
+  return sum_probs(x, inv_temperature, code_value, budget_bytes, true);
+}
+}  // namespace detail
 
 int64_t lfq_chunk_tokens(int64_t bits, int64_t element_bytes, int64_t budget_bytes) {
   return std::max<int64_t>(1, budget_bytes / (elements_per_token(bits) * element_bytes));

@@ -148,6 +148,12 @@ TEST_P(LfqSumProbs, EqualsTheExplicitSoftmaxWithItsGradient) {
                                 std::to_string(inv_t) + " budget " + std::to_string(budget);
       EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << where << (got - expected).abs().max();
       EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-4, 1e-5)) << where << (xc.grad() - xr.grad()).abs().max();
+      // The path other devices run, through the same chunks.
+      const at::Tensor xo = x.clone().requires_grad_();
+      const at::Tensor ops = detail::lfq_sum_probs_ops(xo, inv_t, code_value, budget);
+      (ops * w).sum().backward();
+      EXPECT_TRUE(torch::allclose(ops, expected, 1e-5, 1e-5)) << where << " ops " << (ops - expected).abs().max();
+      EXPECT_TRUE(torch::allclose(xo.grad(), xr.grad(), 1e-4, 1e-5)) << where << " ops " << (xo.grad() - xr.grad()).abs().max();
     }
   }
 }
@@ -171,6 +177,11 @@ TEST(Lfq, SumProbsInDoubleMatchesTheSoftmaxToDoublePrecisionEvenWhenSaturated) {
   (got * w).sum().backward();
   EXPECT_TRUE(torch::allclose(got, expected, 1e-10, 1e-12)) << (got - expected).abs().max();
   EXPECT_TRUE(torch::allclose(xc.grad(), xr.grad(), 1e-9, 1e-10)) << (xc.grad() - xr.grad()).abs().max();
+  const at::Tensor xo = x.clone().requires_grad_();
+  const at::Tensor ops = detail::lfq_sum_probs_ops(xo, 100.0, 1.0, 3000);
+  (ops * w).sum().backward();
+  EXPECT_TRUE(torch::allclose(ops, expected, 1e-10, 1e-12)) << (ops - expected).abs().max();
+  EXPECT_TRUE(torch::allclose(xo.grad(), xr.grad(), 1e-9, 1e-10)) << (xo.grad() - xr.grad()).abs().max();
 }
 
 TEST(Lfq, SumProbsPerCodebookEqualsEachCodebookAlone) {
