@@ -14,13 +14,13 @@ at::Tensor per_level(const std::vector<float>& values, int64_t L, const at::Tens
   return torch::tensor(std::vector<float>(values.begin(), values.begin() + L), torch::kFloat32).to(like.device());
 }
 
-constexpr int64_t kLow32 = 0xffffffffLL;
+constexpr int64_t kLow32 = int64_t{0xffffffff};
 
 at::Tensor mix32(at::Tensor h) {  // murmur3's finaliser on values in [0, 2^32)
   h = h.bitwise_xor(h.__rshift__(16));
-  h = (h * 0x85ebca6bLL).bitwise_and(kLow32);
+  h = (h * int64_t{0x85ebca6b}).bitwise_and(kLow32);
   h = h.bitwise_xor(h.__rshift__(13));
-  h = (h * 0xc2b2ae35LL).bitwise_and(kLow32);
+  h = (h * int64_t{0xc2b2ae35}).bitwise_and(kLow32);
   return h.bitwise_xor(h.__rshift__(16));
 }
 
@@ -42,9 +42,9 @@ at::Tensor add_noise(const at::Tensor& codes, const FsqNoise& noise) {
   const uint32_t key0 = mix32(static_cast<uint32_t>(noise.seed) ^ mix32(static_cast<uint32_t>(first >> 32)));
   const uint32_t key1 = mix32(static_cast<uint32_t>(noise.seed >> 32) + 0x9e3779b9u);
   const at::Tensor position =
-      (torch::arange(codes.numel(), codes.options().dtype(torch::kInt64)) + static_cast<uint32_t>(first))
+      (torch::arange(codes.numel(), codes.options().dtype(torch::kInt64)) + static_cast<int64_t>(static_cast<uint32_t>(first)))
           .bitwise_and(kLow32);
-  const at::Tensor h = mix32((position * 0x9e3779b9LL).bitwise_and(kLow32).bitwise_xor(static_cast<int64_t>(key0)));
+  const at::Tensor h = mix32((position * int64_t{0x9e3779b9}).bitwise_and(kLow32).bitwise_xor(static_cast<int64_t>(key0)));
   const at::Tensor g = mix32(h.bitwise_xor(static_cast<int64_t>(key1)));
   const at::Tensor u = g.__rshift__(8).to(torch::kFloat32) * (1.0f / 16777216.0f) - 0.5f;
   const at::Tensor flat = codes.reshape({-1});
