@@ -89,16 +89,18 @@ std::chrono::milliseconds CheckedGroup::timeout_of(const CollectiveOptions& opts
   return opts.timeout.count() > 0 ? opts.timeout : options_.timeout;
 }
 
-Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, const CollectiveCall& call) {
+// Checked before the call takes a sequence number, so a refused call leaves the group as it was.
+Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, const char* op,
+                                       const CollectiveOptions& opts) {
   if (tensors.empty()) return *control_;
   const c10::DeviceType type = tensors[0].device().type();
   for (const auto& t : tensors) {
-    LOCKSTEP_CHECK_ARG(t.device().type() == type, "rank ", options_.rank, ": ", call.describe(),
+    LOCKSTEP_CHECK_ARG(t.device().type() == type, "rank ", options_.rank, ": ", op, " at ", opts.site.to_string(),
                        " mixes tensors on ", tensors[0].device(), " and ", t.device(), " in one call");
   }
   if (control_->carries(type)) return *control_;
   if (device_ && device_->carries(type)) return *device_;
-  throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", call.describe(), " has tensors on ",
+  throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", op, " at ", opts.site.to_string(), " has tensors on ",
                                        tensors[0].device(), ", which this group's transports (", control_->name(),
                                        device_ ? std::string(", ") + device_->name() : std::string(),
                                        ") do not carry"));
@@ -112,12 +114,12 @@ void CheckedGroup::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, con
 std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
                                                                   const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  Transport& transport = transport_for(tensors, "all_reduce", opts);
   auto pending = std::make_unique<Pending>(*this, tensors, opts);
   pending->call_ = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
   liveness_->enter(pending->call_);
   agree(pending->call_, opts);
   if (tensors.empty()) return pending;
-  Transport& transport = transport_for(tensors, pending->call_);
   pending->packed_ = pack(tensors);
   for (auto& buffer : pending->packed_.buffers) pending->works_.push_back(transport.all_reduce(buffer, op));
   return pending;
@@ -125,12 +127,13 @@ std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at
 
 std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  Transport& transport = transport_for({input}, "all_gather", opts);
   const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
   liveness_->enter(call);
   agree(call, opts);
   std::vector<at::Tensor> outputs;
   for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
-  auto work = transport_for({input}, call).all_gather(outputs, input.contiguous());
+  auto work = transport.all_gather(outputs, input.contiguous());
   finish(*work, call, opts);
   liveness_->leave(call);
   return outputs;
@@ -140,12 +143,12 @@ void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const C
   std::lock_guard<std::mutex> lock(mutex_);
   LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
                      " is not a rank of a group of size ", options_.size);
+  Transport& transport = transport_for(tensors, "broadcast", opts);
   const CollectiveCall call =
       CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
   liveness_->enter(call);
   agree(call, opts);
   if (tensors.empty()) return liveness_->leave(call);
-  Transport& transport = transport_for(tensors, call);
   Packed packed = pack(tensors);
   for (auto& buffer : packed.buffers) {
     auto work = transport.broadcast(buffer, root);

@@ -57,7 +57,7 @@ class CheckedGroup final : public Group {
   class Pending;
 
   std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const;
-  Transport& transport_for(const std::vector<at::Tensor>& tensors, const CollectiveCall& call);
+  Transport& transport_for(const std::vector<at::Tensor>& tensors, const char* op, const CollectiveOptions& opts);
   // G1: fingerprints exchanged on the control transport; CollectiveMismatch on every rank when
   // they differ, naming each rank's call.
   void agree(const CollectiveCall& call, const CollectiveOptions& opts);

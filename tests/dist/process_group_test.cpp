@@ -197,6 +197,33 @@ TEST(InMemoryGroups, UncheckedCallsThatDisagreeFailOnEveryRank) {
   EXPECT_EQ(groups[1]->describe(), "in-memory, rank 1 of 2");
 }
 
+// A call whose tensors no transport of the group carries (here the meta device; on a group without
+// NCCL, CUDA tensors) or that mixes devices is refused before it takes a sequence number, so the
+// group goes on as if it had not been made.
+TEST(InMemoryGroups, TensorsOnDevicesNoTransportCarriesAreRefusedBeforeAnythingMoves) {
+  const auto groups = make_in_memory_groups(test_util::local_options(0, 1, 0));
+  Group& g = *groups[0];
+  std::vector<at::Tensor> meta{torch::empty({3}, torch::TensorOptions().device(torch::kMeta))};
+  std::vector<at::Tensor> mixed{torch::ones({3}), meta[0]};
+  const auto message = [&](std::vector<at::Tensor>& t) {
+    try {
+      g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.devices"));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(meta).find("has tensors on meta, which this group's transports (in-memory) do not carry"),
+            std::string::npos)
+      << message(meta);
+  EXPECT_NE(message(mixed).find("all_reduce at test.devices"), std::string::npos) << message(mixed);
+  EXPECT_NE(message(mixed).find("mixes tensors on cpu and meta"), std::string::npos) << message(mixed);
+  std::vector<at::Tensor> ok{torch::ones({2})};
+  g.all_reduce(ok, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
+  const auto gathered = g.all_gather(torch::ones({2}), LOCKSTEP_CALL_SITE("test.sequence"));
+  EXPECT_EQ(gathered.size(), 1u);
+}
+
 // Failure mode e: one rank runs out of batches (forced here; the data plan of issue #5 prevents it)
 // and moves on to the end of the epoch while the others still sync gradients: every rank gets
 // CollectiveMismatch at the point of divergence naming the rank that ran out, not a timeout.

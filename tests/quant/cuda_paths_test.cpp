@@ -1,0 +1,102 @@
+// The device-independent paths on a CUDA device against the fused CPU kernels, and the NCCL
+// transport on one rank. They run where a GPU is visible (a GPU machine running the suite) and show
+// as skipped everywhere else, saying why.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+#include "lockstep/dist/process_group.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/kmeans.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/nearest_code.h"
+#include "lockstep/quant/vq.h"
+
+namespace lockstep::quant {
+namespace {
+
+class CudaPaths : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LOCKSTEP_HAVE_CUDA) GTEST_SKIP() << "this build has no CUDA paths (a LibTorch without CUDA)";
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+    torch::manual_seed(31);
+  }
+  const torch::Device cuda{torch::kCUDA, 0};
+};
+
+TEST_F(CudaPaths, NearestCodeEqualsTheFusedKernel) {
+  const at::Tensor x = torch::randn({5000, 32}), codebook = torch::randn({1500, 32});
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    const NearestCode cpu = nearest_code(x, codebook, metric);
+    const NearestCode gpu = nearest_code(x.to(cuda), codebook.to(cuda), metric);
+    ASSERT_TRUE(gpu.indices.is_cuda());
+    EXPECT_LE((gpu.indices.cpu() != cpu.indices).sum().item<int64_t>(), 5);  // near-ties only
+    EXPECT_TRUE(torch::allclose(gpu.score.cpu(), cpu.score, 1e-3, 1e-3));
+  }
+}
+
+TEST_F(CudaPaths, FsqCodesIndicesGradientsAndNoiseEqualTheFusedKernel) {
+  Fsq fsq(FsqOptions({7, 5, 5, 4}).preserve_symmetry(true).noise_dropout(0.3));
+  const at::Tensor z = torch::randn({4000, 4}) * 2;
+  const at::Tensor zc = z.clone().requires_grad_(), zg = z.to(cuda).requires_grad_();
+  const FsqCodes cpu = fsq.quantize_and_index(zc, at::detail::createCPUGenerator(5), 17);
+  const FsqCodes gpu = fsq.quantize_and_index(zg, at::detail::createCPUGenerator(5), 17);
+  const at::Tensor same = gpu.codes.detach().cpu() == cpu.codes.detach();
+  EXPECT_GE(same.to(torch::kFloat64).mean().item<double>(), 0.999);
+  const at::Tensor w = torch::randn_like(z);
+  (cpu.codes * w).sum().backward();
+  (gpu.codes * w.to(cuda)).sum().backward();
+  EXPECT_TRUE(torch::allclose(zg.grad().cpu(), zc.grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::equal(fsq.indices_to_codes(gpu.indices).cpu(), fsq.indices_to_codes(gpu.indices.cpu())));
+}
+
+TEST_F(CudaPaths, CodeStatisticsRotationAndLfqEntropyEqualTheCpu) {
+  const at::Tensor tokens = torch::randn({2, 3000, 16});
+  const at::Tensor indices = torch::randint(0, 64, {2, 3000}, torch::kInt64);
+  const auto cpu = code_counts_and_sums(tokens, indices, 64);
+  const auto gpu = code_counts_and_sums(tokens.to(cuda), indices.to(cuda), 64);
+  EXPECT_TRUE(torch::equal(gpu[0].cpu(), cpu[0]));
+  EXPECT_TRUE(torch::allclose(gpu[1].cpu(), cpu[1], 1e-12, 1e-12));
+
+  const at::Tensor x = torch::randn({1000, 32}), q = torch::randn({1000, 32});
+  const at::Tensor xc = x.clone().requires_grad_(), xg = x.to(cuda).requires_grad_();
+  const at::Tensor rc = rotate_to(xc, q), rg = rotate_to(xg, q.to(cuda));
+  EXPECT_TRUE(torch::allclose(rg.detach().cpu(), rc.detach(), 1e-4, 1e-4));
+  rc.sum().backward();
+  rg.sum().backward();
+  EXPECT_TRUE(torch::allclose(xg.grad().cpu(), xc.grad(), 1e-4, 1e-4));
+
+  const at::Tensor bits = torch::randn({2, 700, 12}) * 0.3;
+  const at::Tensor bc = bits.clone().requires_grad_(), bg = bits.to(cuda).requires_grad_();
+  const at::Tensor sc = lfq_sum_probs(bc, 2.0, 1.0), sg = lfq_sum_probs(bg, 2.0, 1.0);
+  EXPECT_TRUE(torch::allclose(sg.detach().cpu(), sc.detach(), 1e-4, 1e-5));
+  const at::Tensor wk = torch::randn_like(sc);
+  (sc * wk).sum().backward();
+  (sg * wk.to(cuda)).sum().backward();
+  EXPECT_TRUE(torch::allclose(bg.grad().cpu(), bc.grad(), 1e-3, 1e-5));
+}
+
+// One rank with the NCCL transport: CUDA tensors go over NCCL, fingerprints and CPU tensors over
+// Gloo, and a call that mixes the two devices is refused before anything moves.
+TEST_F(CudaPaths, OneRankGroupCarriesCudaTensorsOverNccl) {
+  if (!LOCKSTEP_HAVE_NCCL) GTEST_SKIP() << "this build has no NCCL transport";
+  dist::GroupOptions o;
+  o.master_port = 0;
+  o.cuda_device = 0;
+  o.timeout = std::chrono::seconds(60);
+  const auto group = dist::make_process_group(o);
+  EXPECT_NE(group->describe().find("nccl on cuda:0"), std::string::npos) << group->describe();
+  std::vector<at::Tensor> t{torch::full({1000}, 3.0f, torch::TensorOptions().device(cuda))};
+  group->all_reduce(t, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.cuda"));
+  EXPECT_TRUE(torch::equal(t[0].cpu(), torch::full({1000}, 3.0f)));
+  std::vector<at::Tensor> cpu{torch::ones({3})};
+  group->all_reduce(cpu, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.cpu"));
+  std::vector<at::Tensor> mixed{torch::ones({3}), torch::ones({3}, torch::TensorOptions().device(cuda))};
+  EXPECT_THROW(group->all_reduce(mixed, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.mixed")), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::quant
