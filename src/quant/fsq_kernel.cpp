@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fsq_noise_hash.h"
 #include "lockstep/quant/fsq.h"
 
 // Everything below is inlined into the target clones of fsq_forward_tokens, so that each clone
@@ -125,26 +126,16 @@ LOCKSTEP_FSQ_INLINE void chunk_indices(const int32_t* __restrict level, const in
   }
 }
 
-LOCKSTEP_FSQ_INLINE uint32_t mix32(uint32_t h) {  // murmur3's finaliser
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // Noise dropout on n codes whose first element is element `first` of the whole tensor: a
 // counter-based hash of (seed, element), so the result does not depend on how tokens are split.
 LOCKSTEP_FSQ_INLINE void chunk_noise(const FsqNoise& noise, float* __restrict codes, int64_t first, int64_t n) {
-  const uint32_t key0 = mix32(static_cast<uint32_t>(noise.seed) ^ mix32(static_cast<uint32_t>(first >> 32)));
-  const uint32_t key1 = mix32(static_cast<uint32_t>(noise.seed >> 32) + 0x9e3779b9u);
+  const auto [key0, key1] = fsq_noise_keys(noise.seed, first);
   const uint32_t base = static_cast<uint32_t>(first);
   const uint32_t threshold = noise.threshold;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t h = mix32((base + static_cast<uint32_t>(i)) * 0x9e3779b9u ^ key0);
-    const uint32_t g = mix32(h ^ key1);
+    const uint32_t h = fsq_mix32((base + static_cast<uint32_t>(i)) * 0x9e3779b9u ^ key0);
+    const uint32_t g = fsq_mix32(h ^ key1);
     // u in [-0.5, 0.5) from 24 bits (exact in float).
     const float u = static_cast<float>(static_cast<int32_t>(g >> 8)) * (1.0f / 16777216.0f) - 0.5f;
     const float sum = codes[i] + u;

@@ -5,6 +5,7 @@
 // 32 bits, so the same elements get the same noise.
 #include <torch/torch.h>
 
+#include "fsq_noise_hash.h"
 #include "lockstep/quant/fsq.h"
 
 namespace lockstep::quant::detail {
@@ -16,21 +17,12 @@ at::Tensor per_level(const std::vector<float>& values, int64_t L, const at::Tens
 
 constexpr int64_t kLow32 = int64_t{0xffffffff};
 
-at::Tensor mix32(at::Tensor h) {  // murmur3's finaliser on values in [0, 2^32)
+at::Tensor mix32(at::Tensor h) {  // fsq_mix32 on int64 values in [0, 2^32)
   h = h.bitwise_xor(h.__rshift__(16));
   h = (h * int64_t{0x85ebca6b}).bitwise_and(kLow32);
   h = h.bitwise_xor(h.__rshift__(13));
   h = (h * int64_t{0xc2b2ae35}).bitwise_and(kLow32);
   return h.bitwise_xor(h.__rshift__(16));
-}
-
-uint32_t mix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
 }
 
 // codes (n elements, flat) with noise dropout; element i is global element noise.element_offset + i.
@@ -39,8 +31,7 @@ uint32_t mix32(uint32_t h) {
 // first element is used for all.
 at::Tensor add_noise(const at::Tensor& codes, const FsqNoise& noise) {
   const int64_t first = noise.element_offset;
-  const uint32_t key0 = mix32(static_cast<uint32_t>(noise.seed) ^ mix32(static_cast<uint32_t>(first >> 32)));
-  const uint32_t key1 = mix32(static_cast<uint32_t>(noise.seed >> 32) + 0x9e3779b9u);
+  const auto [key0, key1] = fsq_noise_keys(noise.seed, first);
   const at::Tensor position =
       (torch::arange(codes.numel(), codes.options().dtype(torch::kInt64)) + static_cast<int64_t>(static_cast<uint32_t>(first)))
           .bitwise_and(kLow32);
