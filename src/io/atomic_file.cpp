@@ -49,8 +49,9 @@ void write_all(int fd, const std::string& bytes, const std::string& tmp) {
 
 // After a rename the directory entry itself must reach the disk, or a crash can lose the file.
 void sync_directory(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  // Not `dir = "."` after the fact: GCC 12 warns about that assignment under C++20 (a false positive).
+  const std::string dir = parent.empty() ? std::string(".") : parent;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail("open directory", dir, errno);
   int rc = ::fsync(fd);
