@@ -60,14 +60,18 @@ C10dTransport::~C10dTransport() {
   if (abandoned_) (void)backend_.release();
 }
 
+// Host-side work (Gloo) is waited on in slices; device-side work (NCCL) is polled.
+std::unique_ptr<TransportWork> C10dTransport::wrap(c10::intrusive_ptr<c10d::Work> work) const {
+  if (device_ == c10::DeviceType::CPU) return std::make_unique<BlockingWork>(std::move(work));
+  return std::make_unique<PolledWork>(std::move(work));
+}
+
 std::unique_ptr<TransportWork> C10dTransport::all_reduce(at::Tensor& buffer, ReduceOp op) {
   std::vector<at::Tensor> one{buffer};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = backstop_;
-  auto work = backend_->allreduce(one, o);
-  if (device_ == c10::DeviceType::CPU) return std::make_unique<BlockingWork>(std::move(work));
-  return std::make_unique<PolledWork>(std::move(work));
+  return wrap(backend_->allreduce(one, o));
 }
 
 std::unique_ptr<TransportWork> C10dTransport::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
@@ -75,9 +79,7 @@ std::unique_ptr<TransportWork> C10dTransport::all_gather(std::vector<at::Tensor>
   std::vector<at::Tensor> in{input};
   c10d::AllgatherOptions o;
   o.timeout = backstop_;
-  auto work = backend_->allgather(out, in, o);
-  if (device_ == c10::DeviceType::CPU) return std::make_unique<BlockingWork>(std::move(work));
-  return std::make_unique<PolledWork>(std::move(work));
+  return wrap(backend_->allgather(out, in, o));
 }
 
 std::unique_ptr<TransportWork> C10dTransport::broadcast(at::Tensor& buffer, int root) {
@@ -85,9 +87,7 @@ std::unique_ptr<TransportWork> C10dTransport::broadcast(at::Tensor& buffer, int 
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = backstop_;
-  auto work = backend_->broadcast(one, o);
-  if (device_ == c10::DeviceType::CPU) return std::make_unique<BlockingWork>(std::move(work));
-  return std::make_unique<PolledWork>(std::move(work));
+  return wrap(backend_->broadcast(one, o));
 }
 
 void C10dTransport::abandon() {

@@ -40,6 +40,8 @@ class C10dTransport : public Transport {
   void abandon() override;
 
  private:
+  std::unique_ptr<TransportWork> wrap(c10::intrusive_ptr<c10d::Work> work) const;
+
   c10::intrusive_ptr<C10dBackend> backend_;
   const char* name_;
   c10::DeviceType device_;
