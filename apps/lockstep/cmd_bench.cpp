@@ -19,6 +19,7 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/quant/bench_cases.h"
+#include "lockstep/train/device.h"
 
 namespace lockstep::cli {
 namespace {
@@ -28,6 +29,7 @@ struct BenchOptions {
   std::string filter;      // substring of "name shape"
   double min_seconds = 1;  // per case, after one untimed warm-up run
   int min_runs = 3;
+  std::string device = "cpu";  // or cuda, cuda:N
 };
 
 struct Measured {
@@ -79,8 +81,10 @@ bool meets(const quant::BenchCase& c, const Measured& m, double fraction) {
 }
 
 int run_bench(const BenchOptions& opt) {
+  const int cuda = train::cuda_index_for(train::parse_device_spec(opt.device, "--device"), "--device");
+  const bool on_gpu = cuda >= 0;
   std::vector<quant::BenchCase> cases;
-  for (auto& c : quant::quantizer_bench_cases()) {
+  for (auto& c : quant::quantizer_bench_cases(cuda)) {
     if (opt.filter.empty() || (c.name + " " + c.shape).find(opt.filter) != std::string::npos) cases.push_back(c);
   }
   if (cases.empty()) {
@@ -88,14 +92,17 @@ int run_bench(const BenchOptions& opt) {
     return kExitUsage;
   }
   at::set_num_threads(opt.threads);
-  std::cout << "lockstep bench quantizers: " << opt.threads << (opt.threads == 1 ? " thread" : " threads")
+  std::cout << "lockstep bench quantizers: "
+            << (on_gpu ? "cuda:" + std::to_string(cuda) + " (the device-independent paths)"
+                       : std::to_string(opt.threads) + (opt.threads == 1 ? " thread" : " threads"))
             << "; each case: median of >= " << opt.min_runs << " runs over >= " << fixed(opt.min_seconds, 1)
             << " s after a warm-up\n";
   std::cout.flush();
-  const double sgemm = measure_sgemm_gflops(2048, 1.0);
-  const double bandwidth = measure_triad_bandwidth_gbs(int64_t{64} << 20, 0.8);
-  std::cout << "limits measured now: sgemm n=2048 " << fixed(sgemm, 1) << " GFLOP/s, triad "
-            << fixed(bandwidth, 1) << " GB/s\n\n";
+  const int64_t sgemm_n = on_gpu ? 8192 : 2048;
+  const double sgemm = measure_sgemm_gflops(sgemm_n, 1.0, cuda);
+  const double bandwidth = measure_triad_bandwidth_gbs(int64_t{on_gpu ? 256 : 64} << 20, 0.8, cuda);
+  std::cout << "limits measured now" << (on_gpu ? " on the device" : "") << ": sgemm n=" << sgemm_n << " "
+            << fixed(sgemm, 1) << " GFLOP/s, triad " << fixed(bandwidth, 1) << " GB/s\n\n";
   std::cout << std::left << std::setw(13) << "case" << std::setw(31) << "shape" << std::right << std::setw(11)
             << "median ms" << std::setw(13) << "tokens/s" << std::setw(14) << "rate" << std::setw(9) << "limit"
             << std::setw(11) << "extra MiB" << "  target\n";
@@ -104,11 +111,13 @@ int run_bench(const BenchOptions& opt) {
     const bool flops = c.limit == quant::BenchLimit::Sgemm;
     const double rate = c.work / (m.median_ms * 1e-3) * 1e-9;  // GFLOP/s or GB/s
     const double fraction = rate / (flops ? sgemm : bandwidth);
-    const std::string target = target_text(c);
+    // The targets are for one thread of the reference CPU; host memory says nothing about a GPU run.
+    const std::string target = on_gpu ? "" : target_text(c);
+    const double extra_mib = on_gpu ? -1 : m.extra_mib;
     std::cout << std::left << std::setw(13) << c.name << std::setw(31) << c.shape << std::right << std::setw(11)
               << fixed(m.median_ms, m.median_ms < 10 ? 3 : 1) << std::setw(13) << fixed(c.tokens / (m.median_ms * 1e-3), 0)
               << std::setw(14) << (fixed(rate, 1) + (flops ? " GFLOP/s" : " GB/s")) << std::setw(8)
-              << fixed(fraction * 100, 0) << "%" << std::setw(11) << (m.extra_mib < 0 ? "n/a" : fixed(m.extra_mib, 1))
+              << fixed(fraction * 100, 0) << "%" << std::setw(11) << (extra_mib < 0 ? "n/a" : fixed(extra_mib, 1))
               << "  " << (target.empty() ? "-" : target + (meets(c, m, fraction) ? " (met)" : " (MISSED)")) << "\n";
     std::cout.flush();
   }
@@ -214,6 +223,10 @@ void add_bench_command(CLI::App& app, Runner& run) {
   quantizers->add_option("--min-time", opt->min_seconds, "Seconds to repeat each case for")
       ->capture_default_str()
       ->check(kPositiveReal);
+  quantizers->add_option("--device", opt->device,
+                         "cpu, or cuda / cuda:N: the same cases on a GPU (the device-independent paths), "
+                         "limits measured on the device, no CPU targets")
+      ->capture_default_str();
   quantizers->callback([&run, opt] { run = [opt] { return run_bench(*opt); }; });
   auto copt = std::make_shared<CollectiveBenchOptions>();
   auto* collectives = bench->add_subcommand(

@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 
 #include "cli_common.h"
@@ -10,6 +11,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/dist/process_group.h"
+#include "lockstep/train/device.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "progress.h"
@@ -60,6 +62,21 @@ std::vector<std::string> overrides(const TrainArgs& args) {
 
 int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group);
 
+// This rank's CUDA device by the run's train.device (-1: the CPU), read before the group exists
+// because NCCL is set up on it. A run directory without config.toml is left to --resume to report.
+int cuda_device_of(const TrainArgs& args) {
+  train::Config config(train::lockstep_schema());
+  if (!args.resume.empty()) {
+    const std::string path = train::config_path(args.resume);
+    if (!std::filesystem::exists(path)) return -1;
+    config.load_toml_file(path);
+  } else if (!args.config_file.empty()) {
+    config.load_toml_file(args.config_file);
+  }
+  for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
+  return train::cuda_index_for(train::parse_device_spec(config.get_string("train.device")));
+}
+
 int run_train(const TrainArgs& args) {
   if (args.print_config && args.resume.empty()) {
     train::Config config(train::lockstep_schema());
@@ -87,6 +104,7 @@ int run_train(const TrainArgs& args) {
     LOCKSTEP_CHECK_ARG(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
                        options.size);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
+    options.cuda_device = cuda_device_of(args);
     group = dist::make_process_group(options);
   } else {
     group = dist::make_single_process_group();
@@ -207,6 +225,8 @@ void add_train_command(CLI::App& app, Runner& run) {
   add_shortcut(*cmd, *args, "--lr", "FLOAT", "train.lr", "Learning rate");
   add_shortcut(*cmd, *args, "--seed", "INT", "train.seed", "Seed of every random choice");
   add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", kThreadsHelp);
+  add_shortcut(*cmd, *args, "--device", "DEVICE", "train.device",
+               "cpu, cuda (under a launcher, each rank its LOCAL_RANK'th GPU) or cuda:N");
   add_shortcut(*cmd, *args, "--quantizer", "NAME", "quantizer.name", "Quantizer");
   add_shortcut(*cmd, *args, "--data", "DIR", "data.dir",
                "Fashion-MNIST's directory of .gz files, or a folder of images (any depth; see docs/data.md)");

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <sched.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -213,17 +214,30 @@ BlasInfo detect_blas() {
   return info;
 }
 
-double measure_sgemm_gflops(int64_t n, double min_seconds) {
+namespace {
+at::Device device_of(int cuda_device) {
+  return cuda_device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+}
+// Work queued on a CUDA device is finished before the clock is read.
+void finish(int cuda_device) {
+  if (cuda_device >= 0) torch::cuda::synchronize(cuda_device);
+}
+}  // namespace
+
+double measure_sgemm_gflops(int64_t n, double min_seconds, int cuda_device) {
   LOCKSTEP_CHECK_ARG(n >= 1, "measure_sgemm_gflops: n must be >= 1, got ", n);
   LOCKSTEP_CHECK_ARG(min_seconds >= 0, "measure_sgemm_gflops: min_seconds must be >= 0, got ", min_seconds);
   torch::NoGradGuard no_grad;
   // A private generator: measuring must not move the global RNG that training seeds.
   auto gen = at::detail::createCPUGenerator(42);
-  const auto a = torch::randn({n, n}, gen);
-  const auto b = torch::randn({n, n}, gen);
-  auto c = torch::empty({n, n});
+  const auto a = torch::randn({n, n}, gen).to(device_of(cuda_device));
+  const auto b = torch::randn({n, n}, gen).to(device_of(cuda_device));
+  auto c = torch::empty({n, n}, a.options());
+  torch::mm_out(c, a, b);  // warm-up: thread pools, page faults, BLAS buffers (cuBLAS handles)
+  finish(cuda_device);
   auto t0 = Clock::now();
-  torch::mm_out(c, a, b);  // warm-up: thread pools, page faults, BLAS buffers
+  torch::mm_out(c, a, b);
+  finish(cuda_device);
   // Small products are repeated inside one sample so the clock's resolution does not dominate.
   const double warm = std::max(seconds_since(t0), 1e-9);
   const int reps = static_cast<int>(std::clamp(1e-3 / warm, 1.0, 1000.0));
@@ -234,28 +248,32 @@ double measure_sgemm_gflops(int64_t n, double min_seconds) {
   while (rates.size() < 3 || seconds_since(start) < min_seconds) {
     t0 = Clock::now();
     for (int r = 0; r < reps; ++r) torch::mm_out(c, a, b);
+    finish(cuda_device);
     rates.push_back(flop / std::max(seconds_since(t0), 1e-9) / 1e9);
   }
   return median(rates);
 }
 
-double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds) {
+double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds, int cuda_device) {
   LOCKSTEP_CHECK_ARG(elements >= 1, "measure_triad_bandwidth_gbs: elements must be >= 1, got ", elements);
   LOCKSTEP_CHECK_ARG(min_seconds >= 0, "measure_triad_bandwidth_gbs: min_seconds must be >= 0, got ", min_seconds);
   // LibTorch's own kernels, not a loop here: ATen's inline at::parallel_for runs serially in code
   // built without -fopenmp, while add_out is vectorised and split over at::get_num_threads().
   torch::NoGradGuard no_grad;
-  auto a = torch::empty({elements});
-  const auto b = torch::full({elements}, 1.0f);  // filled in parallel: pages touched before timing
-  const auto c = torch::full({elements}, 2.0f);
+  const auto on = torch::TensorOptions().device(device_of(cuda_device));
+  auto a = torch::empty({elements}, on);
+  const auto b = torch::full({elements}, 1.0f, on);  // filled in parallel: pages touched before timing
+  const auto c = torch::full({elements}, 2.0f, on);
   const double s = 3.0;
   torch::add_out(a, b, c, s);  // warm-up; also touches a's pages
+  finish(cuda_device);
   const double bytes = 3.0 * sizeof(float) * double(elements);
   std::vector<double> rates;
   const auto start = Clock::now();
   while (rates.size() < 3 || seconds_since(start) < min_seconds) {
     const auto t0 = Clock::now();
     torch::add_out(a, b, c, s);  // a = b + s * c
+    finish(cuda_device);
     rates.push_back(bytes / std::max(seconds_since(t0), 1e-9) / 1e9);
   }
   return median(rates);

@@ -50,7 +50,7 @@ class PolledWork final : public TransportWork {
 
 }  // namespace
 
-C10dTransport::C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::DeviceType device,
+C10dTransport::C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::Device device,
                              std::chrono::milliseconds backstop, std::function<void()> abort)
     : backend_(std::move(backend)), name_(name), device_(device), backstop_(backstop), abort_(std::move(abort)) {}
 

@@ -28,12 +28,14 @@ class C10dTransport : public Transport {
  public:
   // `backstop`: the backend's own timer, far above lockstep's (which counts from the last
   // progress another rank published); `abort`: what abandon() does (none for Gloo).
-  C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::DeviceType device,
+  C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::Device device,
                 std::chrono::milliseconds backstop, std::function<void()> abort = {});
   ~C10dTransport() override;
 
   const char* name() const override { return name_; }
-  bool carries(c10::DeviceType device) const override { return device == device_; }
+  bool carries(const c10::Device& device) const override {
+    return device.type() == device_.type() && (!device_.has_index() || device.index() == device_.index());
+  }
   std::unique_ptr<TransportWork> all_reduce(at::Tensor& buffer, ReduceOp op) override;
   std::unique_ptr<TransportWork> all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) override;
   std::unique_ptr<TransportWork> broadcast(at::Tensor& buffer, int root) override;
@@ -44,7 +46,7 @@ class C10dTransport : public Transport {
 
   c10::intrusive_ptr<C10dBackend> backend_;
   const char* name_;
-  c10::DeviceType device_;
+  c10::Device device_;
   std::chrono::milliseconds backstop_;
   std::function<void()> abort_;
   bool abandoned_ = false;

@@ -93,13 +93,13 @@ std::chrono::milliseconds CheckedGroup::timeout_of(const CollectiveOptions& opts
 Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, const char* op,
                                        const CollectiveOptions& opts) {
   if (tensors.empty()) return *control_;
-  const c10::DeviceType type = tensors[0].device().type();
+  const c10::Device device = tensors[0].device();
   for (const auto& t : tensors) {
-    LOCKSTEP_CHECK_ARG(t.device().type() == type, "rank ", options_.rank, ": ", op, " at ", opts.site.to_string(),
-                       " mixes tensors on ", tensors[0].device(), " and ", t.device(), " in one call");
+    LOCKSTEP_CHECK_ARG(t.device() == device, "rank ", options_.rank, ": ", op, " at ", opts.site.to_string(),
+                       " mixes tensors on ", device, " and ", t.device(), " in one call");
   }
-  if (control_->carries(type)) return *control_;
-  if (device_ && device_->carries(type)) return *device_;
+  if (control_->carries(device)) return *control_;
+  if (device_ && device_->carries(device)) return *device_;
   throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", op, " at ", opts.site.to_string(), " has tensors on ",
                                        tensors[0].device(), ", which this group's transports (", control_->name(),
                                        device_ ? std::string(", ") + device_->name() : std::string(),

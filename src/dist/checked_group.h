@@ -44,6 +44,9 @@ class CheckedGroup final : public Group {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   std::string describe() const override { return options_.where; }
+  bool carries(const c10::Device& device) const override {
+    return control_->carries(device) || (device_ && device_->carries(device));
+  }
 
   void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override;
   std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,

@@ -51,7 +51,7 @@ std::unique_ptr<Transport> make_gloo_transport(const c10::intrusive_ptr<c10d::St
                         "rank ", options.rank, " of ", options.size, ": Gloo could not connect to every other ",
                         "rank within ", options.connect_timeout.count(),
                         " ms (did a rank die while connecting, or does a firewall block the ports?)");
-  return std::make_unique<C10dTransport>(result.get(), "gloo", c10::DeviceType::CPU, backstop);
+  return std::make_unique<C10dTransport>(result.get(), "gloo", c10::Device(c10::kCPU), backstop);
 }
 #else
 std::unique_ptr<Transport> make_gloo_transport(const c10::intrusive_ptr<c10d::Store>&, const GroupOptions& options) {

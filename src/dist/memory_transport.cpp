@@ -123,7 +123,7 @@ class MemoryTransport final : public Transport {
  public:
   MemoryTransport(std::shared_ptr<MemoryWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
   const char* name() const override { return "in-memory"; }
-  bool carries(c10::DeviceType device) const override { return device == c10::DeviceType::CPU; }
+  bool carries(const c10::Device& device) const override { return device.is_cpu(); }
 
   std::unique_ptr<TransportWork> all_reduce(at::Tensor& buffer, ReduceOp op) override {
     const uint64_t k = next_++;

@@ -33,9 +33,10 @@ std::unique_ptr<Transport> make_nccl_transport(const c10::intrusive_ptr<c10d::St
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
                                                           options.rank, options.size, nccl_options);
   // One communicator, on this rank's device, made by the first collective.
-  nccl->setBoundDeviceId(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device)));
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
+  nccl->setBoundDeviceId(device);
   auto abort = [nccl] { nccl->abort(); };
-  return std::make_unique<C10dTransport>(nccl, "nccl", c10::DeviceType::CUDA, backstop, abort);
+  return std::make_unique<C10dTransport>(nccl, "nccl", device, backstop, abort);
 }
 #else
 std::unique_ptr<Transport> make_nccl_transport(const c10::intrusive_ptr<c10d::Store>&, const GroupOptions& options) {

@@ -30,8 +30,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;  // "gloo", "nccl", "in-memory"
-  // Whether this transport moves tensors of this device type (kCPU, kCUDA).
-  virtual bool carries(c10::DeviceType device) const = 0;
+  // Whether this transport moves tensors on `device` (cpu; NCCL: its own cuda:N only).
+  virtual bool carries(const c10::Device& device) const = 0;
 
   // Each call takes contiguous tensors; all ranks pass the same shapes and dtypes (the checked
   // channel made sure). In place: `buffer` ends as the reduction over all ranks.

@@ -1,5 +1,6 @@
 #include "lockstep/quant/bench_cases.h"
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -15,25 +16,38 @@ namespace {
 
 at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
-at::Tensor normal(std::vector<int64_t> shape, uint64_t seed) {
-  return torch::empty(shape).normal_(0, 1, seeded(seed));
-}
-
-// One training step of `q` on x: forward in training mode, backward of a loss using every output.
-std::function<void()> train_step(std::shared_ptr<Quantizer> q, at::Tensor x) {
-  x.requires_grad_(true);
-  return [q, x] {
-    const QuantizerOutput out = q->quantize(x, {nullptr, seeded(1)});
-    (out.quantized.sum() + out.total_loss()).backward();
-    x.mutable_grad().reset();
-  };
-}
+// Where the cases run: the CPU, or one CUDA device whose queued work a run waits for.
+struct Where {
+  int cuda_device = -1;
+  at::Device device() const {
+    return cuda_device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+  }
+  void finish() const {
+    if (cuda_device >= 0) torch::cuda::synchronize(cuda_device);
+  }
+  // Drawn on the host, so both devices time the same numbers.
+  at::Tensor normal(std::vector<int64_t> shape, uint64_t seed) const {
+    return torch::empty(shape).normal_(0, 1, seeded(seed)).to(device());
+  }
+  // One training step of `q` on x: forward in training mode, backward of a loss using every output.
+  std::function<void()> train_step(std::shared_ptr<Quantizer> q, at::Tensor x) const {
+    q->to(device());
+    x.requires_grad_(true);
+    return [q, x, w = *this] {
+      const QuantizerOutput out = q->quantize(x, {nullptr, seeded(1)});
+      (out.quantized.sum() + out.total_loss()).backward();
+      x.mutable_grad().reset();
+      w.finish();
+    };
+  }
+};
 
 constexpr int64_t kBatch = 16, kTokens = 1024, kN = kBatch * kTokens;
 
 }  // namespace
 
-std::vector<BenchCase> quantizer_bench_cases() {
+std::vector<BenchCase> quantizer_bench_cases(int cuda_device) {
+  const Where where{cuda_device};
   std::vector<BenchCase> cases;
   const double search_flops = 2.0 * kN * 512 * 64;
   {
@@ -44,10 +58,13 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.work = search_flops;
     c.counted = "2 n K d flops";
     c.target_fraction = 0.6;
-    c.prepare = [] {
-      auto x = normal({kN, 64}, 1);
-      auto codes = normal({512, 64}, 2);
-      return std::function<void()>([x, codes] { nearest_code(x, codes, Metric::Euclidean); });
+    c.prepare = [where] {
+      auto x = where.normal({kN, 64}, 1);
+      auto codes = where.normal({512, 64}, 2);
+      return std::function<void()>([x, codes, where] {
+        nearest_code(x, codes, Metric::Euclidean);
+        where.finish();
+      });
     };
     cases.push_back(c);
   }
@@ -59,8 +76,8 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.work = search_flops;
     c.counted = "the search's 2 n K d flops";
     c.target_ms = 26;
-    c.prepare = [] {
-      return train_step(std::make_shared<Vq>(VqOptions(64, 512), seeded(3)), normal({kBatch, kTokens, 64}, 4));
+    c.prepare = [where] {
+      return where.train_step(std::make_shared<Vq>(VqOptions(64, 512), seeded(3)), where.normal({kBatch, kTokens, 64}, 4));
     };
     cases.push_back(c);
   }
@@ -73,12 +90,13 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.work = kN * (4 * 4 * 4 + 8.0);  // x and code in, out, gradient in and out; int64 index
     c.counted = "bytes: 4 floats x (input, code, gradient in, gradient out) + int64 index per token";
     c.target_ms = 0.3;
-    c.prepare = [] {
-      return train_step(std::make_shared<Fsq>(FsqOptions({8, 5, 5, 5})), normal({kBatch, kTokens, 4}, 5));
+    c.prepare = [where] {
+      return where.train_step(std::make_shared<Fsq>(FsqOptions({8, 5, 5, 5})), where.normal({kBatch, kTokens, 4}, 5));
     };
     cases.push_back(c);
   }
   for (const bool reuse : {true, false}) {
+    if (reuse && cuda_device >= 0) continue;  // the fused kernel's own entry point
     const int64_t elements = 50'000'000;
     BenchCase c;
     c.name = "fsq forward";
@@ -89,16 +107,17 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.counted = "bytes: z read, code written, int64 index per token";
     // The target is for the single pass itself; a fresh 300 MB output also pays its page faults.
     c.target_fraction = reuse ? 0.5 : 0;
-    c.prepare = [elements, reuse] {
+    c.prepare = [elements, reuse, where] {
       auto fsq = std::make_shared<Fsq>(FsqOptions({8, 5, 5, 5}));
       fsq->eval();
-      auto z = normal({elements / 4, 4}, 6);
+      auto z = where.normal({elements / 4, 4}, 6);
       auto codes = torch::empty_like(z);
-      auto indices = torch::empty({elements / 4}, torch::kInt64);
-      return std::function<void()>([fsq, z, codes, indices, reuse]() mutable {
+      auto indices = torch::empty({elements / 4}, z.options().dtype(torch::kInt64));
+      return std::function<void()>([fsq, z, codes, indices, reuse, where]() mutable {
         torch::NoGradGuard no_grad;
         if (reuse) fsq->quantize_and_index_out(z, codes, indices);
         else fsq->quantize_and_index(z);
+        where.finish();
       });
     };
     cases.push_back(c);
@@ -113,8 +132,9 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.counted = "6 n K flops (the exact codebook entropy's products, forward and backward)";
     c.target_ms = bits == 10 ? 50 : 3000;
     c.target_extra_mib = bits == 16 ? 256 : 0;
-    c.prepare = [bits] {
-      return train_step(std::make_shared<Lfq>(LfqOptions(int64_t{1} << bits)), normal({kBatch, kTokens, bits}, 7));
+    c.prepare = [bits, where] {
+      return where.train_step(std::make_shared<Lfq>(LfqOptions(int64_t{1} << bits)),
+                              where.normal({kBatch, kTokens, bits}, 7));
     };
     cases.push_back(c);
   }
@@ -128,11 +148,12 @@ std::vector<BenchCase> quantizer_bench_cases() {
     c.counted = "2 n K d flops per iteration";
     c.target_ms = 1500;
     c.prepare = [=] {
-      auto tokens = normal({1, n, d}, 8);
+      auto tokens = where.normal({1, n, d}, 8);
       auto initial = tokens.narrow(1, 0, k).clone();
       return std::function<void()>([=] {
         LocalReducer local;
         kmeans(tokens, initial, iters, Metric::Euclidean, local);
+        where.finish();
       });
     };
     cases.push_back(c);

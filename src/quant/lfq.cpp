@@ -70,12 +70,12 @@ at::Tensor Lfq::quantize_codes(const at::Tensor& z) const {
 
 at::Tensor Lfq::codes_to_indices(const at::Tensor& codes) const {
   // First code dimension is the most significant bit, as the reference's mask 2^(d-1) ... 1.
-  const at::Tensor mask = torch::pow(2, torch::arange(bits_ - 1, -1, -1, torch::kInt64));
+  const at::Tensor mask = torch::pow(2, torch::arange(bits_ - 1, -1, -1, codes.options().dtype(torch::kInt64)));
   return ((codes > 0).to(torch::kInt64) * mask).sum(-1);
 }
 
 at::Tensor Lfq::indices_to_codes(const at::Tensor& indices) const {
-  const at::Tensor shifts = torch::arange(bits_ - 1, -1, -1, torch::kInt64);
+  const at::Tensor shifts = torch::arange(bits_ - 1, -1, -1, indices.options().dtype(torch::kInt64));
   const at::Tensor bit = indices.unsqueeze(-1).__rshift__(shifts).bitwise_and(1).to(torch::kFloat32);
   const double scale = options_.codebook_scale();
   const at::Tensor codes = bit * (2 * scale) - scale;
@@ -126,7 +126,7 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     for (int64_t t = 0; t < local_tokens; ++t) {
       if (hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) chosen.push_back(t);
     }
-    tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64));
+    tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
   }
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();

@@ -63,7 +63,8 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   for (int64_t l = 0; l < options_.num_quantizers(); ++l) {
     Quantizer& layer = *layers_[l];
     if (l >= run) {
-      indices.push_back(torch::full({x.size(0), x.size(1), layer.num_indices()}, -1, torch::kInt64));
+      indices.push_back(torch::full({x.size(0), x.size(1), layer.num_indices()}, -1,
+                                    x.options().dtype(torch::kInt64)));
       continue;
     }
     const bool scaled = !scales_.empty();
@@ -101,7 +102,7 @@ at::Tensor Residual::decode(const at::Tensor& indices) {
                      num_indices_, "), got ", indices.sizes());
   const int64_t b = indices.size(0);
   const int64_t n = indices.size(1);
-  at::Tensor total = torch::zeros({b, n, layers_.front()->dim()});
+  at::Tensor total = torch::zeros({b, n, layers_.front()->dim()}, indices.options().dtype(torch::kFloat32));
   int64_t offset = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Quantizer& layer = *layers_[l];

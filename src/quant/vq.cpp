@@ -29,7 +29,26 @@ at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator g
   const int64_t n = samples.size(0);
   const at::Tensor rows = n >= count ? torch::randperm(n, generator, torch::kInt64).narrow(0, 0, count)
                                      : torch::randint(0, n, {count}, generator, torch::kInt64);
-  return samples.index_select(0, rows);
+  return samples.index_select(0, rows.to(samples.device()));  // drawn on the host: the same on every device
+}
+
+// The hashed uniform of (token, code) for tokens first..first+len-1 and codes 0..k-1, counter
+// token * k + code: on the host for CPU tensors, from torch operations on other devices.
+at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const at::TensorOptions& on) {
+  if (on.device().is_cpu()) {
+    at::Tensor u = torch::empty({len, k}, torch::kFloat32);
+    float* p = u.data_ptr<float>();
+    at::parallel_for(0, len, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const auto token = static_cast<uint64_t>(first + r);
+        for (int64_t j = 0; j < k; ++j) p[r * k + j] = hashed_uniform(key, token * static_cast<uint64_t>(k) + j);
+      }
+    });
+    return u;
+  }
+  const auto i64 = on.dtype(torch::kInt64);
+  const at::Tensor tokens = torch::arange(first, first + len, i64).unsqueeze(1);
+  return detail::hashed_uniform_torch(key, tokens * k + torch::arange(k, i64));
 }
 
 // Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
@@ -41,7 +60,7 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
   const int64_t n = tokens.size(0);
   const int64_t k = codebook.size(0);
   const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / k);  // 32 MiB of logits
-  at::Tensor indices = torch::empty({n}, torch::kInt64);
+  at::Tensor indices = torch::empty({n}, tokens.options().dtype(torch::kInt64));
   const at::Tensor code_norms = codebook.pow(2).sum(1);
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
@@ -50,14 +69,7 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
     at::Tensor logits = metric == Metric::Cosine
                             ? dots
                             : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
-    at::Tensor u = torch::empty({len, k}, torch::kFloat32);
-    float* p = u.data_ptr<float>();
-    at::parallel_for(0, len, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const auto token = static_cast<uint64_t>(first_token + start + r);
-        for (int64_t j = 0; j < k; ++j) p[r * k + j] = hashed_uniform(key, token * static_cast<uint64_t>(k) + j);
-      }
-    });
+    const at::Tensor u = uniforms(key, first_token + start, len, k, logits.options());
     const at::Tensor gumbel = -(-(u.log())).log();
     indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
   }
@@ -295,3 +307,27 @@ at::Tensor Vq::decode(const at::Tensor& indices) {
 }
 
 }  // namespace lockstep::quant
+
+namespace lockstep::quant::detail {
+namespace {
+// x >> s without sign extension (torch shifts int64 arithmetically).
+at::Tensor shift_right(const at::Tensor& x, int s) {
+  return x.__rshift__(s).bitwise_and(static_cast<int64_t>((~uint64_t{0}) >> s));
+}
+
+at::Tensor mix64_torch(at::Tensor x) {  // mix64, in int64 arithmetic that wraps as uint64 would
+  x = x + static_cast<int64_t>(0x9E3779B97F4A7C15ULL);
+  x = x.bitwise_xor(shift_right(x, 30)) * static_cast<int64_t>(0xBF58476D1CE4E5B9ULL);
+  x = x.bitwise_xor(shift_right(x, 27)) * static_cast<int64_t>(0x94D049BB133111EBULL);
+  return x.bitwise_xor(shift_right(x, 31));
+}
+}  // namespace
+
+at::Tensor hashed_uniform_torch(uint64_t key, const at::Tensor& counters) {
+  LOCKSTEP_CHECK_ARG(counters.scalar_type() == torch::kInt64, "hashed_uniform_torch: counters must be int64, got ",
+                     counters.scalar_type());
+  const at::Tensor h = mix64_torch(mix64_torch(counters).bitwise_xor(static_cast<int64_t>(key)));
+  return (shift_right(h, 40).to(torch::kFloat32) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+}  // namespace lockstep::quant::detail

@@ -239,6 +239,13 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
       if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
         fail(spec.key + " = " + quote(s) + " is not valid", where, "choose one of: " + join(spec.choices));
       }
+      if (spec.check) {
+        try {
+          spec.check(s);
+        } catch (const std::exception&) {
+          fail(spec.key + " = " + quote(s) + " is not valid", where, "use " + spec.check_text);
+        }
+      }
       break;
     }
     case ValueType::IntList:

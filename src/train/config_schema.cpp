@@ -1,6 +1,7 @@
 // Every key `lockstep train` accepts. docs/configuration.md documents this table (a test checks
 // that they list the same keys), so change both together.
 #include "lockstep/train/config.h"
+#include "lockstep/train/device.h"
 
 namespace lockstep::train {
 namespace {
@@ -142,6 +143,10 @@ Schema build_schema() {
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));
   s.add(K::integer("train.threads", 0, "Intra-op CPU threads per rank; 0 uses OMP_NUM_THREADS when set, else this machine's cores shared among the ranks on it (LOCAL_WORLD_SIZE).").at_least(0));
+  s.add(K::string("train.device", "cpu",
+                  "Where each rank trains: cpu, cuda (under a launcher, the rank's LOCAL_RANK'th GPU) or cuda:N. "
+                  "Distributed runs on CUDA move tensors with NCCL.")
+            .matching("cpu, cuda or cuda:N", [](const std::string& v) { parse_device_spec(v); }));
   s.add(K::integer("train.grad_bucket_kb", 1024,
                    "Distributed runs: gradients are all-reduced in buckets of about this many KiB, each sent "
                    "as soon as backward has produced it.")

@@ -64,7 +64,11 @@ struct Evaluation::State {
   double squared_error = 0;
   int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
-  State(model::AutoencoderImpl& m, const EvalOptions& o) : model(m), options(o) {}
+  at::Device device{at::kCPU};  // the model's: images go there, results come back to the host
+  State(model::AutoencoderImpl& m, const EvalOptions& o) : model(m), options(o) {
+    const auto params = m.parameters();
+    if (!params.empty()) device = params.front().device();
+  }
 };
 
 Evaluation::Evaluation(model::AutoencoderImpl& model, const EvalOptions& options)
@@ -84,18 +88,19 @@ void Evaluation::add(const at::Tensor& images) {
   State& s = *s_;
   const int64_t k = s.histogram.size(0);
   for (int64_t first = 0; first < images.size(0); first += s.options.batch_size_) {
-    const at::Tensor x = images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0)));
+    const at::Tensor x =
+        images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0))).to(s.device);
     const model::AutoencoderOutput out = s.model.forward(x, quant::QuantizeContext{});
     // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
     const at::Tensor diff = (out.reconstruction.clamp(-1, 1) - x) / 2;
     s.squared_error += diff.pow(2).sum().item<double>();
     s.values += x.numel();
     s.images += x.size(0);
-    s.histogram += torch::bincount(out.quant.indices.flatten(), {}, k);
+    s.histogram += torch::bincount(out.quant.indices.flatten(), {}, k).cpu();
     if (!s.grid_in.defined() && s.options.grid_images_ > 0) {
       const int64_t g = std::min(s.options.grid_images_, x.size(0));
-      s.grid_in = x.slice(0, 0, g);
-      s.grid_out = out.reconstruction.slice(0, 0, g);
+      s.grid_in = x.slice(0, 0, g).cpu();
+      s.grid_out = out.reconstruction.slice(0, 0, g).cpu();
     }
   }
 }

@@ -27,6 +27,7 @@ struct GradientSync::Impl {
   std::vector<Bucket> buckets;
   at::Tensor control;
   int64_t control_offset = 0;  // in the last bucket
+  at::TensorOptions on = torch::dtype(torch::kFloat32);  // the parameters' device
   bool active = false;
 
   void launch(Bucket& b) {
@@ -65,6 +66,10 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
     const at::Tensor& p = m.parameters[k];
     LOCKSTEP_CHECK_ARG(p.scalar_type() == at::kFloat, "gradient sync: parameter ", k, " is ", p.scalar_type(),
                        "; only float32 parameters are synchronised");
+    LOCKSTEP_CHECK_ARG(p.device() == m.parameters.back().device(), "gradient sync: parameter ", k, " is on ",
+                       p.device(), ", parameter ", m.parameters.size() - 1, " on ", m.parameters.back().device(),
+                       "; all must be on one device");
+    m.on = m.on.device(p.device());
     const int64_t bytes = p.numel() * 4;
     if (m.buckets.empty() || (sizes.back() > 0 && sizes.back() + bytes > bucket_bytes)) {
       m.buckets.emplace_back();
@@ -79,7 +84,7 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
   }
   for (size_t i = 0; i < m.buckets.size(); ++i) {
     m.buckets[i].tag = "train.grads.bucket" + std::to_string(i);
-    m.buckets[i].flat = torch::zeros({sizes[i] / 4});
+    m.buckets[i].flat = torch::zeros({sizes[i] / 4}, m.on);
   }
   for (size_t k = 0; k < m.parameters.size(); ++k) {
     std::weak_ptr<Impl> weak = impl_;
@@ -102,7 +107,7 @@ void GradientSync::begin(const at::Tensor& control) {
     // The last bucket carries the control values after its gradients.
     Impl::Bucket& last = m.buckets.back();
     m.control_offset = last.flat.numel() - (m.control.defined() ? m.control.numel() : 0);
-    last.flat = torch::zeros({m.control_offset + control.numel()});
+    last.flat = torch::zeros({m.control_offset + control.numel()}, m.on);
   }
   m.control = control.clone();
   for (auto& b : m.buckets) {

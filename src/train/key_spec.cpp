@@ -65,6 +65,11 @@ KeySpec& KeySpec::one_of(std::vector<std::string> allowed) {
   choices = std::move(allowed);
   return *this;
 }
+KeySpec& KeySpec::matching(std::string text, std::function<void(const std::string&)> fn) {
+  check_text = std::move(text);
+  check = std::move(fn);
+  return *this;
+}
 KeySpec& KeySpec::length(size_t lo, size_t hi) {
   min_len = lo;
   max_len = hi;
@@ -75,7 +80,7 @@ std::string KeySpec::section() const { return parent_of(key); }
 std::string KeySpec::name() const { return key.substr(key.rfind('.') + 1); }
 
 std::string KeySpec::constraint_text() const {
-  if (type == ValueType::String) return choices.empty() ? "" : "one of: " + join(choices);
+  if (type == ValueType::String) return !choices.empty() ? "one of: " + join(choices) : check_text;
   bool list = type == ValueType::IntList || type == ValueType::FloatList;
   std::string range = range_text(*this);
   if (!list) return range;

@@ -20,6 +20,7 @@
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/adam.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/device.h"
 #include "lockstep/train/grad_sync.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
@@ -36,9 +37,10 @@ const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.step
                                                  "train.grad_bucket_kb",
                                                  "train.checkpoint_every", "train.eval_every", "eval.batch_size",
                                                  "eval.grid_images", "data.dir", "data.workers",
-                                                 "data.prefetch", "train.threads"};
-// Keys each rank may set for itself: where its copy of the data is, and how it uses its cores.
-const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch"};
+                                                 "data.prefetch", "train.threads", "train.device"};
+// Keys each rank may set for itself: where its copy of the data is, how it uses its cores, its device.
+const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch",
+                                               "train.device"};
 
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
@@ -62,6 +64,7 @@ struct Trainer::State {
   std::unique_ptr<TrainData> data;
   model::Autoencoder model{nullptr};
   std::unique_ptr<Adam> adam;
+  at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
   int64_t batch_size = 0;
   int64_t steps_per_epoch = 0;
@@ -89,7 +92,7 @@ struct Trainer::State {
   static int64_t checksum(const std::vector<at::Tensor>& tensors) {
     uint64_t h = kFnv1aOffset;
     for (const auto& t : tensors) {
-      const at::Tensor c = t.detach().contiguous();
+      const at::Tensor c = t.detach().to(at::kCPU).contiguous();
       h = fnv1a(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
     }
     return static_cast<int64_t>(h);
@@ -154,6 +157,7 @@ struct Trainer::State {
       on_info(detail::concat("intra-op threads: ", threads.threads, " per rank (", threads.reason, ")"));
     }
     torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
+    choose_device(on_info);
 
     DataContext context;
     context.run_dir = run_dir;
@@ -174,7 +178,8 @@ struct Trainer::State {
     total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
     data->set_end_step(total_steps);
 
-    model = build_model(config, data->channels());
+    model = build_model(config, data->channels());  // on the CPU: the same initial weights on any device
+    model->to(device);
     const int64_t f = model->options().downsampling();
     for (const auto& size : data->image_sizes()) {
       LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
@@ -195,6 +200,21 @@ struct Trainer::State {
     adam = std::make_unique<Adam>(std::move(params), AdamOptions()
                                                          .lr(config.get_float("train.lr"))
                                                          .weight_decay(config.get_float("train.weight_decay")));
+  }
+
+  // train.device for this rank; a distributed run's group must carry tensors there (NCCL on CUDA).
+  void choose_device(const std::function<void(const std::string&)>& on_info) {
+    const std::string spec = config.get_string("train.device");
+    const int index = cuda_index_for(parse_device_spec(spec));
+    device = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    LOCKSTEP_CHECK_ARG(group->carries(device), "rank ", group->rank(), " of ", group->size(), ": train.device = ",
+                       spec, " puts this rank on ", device, ", but its process group (", group->describe(),
+                       ") carries no tensors there; a distributed run on CUDA needs a group made with "
+                       "GroupOptions::cuda_device = ", index, " (lockstep train does this)");
+    if (on_info && is_root() && index >= 0) {
+      on_info(distributed() ? detail::concat("rank 0 trains on ", device, " (each rank on its train.device)")
+                            : detail::concat("training on ", device));
+    }
   }
 
   // G5: at the start of each epoch the ranks compare (plan hash, steps, data hash) and stop at once
@@ -363,7 +383,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));
     s.check_plan(s.step / s.steps_per_epoch);
     const StepBatch batch = s.data->batch(s.step);
-    const at::Tensor& x = batch.images;
+    const at::Tensor x = batch.images.to(s.device);
     const auto global_size = static_cast<double>(s.batch_size);
     const int64_t count = x.size(0);
     window_wait += batch.waited_s;

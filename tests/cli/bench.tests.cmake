@@ -7,3 +7,5 @@ lockstep_cli_test(bench_quantizers_no_match EXIT 2 OUTPUT "no benchmark case mat
                   ARGS bench quantizers --filter nothing --min-time 0.05)
 lockstep_cli_test(bench_collectives_runs EXIT 0 OUTPUT "barrier +[0-9.]+ +[0-9.]+.*all_reduce 1M floats" TIMEOUT 120
                   ARGS bench collectives --iterations 20 --port 29781)
+lockstep_cli_test(bench_quantizers_bad_device EXIT 1 OUTPUT "--device = 'gpu' is not a device: use cpu, cuda" TIMEOUT 60
+                  ARGS bench quantizers --device gpu)

@@ -13,6 +13,7 @@ lockstep_cli_test(train_unknown_key EXIT 1 OUTPUT "unknown key 'train.batch'.*ba
 lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set train.lr=fast)
 lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
 lockstep_cli_test(train_unknown_quantizer EXIT 1 OUTPUT "fsq" ARGS train --quantizer nope)
+lockstep_cli_test(train_bad_device EXIT 1 OUTPUT "train.device = \"gpu\" is not valid.*use cpu, cuda or cuda:N" ARGS train --device gpu)
 lockstep_cli_test(train_print_config EXIT 0 OUTPUT "\\[quantizer.fsq\\].*levels = \\[8, 5, 5, 5\\]" ARGS train --print-config)
 lockstep_cli_test(train_missing_dataset EXIT 1 OUTPUT "dataset-fashion-mnist" ARGS train --run-dir run --data nowhere)
 lockstep_cli_test(train_unwritable_run_dir EXIT 1 OUTPUT "/proc/lockstep-run" ARGS train --run-dir /proc/lockstep-run)

@@ -218,6 +218,11 @@ TEST(InMemoryGroups, TensorsOnDevicesNoTransportCarriesAreRefusedBeforeAnythingM
       << message(meta);
   EXPECT_NE(message(mixed).find("all_reduce at test.devices"), std::string::npos) << message(mixed);
   EXPECT_NE(message(mixed).find("mixes tensors on cpu and meta"), std::string::npos) << message(mixed);
+  // What the trainer asks before it puts a model on a device.
+  EXPECT_TRUE(g.carries(torch::Device(torch::kCPU)));
+  EXPECT_FALSE(g.carries(torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(g.carries(torch::Device(torch::kMeta)));
+  EXPECT_TRUE(make_single_process_group()->carries(torch::Device(torch::kCUDA, 0)));  // moves nothing
   std::vector<at::Tensor> ok{torch::ones({2})};
   g.all_reduce(ok, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
   const auto gathered = g.all_gather(torch::ones({2}), LOCKSTEP_CALL_SITE("test.sequence"));

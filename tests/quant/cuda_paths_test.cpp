@@ -1,9 +1,13 @@
-// The device-independent paths on a CUDA device against the fused CPU kernels, and the NCCL
-// transport on one rank. They run where a GPU is visible (a GPU machine running the suite) and show
+// The device-independent paths on a CUDA device against the fused CPU kernels, the NCCL transport
+// on one rank, and training with train.device = cuda:0. They run where a GPU is visible (a GPU machine running the suite) and show
 // as skipped everywhere else, saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+
+#include <cmath>
+
+#include "io/test_temp_dir.h"
 
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
@@ -13,11 +17,15 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/vq.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/metrics.h"
+#include "lockstep/train/run_dir.h"
+#include "lockstep/train/trainer.h"
 
 namespace lockstep::quant {
 namespace {
 
-class CudaPaths : public ::testing::Test {
+class CudaPathsBase : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!LOCKSTEP_HAVE_CUDA) GTEST_SKIP() << "this build has no CUDA paths (a LibTorch without CUDA)";
@@ -26,6 +34,7 @@ class CudaPaths : public ::testing::Test {
   }
   const torch::Device cuda{torch::kCUDA, 0};
 };
+using CudaPaths = CudaPathsBase;
 
 TEST_F(CudaPaths, NearestCodeEqualsTheFusedKernel) {
   const at::Tensor x = torch::randn({5000, 32}), codebook = torch::randn({1500, 32});
@@ -100,3 +109,60 @@ TEST_F(CudaPaths, OneRankGroupCarriesCudaTensorsOverNccl) {
 
 }  // namespace
 }  // namespace lockstep::quant
+
+namespace lockstep::train {
+namespace {
+
+class CudaTraining : public quant::CudaPathsBase {};
+
+Config gpu_config(const std::string& quantizer, int64_t steps, const std::string& device) {
+  Config c(lockstep_schema());
+  c.set("data.dir", std::string(LOCKSTEP_FASHION_MNIST_DIR));
+  c.set("data.train_subset", int64_t{256});
+  c.set("data.test_subset", int64_t{64});
+  c.set("model.channels", std::vector<int64_t>{8, 16});
+  c.set("train.batch_size", int64_t{32});
+  c.set("train.steps", steps);
+  c.set("train.log_every", int64_t{1});
+  c.set("train.checkpoint_every", int64_t{0});
+  c.set("train.device", device);
+  c.set("quantizer.name", quantizer);
+  // Every randomised path: k-means, dead codes, stochastic codes, layer dropout, entropy subsets, noise.
+  c.set("quantizer.vq.kmeans_init", true);
+  c.set("quantizer.vq.threshold_ema_dead_code", 2.0);
+  c.set("quantizer.vq.stochastic_sample_codes", true);
+  c.set("quantizer.vq.sample_codebook_temp", 0.5);
+  c.set("quantizer.residual.quantize_dropout", true);
+  c.set("quantizer.lfq.frac_per_sample_entropy", 0.5);
+  c.set("quantizer.fsq.noise_dropout", 0.2);
+  return c;
+}
+
+double first_loss(const std::string& run) {
+  for (const auto& r : read_metrics(metrics_path(run))) {
+    for (const auto& [key, value] : r.values) {
+      if (r.kind == "train" && key == "loss") return value;
+    }
+  }
+  return NAN;
+}
+
+// Each quantizer trains on cuda:0; its first loss (same weights, same batch, before any update) is
+// the CPU's; the checkpoint resumes on the CPU.
+TEST_F(CudaTraining, EveryQuantizerTrainsOnTheGpuAndResumesOnTheCpu) {
+  for (const char* q : {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"}) {
+    SCOPED_TRACE(q);
+    test_util::TempDir tmp;
+    const TrainSummary gpu = Trainer::create(gpu_config(q, 4, "cuda:0"), tmp.file("gpu"), dist::make_single_process_group())->run({});
+    Trainer::create(gpu_config(q, 1, "cpu"), tmp.file("cpu"), dist::make_single_process_group())->run({});
+    EXPECT_EQ(gpu.steps, 4);
+    EXPECT_TRUE(std::isfinite(gpu.test.mse));
+    EXPECT_NEAR(first_loss(tmp.file("gpu")), first_loss(tmp.file("cpu")), 1e-3 * std::abs(first_loss(tmp.file("cpu"))) + 1e-4);
+    const TrainSummary resumed = Trainer::resume(tmp.file("gpu"), {"train.device=cpu", "train.steps=5"},
+                                                 dist::make_single_process_group())->run({});
+    EXPECT_EQ(resumed.steps, 5);
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::train

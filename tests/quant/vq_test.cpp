@@ -6,6 +6,7 @@
 #include <set>
 
 #include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
 #include "lockstep/quant/registry.h"
 #include "recording_reducer.h"
@@ -423,6 +424,28 @@ TEST(CodeStatistics, TheTorchPathGivesTheLoopsCountsAndSums) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("code index 40 outside [0, 40)"), std::string::npos) << e.what();
   }
+}
+
+// Stochastic code assignment off the CPU draws its noise from torch integer operations: for any key
+// and any counter (those past 2^63 arrive as negative int64) the same float as the host's hash.
+TEST(SamplingNoise, TheTorchHashGivesTheHostsUniformsBitForBit) {
+  std::vector<int64_t> counters;
+  for (int64_t c = 0; c < 3000; ++c) counters.push_back(c * 7919);
+  for (uint64_t c : {uint64_t{1} << 62, (uint64_t{1} << 63) + 5, ~uint64_t{0}, uint64_t{0x9E3779B97F4A7C15}}) {
+    counters.push_back(static_cast<int64_t>(c));
+  }
+  const at::Tensor t = torch::tensor(counters, torch::kInt64);
+  for (uint64_t key : {uint64_t{0}, uint64_t{12345}, ~uint64_t{0} - 17, uint64_t{0xDEADBEEFCAFEF00D}}) {
+    const at::Tensor u = detail::hashed_uniform_torch(key, t);
+    ASSERT_EQ(u.scalar_type(), torch::kFloat32);
+    const float* p = u.data_ptr<float>();
+    int64_t differ = 0;
+    for (size_t i = 0; i < counters.size(); ++i) {
+      differ += p[i] != hashed_uniform(key, static_cast<uint64_t>(counters[i]));
+    }
+    EXPECT_EQ(differ, 0) << "key " << key;
+  }
+  EXPECT_THROW(detail::hashed_uniform_torch(1, torch::zeros({3})), InvalidArgument);
 }
 
 }  // namespace

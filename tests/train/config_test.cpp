@@ -143,7 +143,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   Config c(lockstep_schema());
   std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
-                        "valid keys in [train]: batch_size, checkpoint_every, epochs, eval_every, grad_bucket_kb, log_every, lr, "
+                        "valid keys in [train]: batch_size, checkpoint_every, device, epochs, eval_every, grad_bucket_kb, log_every, lr, "
                         "seed, steps, threads, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: dim, levels, noise_dropout, num_codebooks, preserve_symmetry"});

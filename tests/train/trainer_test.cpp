@@ -3,6 +3,7 @@
 #include "lockstep/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -162,6 +163,25 @@ TEST(Trainer, ResumeMayExtendTrainingButNotChangeTheModel) {
   }
   const TrainSummary s = Trainer::resume(tmp.file("run"), {"train.steps=8"}, one())->run({});
   EXPECT_EQ(s.steps, 8);
+}
+
+// train.device is the rank's own business: a resumed run may move to another device (the checkpoint
+// holds host copies); a device that is not there fails before any data is read.
+TEST(Trainer, ResumeMayChangeTheDeviceAndAMissingDeviceFailsAtOnce) {
+  test_util::TempDir tmp;
+  Trainer::create(small_config(3), tmp.file("run"), one())->run({});
+  const TrainSummary s = Trainer::resume(tmp.file("run"), {"train.device=cpu", "train.steps=5"}, one())->run({});
+  EXPECT_EQ(s.steps, 5);
+  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  Config cuda = small_config(2);
+  cuda.set("train.device", std::string("cuda"));
+  try {
+    Trainer::create(cuda, tmp.file("cuda"), one());
+    FAIL() << "trained on a CUDA device that does not exist";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.device = cuda, but"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(metrics_path(tmp.file("cuda"))));
 }
 
 TEST(Trainer, RefusesARunDirectoryThatHoldsARun) {

@@ -44,13 +44,14 @@ BlasInfo detect_blas();
 // Single-precision matrix product rate in GFLOP/s (2 n^3 per product) through torch::mm on
 // n x n floats, with the threads set by at::set_num_threads. Median of the timed runs after a
 // warm-up; runs for about `min_seconds`. Throws InvalidArgument for n < 1 or min_seconds < 0.
-double measure_sgemm_gflops(int64_t n, double min_seconds);
+// cuda_device >= 0: the same on that CUDA device (each timed run ends with a device synchronise).
+double measure_sgemm_gflops(int64_t n, double min_seconds, int cuda_device = -1);
 
 // STREAM-triad bandwidth in GB/s (1e9 bytes): a = b + s * c over `elements` floats per array,
 // counted as 3 * 4 bytes per element, through LibTorch on at::get_num_threads() threads. Use arrays much
 // larger than the last-level cache. Median of the timed runs; throws InvalidArgument for
-// elements < 1 or min_seconds < 0.
-double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds);
+// elements < 1 or min_seconds < 0. cuda_device >= 0: the device memory's bandwidth instead.
+double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds, int cuda_device = -1);
 
 struct FashionMnistStatus {
   std::string dir;

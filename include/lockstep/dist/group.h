@@ -69,6 +69,9 @@ class Group {
   virtual int size() const = 0;
   // A short description for logs and errors ("single process", "gloo 2 ranks via 127.0.0.1:29500").
   virtual std::string describe() const = 0;
+  // Whether collectives may pass tensors on `device`: cpu always; cuda:N only over a transport bound
+  // to that device (NCCL, GroupOptions::cuda_device). A group of one process moves nothing: any.
+  virtual bool carries(const c10::Device& device) const = 0;
 
   // In place: each tensor holds this rank's values on entry and the reduction over all ranks on
   // return. All tensors of one call are reduced together (one collective).
@@ -117,6 +120,7 @@ class SingleProcessGroup final : public Group {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string describe() const override { return "single process"; }
+  bool carries(const c10::Device&) const override { return true; }
   void all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) override;
   std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override;
   void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) override;

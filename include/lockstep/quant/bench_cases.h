@@ -24,10 +24,13 @@ struct BenchCase {
   double target_ms = 0;
   double target_fraction = 0;
   double target_extra_mib = 0;
-  // Builds the inputs (not timed) and returns one run of the measured work.
+  // Builds the inputs (not timed) and returns one run of the measured work; on a CUDA device a run
+  // returns once the device has finished it.
   std::function<std::function<void()>()> prepare;
 };
 
-std::vector<BenchCase> quantizer_bench_cases();
+// On the CPU, or with cuda_device >= 0 the same cases on that CUDA device (the device-independent
+// paths), less those that time a CPU kernel alone (writing into caller buffers).
+std::vector<BenchCase> quantizer_bench_cases(int cuda_device = -1);
 
 }  // namespace lockstep::quant

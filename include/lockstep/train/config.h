@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,6 +37,9 @@ struct KeySpec {
   bool max_exclusive = false;              // max is a strict bound ("< 1" rather than "<= 1")
   std::vector<std::string> choices;        // for strings; empty means any string
   std::optional<size_t> min_len, max_len;  // for lists
+  // For strings whose valid values are a pattern rather than a list: throws to refuse one.
+  std::function<void(const std::string&)> check;
+  std::string check_text;  // the pattern in words ("cpu, cuda or cuda:N")
 
   static KeySpec boolean(std::string key, bool default_value, std::string help);
   static KeySpec integer(std::string key, int64_t default_value, std::string help);
@@ -50,6 +54,7 @@ struct KeySpec {
   KeySpec& less_than(double hi);
   KeySpec& in_range(double lo, double hi);
   KeySpec& one_of(std::vector<std::string> allowed);
+  KeySpec& matching(std::string text, std::function<void(const std::string&)> check);
   KeySpec& length(size_t lo, size_t hi);
 
   std::string section() const;  // "quantizer.fsq" for "quantizer.fsq.levels"
