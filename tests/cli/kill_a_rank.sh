@@ -3,10 +3,14 @@
 # name it (G2: within 2 s; the figure is printed) and exit non-zero; resuming the run directory on 2 ranks must then continue
 # exactly (its losses equal a single process's).
 #   kill_a_rank.sh LOCKSTEP COMPARE_METRICS_PY
+# LOCKSTEP_TRAIN_EXTRA: more train flags (bench/gpu_check.sh: --device cuda --data DIR);
+# LOCKSTEP_COMPARE_TOL: the relative loss tolerance against one process (1e-4).
 set -euo pipefail
 ls_bin=$1 compare=$2
 common=(--batch-size 24 --threads 1 --set data.train_subset=2400 --set data.test_subset=32
         --set model.channels=[8,8] --set train.log_every=10 --set train.checkpoint_every=10)
+read -r -a extra <<< "${LOCKSTEP_TRAIN_EXTRA:-}"
+common+=("${extra[@]}")
 
 "$ls_bin" train --run-dir one --steps 100 "${common[@]}" > one.log
 
@@ -43,7 +47,7 @@ echo "rank 0 named rank 1 ${ms} ms after SIGKILL and exited with status $rc0"
 # G2 promises 2 s; the bound leaves a loaded machine room and still tells it from a 300 s timeout.
 ((ms < 20000)) || { echo "too slow"; exit 1; }
 
-"$ls_bin" launch -n 2 -- train --resume run --steps 100 > resume.log 2>&1 ||
+"$ls_bin" launch -n 2 -- train --resume run --steps 100 "${extra[@]}" > resume.log 2>&1 ||
   { cat resume.log; exit 1; }
 grep -q "resumed at step" resume.log || { echo "not resumed"; cat resume.log; exit 1; }
-python3 "$compare" one/metrics.jsonl run/metrics.jsonl 1e-4
+python3 "$compare" one/metrics.jsonl run/metrics.jsonl "${LOCKSTEP_COMPARE_TOL:-1e-4}"

@@ -5,9 +5,12 @@
 #   launch_faults.sh LOCKSTEP chatty   rank 0 logs every step for thousands of steps while rank 1 prints
 #                                      nothing: the run completes (launch never blocks on a silent rank)
 #   launch_faults.sh LOCKSTEP sigterm  SIGTERM to launch reaches the ranks; launch exits 128 + 15
+# LOCKSTEP_TRAIN_EXTRA: more train flags (bench/gpu_check.sh: --device cuda --data DIR).
 set -uo pipefail
 ls_bin=$1 mode=$2
 tiny=(--threads 1 --set data.train_subset=64 --set data.test_subset=8 --set model.channels=[4,4])
+read -r -a extra <<< "${LOCKSTEP_TRAIN_EXTRA:-}"
+tiny+=("${extra[@]}")
 
 fail() { echo "FAIL: $*"; echo "--- launch.log ---"; cat launch.log 2>/dev/null | tail -40; cleanup; exit 1; }
 

@@ -49,9 +49,12 @@ inline GroupOptions local_options(int rank, int size, int port) {
   return o;
 }
 
-// What joins the rank threads: the transport under the checked channel.
-enum class Join { Gloo, InMemory };
-inline const char* join_name(Join join) { return join == Join::Gloo ? "Gloo" : "InMemory"; }
+// What joins the rank threads: the transport under the checked channel. GlooAndNccl: rank r's
+// CUDA tensors on cuda:r over NCCL (a machine with `size` GPUs).
+enum class Join { Gloo, InMemory, GlooAndNccl };
+inline const char* join_name(Join join) {
+  return join == Join::Gloo ? "Gloo" : join == Join::InMemory ? "InMemory" : "GlooAndNccl";
+}
 
 inline std::vector<std::exception_ptr> run_in_memory_ranks(int size, const std::function<void(Group&, int)>& body) {
   std::vector<std::exception_ptr> errors(size);
@@ -86,6 +89,7 @@ inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<v
     threads.emplace_back([&, r] {
       try {
         GroupOptions o = local_options(r, size, 0);
+        if (join == Join::GlooAndNccl) o.cuda_device = r;
         if (r == 0) {
           o.on_listening = [&listening](int p) { listening.set_value(p); };
         } else {

@@ -7,10 +7,12 @@
 
 #include <cmath>
 
+#include "dist/rank_threads.h"
 #include "io/test_temp_dir.h"
 
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
+#include "lockstep/dist/collective.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/kmeans.h"
@@ -105,6 +107,29 @@ TEST_F(CudaPaths, OneRankGroupCarriesCudaTensorsOverNccl) {
   group->all_reduce(cpu, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.cpu"));
   std::vector<at::Tensor> mixed{torch::ones({3}), torch::ones({3}, torch::TensorOptions().device(cuda))};
   EXPECT_THROW(group->all_reduce(mixed, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.mixed")), InvalidArgument);
+}
+
+// Two ranks on two GPUs: a sum over NCCL, then calls that disagree in shape are refused on both
+// ranks by the fingerprints (on Gloo) before NCCL sees them, instead of hanging the GPUs.
+TEST_F(CudaPaths, TwoGpusSumOverNcclAndAMismatchFailsOnBothRanks) {
+  if (!LOCKSTEP_HAVE_NCCL) GTEST_SKIP() << "this build has no NCCL transport";
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << torch::cuda::device_count() << " visible";
+  std::vector<std::string> messages(2);
+  const auto errors = dist::test_util::run_ranks(
+      2,
+      [&](dist::Group& g, int r) {
+        const auto on = torch::TensorOptions().device(torch::Device(torch::kCUDA, r));
+        std::vector<at::Tensor> t{torch::full({256}, static_cast<float>(r + 1), on)};
+        g.all_reduce(t, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.sum"));
+        EXPECT_TRUE(torch::equal(t[0].cpu(), torch::full({256}, 3.0f)));
+        std::vector<at::Tensor> wrong{torch::ones({r == 0 ? 4 : 5}, on)};
+        g.all_reduce(wrong, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.mismatch"));
+      },
+      dist::test_util::Join::GlooAndNccl);
+  for (int r = 0; r < 2; ++r) {
+    const std::string m = dist::test_util::message_of<dist::CollectiveMismatch>(errors[r]);
+    EXPECT_NE(m.find("test.mismatch"), std::string::npos) << "rank " << r << ": " << m;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# The GPU check: run unattended on a machine with CUDA GPUs and a CUDA PyTorch 2.x. It builds
+# lockstep against that PyTorch, then checks, one line each (PASS, FAIL or SKIP, name, detail):
+#   gpus          the GPUs torch sees
+#   configure     CMake against the CUDA LibTorch (the build's other dependencies from --deps)
+#   build         everything but the Google Benchmark programs
+#   cuda-built    LOCKSTEP_HAVE_CUDA and LOCKSTEP_HAVE_NCCL compiled in
+#   doctor        lockstep doctor lists cuda:0 and the NCCL transport
+#   cuda-tests    the CudaPaths and CudaTraining suites (device paths against the CPU kernels, NCCL on
+#                 one and two GPUs with a collective mismatch, every quantizer training on cuda:0 and
+#                 resuming on the CPU), none skipped except what needs more GPUs than there are
+#   unit-suite    the rest of the unit tests on this machine (not the CLI tests)
+#   bench         lockstep bench quantizers on the CPU (all cores) and on cuda:0, side by side
+#   train-cuda    the demo on cuda:0 beside the demo on the CPU: time and test PSNR
+#   nccl-train    (2+ GPUs) the demo on 2 ranks over NCCL (lockstep launch)
+#   nccl-killed   (2+ GPUs) a rank SIGKILLed mid-run is named by the other, and the run resumes
+#   nccl-stalled  (2+ GPUs) a rank stopped with SIGSTOP is reported and launch exits non-zero
+#
+#   bench/gpu_check.sh [--deps DIR] [--torch-root DIR] [--build DIR] [--out DIR] [--quick]
+# --deps: what scripts/gpu-deps prepared on a Debian machine (headers, Fashion-MNIST) for a GPU
+# machine without Debian's archive; --torch-root: torch's package directory (default: python3's
+# torch); --out: where the logs are copied; --quick: no unit-suite and shorter benchmarks. Exit
+# status 0 when no check failed.
+set -uo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+deps="" torch_root="" build="$src/build-gpu" out="" quick=0
+while (($#)); do
+  case "$1" in
+    --deps) deps=$(cd "$2" && pwd); shift 2 ;;
+    --torch-root) torch_root=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+logs="$build/gpu-check"
+mkdir -p "$logs"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0 skipped=0
+pass() { echo "PASS $1: $2"; ((++passed)); }
+fail() { echo "FAIL $1: $2 (log: $logs/$1.log)"; ((++failed)); }
+skip() { echo "SKIP $1: $2"; ((++skipped)); }
+seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
+finish() {
+  echo "gpu_check: $passed passed, $failed failed, $skipped skipped"
+  [[ -n $out ]] && mkdir -p "$out" && cp "$logs"/*.log "$out"/ 2>/dev/null
+  exit $((failed > 0))
+}
+
+data=/usr/share/datasets/fashion-mnist
+[[ -n $deps && -d $deps/fashion-mnist ]] && data=$deps/fashion-mnist
+if [[ -z $torch_root ]]; then
+  torch_root=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+fi
+echo "gpu_check: lockstep $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?'), torch at ${torch_root:-?}," \
+     "data at $data, build in $build"
+
+# --- gpus
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>"$logs/gpus.log" || echo 0)
+nvidia-smi -L >> "$logs/gpus.log" 2>&1
+if ((gpus > 0)); then
+  pass gpus "$gpus visible: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+else
+  fail gpus "torch sees no CUDA device"
+fi
+
+# --- configure and build
+prefix=()
+[[ -n $deps ]] && prefix=(-DCMAKE_PREFIX_PATH="$deps/root/usr")
+if [[ ! -f $torch_root/share/cmake/Torch/TorchConfig.cmake ]]; then
+  echo "no TorchConfig.cmake under '$torch_root'" > "$logs/configure.log"
+  fail configure "no CUDA PyTorch found (give --torch-root)"
+  finish
+fi
+if cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_TORCH_ROOT="$torch_root" \
+     -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_FASHION_MNIST_DIR="$data" "${prefix[@]}" > "$logs/configure.log" 2>&1; then
+  pass configure "LibTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+else
+  fail configure "cmake failed: $(grep -m1 -A2 'CMake Error' "$logs/configure.log" | tr '\n' ' ' | cut -c1-200)"
+  finish
+fi
+t0=$(date +%s%N)
+if cmake --build "$build" -j "$(nproc)" > "$logs/build.log" 2>&1; then
+  pass build "$(seconds "$t0" "$(date +%s%N)") s on $(nproc) cores"
+else
+  fail build "$(grep -m1 -E 'error|FAILED' "$logs/build.log" | cut -c1-200)"
+  finish
+fi
+bin=$build/bin/lockstep
+config_h=$build/include/lockstep/config_build.h
+if grep -q '#define LOCKSTEP_HAVE_CUDA 1' "$config_h" && grep -q '#define LOCKSTEP_HAVE_NCCL 1' "$config_h"; then
+  pass cuda-built "CUDA and NCCL paths compiled in"
+else
+  grep LOCKSTEP_HAVE "$config_h" > "$logs/cuda-built.log"
+  fail cuda-built "$(grep -E 'HAVE_(CUDA|NCCL)' "$config_h" | xargs)"
+fi
+"$bin" doctor > "$logs/doctor.log" 2>&1
+nccl_row=$(grep -m1 '^NCCL transport' "$logs/doctor.log" | xargs)
+if grep -q 'cuda:0' "$logs/doctor.log" && [[ $nccl_row == *built* && $nccl_row != *unusable* ]]; then
+  pass doctor "$(grep -m1 'cuda:0' "$logs/doctor.log" | xargs | cut -c1-100); $nccl_row"
+else
+  fail doctor "lockstep doctor: $(grep -m1 'CUDA devices' "$logs/doctor.log" | xargs); $nccl_row"
+fi
+((gpus > 0)) || { skip "cuda-tests bench train-cuda nccl-*" "no GPU"; finish; }
+
+# --- the CUDA unit tests
+"$build/tests/lockstep_tests" --gtest_filter='CudaPaths.*:CudaTraining.*' > "$logs/cuda-tests.log" 2>&1
+rc=$?
+ran=$(grep -c '^\[ RUN' "$logs/cuda-tests.log")
+skipped_tests=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$logs/cuda-tests.log" | sed 's/^\[  SKIPPED \] //;s/ (.*//' | xargs)
+# Only the tests of two GPUs may skip, and only on a machine with one.
+unexpected=0
+for t in $skipped_tests; do [[ $t == *TwoGpus* && $gpus -lt 2 ]] || ((++unexpected)); done
+if ((rc == 0 && ran > 0 && unexpected == 0)); then
+  pass cuda-tests "$ran run${skipped_tests:+, skipped (too few GPUs): $skipped_tests}"
+else
+  fail cuda-tests "exit $rc; $(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/cuda-tests.log" | sed 's/^\[  FAILED  \] //' | xargs | cut -c1-200)"
+fi
+
+# --- the rest of the unit suite
+if ((quick)); then
+  skip unit-suite "--quick"
+elif ctest --test-dir "$build" -E '^cli\.' -j 8 --timeout 600 > "$logs/unit-suite.log" 2>&1; then
+  pass unit-suite "$(grep -E 'tests passed' "$logs/unit-suite.log")"
+else
+  fail unit-suite "$(grep -E 'tests passed|tests failed' "$logs/unit-suite.log" | xargs)"
+fi
+
+# --- the quantizer benchmarks, CPU and GPU side by side
+min_time=$([[ $quick == 1 ]] && echo 0.2 || echo 1)
+"$bin" bench quantizers --threads "$(nproc)" --min-time "$min_time" > "$logs/bench-cpu.log" 2>&1
+rc_cpu=$?
+"$bin" bench quantizers --device cuda:0 --min-time "$min_time" > "$logs/bench.log" 2>&1
+rc_gpu=$?
+if ((rc_cpu == 0 && rc_gpu == 0)); then
+  pass bench "median ms per case, CPU ($(nproc) threads) and cuda:0 ($logs/bench-cpu.log, bench.log):"
+  # Rows are 'case (13 chars) shape (31 chars) median-ms ...'; matched on the first 44 characters.
+  awk 'NR == FNR { if (length($0) > 44) cpu[substr($0, 1, 44)] = substr($0, 45); next }
+       length($0) > 44 && (substr($0, 1, 44) in cpu) && $0 !~ /^case/ {
+         split(cpu[substr($0, 1, 44)], c, " "); split(substr($0, 45), g, " ")
+         printf "    %-44s cpu %10s ms  gpu %10s ms  %7.1fx\n", substr($0, 1, 44), c[1], g[1], c[1] / (g[1] > 0 ? g[1] : 1) }
+       /limits measured/ { print "    gpu " $0 }' "$logs/bench-cpu.log" "$logs/bench.log"
+  grep 'limits measured' "$logs/bench-cpu.log" | sed 's/^/    cpu /'
+else
+  fail bench "cpu exit $rc_cpu, gpu exit $rc_gpu: $(tail -1 "$logs/bench.log")"
+fi
+
+# --- the demo on the GPU and on the CPU
+demo() {  # demo NAME DEVICE [launch args...]: trains the demo, sets secs and psnr
+  local name=$1 device=$2
+  shift 2
+  local t0
+  t0=$(date +%s%N)
+  "$bin" "$@" train --run-dir "$work/$name" --data "$data" --device "$device" > "$logs/$name.log" 2>&1
+  local rc=$?
+  secs=$(seconds "$t0" "$(date +%s%N)")
+  psnr=$(python3 -c "import json; print(round(json.load(open('$work/$name/summary.json'))['test']['psnr_db'], 2))" 2>/dev/null)
+  return $rc
+}
+if demo train-cuda cuda:0; then
+  gpu_secs=$secs gpu_psnr=$psnr
+  demo train-cpu cpu
+  pass train-cuda "demo on cuda:0 ${gpu_secs} s, test PSNR ${gpu_psnr} dB; on the CPU ($(nproc) cores) ${secs} s, ${psnr} dB"
+else
+  fail train-cuda "$(grep -m1 'error' "$logs/train-cuda.log" | cut -c1-200)"
+fi
+
+# --- several ranks over NCCL, and the failure modes
+if ((gpus < 2)); then
+  skip "nccl-train nccl-killed nccl-stalled" "need 2 GPUs, $gpus visible (the 2-rank NCCL mismatch test in cuda-tests skipped too)"
+  finish
+fi
+t0=$(date +%s%N)
+if "$bin" launch -n 2 -- train --run-dir "$work/nccl-train" --data "$data" --device cuda > "$logs/nccl-train.log" 2>&1; then
+  psnr=$(python3 -c "import json; print(round(json.load(open('$work/nccl-train/summary.json'))['test']['psnr_db'], 2))" 2>/dev/null)
+  pass nccl-train "demo on 2 ranks (cuda:0, cuda:1) $(seconds "$t0" "$(date +%s%N)") s, test PSNR $psnr dB"
+else
+  fail nccl-train "$(grep -m1 'error' "$logs/nccl-train.log" | cut -c1-200)"
+fi
+extra="--device cuda --data $data"
+if (cd "$work" && mkdir -p killed && cd killed &&
+    LOCKSTEP_TRAIN_EXTRA="$extra" LOCKSTEP_COMPARE_TOL=1e-2 \
+      bash "$src/tests/cli/kill_a_rank.sh" "$bin" "$src/tests/cli/compare_metrics.py") > "$logs/nccl-killed.log" 2>&1; then
+  pass nccl-killed "$(grep -m1 'named rank 1' "$logs/nccl-killed.log"); $(tail -1 "$logs/nccl-killed.log")"
+else
+  fail nccl-killed "$(tail -1 "$logs/nccl-killed.log" | cut -c1-200)"
+fi
+if (cd "$work" && mkdir -p stalled && cd stalled &&
+    LOCKSTEP_TRAIN_EXTRA="$extra" bash "$src/tests/cli/launch_faults.sh" "$bin" stall) > "$logs/nccl-stalled.log" 2>&1; then
+  pass nccl-stalled "$(grep -m1 '^ok' "$logs/nccl-stalled.log")"
+else
+  fail nccl-stalled "$(grep -m1 'FAIL' "$logs/nccl-stalled.log" | cut -c1-200)"
+fi
+finish
