@@ -59,7 +59,9 @@ echo "gpu_check: lockstep $(git -C "$src" rev-parse --short HEAD 2>/dev/null || 
      "data at $data, build in $build"
 
 # --- gpus
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>"$logs/gpus.log" || echo 0)
+# As torch counts them (CUDA_VISIBLE_DEVICES applies), else as the driver lists them.
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>"$logs/gpus.log" ||
+       nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 nvidia-smi -L >> "$logs/gpus.log" 2>&1
 if ((gpus > 0)); then
   pass gpus "$gpus visible: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
@@ -77,7 +79,7 @@ if [[ ! -f $torch_root/share/cmake/Torch/TorchConfig.cmake ]]; then
 fi
 if cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_TORCH_ROOT="$torch_root" \
      -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_FASHION_MNIST_DIR="$data" "${prefix[@]}" > "$logs/configure.log" 2>&1; then
-  pass configure "LibTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  pass configure "LibTorch $(sed -n "s/^__version__ = '\(.*\)'$/\1/p" "$torch_root/version.py" 2>/dev/null)"
 else
   fail configure "cmake failed: $(grep -m1 -A2 'CMake Error' "$logs/configure.log" | tr '\n' ' ' | cut -c1-200)"
   finish

@@ -9,3 +9,8 @@ lockstep_cli_test(bench_collectives_runs EXIT 0 OUTPUT "barrier +[0-9.]+ +[0-9.]
                   ARGS bench collectives --iterations 20 --port 29781)
 lockstep_cli_test(bench_quantizers_bad_device EXIT 1 OUTPUT "--device = 'gpu' is not a device: use cpu, cuda" TIMEOUT 60
                   ARGS bench quantizers --device gpu)
+# bench/gpu_check.sh runs only where there are GPUs; here it must at least parse and explain itself.
+add_test(NAME cli.gpu_check_parses_and_explains_itself
+         COMMAND sh -c "bash -n '${PROJECT_SOURCE_DIR}/bench/gpu_check.sh' && bash '${PROJECT_SOURCE_DIR}/bench/gpu_check.sh' --help")
+set_tests_properties(cli.gpu_check_parses_and_explains_itself PROPERTIES TIMEOUT 30
+                     PASS_REGULAR_EXPRESSION "nccl-killed.*--deps: what scripts/gpu-deps prepared")
