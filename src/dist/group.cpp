@@ -15,10 +15,6 @@ const char* reduce_op_name(ReduceOp op) {
   return "unknown";
 }
 
-std::string CallSite::to_string() const {
-  return detail::concat(tag, " (", file, ":", line, ")");
-}
-
 std::string Phase::describe() const {
   switch (kind) {
     case Kind::TrainStep: return detail::concat("train step ", step);

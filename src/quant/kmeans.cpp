@@ -58,7 +58,7 @@ std::vector<at::Tensor> to_float_stats(const std::vector<at::Tensor>& stats) {
 }
 
 KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric,
-                    Reducer& reducer, const char* tag) {
+                    Reducer& reducer, const CallSite& site) {
   LOCKSTEP_CHECK_ARG(tokens.dim() == 3 && initial.dim() == 3 && tokens.size(0) == initial.size(0) &&
                          tokens.size(2) == initial.size(2),
                      "kmeans: expected tokens (C, M, d) and means (C, K, d), got ", tokens.sizes(), " and ",
@@ -73,7 +73,7 @@ KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t
     std::vector<at::Tensor> assigned;
     for (int64_t c = 0; c < codebooks; ++c) assigned.push_back(nearest_code(tokens[c], means[c], metric).indices);
     std::vector<at::Tensor> stats = code_counts_and_sums(tokens, torch::stack(assigned), k);
-    reducer.sum_(stats, tag);
+    reducer.sum_(stats, site);
     stats = to_float_stats(stats);
     counts = stats[0].view({codebooks, k});
     const at::Tensor empty = (counts == 0).unsqueeze(2);

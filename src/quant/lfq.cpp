@@ -143,7 +143,7 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   at::Tensor packed = torch::cat(parts);
   LocalReducer local;
   Reducer* reducer = ctx.reducer ? ctx.reducer : &local;
-  packed = reducer->sum(packed, "lfq.avg_probs");
+  packed = reducer->sum(packed, LOCKSTEP_CALL_SITE("lfq.avg_probs"));
   const int64_t head = subset ? 2 : 1;
   const at::Tensor avg_probs = packed.narrow(0, head, c * codebook_size()).reshape({c, codebook_size()}) /
                                packed.narrow(0, 0, 1).detach().clamp_min(1);

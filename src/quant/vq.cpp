@@ -225,8 +225,8 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 }
 
 // (C, M, cd) tokens of this holder -> (C, M_total, cd) of the global batch, in batch order.
-at::Tensor gather_tokens(const at::Tensor& tokens, Reducer& reducer, const char* tag) {
-  return reducer.gather(tokens.transpose(0, 1).contiguous(), tag).transpose(0, 1).contiguous();
+at::Tensor gather_tokens(const at::Tensor& tokens, Reducer& reducer, const CallSite& site) {
+  return reducer.gather(tokens.transpose(0, 1).contiguous(), site).transpose(0, 1).contiguous();
 }
 
 void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) {
@@ -237,12 +237,12 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   const int64_t codebooks = tokens.size(0);
   // Initial means are drawn from the gathered global batch with the shared generator: the same
   // on every holder, and the same as one process holding the whole batch would draw.
-  const at::Tensor all = gather_tokens(tokens, reducer, "vq.kmeans.samples");
+  const at::Tensor all = gather_tokens(tokens, reducer, LOCKSTEP_CALL_SITE("vq.kmeans.samples"));
   if (all.size(1) == 0) return;  // nobody held a token (every holder sees this): try again next time
   std::vector<at::Tensor> initial;
   for (int64_t c = 0; c < codebooks; ++c) initial.push_back(sample_rows(all[c], k, or_default(ctx.generator)));
   const KmeansResult result = kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer,
-                                     "vq.kmeans");
+                                     LOCKSTEP_CALL_SITE("vq.kmeans"));
   embed_.copy_(result.means);
   cluster_size_.copy_(result.counts);
   embed_avg_.copy_(result.means * result.counts.unsqueeze(2));
@@ -253,7 +253,7 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
   const int64_t k = options_.codebook_size();
   const int64_t codebooks = tokens.size(0);
   std::vector<at::Tensor> stats = code_counts_and_sums(tokens, indices, k);
-  reducer.sum_(stats, "vq.ema");  // exactly once per training call, whatever the data
+  reducer.sum_(stats, LOCKSTEP_CALL_SITE("vq.ema"));  // exactly once per training call, whatever the data
   stats = to_float_stats(stats);
   const double weight = 1.0 - options_.decay();
   cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);
@@ -271,7 +271,7 @@ void Vq::expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Gener
   const double threshold = options_.threshold_ema_dead_code();
   // Gathered on every training call (not only when codes died), so the collectives a step issues
   // depend on the configuration alone; samples come from the global batch with the shared generator.
-  const at::Tensor all = gather_tokens(tokens, reducer, "vq.dead_code.samples");
+  const at::Tensor all = gather_tokens(tokens, reducer, LOCKSTEP_CALL_SITE("vq.dead_code.samples"));
   if (all.size(1) == 0) return;
   for (int64_t c = 0; c < all.size(0); ++c) {
     const at::Tensor dead = (cluster_size_[c] < threshold).nonzero().squeeze(1);

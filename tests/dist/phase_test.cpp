@@ -24,6 +24,7 @@ struct PhaseCase {
   std::string name;
   std::string quantizer;
   std::vector<std::string> settings;
+  std::string source;  // the quantizer's file, which the mismatch must name
 };
 void PrintTo(const PhaseCase& c, std::ostream* os) { *os << c.name; }
 
@@ -62,6 +63,9 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
     EXPECT_NE(messages[r].find("rank 0: #"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("in evaluation after step 7"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("in train step 8"), std::string::npos) << messages[r];
+    // The call site is the quantizer's own line, not the reducer's that forwards it.
+    EXPECT_NE(messages[r].find("src/quant/" + c.source + ":"), std::string::npos) << messages[r];
+    EXPECT_EQ(messages[r].find("group_reducer.cpp"), std::string::npos) << messages[r];
     for (const auto& [name, value] : before[r]) {
       EXPECT_TRUE(torch::equal(after[r].at(name), value)) << "rank " << r << ": " << name << " changed";
     }
@@ -70,10 +74,10 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
 
 INSTANTIATE_TEST_SUITE_P(
     Quantizers, Phases,
-    ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}},
-                      PhaseCase{"lfq", "lfq", {"quantizer.lfq.codebook_size=64"}},
+    ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}, "vq.cpp"},
+                      PhaseCase{"lfq", "lfq", {"quantizer.lfq.codebook_size=64"}, "lfq.cpp"},
                       PhaseCase{"residual_vq", "residual-vq",
-                                {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=2"}}),
+                                {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=2"}, "vq.cpp"}),
     [](const ::testing::TestParamInfo<PhaseCase>& info) { return info.param.name; });
 
 TEST(Phase, IsPartOfTheFingerprintAndTheDescription) {

@@ -266,16 +266,17 @@ TEST(Lfq, HugeCodebookSumsToTheTokenCount) {
 // Counts calls; optionally adds another holder's statistics, as a two-rank sum would.
 class CountingReducer final : public Reducer {
  public:
-  void sum_(std::vector<at::Tensor>&, const char*) override { ++in_place_calls; }
-  at::Tensor sum(const at::Tensor& local, const char* tag) override {
+  void sum_(std::vector<at::Tensor>&, const CallSite&) override { ++in_place_calls; }
+  at::Tensor sum(const at::Tensor& local, const CallSite& site) override {
     ++calls;
-    last_tag = tag;
+    last_tag = site.tag;
+    last_file = site.file;
     last_local = local.detach().clone();
     return other.defined() ? local + other : local;
   }
-  at::Tensor gather(const at::Tensor& local, const char*) override { return local; }
+  at::Tensor gather(const at::Tensor& local, const CallSite&) override { return local; }
   int calls = 0, in_place_calls = 0;
-  std::string last_tag;
+  std::string last_tag, last_file;
   at::Tensor last_local, other;
 };
 
@@ -290,6 +291,7 @@ TEST(Lfq, ReducesOncePerTrainingForwardAndNeverInEval) {
     EXPECT_EQ(reducer.calls, 1) << "n = " << n;
     EXPECT_EQ(reducer.in_place_calls, 0);
     EXPECT_EQ(reducer.last_tag, "lfq.avg_probs");
+    EXPECT_NE(reducer.last_file.find("src/quant/lfq.cpp"), std::string::npos) << reducer.last_file;
     EXPECT_TRUE(torch::isfinite(out.total_loss()).item<bool>()) << "n = " << n;
   }
   lfq.eval();

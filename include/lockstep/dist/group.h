@@ -1,7 +1,7 @@
 // The process group every collective in lockstep goes through. Code that may run distributed
 // takes a Group and never asks "am I distributed?": on one process it gets a SingleProcessGroup,
-// whose collectives are exact identities. Issue-#4 groups (c10d/Gloo/NCCL) implement the same
-// interface behind the checked channel.
+// whose collectives are exact identities. make_process_group's groups (Gloo, NCCL, in memory)
+// implement the same interface behind the checked channel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,19 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/call_site.h"
+
 namespace lockstep::dist {
 
 enum class ReduceOp { Sum, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
-// Where a collective is issued from: a short tag plus the source location, so that a mismatch
-// between ranks can name both call sites. Build one with LOCKSTEP_CALL_SITE("tag").
-struct CallSite {
-  const char* tag = "";
-  const char* file = "";
-  int line = 0;
-  std::string to_string() const;  // "tag (file:line)"
-};
+using ::lockstep::CallSite;  // core/call_site.h: a tag and the source location of a call
 
 // Where in training the caller is when it issues collectives: a training step (which one), an
 // evaluation, or nothing declared. It is part of every collective's fingerprint, so a collective
@@ -131,4 +126,3 @@ std::shared_ptr<Group> make_single_process_group();
 
 }  // namespace lockstep::dist
 
-#define LOCKSTEP_CALL_SITE(tag) (::lockstep::dist::CallSite{(tag), __FILE__, __LINE__})

@@ -13,13 +13,15 @@ class GroupReducer final : public quant::Reducer {
  public:
   explicit GroupReducer(std::shared_ptr<Group> group) : group_(std::move(group)) {}
 
-  // One all_reduce(sum) of all the tensors, tagged `tag`.
-  void sum_(std::vector<at::Tensor>& tensors, const char* tag) override;
-  // all_reduce(sum) forward; backward all-reduces the incoming gradient (tag + ".backward"), so that
-  // with gradients averaged over ranks each rank's inputs get exactly their single-process gradient.
-  at::Tensor sum(const at::Tensor& local, const char* tag) override;
-  // Two all_gathers: the row counts (tag + ".rows"), then the rows padded to the longest (tag).
-  at::Tensor gather(const at::Tensor& local, const char* tag) override;
+  // One all_reduce(sum) of all the tensors, at the quantizer's call site.
+  void sum_(std::vector<at::Tensor>& tensors, const CallSite& site) override;
+  // all_reduce(sum) forward; backward all-reduces the incoming gradient (tag + ".backward", same
+  // file and line), so that with gradients averaged over ranks each rank's inputs get exactly their
+  // single-process gradient.
+  at::Tensor sum(const at::Tensor& local, const CallSite& site) override;
+  // Two all_gathers at the caller's file and line: the row counts (tag + ".rows"), then the rows
+  // padded to the longest (tag).
+  at::Tensor gather(const at::Tensor& local, const CallSite& site) override;
 
  private:
   std::shared_ptr<Group> group_;

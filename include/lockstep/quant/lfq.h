@@ -20,10 +20,10 @@ struct LfqOptions {
   LfqOptions& diversity_gamma(double g) { diversity_gamma_ = g; return *this; }
   LfqOptions& codebook_scale(double s) { codebook_scale_ = s; return *this; }
   LfqOptions& inv_temperature(double t) { inv_temperature_ = t; return *this; }
-  // In (0, 1]: each training call draws int(n * frac) of its n tokens at random (ctx.generator, or
-  // torch's default generator when undefined) for both the per-sample entropy and the average
-  // probability, as the reference does. With several ranks, each rank samples its own local
-  // fraction of its own tokens; the average probability is then over all ranks' sampled tokens.
+  // f in (0, 1]: the tokens of each training call that enter both the per-sample entropy and the
+  // average probability. Each token joins with probability f, decided by a hash of (one draw of
+  // ctx.generator, the token's global position in the batch), so W ranks choose exactly the tokens
+  // one process would (the reference takes exactly int(n * f) at random; here the count is binomial).
   LfqOptions& frac_per_sample_entropy(double f) { frac_per_sample_entropy_ = f; return *this; }
   // BSQ: l2-normalise the inputs and the codes (times codebook_scale).
   LfqOptions& spherical(bool on) { spherical_ = on; return *this; }

@@ -7,27 +7,30 @@
 
 #include <vector>
 
+#include "lockstep/core/call_site.h"
+
 namespace lockstep::quant {
 
 class Reducer {
  public:
   virtual ~Reducer() = default;
   // In place, not differentiable: each tensor becomes its sum over all holders of the batch.
-  // `tag` names the call site in errors. All tensors of one call travel together.
-  virtual void sum_(std::vector<at::Tensor>& tensors, const char* tag) = 0;
+  // `site` (the quantizer's own LOCKSTEP_CALL_SITE) names the call in fingerprints and errors.
+  // All tensors of one call travel together.
+  virtual void sum_(std::vector<at::Tensor>& tensors, const CallSite& site) = 0;
   // Differentiable global sum: the gradient of the result reaches every holder's `local`.
-  virtual at::Tensor sum(const at::Tensor& local, const char* tag) = 0;
+  virtual at::Tensor sum(const at::Tensor& local, const CallSite& site) = 0;
   // Not differentiable: every holder's `local` (n_h, ...) concatenated along dim 0 in holder order,
   // which is the order of the global batch; holders may hold different n_h, including 0.
-  virtual at::Tensor gather(const at::Tensor& local, const char* tag) = 0;
+  virtual at::Tensor gather(const at::Tensor& local, const CallSite& site) = 0;
 };
 
 // This process holds the whole batch: sums are identities.
 class LocalReducer final : public Reducer {
  public:
-  void sum_(std::vector<at::Tensor>&, const char*) override {}
-  at::Tensor sum(const at::Tensor& local, const char*) override { return local; }
-  at::Tensor gather(const at::Tensor& local, const char*) override { return local; }
+  void sum_(std::vector<at::Tensor>&, const CallSite&) override {}
+  at::Tensor sum(const at::Tensor& local, const CallSite&) override { return local; }
+  at::Tensor gather(const at::Tensor& local, const CallSite&) override { return local; }
 };
 
 }  // namespace lockstep::quant
