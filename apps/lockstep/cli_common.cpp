@@ -11,12 +11,17 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <new>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
+#include "commands.h"
+#include "lockstep/core/error.h"
 #include "lockstep/core/threads.h"
+#include "lockstep/dist/collective.h"
+#include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
 
@@ -94,6 +99,38 @@ std::string fixed(double v, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << v;
   return out.str();
+}
+
+int report_current_exception() {
+  try {
+    throw;
+  } catch (const dist::CollectiveMismatch& e) {
+    report_error(e.what());
+    return kExitRanksDiffer;
+  } catch (const dist::ReplicaDivergence& e) {
+    report_error(e.what());
+    return kExitRanksDiffer;
+  } catch (const dist::CollectiveFailure& e) {  // PeerLost, CollectiveTimeout, a failed rendezvous
+    report_error(e.what());
+    return kExitRankLost;
+  } catch (const train::TrainingDiverged& e) {
+    report_error(e.what());
+    return kExitDiverged;
+  } catch (const InternalError& e) {
+    report_error(e.what());
+    return kExitInternal;
+  } catch (const c10::Error& e) {
+    report_error(e.what_without_backtrace());  // LibTorch's C++ stack frames tell a user nothing
+    return kExitError;
+  } catch (const std::bad_alloc&) {
+    report_error("out of memory: the sizes asked for (batch, image, model or codebook) need more memory than this "
+                 "machine can give");
+    return kExitError;
+  } catch (const std::exception& e) {
+    // InvalidArgument, CorruptInput, IoError, and what torch and the standard library throw.
+    report_error(e.what());
+    return kExitError;
+  }
 }
 
 void report_error(const std::string& message) {

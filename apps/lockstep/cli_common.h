@@ -43,4 +43,8 @@ std::string format_eval(const train::EvalResult& r);
 // sets it per rank), writes the error there as JSON in the format torchrun reads back and shows.
 void report_error(const std::string& message);
 
+// Reports the exception being handled (LibTorch's without its C++ stack frames) and returns the
+// exit status of its class (commands.h). Call from inside a catch block.
+int report_current_exception();
+
 }  // namespace lockstep::cli

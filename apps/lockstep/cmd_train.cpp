@@ -113,12 +113,8 @@ int run_train(const TrainArgs& args) {
   // moment on destruction so that the other ranks can read where everyone was.
   try {
     return run_train_on(args, group);
-  } catch (const c10::Error& e) {
-    report_error(e.what_without_backtrace());  // without LibTorch's C++ stack frames
-    return kExitError;
-  } catch (const std::exception& e) {
-    report_error(e.what());
-    return kExitError;
+  } catch (const std::exception&) {
+    return report_current_exception();
   }
 }
 
@@ -165,7 +161,7 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   if (summary.interrupted) {
     std::cout << "interrupted at step " << summary.steps << "; checkpoint saved. Continue with:\n  lockstep train --resume "
               << summary.run_dir << "\n";
-    return 130;
+    return kExitInterrupted;
   }
   if (!root) {
     std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds)

@@ -18,6 +18,10 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep: train vector-quantized image tokenizers on one process or many, "
                "where ranks cannot silently hang or disagree."};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 done; 1 bad input or environment (configuration, data, files); 2 bad command line; "
+      "3 a rank died or stalled (resume may succeed); 4 ranks disagreed (collective, model or data); "
+      "5 training diverged; 70 a bug in lockstep; 130 interrupted (checkpoint saved).");
   app.set_version_flag("--version", std::string("lockstep ") + LOCKSTEP_VERSION);
   lockstep::cli::Runner run;
   lockstep::cli::add_train_command(app, run);
@@ -58,17 +62,8 @@ int main(int argc, char** argv) {
 
   try {
     return run();
-  } catch (const c10::Error& e) {
-    // LibTorch's own message, without its C++ stack frames: they tell a user nothing.
-    lockstep::cli::report_error(e.what_without_backtrace());
-    return lockstep::cli::kExitError;
-  } catch (const std::bad_alloc&) {
-    lockstep::cli::report_error("out of memory: the sizes asked for (batch, image, model or codebook) need more "
-                                "memory than this machine can give");
-    return lockstep::cli::kExitError;
-  } catch (const std::exception& e) {
-    // lockstep::Error, and what torch and the standard library throw: an error report, never a crash.
-    lockstep::cli::report_error(e.what());
-    return lockstep::cli::kExitError;
+  } catch (const std::exception&) {
+    // An error report and the exit status of its class, never a crash.
+    return lockstep::cli::report_current_exception();
   }
 }

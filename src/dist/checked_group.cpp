@@ -226,11 +226,11 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
       const std::vector<int> dead = watch.check();
       if (!dead.empty()) {
         mark_failed();
-        throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
-                                               " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
-                                               Liveness::kDeadAfter.count(),
-                                               " ms, process gone); where every rank was:",
-                                               liveness_->where_everyone_is()));
+        throw PeerLost(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+                                      " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
+                                      Liveness::kDeadAfter.count(), " ms, process gone); where every rank was:",
+                                      liveness_->where_everyone_is()),
+                       dead);
       }
     }
   }
@@ -240,10 +240,11 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
   mark_failed();
   std::vector<int> waiting;
   const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
-  throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
+  throw CollectiveTimeout(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                          " timed out after ", timeout.count(), " ms",
                                          waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
-                                         "; where every rank is:", where));
+                                         "; where every rank is:", where),
+                          waiting);
 }
 
 // The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
@@ -251,10 +252,12 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
 void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
   mark_failed();
   const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
-  throw CollectiveFailure(detail::concat(
+  const std::string message = detail::concat(
       "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
       dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
-      "; where every rank was:", liveness_->where_everyone_is()));
+      "; where every rank was:", liveness_->where_everyone_is());
+  if (!dead.empty()) throw PeerLost(message, dead);
+  throw CollectiveFailure(message);
 }
 
 void CheckedGroup::mark_failed() {

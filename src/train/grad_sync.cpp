@@ -41,7 +41,7 @@ struct GradientSync::Impl {
     if (!active) return;  // a backward outside a training step (none today): not synchronised
     // A leaf's hook sees its whole gradient once per backward (shared uses are summed first), so a
     // second call means a second backward in one step, whose gradient would miss the buckets.
-    LOCKSTEP_THROW_IF_NOT(!arrived[index], Error, "gradient sync: parameter ", index,
+    LOCKSTEP_THROW_IF_NOT(!arrived[index], InvalidArgument, "gradient sync: parameter ", index,
                           " received a second gradient in one step; run one backward between begin() and finish()");
     arrived[index] = true;
     Bucket& b = buckets[bucket_of[index]];
@@ -121,7 +121,7 @@ void GradientSync::begin(const at::Tensor& control) {
 
 at::Tensor GradientSync::finish() {
   Impl& m = *impl_;
-  LOCKSTEP_THROW_IF_NOT(m.active, Error, "gradient sync: finish() without begin()");
+  LOCKSTEP_THROW_IF_NOT(m.active, InvalidArgument, "gradient sync: finish() without begin()");
   m.active = false;
   // Buckets with parameters that got no gradient (the same on every rank: the graph is) go now, in
   // bucket order, with zeros for the missing ones.

@@ -48,6 +48,28 @@ bool is_resumable(const std::string& key) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Every rank's `values` (rank order), and the ranks whose values differ from rank 0's: the one
+// shape of the trainer's agreement checks (configuration, data plan, replicas). One all_gather.
+struct RankValues {
+  std::vector<std::vector<int64_t>> values;
+  std::vector<int> differ;
+};
+RankValues gather_from_ranks(dist::Group& group, const std::vector<int64_t>& values, const CallSite& site) {
+  const auto all = group.all_gather(torch::tensor(values, torch::kInt64), site);
+  RankValues out;
+  for (const auto& t : all) out.values.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  for (size_t r = 1; r < out.values.size(); ++r) {
+    if (out.values[r] != out.values[0]) out.differ.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::vector<std::string> names;
+  for (int r : ranks) names.push_back(std::to_string(r));
+  return detail::concat_list(names);
+}
+
 std::string format_seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f s", s);
@@ -105,16 +127,20 @@ struct Trainer::State {
     std::vector<at::Tensor> params, buffers;
     for (const auto& p : model->named_parameters(true)) params.push_back(p.value());
     for (const auto& b : model->named_buffers(true)) buffers.push_back(b.value());
-    const auto all = group->all_gather(torch::tensor({checksum(params), checksum(buffers)}, torch::kInt64),
-                                       LOCKSTEP_CALL_SITE("train.replica_check"));
-    std::vector<std::string> differ;
-    for (size_t r = 1; r < all.size(); ++r) {
-      if (all[r][0].item<int64_t>() != all[0][0].item<int64_t>()) differ.push_back(detail::concat(r, " (parameters)"));
-      if (all[r][1].item<int64_t>() != all[0][1].item<int64_t>()) differ.push_back(detail::concat(r, " (buffers)"));
+    const RankValues all = gather_from_ranks(*group, {checksum(params), checksum(buffers)},
+                                             LOCKSTEP_CALL_SITE("train.replica_check"));
+    if (all.differ.empty()) return;
+    std::vector<std::string> named;
+    for (int r : all.differ) {
+      std::vector<std::string> parts;
+      if (all.values[r][0] != all.values[0][0]) parts.emplace_back("parameters");
+      if (all.values[r][1] != all.values[0][1]) parts.emplace_back("buffers");
+      named.push_back(detail::concat(r, " (", detail::concat_list(parts), ")"));
     }
-    LOCKSTEP_THROW_IF_NOT(differ.empty(), dist::CollectiveFailure, "rank ", group->rank(), " of ", group->size(), ", ",
-                          when, ": the model on rank(s) ", detail::concat_list(differ),
-                          " differs from rank 0's; data-parallel replicas must stay identical");
+    throw dist::ReplicaDivergence(detail::concat("rank ", group->rank(), " of ", group->size(), ", ", when,
+                                                 ": the model on rank(s) ", detail::concat_list(named),
+                                                 " differs from rank 0's; data-parallel replicas must stay identical"),
+                                  all.differ);
   }
 
   // Every rank must train with the same configuration (except kPerRankKeys).
@@ -123,14 +149,10 @@ struct Trainer::State {
     Config shared = config;
     for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
     const std::string text = shared.to_toml();
-    const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(fnv1a(text.data(), text.size()))}),
-                                       LOCKSTEP_CALL_SITE("train.config_check"));
-    std::vector<std::string> differ;
-    for (size_t r = 1; r < all.size(); ++r) {
-      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
-    }
-    LOCKSTEP_THROW_IF_NOT(differ.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
-                          ": the configuration of rank(s) ", detail::concat_list(differ),
+    const RankValues all = gather_from_ranks(*group, {static_cast<int64_t>(fnv1a(text.data(), text.size()))},
+                                             LOCKSTEP_CALL_SITE("train.config_check"));
+    LOCKSTEP_THROW_IF_NOT(all.differ.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
+                          ": the configuration of rank(s) ", join_ranks(all.differ),
                           " differs from rank 0's (compare `lockstep train --print-config` with each rank's flags); "
                           "every rank must be started with the same settings");
   }
@@ -224,22 +246,22 @@ struct Trainer::State {
     if (!distributed() || epoch == checked_epoch) return;
     checked_epoch = epoch;
     const data::EpochPlan plan = data->plan(epoch);
-    const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(plan.hash()), plan.steps(),
-                                                      static_cast<int64_t>(data->data_hash()),
-                                                      data->training_images()},
-                                                     torch::kInt64),
-                                       LOCKSTEP_CALL_SITE("train.epoch.plan"));
-    auto described = [&](size_t r) {
-      return detail::concat(all[r][1].item<int64_t>(), " steps over ", all[r][3].item<int64_t>(), " images");
+    const RankValues all = gather_from_ranks(
+        *group,
+        {static_cast<int64_t>(plan.hash()), plan.steps(), static_cast<int64_t>(data->data_hash()),
+         data->training_images()},
+        LOCKSTEP_CALL_SITE("train.epoch.plan"));
+    if (all.differ.empty()) return;
+    auto described = [&](int r) {
+      return detail::concat(all.values[r][1], " steps over ", all.values[r][3], " images");
     };
-    std::vector<std::string> differ;
-    for (size_t r = 1; r < all.size(); ++r) {
-      if (!torch::equal(all[r], all[0])) differ.push_back(detail::concat(r, " (", described(r), ")"));
-    }
-    LOCKSTEP_THROW_IF_NOT(differ.empty(), dist::CollectiveFailure, "rank ", group->rank(), " of ", group->size(),
-                          ", epoch ", epoch, ": the data plan of rank(s) ", detail::concat_list(differ),
-                          " differs from rank 0's (", described(0),
-                          "): the ranks do not read the same images (check data.dir and the data on each node)");
+    std::vector<std::string> named;
+    for (int r : all.differ) named.push_back(detail::concat(r, " (", described(r), ")"));
+    throw dist::ReplicaDivergence(
+        detail::concat("rank ", group->rank(), " of ", group->size(), ", epoch ", epoch, ": the data plan of rank(s) ",
+                       detail::concat_list(named), " differs from rank 0's (", described(0),
+                       "): the ranks do not read the same images (check data.dir and the data on each node)"),
+        all.differ);
   }
 
   void save() {

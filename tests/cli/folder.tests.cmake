@@ -27,8 +27,8 @@ lockstep_cli_test(folder_resume_onto_three_ranks_matches_one_process EXIT 0 OUTP
                   SETUP "${IMAGES} && ${LS} train --data images --steps 14 --run-dir one ${FOLDER} > one.log && ${LS} launch -n 2 -- train --data images --steps 6 --run-dir run ${FOLDER} > part1.log && ${LS} launch -n 3 -- train --resume run --steps 14 > part2.log && grep -q 'resumed at step 6 of 14' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
                   ARGS eval run --split train)
 # The (plan hash, steps) check: rank 1's node holds one more image; both ranks stop at the first
-# epoch naming rank 1, instead of training on different data.
-lockstep_cli_test(folder_ranks_with_different_folders_stop EXIT 1
+# epoch naming rank 1, instead of training on different data (exit 4: ranks differ).
+lockstep_cli_test(folder_ranks_with_different_folders_stop EXIT 4
                   OUTPUT "epoch 0: the data plan of rank\\(s\\) 1 \\([0-9]+ steps over 84 images\\) differs from rank 0's \\([0-9]+ steps over 83 images\\)"
                   TIMEOUT 120
                   SETUP "${IMAGES} && cp -r images images1 && cp images/apple.jpg images1/apple-again.jpg"

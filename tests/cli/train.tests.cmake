@@ -64,8 +64,10 @@ lockstep_cli_test(train_timeout_zero EXIT 2 OUTPUT "--collective-timeout: must b
 lockstep_cli_test(eval_limit_beyond_64_bits EXIT 2
                   OUTPUT "--limit: must be a whole number >= 0 \\(at most 9223372036854775807\\), not '99999999999999999999'"
                   ARGS eval run --limit 99999999999999999999)
-# A training run whose loss becomes nan stops with an error naming the step, keeping its checkpoint.
-lockstep_cli_test(train_divergence_is_an_error EXIT 1
+# A training run whose loss becomes nan stops with an error naming the step, keeping its checkpoint
+# (exit 5: diverged).
+lockstep_cli_test(train_divergence_is_an_error EXIT 5
                   OUTPUT "step [0-9]+: the loss is (-?nan|-?inf): training diverged \\(train.lr is 10"
                   ARGS train --run-dir run --steps 20 --lr 10 --quantizer vq --threads 1 --batch-size 32
                   --set data.train_subset=640 --set data.test_subset=64 --set model.channels=[8,16])
+lockstep_cli_test(help_lists_exit_statuses EXIT 0 OUTPUT "Exit status: 0 done.*3 a rank died or stalled.*4 ranks disagreed" ARGS --help)

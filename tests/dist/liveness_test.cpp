@@ -108,12 +108,18 @@ TEST(LivenessChild, Rank) {
     }
     write_text(me + ".result", "finished without an error");
   } catch (const std::exception& e) {
-    write_text(me + ".result", std::to_string(monotonic_ns()) + "\n" + e.what());
+    // The class a caller would catch, then the message.
+    const char* type = dynamic_cast<const PeerLost*>(&e)             ? "PeerLost"
+                       : dynamic_cast<const CollectiveTimeout*>(&e)  ? "CollectiveTimeout"
+                       : dynamic_cast<const CollectiveMismatch*>(&e) ? "CollectiveMismatch"
+                                                                      : "another exception";
+    write_text(me + ".result", std::to_string(monotonic_ns()) + "\n" + type + "\n" + e.what());
   }
 }
 
 struct Outcome {
-  std::vector<std::string> messages;  // per rank, without the time line
+  std::vector<std::string> types;     // per rank, the exception's class
+  std::vector<std::string> messages;  // per rank, without the time and class lines
   std::vector<double> seconds_after_event;
 };
 
@@ -172,7 +178,9 @@ Outcome run_children(const std::string& role, int size, int timeout_ms) {
   for (int r = 0; r < size; ++r) {
     const std::string text = read_text(dir.path() + "/rank" + std::to_string(r) + ".result");
     const size_t newline = text.find('\n');
-    out.messages.push_back(newline == std::string::npos ? text : text.substr(newline + 1));
+    const size_t second = newline == std::string::npos ? std::string::npos : text.find('\n', newline + 1);
+    out.types.push_back(second == std::string::npos ? "" : text.substr(newline + 1, second - newline - 1));
+    out.messages.push_back(second == std::string::npos ? text : text.substr(second + 1));
     out.seconds_after_event.push_back(newline == std::string::npos || event.empty()
                                           ? -1
                                           : (std::stoll(text.substr(0, newline)) - std::stoll(event)) * 1e-9);
@@ -183,6 +191,7 @@ Outcome run_children(const std::string& role, int size, int timeout_ms) {
 TEST(Liveness, ADeadRankIsNamedByEveryOtherRankLongBeforeTheTimeout) {
   const Outcome out = run_children("die", 3, 20000);
   for (int r : {0, 2}) {
+    EXPECT_EQ(out.types[r], "PeerLost") << "rank " << r << ": " << out.messages[r];
     EXPECT_NE(out.messages[r].find("rank(s) 1 died"), std::string::npos) << "rank " << r << ": " << out.messages[r];
     EXPECT_NE(out.messages[r].find("rank 1 [process gone]: step 3"), std::string::npos)
         << "rank " << r << ": " << out.messages[r];
@@ -196,6 +205,7 @@ TEST(Liveness, AStalledRankIsNamedAtTheTimeoutWithWhereEveryRankIs) {
   const Outcome out = run_children("stall", 3, 2000);
   for (int r : {0, 2}) {
     const std::string& m = out.messages[r];
+    EXPECT_EQ(out.types[r], "CollectiveTimeout") << "rank " << r << ": " << m;
     EXPECT_NE(m.find("timed out after 2000 ms waiting for rank(s) 1;"), std::string::npos) << "rank " << r << ": " << m;
     // Rank 1 is alive but stopped after its third collective; the others wait in the fourth.
     EXPECT_NE(m.find("rank 1: step 3, after #3 all_reduce(sum)"), std::string::npos) << "rank " << r << ": " << m;
@@ -211,6 +221,7 @@ TEST(Liveness, AStoppedRankIsAStallNotADeathAndIsNamedAtTheTimeout) {
   const Outcome out = run_children("stop", 3, 4000);
   for (int r : {0, 2}) {
     const std::string& m = out.messages[r];
+    EXPECT_EQ(out.types[r], "CollectiveTimeout") << "rank " << r << ": " << m;
     EXPECT_NE(m.find("timed out after 4000 ms waiting for rank(s) 1;"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_NE(m.find("rank 1 [process stopped]: step 3, after #3"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_EQ(m.find("died"), std::string::npos) << "rank " << r << ": " << m;
@@ -225,6 +236,7 @@ void expect_mismatch_named_everywhere(const std::string& role, const std::vector
   const Outcome out = run_children(role, 3, 20000);
   for (int r = 0; r < 3; ++r) {
     const std::string& m = out.messages[r];
+    EXPECT_EQ(out.types[r], "CollectiveMismatch") << "rank " << r << ": " << m;
     EXPECT_NE(m.find("seen by rank " + std::to_string(r)), std::string::npos) << "rank " << r << ": " << m;
     for (const auto& part : parts) {
       EXPECT_NE(m.find(part), std::string::npos) << "rank " << r << " lacks '" << part << "': " << m;

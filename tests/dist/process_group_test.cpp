@@ -288,8 +288,11 @@ TEST(ProcessGroup, TheTimeoutRunsFromTheLastProgressAnotherRankPublished) {
     std::vector<at::Tensor> t{torch::ones({4})};
     try {
       g.all_reduce(t, ReduceOp::Sum, opts);
-    } catch (const CollectiveFailure& e) {
-      if (r == 0) message = e.what();
+    } catch (const CollectiveTimeout& e) {
+      if (r == 0) {
+        message = e.what();
+        EXPECT_EQ(e.waiting_for(), std::vector<int>{1});
+      }
     }
   });
   EXPECT_NE(message.find("timed out after 1000 ms waiting for rank(s) 1"), std::string::npos) << message;

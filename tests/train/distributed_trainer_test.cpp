@@ -94,8 +94,9 @@ TEST(DistributedTrainer, RanksReadingDifferentImagesStopAtTheFirstEpoch) {
     try {
       Trainer::create(c, tmp.file("run"), std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))->run({});
       ADD_FAILURE() << "rank " << r << " trained on other images than rank 0";
-    } catch (const dist::CollectiveFailure& e) {
+    } catch (const dist::ReplicaDivergence& e) {
       messages[r] = e.what();  // ...but the images must be the same
+      EXPECT_EQ(e.ranks(), std::vector<int>{1});
     }
   });
   for (int r = 0; r < 2; ++r) {
@@ -128,8 +129,9 @@ TEST(DistributedTrainer, RanksWithDifferentImageFoldersStopAtTheFirstEpoch) {
     try {
       Trainer::create(c, tmp.file("run"), std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))->run({});
       ADD_FAILURE() << "rank " << r << " trained on another folder than rank 0";
-    } catch (const dist::CollectiveFailure& e) {
+    } catch (const dist::ReplicaDivergence& e) {
       messages[r] = e.what();
+      EXPECT_EQ(e.ranks(), std::vector<int>{1});
     }
   });
   for (int r = 0; r < 2; ++r) {

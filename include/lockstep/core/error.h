@@ -34,6 +34,13 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// A condition lockstep itself guarantees does not hold: a bug in lockstep, not in the caller's
+// input. Thrown by LOCKSTEP_ASSERT.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(Args&&... args) {
@@ -61,3 +68,8 @@ inline std::string concat_list(const std::vector<std::string>& items) {
   } while (0)
 
 #define LOCKSTEP_CHECK_ARG(cond, ...) LOCKSTEP_THROW_IF_NOT(cond, ::lockstep::InvalidArgument, __VA_ARGS__)
+
+// An invariant of lockstep's own (never the caller's input): InternalError naming where it broke.
+#define LOCKSTEP_ASSERT(cond, ...)                                                                   \
+  LOCKSTEP_THROW_IF_NOT(cond, ::lockstep::InternalError, "internal error at ", __FILE__, ":", __LINE__, \
+                        " (a bug in lockstep; please report it): ", __VA_ARGS__)

@@ -58,10 +58,48 @@ class CollectiveMismatch : public Error {
   std::vector<std::string> per_rank_;
 };
 
-// A collective failed for a reason other than disagreement: a peer died or the timeout expired.
+// A collective (or the meeting of the ranks) could not complete for a reason other than
+// disagreement. The group is unusable afterwards; the last checkpoint is intact, so resuming the
+// run may succeed. Callers that need to know why catch the subclasses.
 class CollectiveFailure : public Error {
  public:
   using Error::Error;
+};
+
+// Ranks of the group died (their heartbeats stopped or their processes are gone) while this rank
+// waited for them in a collective.
+class PeerLost : public CollectiveFailure {
+ public:
+  PeerLost(const std::string& message, std::vector<int> ranks)
+      : CollectiveFailure(message), ranks_(std::move(ranks)) {}
+  const std::vector<int>& ranks() const { return ranks_; }  // the ranks that died
+
+ private:
+  std::vector<int> ranks_;
+};
+
+// A collective did not finish within its timeout, counted from the last progress any rank
+// published: a rank is stalled (stopped, deadlocked, or on a host that vanished without a word).
+class CollectiveTimeout : public CollectiveFailure {
+ public:
+  CollectiveTimeout(const std::string& message, std::vector<int> waiting_for)
+      : CollectiveFailure(message), waiting_for_(std::move(waiting_for)) {}
+  const std::vector<int>& waiting_for() const { return waiting_for_; }  // ranks that never arrived; may be empty
+
+ private:
+  std::vector<int> waiting_for_;
+};
+
+// Ranks that must hold the same thing do not: the model replicas after a step, or the data plan of
+// an epoch (another folder on one node). Every rank throws it; resuming will not help until the
+// cause is fixed.
+class ReplicaDivergence : public Error {
+ public:
+  ReplicaDivergence(const std::string& message, std::vector<int> ranks) : Error(message), ranks_(std::move(ranks)) {}
+  const std::vector<int>& ranks() const { return ranks_; }  // the ranks that differ from rank 0
+
+ private:
+  std::vector<int> ranks_;
 };
 
 }  // namespace lockstep::dist
