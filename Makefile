@@ -18,7 +18,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps configure build demo test bench install clean
+.PHONY: all deps configure build demo test bench install clean format check-format
 
 all: build
 
@@ -44,6 +44,13 @@ test: build
 
 bench: build
 	$(BUILD_DIR)/bench/lockstep_bench
+
+# C++ formatting as .clang-format says: check (CI runs it) or apply.
+check-format: deps
+	@scripts/check-format
+
+format: deps
+	@scripts/check-format --fix
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(or $(PREFIX),/usr/local)
