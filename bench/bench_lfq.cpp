@@ -47,15 +47,12 @@ void BM_LfqBruteForceTrainStep(benchmark::State& state) {
   step();  // warm-up
   const double extra = peak_extra_bytes(step);
   for (auto _ : state) step();
-  state.counters["tokens/s"] = benchmark::Counter(16.0 * 1024 * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(16.0 * 1024 * double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["peak_extra_MiB"] = extra < 0 ? -1.0 : extra / (1 << 20);
   const auto blas = lockstep::detect_blas();
   state.SetLabel("brute (n, K) softmax, " + blas.vendor + ", 1 thread");
 }
-BENCHMARK(BM_LfqBruteForceTrainStep)
-    ->ArgNames({"bits"})
-    ->Args({10})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_LfqBruteForceTrainStep)->ArgNames({"bits"})->Args({10})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -17,8 +17,8 @@ const bool registered = [] {
                                    const bool flops = c.limit == lockstep::quant::BenchLimit::Sgemm;
                                    state.counters[flops ? "GFLOP" : "GB"] = benchmark::Counter(
                                        c.work * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
-                                   state.counters["tokens"] = benchmark::Counter(
-                                       c.tokens * double(state.iterations()), benchmark::Counter::kIsRate);
+                                   state.counters["tokens"] = benchmark::Counter(c.tokens * double(state.iterations()),
+                                                                                 benchmark::Counter::kIsRate);
                                  })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();

@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <new>
 #include <iomanip>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -123,8 +123,9 @@ int report_current_exception() {
     report_error(e.what_without_backtrace());  // LibTorch's C++ stack frames tell a user nothing
     return kExitError;
   } catch (const std::bad_alloc&) {
-    report_error("out of memory: the sizes asked for (batch, image, model or codebook) need more memory than this "
-                 "machine can give");
+    report_error(
+        "out of memory: the sizes asked for (batch, image, model or codebook) need more memory than this "
+        "machine can give");
     return kExitError;
   } catch (const std::exception& e) {
     // InvalidArgument, CorruptInput, IoError, and what torch and the standard library throw.

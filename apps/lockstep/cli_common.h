@@ -12,10 +12,10 @@ namespace lockstep::cli {
 
 // Validators whose messages say the rule and the value (CLI11's PositiveNumber prints DBL_MAX in
 // 309 digits, and an integer option silently clamps 99999999999999999999).
-extern const CLI::Validator kPositiveInt;     // a whole number >= 1 that fits in 64 bits
-extern const CLI::Validator kNonNegativeInt;  // a whole number >= 0 that fits in 64 bits
-extern const CLI::Validator kPositiveReal;    // a finite number > 0
-extern const CLI::Validator kNonNegativeReal; // a finite number >= 0
+extern const CLI::Validator kPositiveInt;      // a whole number >= 1 that fits in 64 bits
+extern const CLI::Validator kNonNegativeInt;   // a whole number >= 0 that fits in 64 bits
+extern const CLI::Validator kPositiveReal;     // a finite number > 0
+extern const CLI::Validator kNonNegativeReal;  // a finite number >= 0
 
 constexpr const char* kThreadsHelp =
     "Intra-op threads (0 = OMP_NUM_THREADS when set, else the cores shared among the ranks on this node)";

@@ -76,7 +76,8 @@ std::string target_text(const quant::BenchCase& c) {
 }
 
 bool meets(const quant::BenchCase& c, const Measured& m, double fraction) {
-  return (c.target_ms <= 0 || m.median_ms <= c.target_ms) && (c.target_fraction <= 0 || fraction >= c.target_fraction) &&
+  return (c.target_ms <= 0 || m.median_ms <= c.target_ms) &&
+         (c.target_fraction <= 0 || fraction >= c.target_fraction) &&
          (c.target_extra_mib <= 0 || (m.extra_mib >= 0 && m.extra_mib <= c.target_extra_mib));
 }
 
@@ -105,7 +106,8 @@ int run_bench(const BenchOptions& opt) {
             << fixed(sgemm, 1) << " GFLOP/s, triad " << fixed(bandwidth, 1) << " GB/s\n\n";
   std::cout << std::left << std::setw(13) << "case" << std::setw(31) << "shape" << std::right << std::setw(11)
             << "median ms" << std::setw(13) << "tokens/s" << std::setw(14) << "rate" << std::setw(9) << "limit"
-            << std::setw(11) << "extra MiB" << "  target\n";
+            << std::setw(11) << "extra MiB"
+            << "  target\n";
   for (const auto& c : cases) {
     const Measured m = measure(c, opt);
     const bool flops = c.limit == quant::BenchLimit::Sgemm;
@@ -115,10 +117,11 @@ int run_bench(const BenchOptions& opt) {
     const std::string target = on_gpu ? "" : target_text(c);
     const double extra_mib = on_gpu ? -1 : m.extra_mib;
     std::cout << std::left << std::setw(13) << c.name << std::setw(31) << c.shape << std::right << std::setw(11)
-              << fixed(m.median_ms, m.median_ms < 10 ? 3 : 1) << std::setw(13) << fixed(c.tokens / (m.median_ms * 1e-3), 0)
-              << std::setw(14) << (fixed(rate, 1) + (flops ? " GFLOP/s" : " GB/s")) << std::setw(8)
-              << fixed(fraction * 100, 0) << "%" << std::setw(11) << (extra_mib < 0 ? "n/a" : fixed(extra_mib, 1))
-              << "  " << (target.empty() ? "-" : target + (meets(c, m, fraction) ? " (met)" : " (MISSED)")) << "\n";
+              << fixed(m.median_ms, m.median_ms < 10 ? 3 : 1) << std::setw(13)
+              << fixed(c.tokens / (m.median_ms * 1e-3), 0) << std::setw(14)
+              << (fixed(rate, 1) + (flops ? " GFLOP/s" : " GB/s")) << std::setw(8) << fixed(fraction * 100, 0) << "%"
+              << std::setw(11) << (extra_mib < 0 ? "n/a" : fixed(extra_mib, 1)) << "  "
+              << (target.empty() ? "-" : target + (meets(c, m, fraction) ? " (met)" : " (MISSED)")) << "\n";
     std::cout.flush();
   }
   std::cout << "\nrate: work per second (flops for GFLOP/s, bytes for GB/s, counted as docs/performance.md says);"
@@ -170,7 +173,8 @@ int run_collective_bench(const CollectiveBenchOptions& opt) {
   std::cout << "lockstep bench collectives: " << opt.ranks << " ranks as threads of this process on 127.0.0.1 "
             << "(Gloo), " << opt.iterations << " calls each; microseconds per call, slowest rank\n\n";
   std::cout << std::left << std::setw(34) << "collective" << std::right << std::setw(12) << "unchecked" << std::setw(12)
-            << "checked" << std::setw(12) << "overhead" << "\n";
+            << "checked" << std::setw(12) << "overhead"
+            << "\n";
   struct Case {
     std::string name;
     std::function<void(dist::Group&)> op;
@@ -195,8 +199,8 @@ int run_collective_bench(const CollectiveBenchOptions& opt) {
     if (c.name.find("1M") != std::string::npos) o.iterations = std::max(10, opt.iterations / 50);
     const double plain = time_collective(o, false, port++, c.op);
     const double checked = time_collective(o, true, port++, c.op);
-    std::cout << std::left << std::setw(34) << c.name << std::right << std::setw(12) << fixed(plain, 1)
-              << std::setw(12) << fixed(checked, 1) << std::setw(12) << fixed(checked - plain, 1) << "\n";
+    std::cout << std::left << std::setw(34) << c.name << std::right << std::setw(12) << fixed(plain, 1) << std::setw(12)
+              << fixed(checked, 1) << std::setw(12) << fixed(checked - plain, 1) << "\n";
     std::cout.flush();
   }
   std::cout << "\nchecked: every call first exchanges a fixed-size fingerprint (G1); unchecked: the same calls "
@@ -223,9 +227,10 @@ void add_bench_command(CLI::App& app, Runner& run) {
   quantizers->add_option("--min-time", opt->min_seconds, "Seconds to repeat each case for")
       ->capture_default_str()
       ->check(kPositiveReal);
-  quantizers->add_option("--device", opt->device,
-                         "cpu, or cuda / cuda:N: the same cases on a GPU (the device-independent paths), "
-                         "limits measured on the device, no CPU targets")
+  quantizers
+      ->add_option("--device", opt->device,
+                   "cpu, or cuda / cuda:N: the same cases on a GPU (the device-independent paths), "
+                   "limits measured on the device, no CPU targets")
       ->capture_default_str();
   quantizers->callback([&run, opt] { run = [opt] { return run_bench(*opt); }; });
   auto copt = std::make_shared<CollectiveBenchOptions>();

@@ -12,10 +12,10 @@
 #include "commands.h"
 #include "folder_input.h"
 #include "lockstep/core/error.h"
-#include "lockstep/io/nesting.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/io/image.h"
+#include "lockstep/io/nesting.h"
 #include "lockstep/io/npy.h"
 #include "lockstep/io/tensor_convert.h"
 #include "lockstep/train/model_factory.h"
@@ -96,14 +96,15 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
         LOCKSTEP_THROW_IF_NOT(source.is_relative() && source.lexically_normal().string().rfind("..", 0) != 0,
                               CorruptInput, index_path, ": path ", source, " leads outside the output directory");
         const fs::path name = source.lexically_normal().filename();
-        LOCKSTEP_THROW_IF_NOT(!name.empty() && name != "." && name != "..", CorruptInput, index_path, ": path ",
-                              source, " names no file");
+        LOCKSTEP_THROW_IF_NOT(!name.empty() && name != "." && name != "..", CorruptInput, index_path, ": path ", source,
+                              " names no file");
         LOCKSTEP_THROW_IF_NOT(sources.insert(source.lexically_normal().string()).second, CorruptInput, index_path,
                               ": path ", source, " is listed twice");
         // a.jpg -> a.png, unless a.png (or another a.*) came first: then a.jpg.png.
         fs::path out = fs::path(args.output_dir) / paths[i].get<std::string>();
         out.replace_extension(".png");
-        if (!outputs.insert(out.string()).second) out = fs::path(args.output_dir) / (paths[i].get<std::string>() + ".png");
+        if (!outputs.insert(out.string()).second)
+          out = fs::path(args.output_dir) / (paths[i].get<std::string>() + ".png");
         fs::create_directories(out.parent_path());
         io::save_png(out.string(), images[i]);
         ++written;
@@ -117,7 +118,8 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
 }
 
 int run_decode(const DecodeArgs& args) {
-  LOCKSTEP_CHECK_ARG(!args.output_dir.empty() || !args.grid.empty(), "say where to write: --output DIR and/or --grid FILE.png");
+  LOCKSTEP_CHECK_ARG(!args.output_dir.empty() || !args.grid.empty(),
+                     "say where to write: --output DIR and/or --grid FILE.png");
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
   if (std::filesystem::is_directory(args.tokens)) return decode_folder(args, t);
@@ -143,16 +145,18 @@ int run_decode(const DecodeArgs& args) {
 void add_decode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<DecodeArgs>();
   CLI::App* cmd = app.add_subcommand("decode", "Token ids (.npy) -> PNG images");
-  cmd->footer("Reads token ids as `lockstep encode` writes them (any integer dtype) and writes one PNG per image "
-              "in --output, and/or one grid PNG with --grid. Given the directory `encode` wrote for an image folder, "
-              "writes every image to --output at its source's path (as .png).");
+  cmd->footer(
+      "Reads token ids as `lockstep encode` writes them (any integer dtype) and writes one PNG per image "
+      "in --output, and/or one grid PNG with --grid. Given the directory `encode` wrote for an image folder, "
+      "writes every image to --output at its source's path (as .png).");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("--tokens", args->tokens, "The .npy file of token ids, or the directory encode wrote for a folder")
       ->required()
       ->check(CLI::ExistingPath);
   cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)");
   cmd->add_option("--grid", args->grid, "One PNG with every image in a grid, 16 per row");
-  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(kPositiveInt)
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
+      ->check(kPositiveInt)
       ->capture_default_str();
   add_threads_option(*cmd, args->threads);
   cmd->callback([&run, args] { run = [args] { return run_decode(*args); }; });

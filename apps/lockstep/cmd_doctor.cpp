@@ -117,8 +117,9 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("lockstep", LOCKSTEP_VERSION);
   const auto& b = f.backends;
-  rows.emplace_back("LibTorch", b.libtorch_version + (b.libtorch_origin == "system" ? " (the system's)"
-                                                                                     : " (PyPI wheel in " + b.libtorch_origin + ")"));
+  rows.emplace_back(
+      "LibTorch", b.libtorch_version + (b.libtorch_origin == "system" ? " (the system's)"
+                                                                      : " (PyPI wheel in " + b.libtorch_origin + ")"));
   rows.emplace_back("CUDA", b.cuda_built ? "built with CUDA " + b.cuda_version
                                          : "not built (this LibTorch has no CUDA, or LOCKSTEP_WITH_CUDA=OFF)");
   if (b.cuda_built) {
@@ -146,22 +147,23 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
                                                               with_threads(f.threads) + " (" +
                                                               fixed(f.sgemm_gflops / f.threads, 1) + " per thread)");
   rows.emplace_back("triad bandwidth", fixed(f.triad_gbs, 1) + " GB/s" + with_threads(f.threads));
-  rows.emplace_back("Gloo transport", b.gloo ? "built (CPU tensors between processes)"
-                                             : "not built (install libgloo-dev, rebuild)");
+  rows.emplace_back("Gloo transport",
+                    b.gloo ? "built (CPU tensors between processes)" : "not built (install libgloo-dev, rebuild)");
   rows.emplace_back("NCCL transport", !b.nccl_built ? "not built (needs a LibTorch with CUDA: make LIBTORCH=pip)"
-                                      : b.devices.empty() ? "built (NCCL " + b.nccl_version + "), unusable here: no CUDA device"
-                                                          : "built (NCCL " + b.nccl_version + "), usable on " +
-                                                                std::to_string(b.devices.size()) + " CUDA device(s)");
+                                      : b.devices.empty()
+                                          ? "built (NCCL " + b.nccl_version + "), unusable here: no CUDA device"
+                                          : "built (NCCL " + b.nccl_version + "), usable on " +
+                                                std::to_string(b.devices.size()) + " CUDA device(s)");
   const std::string decoder = data::image_decoder_version();
   rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
                                                        "scripts/install-deps lists, rebuild)"
                                                      : "decoded with " + decoder);
-  rows.emplace_back("Fashion-MNIST",
-                    !f.data.found ? "missing (" + std::to_string(f.data.missing_files.size()) + " of 4 files absent from " +
-                                        f.data.dir + ")"
-                    : !f.data_error.empty() ? "damaged in " + f.data.dir
-                                            : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
-                                                  " training and " + std::to_string(f.test_images) + " test images)");
+  rows.emplace_back("Fashion-MNIST", !f.data.found ? "missing (" + std::to_string(f.data.missing_files.size()) +
+                                                         " of 4 files absent from " + f.data.dir + ")"
+                                     : !f.data_error.empty()
+                                         ? "damaged in " + f.data.dir
+                                         : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
+                                               " training and " + std::to_string(f.test_images) + " test images)");
   return rows;
 }
 
@@ -187,8 +189,9 @@ std::vector<std::string> report_warnings(const Findings& f) {
         (blas.vendor == "OpenBLAS" ? "OPENBLAS_CORETYPE" : "which BLAS is loaded") + " and that the machine is idle");
   }
   if (data::image_decoder_version().empty()) {
-    warnings.push_back("this build cannot decode images, so `lockstep train --data FOLDER` is unavailable: "
-                       "install libopencv-imgcodecs-dev and libopencv-imgproc-dev (scripts/install-deps) and rebuild");
+    warnings.push_back(
+        "this build cannot decode images, so `lockstep train --data FOLDER` is unavailable: "
+        "install libopencv-imgcodecs-dev and libopencv-imgproc-dev (scripts/install-deps) and rebuild");
   }
   if (f.data.found && !f.data_error.empty()) {
     warnings.push_back("Fashion-MNIST in " + f.data.dir + " cannot be read: " + f.data_error +

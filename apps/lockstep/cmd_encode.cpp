@@ -54,8 +54,11 @@ data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t)
 int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::string& dir) {
   const FolderInput input = open_folder_input(t, args.checkpoint, dir, FolderSelection::All, args.limit);
   std::filesystem::create_directories(args.output);
-  nlohmann::json index = {{"format", kTokenIndexFormat}, {"checkpoint", t.checkpoint}, {"folder", dir},
-                          {"buckets", nlohmann::json::array()}, {"unreadable", nlohmann::json::array()}};
+  nlohmann::json index = {{"format", kTokenIndexFormat},
+                          {"checkpoint", t.checkpoint},
+                          {"folder", dir},
+                          {"buckets", nlohmann::json::array()},
+                          {"unreadable", nlohmann::json::array()}};
   std::map<size_t, std::vector<at::Tensor>> tokens;
   std::map<size_t, nlohmann::json> paths;
   for_each_batch(input, static_cast<int>(t.model->options().in_channels()), args.batch_size,
@@ -78,8 +81,8 @@ int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::str
   }
   io::write_file_atomic((std::filesystem::path(args.output) / kTokenIndexFile).string(), index.dump(1) + "\n");
   std::cout << "encoded " << input.images() << " images of " << dir << " (int32 tokens, codebook of "
-            << t.model->quantizer().codebook_size() << ") into " << args.output << "/; "
-            << index["unreadable"].size() << " unreadable files left out (listed in " << kTokenIndexFile << ")\n";
+            << t.model->quantizer().codebook_size() << ") into " << args.output << "/; " << index["unreadable"].size()
+            << " unreadable files left out (listed in " << kTokenIndexFile << ")\n";
   return kExitOk;
 }
 
@@ -108,11 +111,12 @@ int run_encode(const EncodeArgs& args) {
 void add_encode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<EncodeArgs>();
   CLI::App* cmd = app.add_subcommand("encode", "Images -> token ids (.npy)");
-  cmd->footer("Writes an int32 .npy array of shape (images, h, w), or (images, h, w, k) for quantizers with k indices "
-              "per token. Input: PNG files given with --images, or else a Fashion-MNIST split. For an image folder "
-              "(--data FOLDER, or the run's own folder), -o names a directory: one WxH.npy per bucket of the run's "
-              "data.buckets, and index.json with the source path of every row; `lockstep decode --tokens DIR` "
-              "turns it back into a folder of PNGs.");
+  cmd->footer(
+      "Writes an int32 .npy array of shape (images, h, w), or (images, h, w, k) for quantizers with k indices "
+      "per token. Input: PNG files given with --images, or else a Fashion-MNIST split. For an image folder "
+      "(--data FOLDER, or the run's own folder), -o names a directory: one WxH.npy per bucket of the run's "
+      "data.buckets, and index.json with the source path of every row; `lockstep decode --tokens DIR` "
+      "turns it back into a folder of PNGs.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("-o,--output", args->output, "The .npy file to write (a directory for an image folder)")->required();
   cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
@@ -120,10 +124,12 @@ void add_encode_command(CLI::App& app, Runner& run) {
   cmd->add_option("--data", args->data_dir,
                   "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's data.dir)");
   cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
-      ->check(CLI::IsMember({"test", "train"}))->capture_default_str();
+      ->check(CLI::IsMember({"test", "train"}))
+      ->capture_default_str();
   cmd->add_option("--limit", args->limit, "Encode only the first N images (in path order for folders; 0 = all)")
       ->check(kNonNegativeInt);
-  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(kPositiveInt)
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
+      ->check(kPositiveInt)
       ->capture_default_str();
   add_threads_option(*cmd, args->threads);
   cmd->callback([&run, args] { run = [args] { return run_encode(*args); }; });

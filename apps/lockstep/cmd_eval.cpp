@@ -26,7 +26,8 @@ int run_eval(const EvalArgs& args) {
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
   const bool folder_run = t.config.get_string("data.dataset") == "folder";
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
-  const train::EvalOptions options = train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16);
+  const train::EvalOptions options =
+      train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16);
   train::EvalResult r;
   std::string what;
   if ((args.data_dir.empty() && folder_run) || (!args.data_dir.empty() && is_image_folder(dir))) {
@@ -39,18 +40,17 @@ int run_eval(const EvalArgs& args) {
     for_each_batch(input, static_cast<int>(t.model->options().in_channels()), args.batch_size,
                    [&](size_t, const std::vector<int64_t>&, const at::Tensor& x) { e.add(x); });
     r = e.result();
-    what = selection == FolderSelection::All ? "image folder " + dir
-                                             : "image folder " + dir + ", " +
-                                                   (selection == FolderSelection::HeldOut ? "held-out" : "training") +
-                                                   " images";
+    what = selection == FolderSelection::All
+               ? "image folder " + dir
+               : "image folder " + dir + ", " + (selection == FolderSelection::HeldOut ? "held-out" : "training") +
+                     " images";
   } else {
     const data::ImageSet set = data::first_images(
         data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test), args.limit);
     r = train::evaluate(*t.model, set, options);
     what = "Fashion-MNIST " + args.split + " split";
   }
-  std::cout << "checkpoint " << t.checkpoint << " (step " << t.step << "), " << what << ", " << r.images
-            << " images\n"
+  std::cout << "checkpoint " << t.checkpoint << " (step " << t.step << "), " << what << ", " << r.images << " images\n"
             << format_eval(r) << "\n";
   if (!args.grid.empty()) {
     io::save_png(args.grid, r.grid);
@@ -64,17 +64,21 @@ int run_eval(const EvalArgs& args) {
 void add_eval_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "Measure a trained tokenizer on Fashion-MNIST or an image folder");
-  cmd->footer("Prints the MSE and PSNR of the reconstructions (pixels in [0, 1]), the fraction of codes used, and the "
-              "perplexity of the code histogram. A run trained on an image folder is measured on its held-out "
-              "images (--split test) or its training images (--split train); --data FOLDER measures every image "
-              "of another folder, each fitted to the run's buckets.");
+  cmd->footer(
+      "Prints the MSE and PSNR of the reconstructions (pixels in [0, 1]), the fraction of codes used, and the "
+      "perplexity of the code histogram. A run trained on an image folder is measured on its held-out "
+      "images (--split test) or its training images (--split train); --data FOLDER measures every image "
+      "of another folder, each fitted to the run's buckets.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
   cmd->add_option("--data", args->data_dir,
                   "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's data.dir)");
-  cmd->add_option("--split", args->split, "Which split to evaluate")->check(CLI::IsMember({"test", "train"}))
+  cmd->add_option("--split", args->split, "Which split to evaluate")
+      ->check(CLI::IsMember({"test", "train"}))
       ->capture_default_str();
-  cmd->add_option("--limit", args->limit, "Evaluate only the first N images (in path order for folders; 0 = all)")->check(kNonNegativeInt);
-  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")->check(kPositiveInt)
+  cmd->add_option("--limit", args->limit, "Evaluate only the first N images (in path order for folders; 0 = all)")
+      ->check(kNonNegativeInt);
+  cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
+      ->check(kPositiveInt)
       ->capture_default_str();
   cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
   add_threads_option(*cmd, args->threads);

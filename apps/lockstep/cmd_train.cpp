@@ -134,8 +134,8 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
     train::Config config(train::lockstep_schema());
     if (!args.config_file.empty()) config.load_toml_file(args.config_file);
     for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-    trainer = train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group,
-                                     print_line);
+    trainer =
+        train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group, print_line);
   }
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
@@ -159,8 +159,8 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (summary.interrupted) {
-    std::cout << "interrupted at step " << summary.steps << "; checkpoint saved. Continue with:\n  lockstep train --resume "
-              << summary.run_dir << "\n";
+    std::cout << "interrupted at step " << summary.steps
+              << "; checkpoint saved. Continue with:\n  lockstep train --resume " << summary.run_dir << "\n";
     return kExitInterrupted;
   }
   if (!root) {
@@ -185,7 +185,8 @@ void add_train_command(CLI::App& app, Runner& run) {
       "writes runs/<date-time>/ with config.toml, metrics.jsonl, checkpoint.safetensors, reconstructions.png and "
       "summary.json. --data FOLDER trains on a tree of images instead, in resolution buckets, holding out "
       "data.eval_images of them for evaluation; the run directory then also keeps the folder's manifest.json, "
-      "which a resumed run must still match. Settings: a --config file, then the flags above, then --set, later ones winning; every key is "
+      "which a resumed run must still match. Settings: a --config file, then the flags above, then --set, later ones "
+      "winning; every key is "
       "listed in docs/configuration.md and by --print-config. Ctrl-C saves a checkpoint and stops; --resume "
       "continues bit for bit.");
   cmd->add_option("--config", args->config_file, "TOML file of settings (see docs/configuration.md)")
@@ -197,7 +198,8 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->check(kNonNegativeInt);
   cmd->add_option("--world-size", args->world_size, "Ranks in the run (default: WORLD_SIZE, else 1)")
       ->check(kPositiveInt);
-  cmd->add_option("--master-addr", args->master_addr, "Address of rank 0's store (default: MASTER_ADDR, else 127.0.0.1)");
+  cmd->add_option("--master-addr", args->master_addr,
+                  "Address of rank 0's store (default: MASTER_ADDR, else 127.0.0.1)");
   cmd->add_option("--master-port", args->master_port,
                   "Port of rank 0's store (default: MASTER_PORT, else 29500); 0 on rank 0: any free port, printed "
                   "for the other ranks")

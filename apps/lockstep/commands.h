@@ -22,12 +22,13 @@ void add_launch_command(CLI::App& app, Runner& run);
 // Exit statuses shared by every subcommand.
 // Exit statuses, by what the user can do about the failure (README, "Exit status").
 constexpr int kExitOk = 0;
-constexpr int kExitError = 1;        // bad input or environment: configuration, data, files (fix and rerun)
-constexpr int kExitUsage = 2;        // bad command line
-constexpr int kExitRankLost = 3;     // a rank died or stalled, or ranks could not meet (resume may succeed)
-constexpr int kExitRanksDiffer = 4;  // ranks disagreed about a collective, the model or the data (resuming will not help)
-constexpr int kExitDiverged = 5;     // the loss became nan or infinite (the last checkpoint is from before)
+constexpr int kExitError = 1;     // bad input or environment: configuration, data, files (fix and rerun)
+constexpr int kExitUsage = 2;     // bad command line
+constexpr int kExitRankLost = 3;  // a rank died or stalled, or ranks could not meet (resume may succeed)
+constexpr int kExitRanksDiffer =
+    4;                            // ranks disagreed about a collective, the model or the data (resuming will not help)
+constexpr int kExitDiverged = 5;  // the loss became nan or infinite (the last checkpoint is from before)
 constexpr int kExitInterrupted = 130;  // Ctrl-C or SIGTERM: checkpoint saved, resume continues
-constexpr int kExitInternal = 70;    // a bug in lockstep (EX_SOFTWARE)
+constexpr int kExitInternal = 70;      // a bug in lockstep (EX_SOFTWARE)
 
 }  // namespace lockstep::cli

@@ -36,8 +36,8 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   std::unique_ptr<data::Manifest> run_manifest;
   const std::string saved = fs::is_directory(checkpoint_or_run_dir) ? train::manifest_path(checkpoint_or_run_dir) : "";
   if (!saved.empty() && fs::exists(saved)) run_manifest = std::make_unique<data::Manifest>(data::load_manifest(saved));
-  const bool same_folder = run_manifest && fs::exists(run_manifest->root) && fs::exists(dir) &&
-                           fs::equivalent(run_manifest->root, dir);
+  const bool same_folder =
+      run_manifest && fs::exists(run_manifest->root) && fs::exists(dir) && fs::equivalent(run_manifest->root, dir);
   if (selection != FolderSelection::All && run_manifest) {
     in.manifest = *run_manifest;  // as it trained, even if files were added since
     in.manifest.root = dir;
@@ -56,8 +56,8 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
     const data::Manifest& trained = run_manifest ? *run_manifest : in.manifest;
     split = data::split_folder(trained, train::eval_image_count(config, trained.readable_count()),
                                config.get_int("data.train_subset"));
-    run_data = std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(config),
-                                                     split.excluded);
+    run_data =
+        std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(config), split.excluded);
     bucket_map = run_data->bucket_map();
   }
 
@@ -77,9 +77,8 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   std::vector<int64_t> all;
   for (const auto& ids : chosen) all.insert(all.end(), ids.begin(), ids.end());
   std::sort(all.begin(), all.end());
-  const std::set<int64_t> kept(all.begin(), limit > 0 && limit < static_cast<int64_t>(all.size())
-                                                ? all.begin() + limit
-                                                : all.end());
+  const std::set<int64_t> kept(all.begin(),
+                               limit > 0 && limit < static_cast<int64_t>(all.size()) ? all.begin() + limit : all.end());
   in.buckets.assign(in.table.size(), {});
   for (size_t b = 0; b < chosen.size(); ++b) {
     for (int64_t id : chosen[b]) {

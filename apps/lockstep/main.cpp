@@ -2,8 +2,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <new>
 #include <iostream>
+#include <new>
 
 #include "blas_env.h"
 #include "cli_common.h"
@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
   // May re-execute this program once with OPENBLAS_CORETYPE set (it is read at library load).
   lockstep::cli::ensure_fast_blas(argc, argv);
 
-  CLI::App app{"lockstep: train vector-quantized image tokenizers on one process or many, "
-               "where ranks cannot silently hang or disagree."};
+  CLI::App app{
+      "lockstep: train vector-quantized image tokenizers on one process or many, "
+      "where ranks cannot silently hang or disagree."};
   app.require_subcommand(1);
   app.footer(
       "Exit status: 0 done; 1 bad input or environment (configuration, data, files); 2 bad command line; "

@@ -11,7 +11,8 @@ std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(std::llround(seconds));
   char buf[32];
   if (s >= 3600) {
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s / 60 % 60));
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
   } else if (s >= 60) {
     std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
   } else {

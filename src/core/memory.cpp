@@ -38,8 +38,8 @@ void check_fits_in_memory(double bytes, const std::string& what) {
     std::snprintf(text, sizeof text, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
     return std::string(text);
   };
-  throw InvalidArgument(detail::concat(what, " needs ", gib(bytes), ", more than the ", gib(static_cast<double>(available)),
-                                       " of memory this machine has available"));
+  throw InvalidArgument(detail::concat(what, " needs ", gib(bytes), ", more than the ",
+                                       gib(static_cast<double>(available)), " of memory this machine has available"));
 }
 
 int64_t resident_bytes() { return status_field_bytes("VmRSS"); }

@@ -13,8 +13,8 @@ at::Tensor to_unit_range(const at::Tensor& bytes) { return bytes.to(torch::kFloa
 
 at::Tensor images_to_tensor(const ImageSet& set, const std::vector<int64_t>& indices) {
   const int64_t size = image_bytes(set);
-  at::Tensor out = torch::empty({static_cast<int64_t>(indices.size()), set.channels, set.height, set.width},
-                                torch::kUInt8);
+  at::Tensor out =
+      torch::empty({static_cast<int64_t>(indices.size()), set.channels, set.height, set.width}, torch::kUInt8);
   uint8_t* dst = out.data_ptr<uint8_t>();
   for (size_t i = 0; i < indices.size(); ++i) {
     LOCKSTEP_CHECK_ARG(indices[i] >= 0 && indices[i] < set.count, "image index ", indices[i], " outside [0, ",
@@ -25,18 +25,20 @@ at::Tensor images_to_tensor(const ImageSet& set, const std::vector<int64_t>& ind
 }
 
 at::Tensor images_to_tensor(const ImageSet& set, int64_t first, int64_t count) {
-  LOCKSTEP_CHECK_ARG(first >= 0 && count >= 0 && first + count <= set.count, "images [", first, ", ",
-                     first + count, ") outside [0, ", set.count, ")");
+  LOCKSTEP_CHECK_ARG(first >= 0 && count >= 0 && first + count <= set.count, "images [", first, ", ", first + count,
+                     ") outside [0, ", set.count, ")");
   const at::Tensor bytes = torch::from_blob(const_cast<uint8_t*>(set.pixels.data()) + first * image_bytes(set),
                                             {count, set.channels, set.height, set.width}, torch::kUInt8);
   return to_unit_range(bytes);
 }
 
 std::vector<io::Image> tensor_to_images(const at::Tensor& x) {
-  LOCKSTEP_CHECK_ARG(x.dim() == 4 && (x.size(1) == 1 || x.size(1) == 3), "expected (b, 1 or 3, h, w), got ",
-                     x.sizes());
-  const at::Tensor bytes =
-      ((x.detach().to(torch::kFloat32).clamp(-1, 1) + 1) * 127.5).round().to(torch::kUInt8).permute({0, 2, 3, 1}).contiguous();
+  LOCKSTEP_CHECK_ARG(x.dim() == 4 && (x.size(1) == 1 || x.size(1) == 3), "expected (b, 1 or 3, h, w), got ", x.sizes());
+  const at::Tensor bytes = ((x.detach().to(torch::kFloat32).clamp(-1, 1) + 1) * 127.5)
+                               .round()
+                               .to(torch::kUInt8)
+                               .permute({0, 2, 3, 1})
+                               .contiguous();
   std::vector<io::Image> images(x.size(0));
   const int64_t size = x.size(1) * x.size(2) * x.size(3);
   for (int64_t i = 0; i < x.size(0); ++i) {
@@ -72,8 +74,8 @@ ImageSet image_set_from_images(const std::vector<io::Image>& images, int channel
   for (int64_t i = 0; i < set.count; ++i) {
     const io::Image& img = images[i];
     LOCKSTEP_CHECK_ARG(img.width == set.width && img.height == set.height && img.channels == channels, "image ", i,
-                       " is ", img.width, "x", img.height, "x", img.channels, ", expected ", set.width, "x",
-                       set.height, "x", channels);
+                       " is ", img.width, "x", img.height, "x", img.channels, ", expected ", set.width, "x", set.height,
+                       "x", channels);
     // Interleaved (h, w, c) to channel-first (c, h, w).
     for (int c = 0; c < channels; ++c) {
       for (int64_t p = 0; p < plane; ++p) {

@@ -41,8 +41,8 @@ void check_bucket_table(const std::vector<BucketSize>& table, int64_t multiple) 
   LOCKSTEP_CHECK_ARG(!table.empty(), "the bucket table is empty");
   for (size_t i = 0; i < table.size(); ++i) {
     const auto& s = table[i];
-    LOCKSTEP_CHECK_ARG(s.width >= 1 && s.height >= 1 && s.width % multiple == 0 && s.height % multiple == 0,
-                       "bucket ", i, " (", s.width, "x", s.height, "): each side must be ",
+    LOCKSTEP_CHECK_ARG(s.width >= 1 && s.height >= 1 && s.width % multiple == 0 && s.height % multiple == 0, "bucket ",
+                       i, " (", s.width, "x", s.height, "): each side must be ",
                        multiple > 1 ? detail::concat("a positive multiple of ", multiple, " for this model")
                                     : std::string("positive"));
     for (size_t j = 0; j < i; ++j) {
@@ -89,8 +89,8 @@ io::Image fit_to_bucket(const io::Image& image, BucketSize size) {
 #if !LOCKSTEP_HAVE_OPENCV
   throw InvalidArgument("fit_to_bucket: this build of lockstep has no OpenCV");
 #else
-  const double scale = std::max(static_cast<double>(size.width) / image.width,
-                                 static_cast<double>(size.height) / image.height);
+  const double scale =
+      std::max(static_cast<double>(size.width) / image.width, static_cast<double>(size.height) / image.height);
   const int w = std::max<int>(static_cast<int>(size.width), static_cast<int>(std::lround(image.width * scale)));
   const int h = std::max<int>(static_cast<int>(size.height), static_cast<int>(std::lround(image.height * scale)));
   const cv::Mat src(image.height, image.width, CV_8UC(image.channels), const_cast<uint8_t*>(image.pixels.data()));

@@ -82,7 +82,8 @@ void FolderDataset::merge_small_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (buckets_[b].empty() || full(b)) continue;
     const auto target = static_cast<size_t>(nearest_bucket(table_, table_[b].width, table_[b].height, full));
-    merged_.push_back({static_cast<int64_t>(b), static_cast<int64_t>(target), static_cast<int64_t>(buckets_[b].size())});
+    merged_.push_back(
+        {static_cast<int64_t>(b), static_cast<int64_t>(target), static_cast<int64_t>(buckets_[b].size())});
     buckets_[target].insert(buckets_[target].end(), buckets_[b].begin(), buckets_[b].end());
     std::sort(buckets_[target].begin(), buckets_[target].end());
     buckets_[b].clear();
@@ -123,8 +124,8 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
       } catch (const Error& e) {
         // Unreadable or undecodable files only: a bad bucket size is not the image's fault.
         if (!dynamic_cast<const CorruptInput*>(&e) && !dynamic_cast<const IoError*>(&e)) throw;
-        LOCKSTEP_THROW_IF_NOT(attempt + 1 < kMaxReplacementTries, CorruptInput, "image folder ", manifest_.root,
-                              ": ", original, " and ", attempt, " replacements drawn from its bucket could not be ",
+        LOCKSTEP_THROW_IF_NOT(attempt + 1 < kMaxReplacementTries, CorruptInput, "image folder ", manifest_.root, ": ",
+                              original, " and ", attempt, " replacements drawn from its bucket could not be ",
                               "decoded (the folder changed since its manifest was built?); last: ", e.what());
         ++out.replaced;
         id = members[static_cast<size_t>(rng.below(members.size()))];
@@ -136,13 +137,19 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
 
 PrefetchLoader::PrefetchLoader(const FolderDataset& dataset, int64_t epoch, int64_t first_step, int world_size,
                                int rank, int threads, int depth, int64_t end_step)
-    : dataset_(dataset), plan_(dataset.plan(epoch)), epoch_(epoch), world_size_(world_size), rank_(rank),
-      depth_(depth), end_(end_step >= 0 ? std::min(end_step, plan_.steps()) : plan_.steps()), claimed_(first_step),
+    : dataset_(dataset),
+      plan_(dataset.plan(epoch)),
+      epoch_(epoch),
+      world_size_(world_size),
+      rank_(rank),
+      depth_(depth),
+      end_(end_step >= 0 ? std::min(end_step, plan_.steps()) : plan_.steps()),
+      claimed_(first_step),
       next_(first_step) {
   LOCKSTEP_CHECK_ARG(threads >= 1 && depth >= 1, "loader: threads = ", threads, " and depth = ", depth,
                      " must be >= 1");
-  LOCKSTEP_CHECK_ARG(first_step >= 0 && first_step <= end_, "loader: first step ", first_step,
-                     " outside the epoch's ", end_, " steps to load");
+  LOCKSTEP_CHECK_ARG(first_step >= 0 && first_step <= end_, "loader: first step ", first_step, " outside the epoch's ",
+                     end_, " steps to load");
   for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
 }
 

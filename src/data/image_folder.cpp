@@ -25,7 +25,6 @@ namespace lockstep::data {
 namespace fs = std::filesystem;
 namespace {
 
-
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   LOCKSTEP_THROW_IF_NOT(in, IoError, "cannot open image ", path);
@@ -35,8 +34,10 @@ std::string read_bytes(const std::string& path) {
 #if LOCKSTEP_HAVE_OPENCV
 // Any decoded cv::Mat -> 8-bit `channels` (1 or 3, RGB order) interleaved.
 io::Image to_image(cv::Mat m, int channels) {
-  if (m.depth() == CV_16U) m.convertTo(m, CV_8U, 1.0 / 257.0);
-  else if (m.depth() != CV_8U) m.convertTo(m, CV_8U);
+  if (m.depth() == CV_16U)
+    m.convertTo(m, CV_8U, 1.0 / 257.0);
+  else if (m.depth() != CV_8U)
+    m.convertTo(m, CV_8U);
   if (m.channels() == 4) {  // composite on black: rgb * alpha / 255
     std::vector<cv::Mat> planes;
     cv::split(m, planes);
@@ -46,11 +47,15 @@ io::Image to_image(cv::Mat m, int channels) {
   }
   cv::Mat out;
   if (channels == 1) {
-    if (m.channels() == 3) cv::cvtColor(m, out, cv::COLOR_BGR2GRAY);
-    else out = m;
+    if (m.channels() == 3)
+      cv::cvtColor(m, out, cv::COLOR_BGR2GRAY);
+    else
+      out = m;
   } else {
-    if (m.channels() == 1) cv::cvtColor(m, out, cv::COLOR_GRAY2RGB);
-    else cv::cvtColor(m, out, cv::COLOR_BGR2RGB);
+    if (m.channels() == 1)
+      cv::cvtColor(m, out, cv::COLOR_GRAY2RGB);
+    else
+      cv::cvtColor(m, out, cv::COLOR_BGR2RGB);
   }
   io::Image image;
   image.width = out.cols;
@@ -80,11 +85,11 @@ std::string truncation_error(const std::string& bytes) {
     size_t i = 2;
     while (true) {
       if (i >= n) return cut;
-      if (b[i] != 0xFF) return "";  // not a marker where one must be: let the decoder judge
+      if (b[i] != 0xFF) return "";        // not a marker where one must be: let the decoder judge
       while (i < n && b[i] == 0xFF) ++i;  // fill bytes
       if (i >= n) return cut;
       const unsigned char marker = b[i++];
-      if (marker == 0xD9) return "";  // EOI
+      if (marker == 0xD9) return "";                       // EOI
       if (marker == 0x01 || is_restart(marker)) continue;  // no length
       if (i + 2 > n) return cut;
       i += (size_t{b[i]} << 8) | b[i + 1];
@@ -99,8 +104,8 @@ std::string truncation_error(const std::string& bytes) {
     // Walk the chunks (4-byte length, 4-byte type, data, 4-byte CRC) up to IEND.
     size_t at = 8;
     while (at + 8 <= n) {
-      const uint64_t length = (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) |
-                              uint64_t{b[at + 3]};
+      const uint64_t length =
+          (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
       if (std::equal(b + at + 4, b + at + 8, reinterpret_cast<const unsigned char*>("IEND"))) return "";
       at += 12 + length;
     }
@@ -139,8 +144,8 @@ std::string image_decoder_version() {
 bool is_image_file(const std::string& name) {
   std::string ext = fs::path(name).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  static const std::vector<std::string> known = {".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff",
-                                                 ".bmp", ".pgm", ".ppm", ".pnm"};
+  static const std::vector<std::string> known = {".png",  ".jpg", ".jpeg", ".webp", ".tif",
+                                                 ".tiff", ".bmp", ".pgm",  ".ppm",  ".pnm"};
   return std::find(known.begin(), known.end(), ext) != known.end();
 }
 
@@ -191,8 +196,7 @@ ManifestEntry scan_entry(const std::string& root, const std::string& rel, const 
 }  // namespace
 #endif
 
-Manifest scan_image_folder(const std::string& root, const Manifest* cached, const ScanProgress& progress,
-                           int threads) {
+Manifest scan_image_folder(const std::string& root, const Manifest* cached, const ScanProgress& progress, int threads) {
   LOCKSTEP_THROW_IF_NOT(fs::is_directory(root), IoError, "image folder ", root, " is not a directory");
 #if !LOCKSTEP_HAVE_OPENCV
   throw InvalidArgument(detail::concat("image folder ", root, ": this build of lockstep has no OpenCV to decode ",
@@ -297,8 +301,13 @@ void save_manifest(const std::string& path, const Manifest& manifest) {
   j["hash"] = manifest.hash();
   j["entries"] = nlohmann::json::array();
   for (const auto& e : manifest.entries) {
-    j["entries"].push_back({{"path", e.path}, {"width", e.width}, {"height", e.height}, {"bytes", e.bytes},
-                            {"mtime_ns", e.mtime_ns}, {"checksum", e.checksum}, {"error", e.error}});
+    j["entries"].push_back({{"path", e.path},
+                            {"width", e.width},
+                            {"height", e.height},
+                            {"bytes", e.bytes},
+                            {"mtime_ns", e.mtime_ns},
+                            {"checksum", e.checksum},
+                            {"error", e.error}});
   }
   io::write_file_atomic(path, j.dump(1) + "\n");
 }
@@ -320,9 +329,10 @@ Manifest load_manifest(const std::string& path) {
       entry.error = e.at("error").get<std::string>();
       m.entries.push_back(std::move(entry));
     }
-    LOCKSTEP_THROW_IF_NOT(std::is_sorted(m.entries.begin(), m.entries.end(),
-                                         [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; }),
-                          CorruptInput, path, ": manifest entries are not sorted by path");
+    LOCKSTEP_THROW_IF_NOT(
+        std::is_sorted(m.entries.begin(), m.entries.end(),
+                       [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; }),
+        CorruptInput, path, ": manifest entries are not sorted by path");
     LOCKSTEP_THROW_IF_NOT(j.at("hash").get<uint64_t>() == m.hash(), CorruptInput, path,
                           ": manifest hash does not match its entries (edited or damaged)");
     return m;

@@ -32,7 +32,8 @@ EpochPlan::EpochPlan(std::vector<std::vector<int64_t>> buckets, const PlanOption
     const std::vector<int64_t> perm =
         permutation(n, derive_seed(options.seed, static_cast<uint64_t>(epoch), kBucketShuffle * 1000003 + k));
     std::vector<int64_t> shuffled(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) shuffled[static_cast<size_t>(i)] = ids[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+    for (int64_t i = 0; i < n; ++i)
+      shuffled[static_cast<size_t>(i)] = ids[static_cast<size_t>(perm[static_cast<size_t>(i)])];
     const int64_t full = n / b;
     const bool pad = options.remainder == Remainder::Pad && n % b != 0;
     batches_of.push_back(full + (pad ? 1 : 0));
@@ -41,11 +42,11 @@ EpochPlan::EpochPlan(std::vector<std::vector<int64_t>> buckets, const PlanOption
   for (size_t k = 0; k < batches_of.size(); ++k) {
     for (int64_t j = 0; j < batches_of[k]; ++j) order_.emplace_back(static_cast<int64_t>(k), j);
   }
-  LOCKSTEP_CHECK_ARG(!order_.empty(), "data plan: no bucket holds a global batch of ", b, " samples (",
-                     buckets.size(), " buckets)");
+  LOCKSTEP_CHECK_ARG(!order_.empty(), "data plan: no bucket holds a global batch of ", b, " samples (", buckets.size(),
+                     " buckets)");
   // Buckets interleave: the list of (bucket, batch) is shuffled as a whole.
-  const std::vector<int64_t> perm =
-      permutation(static_cast<int64_t>(order_.size()), derive_seed(options.seed, static_cast<uint64_t>(epoch), kBatchOrder));
+  const std::vector<int64_t> perm = permutation(static_cast<int64_t>(order_.size()),
+                                                derive_seed(options.seed, static_cast<uint64_t>(epoch), kBatchOrder));
   std::vector<std::pair<int64_t, int64_t>> shuffled_order(order_.size());
   for (size_t i = 0; i < order_.size(); ++i) shuffled_order[i] = order_[static_cast<size_t>(perm[i])];
   order_ = std::move(shuffled_order);
@@ -69,8 +70,8 @@ int64_t EpochPlan::rank_offset(int64_t global_batch, int world_size, int rank) {
 }
 
 std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank) const {
-  LOCKSTEP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "data plan: rank ", rank,
-                     " of a world of ", world_size);
+  LOCKSTEP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "data plan: rank ", rank, " of a world of ",
+                     world_size);
   LOCKSTEP_CHECK_ARG(options_.global_batch >= world_size, "data plan: a global batch of ", options_.global_batch,
                      " cannot give each of ", world_size, " ranks a sample");
   const PlannedBatch all = batch(step);

@@ -11,9 +11,12 @@ namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return c10d::ReduceOp::SUM;
-    case ReduceOp::Max: return c10d::ReduceOp::MAX;
-    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Sum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
   }
   return c10d::ReduceOp::SUM;
 }

@@ -5,9 +5,9 @@
 #include "lockstep/config_build.h"
 
 #if LOCKSTEP_HAVE_GLOO  // c10d comes with the distributed build of LibTorch that Gloo needs
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/version.h>
 
 #include <chrono>
 #include <functional>

@@ -100,9 +100,9 @@ Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, c
   }
   if (control_->carries(device)) return *control_;
   if (device_ && device_->carries(device)) return *device_;
-  throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", op, " at ", opts.site.to_string(), " has tensors on ",
-                                       tensors[0].device(), ", which this group's transports (", control_->name(),
-                                       device_ ? std::string(", ") + device_->name() : std::string(),
+  throw InvalidArgument(detail::concat("rank ", options_.rank, ": ", op, " at ", opts.site.to_string(),
+                                       " has tensors on ", tensors[0].device(), ", which this group's transports (",
+                                       control_->name(), device_ ? std::string(", ") + device_->name() : std::string(),
                                        ") do not carry"));
 }
 
@@ -228,8 +228,8 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
         mark_failed();
         throw PeerLost(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                       " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
-                                      Liveness::kDeadAfter.count(), " ms, process gone); where every rank was:",
-                                      liveness_->where_everyone_is()),
+                                      Liveness::kDeadAfter.count(),
+                                      " ms, process gone); where every rank was:", liveness_->where_everyone_is()),
                        dead);
       }
     }
@@ -240,11 +240,11 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
   mark_failed();
   std::vector<int> waiting;
   const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
-  throw CollectiveTimeout(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
-                                         " timed out after ", timeout.count(), " ms",
-                                         waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
-                                         "; where every rank is:", where),
-                          waiting);
+  throw CollectiveTimeout(
+      detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " timed out after ",
+                     timeout.count(), " ms", waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
+                     "; where every rank is:", where),
+      waiting);
 }
 
 // The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
@@ -252,10 +252,10 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
 void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
   mark_failed();
   const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
-  const std::string message = detail::concat(
-      "rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
-      dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "), e.what(),
-      "; where every rank was:", liveness_->where_everyone_is());
+  const std::string message =
+      detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
+                     dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "),
+                     e.what(), "; where every rank was:", liveness_->where_everyone_is());
   if (!dead.empty()) throw PeerLost(message, dead);
   throw CollectiveFailure(message);
 }

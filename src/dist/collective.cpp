@@ -37,10 +37,14 @@ std::string dtype_name(const at::Tensor& t) {
 
 const char* collective_op_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::AllReduce: return "all_reduce";
-    case CollectiveOp::AllGather: return "all_gather";
-    case CollectiveOp::Broadcast: return "broadcast";
-    case CollectiveOp::Barrier: return "barrier";
+    case CollectiveOp::AllReduce:
+      return "all_reduce";
+    case CollectiveOp::AllGather:
+      return "all_gather";
+    case CollectiveOp::Broadcast:
+      return "broadcast";
+    case CollectiveOp::Barrier:
+      return "barrier";
   }
   return "unknown";
 }
@@ -77,8 +81,10 @@ std::string CollectiveCall::describe() const {
       int64_t n = 1;
       for (int64_t s : t.sizes) n *= s;
       auto it = std::find_if(per_dtype.begin(), per_dtype.end(), [&](const auto& p) { return p.first == t.dtype; });
-      if (it == per_dtype.end()) per_dtype.emplace_back(t.dtype, n);
-      else it->second += n;
+      if (it == per_dtype.end())
+        per_dtype.emplace_back(t.dtype, n);
+      else
+        it->second += n;
     }
     out += detail::concat(" of ", tensors.size(), " tensors (");
     for (size_t i = 0; i < per_dtype.size(); ++i) {

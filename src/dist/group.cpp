@@ -8,18 +8,24 @@ namespace lockstep::dist {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "unknown";
 }
 
 std::string Phase::describe() const {
   switch (kind) {
-    case Kind::TrainStep: return detail::concat("train step ", step);
-    case Kind::Evaluation: return detail::concat("evaluation after step ", step);
-    case Kind::None: break;
+    case Kind::TrainStep:
+      return detail::concat("train step ", step);
+    case Kind::Evaluation:
+      return detail::concat("evaluation after step ", step);
+    case Kind::None:
+      break;
   }
   return "no declared phase";
 }
@@ -50,8 +56,7 @@ std::unique_ptr<PendingCollective> Group::all_reduce_async(std::vector<at::Tenso
 namespace {
 void check_defined(const std::vector<at::Tensor>& tensors, const char* op, const CollectiveOptions& opts) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    LOCKSTEP_CHECK_ARG(tensors[i].defined(), op, " at ", opts.site.to_string(), ": tensor ", i,
-                       " is undefined");
+    LOCKSTEP_CHECK_ARG(tensors[i].defined(), op, " at ", opts.site.to_string(), ": tensor ", i, " is undefined");
   }
 }
 }  // namespace

@@ -81,16 +81,26 @@ class MemoryWorld {
         for (size_t r = 1; r < slot.inputs.size(); ++r) {
           const at::Tensor& x = slot.inputs[r];
           switch (slot.reduce) {
-            case ReduceOp::Sum: acc.add_(x); break;
-            case ReduceOp::Max: acc = torch::maximum(acc, x); break;
-            case ReduceOp::Min: acc = torch::minimum(acc, x); break;
+            case ReduceOp::Sum:
+              acc.add_(x);
+              break;
+            case ReduceOp::Max:
+              acc = torch::maximum(acc, x);
+              break;
+            case ReduceOp::Min:
+              acc = torch::minimum(acc, x);
+              break;
           }
         }
         slot.results = {acc};
         break;
       }
-      case MemoryOp::Broadcast: slot.results = {slot.inputs[slot.root]}; break;
-      case MemoryOp::AllGather: slot.results = slot.inputs; break;
+      case MemoryOp::Broadcast:
+        slot.results = {slot.inputs[slot.root]};
+        break;
+      case MemoryOp::AllGather:
+        slot.results = slot.inputs;
+        break;
     }
   }
 

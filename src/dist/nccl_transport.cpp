@@ -25,8 +25,7 @@ std::unique_ptr<Transport> make_nccl_transport(const c10::intrusive_ptr<c10d::St
                                                const GroupOptions& options) {
   const int devices = static_cast<int>(torch::cuda::device_count());
   LOCKSTEP_CHECK_ARG(options.cuda_device >= 0 && options.cuda_device < devices, "rank ", options.rank, " of ",
-                     options.size, ": CUDA device ", options.cuda_device, " does not exist (", devices,
-                     " visible)");
+                     options.size, ": CUDA device ", options.cuda_device, " does not exist (", devices, " visible)");
   const auto backstop = backstop_timeout(options.timeout);
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = backstop;

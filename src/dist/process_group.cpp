@@ -30,8 +30,7 @@ int env_int(const char* name, int fallback) {
   } catch (const std::exception&) {
     used = 0;
   }
-  LOCKSTEP_CHECK_ARG(used == v->size() && !v->empty(), "environment variable ", name, "='", *v,
-                     "' is not an integer");
+  LOCKSTEP_CHECK_ARG(used == v->size() && !v->empty(), "environment variable ", name, "='", *v, "' is not an integer");
   return value;
 }
 
@@ -72,8 +71,7 @@ GroupOptions GroupOptions::from_environment() {
 void GroupOptions::validate() const {
   LOCKSTEP_CHECK_ARG(size >= 1, "group size ", size, " must be >= 1");
   LOCKSTEP_CHECK_ARG(rank >= 0 && rank < size, "rank ", rank, " must lie in [0, ", size, ")");
-  LOCKSTEP_CHECK_ARG(master_port >= 0 && master_port <= 65535, "master port ", master_port,
-                     " must lie in [0, 65535]");
+  LOCKSTEP_CHECK_ARG(master_port >= 0 && master_port <= 65535, "master port ", master_port, " must lie in [0, 65535]");
   LOCKSTEP_CHECK_ARG(master_port != 0 || (rank == 0 && !store_hosted), "rank ", rank,
                      " needs the port of the store; port 0 (any free port) is for rank 0 alone when it hosts the "
                      "store, and then says the port it got");
@@ -94,9 +92,10 @@ std::shared_ptr<Group> make_process_group(const GroupOptions& options) {
   c.size = o.size;
   c.timeout = o.timeout;
   c.checked = o.checked;
-  c.where = detail::concat(control->name(), device ? detail::concat(" + ", device->name(), " on cuda:", o.cuda_device) : "",
-                           ", rank ", o.rank, " of ", o.size, " via ", o.master_addr, ":", o.master_port,
-                           o.store_hosted ? " (the launcher's store)" : "");
+  c.where =
+      detail::concat(control->name(), device ? detail::concat(" + ", device->name(), " on cuda:", o.cuda_device) : "",
+                     ", rank ", o.rank, " of ", o.size, " via ", o.master_addr, ":", o.master_port,
+                     o.store_hosted ? " (the launcher's store)" : "");
   return std::make_shared<CheckedGroup>(c, store, std::move(control), std::move(device));
 }
 

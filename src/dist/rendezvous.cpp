@@ -30,10 +30,9 @@ c10::intrusive_ptr<c10d::Store> rendezvous(GroupOptions& options) {
     store = tcp;
     if (!options.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(options.store_prefix, store);
   } catch (const std::exception& e) {
-    throw CollectiveFailure(detail::concat("rank ", options.rank, " of ", options.size,
-                                           ": cannot reach the master's store at ", options.master_addr, ":",
-                                           options.master_port, " within ", options.connect_timeout.count(),
-                                           " ms: ", e.what()));
+    throw CollectiveFailure(detail::concat(
+        "rank ", options.rank, " of ", options.size, ": cannot reach the master's store at ", options.master_addr, ":",
+        options.master_port, " within ", options.connect_timeout.count(), " ms: ", e.what()));
   }
   if (o.isServer && options.on_listening) options.on_listening(options.master_port);
 
@@ -54,8 +53,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(GroupOptions& options) {
     if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  LOCKSTEP_THROW_IF_NOT(missing.empty(), CollectiveFailure, "rank ", options.rank, " of ", options.size,
-                        ": rank(s) ", detail::concat_list(missing), " did not arrive at ", options.master_addr, ":",
+  LOCKSTEP_THROW_IF_NOT(missing.empty(), CollectiveFailure, "rank ", options.rank, " of ", options.size, ": rank(s) ",
+                        detail::concat_list(missing), " did not arrive at ", options.master_addr, ":",
                         options.master_port, " within ", options.connect_timeout.count(), " ms");
   for (int r = 0; r < options.size; ++r) {
     const auto v = store->get(world_key(r));

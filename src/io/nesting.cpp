@@ -11,14 +11,20 @@ size_t json_nesting_depth(std::string_view text) {
   bool in_string = false, escaped = false;
   for (const char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if ((c == ']' || c == '}') && depth > 0) --depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '[' || c == '{')
+      deepest = std::max(deepest, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0)
+      --depth;
   }
   return deepest;
 }
@@ -34,16 +40,24 @@ size_t toml_nesting_depth(std::string_view text) {
     }
     if (comment) continue;
     if (quote) {
-      if (escaped) escaped = false;
-      else if (c == '\\' && quote == '"') escaped = true;
-      else if (c == quote) quote = 0;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\' && quote == '"')
+        escaped = true;
+      else if (c == quote)
+        quote = 0;
       continue;
     }
-    if (c == '"' || c == '\'') quote = c;
-    else if (c == '#') comment = true;
-    else if (c == '.') deepest = std::max(deepest, ++dots + 1);
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if ((c == ']' || c == '}') && depth > 0) --depth;
+    if (c == '"' || c == '\'')
+      quote = c;
+    else if (c == '#')
+      comment = true;
+    else if (c == '.')
+      deepest = std::max(deepest, ++dots + 1);
+    else if (c == '[' || c == '{')
+      deepest = std::max(deepest, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0)
+      --depth;
   }
   return deepest;
 }

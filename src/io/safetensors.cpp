@@ -196,8 +196,8 @@ SafetensorsData decode_safetensors(const std::string& bytes, const std::string& 
   } catch (const json::exception& e) {
     throw CorruptInput(detail::concat(origin, ": safetensors header is not valid JSON: ", e.what()));
   }
-  LOCKSTEP_THROW_IF_NOT(repeated.empty(), CorruptInput, origin, ": safetensors header names '",
-                        repeated.substr(0, 100), "' twice in one object");
+  LOCKSTEP_THROW_IF_NOT(repeated.empty(), CorruptInput, origin, ": safetensors header names '", repeated.substr(0, 100),
+                        "' twice in one object");
   LOCKSTEP_THROW_IF_NOT(header.is_object(), CorruptInput, origin, ": safetensors header is not a JSON object but ",
                         header.type_name());
 

@@ -52,8 +52,8 @@ void AutoencoderOptions::validate() const {
 
 void AutoencoderOptions::check_image_size(int64_t height, int64_t width) const {
   const int64_t f = downsampling();
-  LOCKSTEP_CHECK_ARG(height % f == 0 && width % f == 0 && height >= f && width >= f, "model: images of ", height,
-                     "x", width, " cannot pass through ", channels_.size(), " levels (each dimension must be a",
+  LOCKSTEP_CHECK_ARG(height % f == 0 && width % f == 0 && height >= f && width >= f, "model: images of ", height, "x",
+                     width, " cannot pass through ", channels_.size(), " levels (each dimension must be a",
                      " positive multiple of ", f, "); use fewer model.channels entries");
 }
 

@@ -77,7 +77,8 @@ std::vector<BenchCase> quantizer_bench_cases(int cuda_device) {
     c.counted = "the search's 2 n K d flops";
     c.target_ms = 26;
     c.prepare = [where] {
-      return where.train_step(std::make_shared<Vq>(VqOptions(64, 512), seeded(3)), where.normal({kBatch, kTokens, 64}, 4));
+      return where.train_step(std::make_shared<Vq>(VqOptions(64, 512), seeded(3)),
+                              where.normal({kBatch, kTokens, 64}, 4));
     };
     cases.push_back(c);
   }
@@ -115,8 +116,10 @@ std::vector<BenchCase> quantizer_bench_cases(int cuda_device) {
       auto indices = torch::empty({elements / 4}, z.options().dtype(torch::kInt64));
       return std::function<void()>([fsq, z, codes, indices, reuse, where]() mutable {
         torch::NoGradGuard no_grad;
-        if (reuse) fsq->quantize_and_index_out(z, codes, indices);
-        else fsq->quantize_and_index(z);
+        if (reuse)
+          fsq->quantize_and_index_out(z, codes, indices);
+        else
+          fsq->quantize_and_index(z);
         where.finish();
       });
     };

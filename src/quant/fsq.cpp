@@ -139,7 +139,7 @@ void Fsq::build_plan() {
 }
 
 FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at::Generator>& noise,
-                                  int64_t element_offset) const {
+                                 int64_t element_offset) const {
   const int64_t L = plan_.num_levels;
   LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
 
@@ -190,7 +190,8 @@ at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
   if (!codes_in.device().is_cpu()) {  // the same formula in torch operations, on the codes' device
     const at::Tensor c = codes_in.detach().to(torch::kFloat32);
     const at::Tensor levels = levels_.to(c.device()), half_width = (levels / 2).floor();
-    const at::Tensor level = options_.preserve_symmetry() ? (c + 1.0f) / (2 / (levels - 1)) : c * half_width + half_width;
+    const at::Tensor level =
+        options_.preserve_symmetry() ? (c + 1.0f) / (2 / (levels - 1)) : c * half_width + half_width;
     return (level.round().to(torch::kInt64) * basis_.to(c.device())).sum(-1);
   }
   const at::Tensor codes = codes_in.detach().to(torch::kFloat32).contiguous();
@@ -201,16 +202,17 @@ at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
 
 at::Tensor Fsq::indices_to_codes(const at::Tensor& indices) const {
   const at::Tensor levels = levels_.to(indices.device());
-  const at::Tensor level_index =
-      indices.unsqueeze(-1).floor_divide(basis_.to(indices.device())).remainder(levels.to(torch::kInt64)).to(torch::kFloat32);
+  const at::Tensor level_index = indices.unsqueeze(-1)
+                                     .floor_divide(basis_.to(indices.device()))
+                                     .remainder(levels.to(torch::kInt64))
+                                     .to(torch::kFloat32);
   if (options_.preserve_symmetry()) return level_index * (2 / (levels - 1)) - 1;
   const at::Tensor half_width = (levels / 2).floor();
   return (level_index - half_width) / half_width;
 }
 
 at::Tensor Fsq::to_code_space(const at::Tensor& x) {
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "fsq: expected tokens (b, n, ", dim_, "), got ",
-                     x.sizes());
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "fsq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
   at::Tensor z = project_in_ ? project_in_->forward(x) : x;
   return z.reshape({x.size(0), x.size(1), options_.num_codebooks(), static_cast<int64_t>(options_.levels().size())});
 }

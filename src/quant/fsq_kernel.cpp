@@ -189,9 +189,9 @@ LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* 
 #else
 #define LOCKSTEP_FSQ_CLONES
 #endif
-LOCKSTEP_FSQ_CLONES void fsq_forward_tokens(
-    const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices, float* derivative, const FsqNoise& noise,
-    int64_t token_begin, int64_t token_end) {
+LOCKSTEP_FSQ_CLONES void fsq_forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices,
+                                            float* derivative, const FsqNoise& noise, int64_t token_begin,
+                                            int64_t token_end) {
   if (plan.symmetric) {
     if (derivative) {
       forward_tokens<true, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end);

@@ -32,10 +32,11 @@ at::Tensor mix32(at::Tensor h) {  // fsq_mix32 on int64 values in [0, 2^32)
 at::Tensor add_noise(const at::Tensor& codes, const FsqNoise& noise) {
   const int64_t first = noise.element_offset;
   const auto [key0, key1] = fsq_noise_keys(noise.seed, first);
-  const at::Tensor position =
-      (torch::arange(codes.numel(), codes.options().dtype(torch::kInt64)) + static_cast<int64_t>(static_cast<uint32_t>(first)))
-          .bitwise_and(kLow32);
-  const at::Tensor h = mix32((position * int64_t{0x9e3779b9}).bitwise_and(kLow32).bitwise_xor(static_cast<int64_t>(key0)));
+  const at::Tensor position = (torch::arange(codes.numel(), codes.options().dtype(torch::kInt64)) +
+                               static_cast<int64_t>(static_cast<uint32_t>(first)))
+                                  .bitwise_and(kLow32);
+  const at::Tensor h =
+      mix32((position * int64_t{0x9e3779b9}).bitwise_and(kLow32).bitwise_xor(static_cast<int64_t>(key0)));
   const at::Tensor g = mix32(h.bitwise_xor(static_cast<int64_t>(key1)));
   const at::Tensor u = g.__rshift__(8).to(torch::kFloat32) * (1.0f / 16777216.0f) - 0.5f;
   const at::Tensor flat = codes.reshape({-1});

@@ -57,12 +57,11 @@ std::vector<at::Tensor> to_float_stats(const std::vector<at::Tensor>& stats) {
   return out;
 }
 
-KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric,
-                    Reducer& reducer, const CallSite& site) {
-  LOCKSTEP_CHECK_ARG(tokens.dim() == 3 && initial.dim() == 3 && tokens.size(0) == initial.size(0) &&
-                         tokens.size(2) == initial.size(2),
-                     "kmeans: expected tokens (C, M, d) and means (C, K, d), got ", tokens.sizes(), " and ",
-                     initial.sizes());
+KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric, Reducer& reducer,
+                    const CallSite& site) {
+  LOCKSTEP_CHECK_ARG(
+      tokens.dim() == 3 && initial.dim() == 3 && tokens.size(0) == initial.size(0) && tokens.size(2) == initial.size(2),
+      "kmeans: expected tokens (C, M, d) and means (C, K, d), got ", tokens.sizes(), " and ", initial.sizes());
   LOCKSTEP_CHECK_ARG(iters >= 1, "kmeans: iters = ", iters, " must be >= 1");
   torch::NoGradGuard no_grad;
   const int64_t codebooks = initial.size(0);
@@ -79,8 +78,8 @@ KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t
     const at::Tensor empty = (counts == 0).unsqueeze(2);
     at::Tensor new_means = stats[1].view({codebooks, k, -1}) / counts.clamp_min(1).unsqueeze(2);
     if (metric == Metric::Cosine) {
-      new_means = torch::nn::functional::normalize(
-          new_means, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
+      new_means =
+          torch::nn::functional::normalize(new_means, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
     }
     means = torch::where(empty, means, new_means);
   }

@@ -30,18 +30,16 @@ void LfqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(k >= 2 && k <= (int64_t{1} << 24) && (k & (k - 1)) == 0, "lfq: codebook_size = ", k,
                      " must be a power of two in [2, 2^24]");
   LOCKSTEP_CHECK_ARG(!dim_ || *dim_ >= 1, "lfq: dim = ", dim_.value_or(0), " must be >= 1");
-  LOCKSTEP_CHECK_ARG(entropy_loss_weight_ >= 0, "lfq: entropy_loss_weight = ", entropy_loss_weight_,
-                     " must be >= 0");
+  LOCKSTEP_CHECK_ARG(entropy_loss_weight_ >= 0, "lfq: entropy_loss_weight = ", entropy_loss_weight_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(commitment_loss_weight_ >= 0, "lfq: commitment_loss_weight = ", commitment_loss_weight_,
                      " must be >= 0");
-  LOCKSTEP_CHECK_ARG(std::isfinite(diversity_gamma_), "lfq: diversity_gamma = ", diversity_gamma_,
-                     " must be finite");
+  LOCKSTEP_CHECK_ARG(std::isfinite(diversity_gamma_), "lfq: diversity_gamma = ", diversity_gamma_, " must be finite");
   LOCKSTEP_CHECK_ARG(codebook_scale_ > 0 && std::isfinite(codebook_scale_), "lfq: codebook_scale = ", codebook_scale_,
                      " must be > 0");
-  LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_), "lfq: inv_temperature = ",
-                     inv_temperature_, " must be > 0");
-  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ > 0 && frac_per_sample_entropy_ <= 1, "lfq: frac_per_sample_entropy = ",
-                     frac_per_sample_entropy_, " must be in (0, 1]");
+  LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_),
+                     "lfq: inv_temperature = ", inv_temperature_, " must be > 0");
+  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ > 0 && frac_per_sample_entropy_ <= 1,
+                     "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_, " must be in (0, 1]");
   LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "lfq: num_codebooks = ", num_codebooks_, " must be >= 1");
 }
 
@@ -51,10 +49,10 @@ Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
   while ((int64_t{1} << bits_) < options_.codebook_size()) ++bits_;
   const int64_t code_dim = options_.num_codebooks() * bits_;
   // Training holds the average code distribution and its gradient: a few (codebooks, K) float tensors.
-  check_fits_in_memory(4.0 * 4 * static_cast<double>(options_.num_codebooks()) *
-                           static_cast<double>(options_.codebook_size()),
-                       ::lockstep::detail::concat("lfq: the code distribution of ", options_.num_codebooks(), " codebook(s) of ",
-                                      options_.codebook_size(), " codes"));
+  check_fits_in_memory(
+      4.0 * 4 * static_cast<double>(options_.num_codebooks()) * static_cast<double>(options_.codebook_size()),
+      ::lockstep::detail::concat("lfq: the code distribution of ", options_.num_codebooks(), " codebook(s) of ",
+                                 options_.codebook_size(), " codes"));
   dim_ = options_.dim().value_or(code_dim);
   if (dim_ != code_dim) {
     project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));
@@ -153,7 +151,8 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     const double chosen_here = static_cast<double>(tokens.size(0));
     const double chosen_all = std::max(1.0, packed[0].item<double>());
     const double tokens_all = packed[1].item<double>();
-    per_sample = per_sample * (chosen_here / chosen_all * tokens_all / static_cast<double>(std::max<int64_t>(1, local_tokens)));
+    per_sample =
+        per_sample * (chosen_here / chosen_all * tokens_all / static_cast<double>(std::max<int64_t>(1, local_tokens)));
   }
   const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs).mean();
   const at::Tensor aux = per_sample - options_.diversity_gamma() * codebook_entropy;

@@ -244,8 +244,7 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
 }
 
 namespace {
-at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes,
-                     bool ops) {
+at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes, bool ops) {
   LOCKSTEP_CHECK_ARG((x.dim() == 2 || x.dim() == 3) && x.size(-1) >= 1 && x.size(-1) <= 24,
                      "lfq: expected tokens (n, bits) or (codebooks, n, bits) with 1 <= bits <= 24, got ", x.sizes());
   LOCKSTEP_CHECK_ARG(budget_bytes >= 1, "lfq: budget_bytes = ", budget_bytes, " must be >= 1");
@@ -272,8 +271,6 @@ int64_t lfq_chunk_tokens(int64_t bits, int64_t element_bytes, int64_t budget_byt
   return std::max<int64_t>(1, budget_bytes / (elements_per_token(bits) * element_bytes));
 }
 
-at::Tensor lfq_clamped_entropy(const at::Tensor& probs) {
-  return -(probs * probs.clamp_min(1e-5).log()).sum(-1);
-}
+at::Tensor lfq_clamped_entropy(const at::Tensor& probs) { return -(probs * probs.clamp_min(1e-5).log()).sum(-1); }
 
 }  // namespace lockstep::quant

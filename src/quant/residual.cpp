@@ -13,17 +13,21 @@ void ResidualOptions::validate() const {
   LOCKSTEP_CHECK_ARG(quantize_dropout_cutoff_index_ >= 0 && quantize_dropout_cutoff_index_ < num_quantizers_,
                      "residual: quantize_dropout_cutoff_index = ", quantize_dropout_cutoff_index_,
                      " must lie in [0, num_quantizers = ", num_quantizers_, ")");
-  LOCKSTEP_CHECK_ARG(quantize_dropout_multiple_of_ >= 1, "residual: quantize_dropout_multiple_of = ",
-                     quantize_dropout_multiple_of_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(quantize_dropout_multiple_of_ >= 1,
+                     "residual: quantize_dropout_multiple_of = ", quantize_dropout_multiple_of_, " must be >= 1");
 }
 
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
                    std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales)
-    : Quantizer("Residual"), kind_(std::move(kind)), options_(std::move(options)), dim_(dim),
-      layers_(std::move(layers)), scales_(std::move(scales)) {
+    : Quantizer("Residual"),
+      kind_(std::move(kind)),
+      options_(std::move(options)),
+      dim_(dim),
+      layers_(std::move(layers)),
+      scales_(std::move(scales)) {
   options_.validate();
-  LOCKSTEP_CHECK_ARG(static_cast<int64_t>(layers_.size()) == options_.num_quantizers(), "residual: ",
-                     layers_.size(), " layers given for num_quantizers = ", options_.num_quantizers());
+  LOCKSTEP_CHECK_ARG(static_cast<int64_t>(layers_.size()) == options_.num_quantizers(), "residual: ", layers_.size(),
+                     " layers given for num_quantizers = ", options_.num_quantizers());
   LOCKSTEP_CHECK_ARG(scales_.empty() || scales_.size() == layers_.size(), "residual: ", scales_.size(),
                      " scales given for ", layers_.size(), " layers");
   const int64_t layer_dim = layers_.front()->dim();
@@ -52,8 +56,7 @@ int64_t Residual::layers_to_run(const QuantizeContext& ctx) const {
 }
 
 QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ",
-                     x.sizes());
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   const int64_t run = layers_to_run(ctx);
   const at::Tensor z = project_in_ ? project_in_->forward(x) : x;
   at::Tensor residual = z;
@@ -63,8 +66,7 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   for (int64_t l = 0; l < options_.num_quantizers(); ++l) {
     Quantizer& layer = *layers_[l];
     if (l >= run) {
-      indices.push_back(torch::full({x.size(0), x.size(1), layer.num_indices()}, -1,
-                                    x.options().dtype(torch::kInt64)));
+      indices.push_back(torch::full({x.size(0), x.size(1), layer.num_indices()}, -1, x.options().dtype(torch::kInt64)));
       continue;
     }
     const bool scaled = !scales_.empty();
@@ -82,8 +84,7 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
 
 at::Tensor Residual::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ",
-                     x.sizes());
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   at::Tensor residual = project_in_ ? project_in_->forward(x) : x;
   std::vector<at::Tensor> indices;
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -126,8 +127,8 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const
   const int64_t layer_dim = layer.heads() * layer.codebook_dim();
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) {
-    layers.push_back(std::make_shared<Vq>(VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim()),
-                                          generator));
+    layers.push_back(
+        std::make_shared<Vq>(VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim()), generator));
   }
   return std::make_shared<Residual>("residual-vq", options, layer.dim(), std::move(layers));
 }
@@ -153,8 +154,8 @@ std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, cons
   const int64_t layer_dim = bits * layer.num_codebooks();
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) {
-    layers.push_back(std::make_shared<Lfq>(
-        LfqOptions(layer).dim(layer_dim).codebook_scale(layer.codebook_scale() * std::ldexp(1.0, -static_cast<int>(l)))));
+    layers.push_back(std::make_shared<Lfq>(LfqOptions(layer).dim(layer_dim).codebook_scale(
+        layer.codebook_scale() * std::ldexp(1.0, -static_cast<int>(l)))));
   }
   return std::make_shared<Residual>("residual-lfq", options, layer.dim().value_or(layer_dim), std::move(layers));
 }

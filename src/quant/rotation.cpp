@@ -46,8 +46,8 @@ inline RowFrame frame_of(const float* x, const float* q, int64_t d) {
 
 // out = s (v - 2 (v.w) w + 2 (v.a) b): forward with v = x, (a, b) = (u, q^); backward with v = g,
 // (a, b) = (q^, u).
-inline void reflect_row(const float* v, const float* x, const float* q, const RowFrame& f, bool forward,
-                        int64_t d, float* out) {
+inline void reflect_row(const float* v, const float* x, const float* q, const RowFrame& f, bool forward, int64_t d,
+                        float* out) {
   float vw = 0, va = 0;
 #pragma omp simd reduction(+ : vw, va)
   for (int64_t j = 0; j < d; ++j) {

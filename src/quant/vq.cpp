@@ -19,9 +19,7 @@ at::Tensor l2norm(const at::Tensor& t) {
   return torch::nn::functional::normalize(t, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
 }
 
-at::Generator or_default(const at::Generator& g) {
-  return g.defined() ? g : at::detail::getDefaultCPUGenerator();
-}
+at::Generator or_default(const at::Generator& g) { return g.defined() ? g : at::detail::getDefaultCPUGenerator(); }
 
 // `count` distinct rows of `samples` (n, d) when n >= count, else `count` rows with repeats, as the
 // reference's sample_vectors.
@@ -66,9 +64,8 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
     const int64_t len = std::min(chunk, n - start);
     const at::Tensor x = tokens.narrow(0, start, len);
     const at::Tensor dots = torch::matmul(x, codebook.t());
-    at::Tensor logits = metric == Metric::Cosine
-                            ? dots
-                            : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
+    at::Tensor logits =
+        metric == Metric::Cosine ? dots : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
     const at::Tensor u = uniforms(key, first_token + start, len, k, logits.options());
     const at::Tensor gumbel = -(-(u.log())).log();
     indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
@@ -90,8 +87,7 @@ void VqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(kmeans_iters_ >= 1, "vq: kmeans_iters = ", kmeans_iters_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ >= 0, "vq: threshold_ema_dead_code = ", threshold_ema_dead_code_,
                      " must be >= 0");
-  LOCKSTEP_CHECK_ARG(sample_codebook_temp_ >= 0, "vq: sample_codebook_temp = ", sample_codebook_temp_,
-                     " must be >= 0");
+  LOCKSTEP_CHECK_ARG(sample_codebook_temp_ >= 0, "vq: sample_codebook_temp = ", sample_codebook_temp_, " must be >= 0");
 }
 
 Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(std::move(options)) {
@@ -105,8 +101,9 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
     project_out_ = register_module("project_out", torch::nn::Linear(options_.heads() * cd, options_.dim()));
   }
   // embed, embed_avg and their working copies: about four (C, K, cd) float tensors.
-  check_fits_in_memory(4.0 * 4 * static_cast<double>(codebooks) * static_cast<double>(k) * static_cast<double>(cd),
-                       ::lockstep::detail::concat("vq: ", codebooks, " codebook(s) of ", k, " codes of dimension ", cd));
+  check_fits_in_memory(
+      4.0 * 4 * static_cast<double>(codebooks) * static_cast<double>(k) * static_cast<double>(cd),
+      ::lockstep::detail::concat("vq: ", codebooks, " codebook(s) of ", k, " codes of dimension ", cd));
   at::Tensor embed = torch::zeros({codebooks, k, cd});
   if (!options_.kmeans_init()) {
     // The reference draws kaiming_uniform_ on a (C, K, cd) tensor, whose fan_in torch counts as
@@ -147,9 +144,8 @@ at::Tensor Vq::ungroup(const at::Tensor& grouped, int64_t b, int64_t n) {
 
 at::Tensor Vq::ungroup_indices(const at::Tensor& indices, int64_t b, int64_t n) const {
   const int64_t heads = options_.heads();
-  const at::Tensor per_head = options_.separate_codebook_per_head()
-                                  ? indices.reshape({heads, b, n}).permute({1, 2, 0})
-                                  : indices.reshape({b, n, heads});
+  const at::Tensor per_head = options_.separate_codebook_per_head() ? indices.reshape({heads, b, n}).permute({1, 2, 0})
+                                                                    : indices.reshape({b, n, heads});
   return heads == 1 ? per_head.reshape({b, n}) : per_head.contiguous();
 }
 
@@ -159,7 +155,7 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
 
 at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const {
   uint64_t key = 0;
-  if (generator.defined()) {  // one draw per call, the same on every rank
+  if (generator.defined()) {        // one draw per call, the same on every rank
     at::Generator gen = generator;  // a handle: draws advance the caller's generator
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
@@ -241,8 +237,8 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   if (all.size(1) == 0) return;  // nobody held a token (every holder sees this): try again next time
   std::vector<at::Tensor> initial;
   for (int64_t c = 0; c < codebooks; ++c) initial.push_back(sample_rows(all[c], k, or_default(ctx.generator)));
-  const KmeansResult result = kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer,
-                                     LOCKSTEP_CALL_SITE("vq.kmeans"));
+  const KmeansResult result =
+      kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer, LOCKSTEP_CALL_SITE("vq.kmeans"));
   embed_.copy_(result.means);
   cluster_size_.copy_(result.counts);
   embed_avg_.copy_(result.means * result.counts.unsqueeze(2));
@@ -292,8 +288,8 @@ at::Tensor Vq::encode(const at::Tensor& x) {
 at::Tensor Vq::decode(const at::Tensor& indices) {
   const int64_t heads = options_.heads();
   LOCKSTEP_CHECK_ARG(heads == 1 ? indices.dim() == 2 : (indices.dim() == 3 && indices.size(2) == heads),
-                     "vq: expected indices ", heads == 1 ? "(b, n)" : lockstep::detail::concat("(b, n, ", heads, ")"), ", got ",
-                     indices.sizes());
+                     "vq: expected indices ", heads == 1 ? "(b, n)" : lockstep::detail::concat("(b, n, ", heads, ")"),
+                     ", got ", indices.sizes());
   const int64_t k = options_.codebook_size();
   LOCKSTEP_CHECK_ARG(indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < k),
                      "vq: indices must lie in [0, ", k, ")");

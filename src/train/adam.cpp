@@ -65,8 +65,8 @@ void Adam::load_state(const std::map<std::string, at::Tensor>& state, int64_t st
     for (const auto& [key, dst] : parts) {
       auto it = state.find(key);
       LOCKSTEP_THROW_IF_NOT(it != state.end(), CorruptInput, "optimizer state has no tensor '", key, "'");
-      LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst->sizes(), CorruptInput, "optimizer state '", key,
-                            "' has shape ", it->second.sizes(), ", the model needs ", dst->sizes());
+      LOCKSTEP_THROW_IF_NOT(it->second.sizes() == dst->sizes(), CorruptInput, "optimizer state '", key, "' has shape ",
+                            it->second.sizes(), ", the model needs ", dst->sizes());
       LOCKSTEP_THROW_IF_NOT(it->second.scalar_type() == dst->scalar_type(), CorruptInput, "optimizer state '", key,
                             "' is ", it->second.scalar_type(), ", the model needs ", dst->scalar_type());
       dst->copy_(it->second);

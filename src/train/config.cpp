@@ -61,7 +61,6 @@ void check_list(const KeySpec& spec, const std::vector<T>& items, const std::str
   }
 }
 
-
 // "valid keys in [train]: batch_size, ..." plus the sections nested under it, if any.
 std::string section_hint(const Schema& schema, const std::string& section) {
   std::string hint;
@@ -212,7 +211,6 @@ Value from_text(const KeySpec& spec, const std::string& text, const std::string&
   return *v;
 }
 
-
 }  // namespace
 
 // Converts an integer to a float where the key wants one, then checks type and limits.
@@ -262,9 +260,7 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
 
 Config::Config(const Schema& schema) : schema_(&schema) {}
 
-void Config::load_toml_file(const std::string& path) {
-  load_toml_string(io::read_file(path), "config file " + path);
-}
+void Config::load_toml_file(const std::string& path) { load_toml_string(io::read_file(path), "config file " + path); }
 
 void Config::load_toml_string(std::string_view text, const std::string& origin) {
   io::check_nesting(io::toml_nesting_depth(text), io::kMaxTomlNesting, origin);

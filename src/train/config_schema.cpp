@@ -45,7 +45,9 @@ Schema build_schema() {
                     "Channels at each resolution level; each level after the first halves the image size.")
             .in_range(1, 1024)
             .length(1, 5));
-  s.add(K::integer("model.res_blocks", 1, "Residual blocks at the lowest resolution, in the encoder and in the decoder.").in_range(0, 8));
+  s.add(
+      K::integer("model.res_blocks", 1, "Residual blocks at the lowest resolution, in the encoder and in the decoder.")
+          .in_range(0, 8));
   s.add(K::boolean("model.batch_norm", false,
                    "BatchNorm in the residual blocks. On several ranks each normalises with its own batch's "
                    "statistics and the running estimates are averaged over ranks after every step."));
@@ -69,7 +71,7 @@ Schema build_schema() {
             .at_least(0)
             .less_than(1));
   s.add(K::integer("quantizer.lfq.codebook_size", 1024,
-                    "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
+                   "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
             .in_range(2, 1 << 24));
   s.add(K::integer("quantizer.lfq.dim", 0,
                    "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
@@ -101,8 +103,10 @@ Schema build_schema() {
             .in_range(1, 4096));
   s.add(K::integer("quantizer.vq.codebook_size", 512, "Number of codes K.").in_range(1, 1 << 20));
   s.add(K::floating("quantizer.vq.decay", 0.8, "EMA decay of the codebook statistics.").in_range(0, 0.9999));
-  s.add(K::floating("quantizer.vq.commitment_weight", 1.0, "Weight of the commitment loss mse(q, x).").in_range(0, 1000));
-  s.add(K::boolean("quantizer.vq.kmeans_init", false, "Initialise the codebook by k-means on the first training batch."));
+  s.add(
+      K::floating("quantizer.vq.commitment_weight", 1.0, "Weight of the commitment loss mse(q, x).").in_range(0, 1000));
+  s.add(
+      K::boolean("quantizer.vq.kmeans_init", false, "Initialise the codebook by k-means on the first training batch."));
   s.add(K::integer("quantizer.vq.kmeans_iters", 10, "Rounds of k-means when kmeans_init is on.").in_range(1, 1000));
   s.add(K::floating("quantizer.vq.threshold_ema_dead_code", 0.0,
                     "Codes whose EMA cluster size falls below this get a batch vector; 0 turns it off.")
@@ -123,8 +127,7 @@ Schema build_schema() {
             .at_least(0));
   s.add(K::boolean("quantizer.vq.stochastic_sample_codes", false,
                    "Training draws each code from softmax(-distance / temperature) instead of the nearest."));
-  s.add(K::floating("quantizer.vq.sample_codebook_temp", 1.0, "Temperature of stochastic code sampling.")
-            .at_least(0));
+  s.add(K::floating("quantizer.vq.sample_codebook_temp", 1.0, "Temperature of stochastic code sampling.").at_least(0));
   s.add(K::integer("quantizer.residual.num_quantizers", 4, "Layers of the residual-* quantizers.").in_range(1, 64));
   s.add(K::boolean("quantizer.residual.quantize_dropout", false,
                    "Training keeps only the first c+1 layers, c drawn per step from the shared generator."));
@@ -142,7 +145,10 @@ Schema build_schema() {
   s.add(K::floating("train.weight_decay", 0.0, "Weight decay of the optimizer; 0 turns it off.").in_range(0, 10));
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));
-  s.add(K::integer("train.threads", 0, "Intra-op CPU threads per rank; 0 uses OMP_NUM_THREADS when set, else this machine's cores shared among the ranks on it (LOCAL_WORLD_SIZE).").at_least(0));
+  s.add(K::integer("train.threads", 0,
+                   "Intra-op CPU threads per rank; 0 uses OMP_NUM_THREADS when set, else this machine's cores shared "
+                   "among the ranks on it (LOCAL_WORLD_SIZE).")
+            .at_least(0));
   s.add(K::string("train.device", "cpu",
                   "Where each rank trains: cpu, cuda (under a launcher, the rank's LOCAL_RANK'th GPU) or cuda:N. "
                   "Distributed runs on CUDA move tensors with NCCL.")

@@ -83,7 +83,6 @@ std::string length_text(const KeySpec& spec) {
   return "";
 }
 
-
 bool is_bare_key(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';

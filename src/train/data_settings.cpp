@@ -20,7 +20,7 @@ data::PlanOptions plan_options(const Config& config) {
 int64_t eval_image_count(const Config& config, int64_t readable) {
   const int64_t asked = config.get_int("data.eval_images");
   const int64_t count = asked > 0 ? asked : std::clamp<int64_t>(readable / 10, 1, kMostAutoEvalImages);
-  LOCKSTEP_CHECK_ARG(count < readable, "data.eval_images = ", asked, asked > 0 ? "" : " (chosen: 1)",
+  LOCKSTEP_CHECK_ARG(count<readable, "data.eval_images = ", asked, asked> 0 ? "" : " (chosen: 1)",
                      " would hold out every one of the ", readable, " readable images for evaluation; ",
                      asked > 0 ? "set it lower" : "an image folder needs at least 2 readable images");
   return count;

@@ -41,8 +41,8 @@ int cuda_index_for(const DeviceSpec& spec, int local_rank, int cuda_devices, con
                        local_rank, " has none: this process sees ", cuda_devices, " CUDA device(s); start at most ",
                        cuda_devices, " ranks per node");
   }
-  LOCKSTEP_CHECK_ARG(index < cuda_devices, setting, " = ", spec.to_string(), ", but this process sees ",
-                     cuda_devices, " CUDA device(s): cuda:0 to cuda:", cuda_devices - 1);
+  LOCKSTEP_CHECK_ARG(index < cuda_devices, setting, " = ", spec.to_string(), ", but this process sees ", cuda_devices,
+                     " CUDA device(s): cuda:0 to cuda:", cuda_devices - 1);
   return index;
 }
 

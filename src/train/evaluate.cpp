@@ -46,8 +46,9 @@ io::Image comparison_grid(const at::Tensor& originals, const at::Tensor& reconst
     for (const auto* source : {&a, &b}) {
       for (int64_t c = 0; c < columns; ++c) {
         const int64_t i = row * columns + c;
-        tiles.push_back(i < n ? (*source)[i] : io::Image{a[0].width, a[0].height, a[0].channels,
-                                                       std::vector<uint8_t>(a[0].pixels.size(), 255)});
+        tiles.push_back(
+            i < n ? (*source)[i]
+                  : io::Image{a[0].width, a[0].height, a[0].channels, std::vector<uint8_t>(a[0].pixels.size(), 255)});
       }
     }
   }
@@ -88,8 +89,7 @@ void Evaluation::add(const at::Tensor& images) {
   State& s = *s_;
   const int64_t k = s.histogram.size(0);
   for (int64_t first = 0; first < images.size(0); first += s.options.batch_size_) {
-    const at::Tensor x =
-        images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0))).to(s.device);
+    const at::Tensor x = images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0))).to(s.device);
     const model::AutoencoderOutput out = s.model.forward(x, quant::QuantizeContext{});
     // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
     const at::Tensor diff = (out.reconstruction.clamp(-1, 1) - x) / 2;

@@ -19,7 +19,7 @@ namespace {
 
 struct FolderSettings {
   int64_t eval_images = 1;
-  std::string eval_note;  // how many are held out, and why
+  std::string eval_note;     // how many are held out, and why
   int64_t train_subset = 0;  // 0: all
   int rank = 0, world_size = 1;
   int workers = 2, prefetch = 4;
@@ -42,13 +42,13 @@ std::string first_errors(const data::Manifest& m, size_t most) {
 
 class FolderData final : public TrainData {
  public:
-  FolderData(data::Manifest manifest, std::vector<data::BucketSize> table, int channels,
-             const data::PlanOptions& plan, const FolderSettings& settings)
+  FolderData(data::Manifest manifest, std::vector<data::BucketSize> table, int channels, const data::PlanOptions& plan,
+             const FolderSettings& settings)
       : settings_(settings) {
     const data::FolderSplit split = data::split_folder(manifest, settings.eval_images, settings.train_subset);
     held_out_ = split.held_out;
-    dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan,
-                                                     split.excluded);
+    dataset_ =
+        std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan, split.excluded);
     steps_per_epoch_ = dataset_->plan(0).steps();
     if (settings.rank == 0) eval_sets_ = decode_held_out();
   }
@@ -100,22 +100,21 @@ class FolderData final : public TrainData {
     for (const auto& merge : dataset_->merged()) {
       const auto& from = table[static_cast<size_t>(merge.from)];
       const auto& to = table[static_cast<size_t>(merge.to)];
-      buckets += detail::concat("; the ", merge.images, " images of ", from.width, "x", from.height, " join ",
-                                to.width, "x", to.height, " (too few for one global batch)");
+      buckets += detail::concat("; the ", merge.images, " images of ", from.width, "x", from.height, " join ", to.width,
+                                "x", to.height, " (too few for one global batch)");
     }
-    return detail::concat("image folder ", m.root, ": ", dataset_->training_images(), " training images, ",
-                          settings_.eval_note, ", ", unreadable(), " unreadable",
-                          unreadable() > 0 ? detail::concat(" (", first_errors(m, 3), "; all in ",
-                                                            settings_.manifest_file, ")")
-                                           : "",
-                          "; buckets ", buckets, "; ", steps_per_epoch_, " steps per epoch");
+    return detail::concat(
+        "image folder ", m.root, ": ", dataset_->training_images(), " training images, ", settings_.eval_note, ", ",
+        unreadable(), " unreadable",
+        unreadable() > 0 ? detail::concat(" (", first_errors(m, 3), "; all in ", settings_.manifest_file, ")") : "",
+        "; buckets ", buckets, "; ", steps_per_epoch_, " steps per epoch");
   }
 
  private:
   void start_loader(int64_t epoch, int64_t first_step) {
     loader_.reset();  // its workers stop before the next loader's start
-    loader_ = std::make_unique<data::PrefetchLoader>(*dataset_, epoch, first_step, settings_.world_size,
-                                                     settings_.rank, settings_.workers, settings_.prefetch,
+    loader_ = std::make_unique<data::PrefetchLoader>(*dataset_, epoch, first_step, settings_.world_size, settings_.rank,
+                                                     settings_.workers, settings_.prefetch,
                                                      /*end_step=*/end_step_ - epoch * steps_per_epoch_);
   }
 
@@ -139,7 +138,7 @@ class FolderData final : public TrainData {
   std::vector<data::ImageSet> eval_sets_;
   std::unique_ptr<data::FolderDataset> dataset_;
   int64_t steps_per_epoch_ = 0;
-  int64_t end_step_ = INT64_MAX / 2;  // no end until set_end_step (halved: epoch arithmetic stays in range)
+  int64_t end_step_ = INT64_MAX / 2;              // no end until set_end_step (halved: epoch arithmetic stays in range)
   std::unique_ptr<data::PrefetchLoader> loader_;  // after dataset_, which it reads: destroyed first
 };
 
@@ -178,8 +177,8 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   if (saved) {
     const std::string changes = data::describe_changes(*saved, manifest);
     LOCKSTEP_THROW_IF_NOT(changes.empty() && saved->hash() == manifest.hash(), CorruptInput, "cannot resume ",
-                          context.run_dir, " exactly: image folder ", root, " changed since the run started: ",
-                          changes, " (the run's manifest is ", saved_path, ")");
+                          context.run_dir, " exactly: image folder ", root, " changed since the run started: ", changes,
+                          " (the run's manifest is ", saved_path, ")");
   } else if (context.rank == 0) {
     data::save_manifest(saved_path, manifest);
   }

@@ -10,7 +10,7 @@ namespace lockstep::train {
 
 struct GradientSync::Impl {
   struct Bucket {
-    std::vector<size_t> members;  // parameter indices
+    std::vector<size_t> members;   // parameter indices
     std::vector<int64_t> offsets;  // of each member in `flat`
     at::Tensor flat;               // the bucket's gradients (plus the control tensor in the last one)
     int64_t ready = 0;             // members whose gradient arrived this step
@@ -21,20 +21,19 @@ struct GradientSync::Impl {
 
   std::shared_ptr<dist::Group> group;
   std::vector<at::Tensor> parameters;
-  std::vector<size_t> bucket_of;    // per parameter
-  std::vector<size_t> slot_of;      // per parameter: its place in the bucket's members
-  std::vector<bool> arrived;        // per parameter, this step
+  std::vector<size_t> bucket_of;  // per parameter
+  std::vector<size_t> slot_of;    // per parameter: its place in the bucket's members
+  std::vector<bool> arrived;      // per parameter, this step
   std::vector<Bucket> buckets;
   at::Tensor control;
-  int64_t control_offset = 0;  // in the last bucket
+  int64_t control_offset = 0;                            // in the last bucket
   at::TensorOptions on = torch::dtype(torch::kFloat32);  // the parameters' device
   bool active = false;
 
   void launch(Bucket& b) {
     if (&b == &buckets.back()) b.flat.narrow(0, control_offset, control.numel()).copy_(control);
     b.send = {b.flat};
-    b.pending = group->all_reduce_async(b.send, dist::ReduceOp::Sum,
-                                        dist::CallSite{b.tag.c_str(), __FILE__, __LINE__});
+    b.pending = group->all_reduce_async(b.send, dist::ReduceOp::Sum, dist::CallSite{b.tag.c_str(), __FILE__, __LINE__});
   }
 
   void on_gradient(size_t index, const at::Tensor& grad) {
@@ -50,8 +49,7 @@ struct GradientSync::Impl {
   }
 };
 
-GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters,
-                           int64_t bucket_bytes)
+GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters, int64_t bucket_bytes)
     : impl_(std::make_shared<Impl>()) {
   LOCKSTEP_CHECK_ARG(bucket_bytes >= 1, "gradient sync: bucket size ", bucket_bytes, " bytes must be >= 1");
   Impl& m = *impl_;

@@ -65,8 +65,8 @@ std::vector<MetricsRecord> read_metrics(const std::string& path) {
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    LOCKSTEP_THROW_IF_NOT(j.is_object() && j.contains("kind") && j.contains("step"), CorruptInput, path, ":",
-                          line_no, ": not a metrics record");
+    LOCKSTEP_THROW_IF_NOT(j.is_object() && j.contains("kind") && j.contains("step"), CorruptInput, path, ":", line_no,
+                          ": not a metrics record");
     MetricsRecord r;
     r.kind = j["kind"].get<std::string>();
     r.step = j["step"].get<int64_t>();

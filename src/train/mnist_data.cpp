@@ -16,8 +16,8 @@ class FashionMnistData final : public TrainData {
  public:
   FashionMnistData(data::ImageSet train, data::ImageSet test, const data::PlanOptions& options, int64_t subset)
       : train_(std::move(train)), test_(std::move(test)), plan_options_(options) {
-    LOCKSTEP_CHECK_ARG(options.global_batch <= train_.count, "train.batch_size = ", options.global_batch, " exceeds the ",
-                       train_.count, " training images (data.train_subset = ", subset, ")");
+    LOCKSTEP_CHECK_ARG(options.global_batch <= train_.count, "train.batch_size = ", options.global_batch,
+                       " exceeds the ", train_.count, " training images (data.train_subset = ", subset, ")");
     hash_ = fnv1a(train_.pixels.data(), train_.pixels.size());
     steps_per_epoch_ = plan(0).steps();
   }
@@ -50,8 +50,8 @@ class FashionMnistData final : public TrainData {
   }
 
   std::string describe() const override {
-    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.count,
-                          " test images; ", steps_per_epoch(), " steps per epoch");
+    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.count, " test images; ",
+                          steps_per_epoch(), " steps per epoch");
   }
 
   void set_rank(int rank, int world_size) {
@@ -83,9 +83,10 @@ std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataCo
 }
 
 std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context) {
-  LOCKSTEP_CHECK_ARG(config.get_int("train.batch_size") >= context.world_size, "train.batch_size = ",
-                     config.get_int("train.batch_size"), " is the global batch: it needs at least one image for each ",
-                     "of the ", context.world_size, " ranks");
+  LOCKSTEP_CHECK_ARG(config.get_int("train.batch_size") >= context.world_size,
+                     "train.batch_size = ", config.get_int("train.batch_size"),
+                     " is the global batch: it needs at least one image for each ", "of the ", context.world_size,
+                     " ranks");
   if (config.get_string("data.dataset") == "auto") {
     const std::string dir = config.get_string("data.dir");
     const bool mnist = std::filesystem::exists(data::fashion_mnist_images_path(dir, data::Split::Train));

@@ -38,11 +38,10 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     ::close(fd_);
     fd_ = -1;
-    throw InvalidArgument(detail::concat("run directory ", run_dir, " is in use by another lockstep process",
-                                         n > 0 ? detail::concat(" (pid ", std::string(holder, static_cast<size_t>(n)),
-                                                                ")")
-                                               : std::string(),
-                                         "; wait for it to finish, or choose another --run-dir"));
+    throw InvalidArgument(detail::concat(
+        "run directory ", run_dir, " is in use by another lockstep process",
+        n > 0 ? detail::concat(" (pid ", std::string(holder, static_cast<size_t>(n)), ")") : std::string(),
+        "; wait for it to finish, or choose another --run-dir"));
   }
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {

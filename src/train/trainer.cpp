@@ -33,11 +33,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 // Keys that change neither the model nor the order of the data, so a resumed run may alter them.
-const std::vector<std::string> kResumableKeys = {"train.epochs",     "train.steps",     "train.log_every",
+const std::vector<std::string> kResumableKeys = {"train.epochs",
+                                                 "train.steps",
+                                                 "train.log_every",
                                                  "train.grad_bucket_kb",
-                                                 "train.checkpoint_every", "train.eval_every", "eval.batch_size",
-                                                 "eval.grid_images", "data.dir", "data.workers",
-                                                 "data.prefetch", "train.threads", "train.device"};
+                                                 "train.checkpoint_every",
+                                                 "train.eval_every",
+                                                 "eval.batch_size",
+                                                 "eval.grid_images",
+                                                 "data.dir",
+                                                 "data.workers",
+                                                 "data.prefetch",
+                                                 "train.threads",
+                                                 "train.device"};
 // Keys each rank may set for itself: where its copy of the data is, how it uses its cores, its device.
 const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch",
                                                "train.device"};
@@ -91,8 +99,8 @@ struct Trainer::State {
   int64_t batch_size = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
-  int64_t saved_step = -1;     // the step of the checkpoint on disk, -1 before the first
+  int64_t checked_epoch = -1;               // the last epoch whose plan the ranks compared
+  int64_t saved_step = -1;                  // the step of the checkpoint on disk, -1 before the first
   std::unique_ptr<quant::Reducer> reducer;  // quantizer statistics over the global batch
   std::unique_ptr<GradientSync> grad_sync;  // distributed runs: gradients averaged during backward
   std::vector<at::Tensor> local_buffers;    // float buffers outside the quantizer (BatchNorm statistics)
@@ -127,8 +135,8 @@ struct Trainer::State {
     std::vector<at::Tensor> params, buffers;
     for (const auto& p : model->named_parameters(true)) params.push_back(p.value());
     for (const auto& b : model->named_buffers(true)) buffers.push_back(b.value());
-    const RankValues all = gather_from_ranks(*group, {checksum(params), checksum(buffers)},
-                                             LOCKSTEP_CALL_SITE("train.replica_check"));
+    const RankValues all =
+        gather_from_ranks(*group, {checksum(params), checksum(buffers)}, LOCKSTEP_CALL_SITE("train.replica_check"));
     if (all.differ.empty()) return;
     std::vector<std::string> named;
     for (int r : all.differ) {
@@ -171,8 +179,10 @@ struct Trainer::State {
   // Everything a run needs from its configuration, for both new and resumed runs.
   void build(bool resuming, const std::function<void(const std::string&)>& on_info) {
     LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
-    if (distributed()) reducer = std::make_unique<dist::GroupReducer>(group);
-    else reducer = std::make_unique<quant::LocalReducer>();
+    if (distributed())
+      reducer = std::make_unique<dist::GroupReducer>(group);
+    else
+      reducer = std::make_unique<quant::LocalReducer>();
     const ThreadChoice threads = choose_threads(config.get_int("train.threads"), "train.threads");
     at::set_num_threads(threads.threads);
     if (on_info && is_root()) {
@@ -216,12 +226,12 @@ struct Trainer::State {
       if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers.push_back(b.value());
     }
     if (distributed()) {
-      grad_sync = std::make_unique<GradientSync>(group, model->parameters(true),
-                                                 config.get_int("train.grad_bucket_kb") * 1024);
+      grad_sync =
+          std::make_unique<GradientSync>(group, model->parameters(true), config.get_int("train.grad_bucket_kb") * 1024);
     }
-    adam = std::make_unique<Adam>(std::move(params), AdamOptions()
-                                                         .lr(config.get_float("train.lr"))
-                                                         .weight_decay(config.get_float("train.weight_decay")));
+    adam = std::make_unique<Adam>(
+        std::move(params),
+        AdamOptions().lr(config.get_float("train.lr")).weight_decay(config.get_float("train.weight_decay")));
   }
 
   // train.device for this rank; a distributed run's group must carry tensors there (NCCL on CUDA).
@@ -229,10 +239,11 @@ struct Trainer::State {
     const std::string spec = config.get_string("train.device");
     const int index = cuda_index_for(parse_device_spec(spec));
     device = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
-    LOCKSTEP_CHECK_ARG(group->carries(device), "rank ", group->rank(), " of ", group->size(), ": train.device = ",
-                       spec, " puts this rank on ", device, ", but its process group (", group->describe(),
+    LOCKSTEP_CHECK_ARG(group->carries(device), "rank ", group->rank(), " of ", group->size(), ": train.device = ", spec,
+                       " puts this rank on ", device, ", but its process group (", group->describe(),
                        ") carries no tensors there; a distributed run on CUDA needs a group made with "
-                       "GroupOptions::cuda_device = ", index, " (lockstep train does this)");
+                       "GroupOptions::cuda_device = ",
+                       index, " (lockstep train does this)");
     if (on_info && is_root() && index >= 0) {
       on_info(distributed() ? detail::concat("rank 0 trains on ", device, " (each rank on its train.device)")
                             : detail::concat("training on ", device));
@@ -246,11 +257,10 @@ struct Trainer::State {
     if (!distributed() || epoch == checked_epoch) return;
     checked_epoch = epoch;
     const data::EpochPlan plan = data->plan(epoch);
-    const RankValues all = gather_from_ranks(
-        *group,
-        {static_cast<int64_t>(plan.hash()), plan.steps(), static_cast<int64_t>(data->data_hash()),
-         data->training_images()},
-        LOCKSTEP_CALL_SITE("train.epoch.plan"));
+    const RankValues all = gather_from_ranks(*group,
+                                             {static_cast<int64_t>(plan.hash()), plan.steps(),
+                                              static_cast<int64_t>(data->data_hash()), data->training_images()},
+                                             LOCKSTEP_CALL_SITE("train.epoch.plan"));
     if (all.differ.empty()) return;
     auto described = [&](int r) {
       return detail::concat(all.values[r][1], " steps over ", all.values[r][3], " images");
@@ -279,9 +289,9 @@ struct Trainer::State {
   }
 
   EvalResult evaluate_test() {
-    return data->evaluate(*model, EvalOptions()
-                                      .batch_size(config.get_int("eval.batch_size"))
-                                      .grid_images(config.get_int("eval.grid_images")));
+    return data->evaluate(
+        *model,
+        EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
   }
 };
 
@@ -349,15 +359,15 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   const at::Tensor expected_rng = cpu_generator.get_state();
-  LOCKSTEP_THROW_IF_NOT(c.torch_rng.scalar_type() == expected_rng.scalar_type() &&
-                            c.torch_rng.sizes() == expected_rng.sizes(),
-                        CorruptInput, path, ": its RNG state is ", c.torch_rng.scalar_type(), " ", c.torch_rng.sizes(),
-                        ", a CPU generator's state is ", expected_rng.scalar_type(), " ", expected_rng.sizes());
+  LOCKSTEP_THROW_IF_NOT(
+      c.torch_rng.scalar_type() == expected_rng.scalar_type() && c.torch_rng.sizes() == expected_rng.sizes(),
+      CorruptInput, path, ": its RNG state is ", c.torch_rng.scalar_type(), " ", c.torch_rng.sizes(),
+      ", a CPU generator's state is ", expected_rng.scalar_type(), " ", expected_rng.sizes());
   try {
     cpu_generator.set_state(c.torch_rng);
   } catch (const c10::Error& e) {
-    throw CorruptInput(detail::concat(path, ": its RNG state is not a valid generator state: ",
-                                      e.what_without_backtrace()));
+    throw CorruptInput(
+        detail::concat(path, ": its RNG state is not a valid generator state: ", e.what_without_backtrace()));
   }
   s->step = c.step;
   s->saved_step = c.step;
@@ -380,8 +390,13 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
 
   auto record_eval = [&](const EvalResult& r) {
     if (!metrics) return;  // only rank 0 evaluates
-    metrics->write({"eval", s.step, {{"mse", r.mse}, {"psnr_db", r.psnr_db}, {"code_usage", r.code_usage},
-                                    {"perplexity", r.perplexity}, {"images", static_cast<double>(r.images)}}});
+    metrics->write({"eval",
+                    s.step,
+                    {{"mse", r.mse},
+                     {"psnr_db", r.psnr_db},
+                     {"code_usage", r.code_usage},
+                     {"perplexity", r.perplexity},
+                     {"images", static_cast<double>(r.images)}}});
     if (cb.on_eval) cb.on_eval(s.step, r);
   };
 
@@ -428,8 +443,8 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     if (s.distributed()) {
       // This rank's loss, stop request and replaced images travel summed with the last gradient bucket.
       const bool stop_here = cb.stop_requested && cb.stop_requested->load();
-      s.grad_sync->begin(torch::tensor(
-          {static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f, static_cast<float>(batch.replaced)}));
+      s.grad_sync->begin(
+          torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f, static_cast<float>(batch.replaced)}));
     }
     s.adam->zero_grad();
     loss.backward();
@@ -441,12 +456,12 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     }
     // Every rank sees the same summed loss, so every rank stops here together; nothing of this
     // step reaches the parameters or the checkpoint.
-    LOCKSTEP_THROW_IF_NOT(std::isfinite(step_loss), TrainingDiverged, "step ", s.step + 1, ": the loss is ",
-                          step_loss, ": training diverged (train.lr is ", s.config.get_float("train.lr"),
-                          "; a lower one may help). ",
-                          s.saved_step >= 0 ? detail::concat(checkpoint_path(s.run_dir), " still holds step ",
-                                                             s.saved_step, ", before the divergence")
-                                            : std::string("No checkpoint was written yet"));
+    LOCKSTEP_THROW_IF_NOT(
+        std::isfinite(step_loss), TrainingDiverged, "step ", s.step + 1, ": the loss is ", step_loss,
+        ": training diverged (train.lr is ", s.config.get_float("train.lr"), "; a lower one may help). ",
+        s.saved_step >= 0
+            ? detail::concat(checkpoint_path(s.run_dir), " still holds step ", s.saved_step, ", before the divergence")
+            : std::string("No checkpoint was written yet"));
     epoch_replaced += step_replaced;
     s.adam->step();
     s.sync_buffers();
@@ -455,14 +470,24 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
 
     window_loss += step_loss;
     ++window_steps;
-    StepReport report{s.step, s.total_steps, (s.step - 1) / s.steps_per_epoch, epochs, window_loss / window_steps,
-                      window_steps * s.batch_size / seconds_since(window_start), seconds_since(start),
-                      x.size(3), x.size(2)};
+    StepReport report{s.step,
+                      s.total_steps,
+                      (s.step - 1) / s.steps_per_epoch,
+                      epochs,
+                      window_loss / window_steps,
+                      window_steps * s.batch_size / seconds_since(window_start),
+                      seconds_since(start),
+                      x.size(3),
+                      x.size(2)};
     if (cb.on_step) cb.on_step(report);
     if (metrics && (s.step % log_every == 0 || s.step == s.total_steps)) {
-      metrics->write({"train", s.step, {{"epoch", static_cast<double>(report.epoch)}, {"loss", report.loss},
-                                       {"images_per_s", report.images_per_s}, {"elapsed_s", report.elapsed_s},
-                                       {"data_wait_s", window_wait}}});
+      metrics->write({"train",
+                      s.step,
+                      {{"epoch", static_cast<double>(report.epoch)},
+                       {"loss", report.loss},
+                       {"images_per_s", report.images_per_s},
+                       {"elapsed_s", report.elapsed_s},
+                       {"data_wait_s", window_wait}}});
       window_loss = 0;
       window_steps = 0;
       window_wait = 0;
@@ -471,16 +496,17 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     if (s.step % s.steps_per_epoch == 0 || s.step == s.total_steps) {
       // The end of an epoch (or of the run): what the data did, on every rank's behalf.
       if (metrics) {
-        metrics->write({"epoch", s.step, {{"epoch", static_cast<double>(report.epoch)},
-                                          {"replaced", static_cast<double>(epoch_replaced)},
-                                          {"unreadable", static_cast<double>(s.data->unreadable())},
-                                          {"data_wait_s", epoch_wait}}});
+        metrics->write({"epoch",
+                        s.step,
+                        {{"epoch", static_cast<double>(report.epoch)},
+                         {"replaced", static_cast<double>(epoch_replaced)},
+                         {"unreadable", static_cast<double>(s.data->unreadable())},
+                         {"data_wait_s", epoch_wait}}});
       }
       if (cb.on_info && s.is_root()) {
         cb.on_info(detail::concat("epoch ", report.epoch + 1, " of ", epochs, " ended at step ", s.step, ": ",
                                   epoch_replaced, " images replaced (failed to decode), ", s.data->unreadable(),
-                                  " unreadable files left out, ", format_seconds(epoch_wait),
-                                  " waiting for data"));
+                                  " unreadable files left out, ", format_seconds(epoch_wait), " waiting for data"));
       }
       epoch_replaced = 0;
       epoch_wait = 0;

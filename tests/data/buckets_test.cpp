@@ -26,12 +26,12 @@ TEST(Buckets, ImagesGoToTheNearestAspectRatioAndUnreadableOnesToNone) {
   const Manifest m = manifest_of({{512, 512}, {640, 480}, {480, 640}, {3000, 1500}, {100, 300}, {0, 0}, {700, 500}});
   const auto buckets = assign_buckets(m, table);
   ASSERT_EQ(buckets.size(), table.size());
-  EXPECT_EQ(buckets[0], (std::vector<int64_t>{0}));     // square
-  EXPECT_EQ(buckets[1], (std::vector<int64_t>{1}));     // 4:3 is nearest 9:7
+  EXPECT_EQ(buckets[0], (std::vector<int64_t>{0}));  // square
+  EXPECT_EQ(buckets[1], (std::vector<int64_t>{1}));  // 4:3 is nearest 9:7
   EXPECT_EQ(buckets[2], (std::vector<int64_t>{2}));
-  EXPECT_EQ(buckets[3], (std::vector<int64_t>{6}));     // 7:5 = 1.4 is nearest 10:7
-  EXPECT_EQ(buckets[5], (std::vector<int64_t>{3}));     // 2:1
-  EXPECT_EQ(buckets[6], (std::vector<int64_t>{4}));     // 1:3 is nearest 1:2
+  EXPECT_EQ(buckets[3], (std::vector<int64_t>{6}));  // 7:5 = 1.4 is nearest 10:7
+  EXPECT_EQ(buckets[5], (std::vector<int64_t>{3}));  // 2:1
+  EXPECT_EQ(buckets[6], (std::vector<int64_t>{4}));  // 1:3 is nearest 1:2
   int64_t total = 0;
   for (const auto& b : buckets) total += static_cast<int64_t>(b.size());
   EXPECT_EQ(total, 6);  // the unreadable image is in no bucket
@@ -54,10 +54,15 @@ TEST(Buckets, TablesAreParsedAndCheckedWithTheValuesInTheMessage) {
   };
   EXPECT_NE(message([] { parse_bucket_table("256x,128x128"); }).find("'256x' is not WIDTHxHEIGHT"), std::string::npos);
   EXPECT_NE(message([] { parse_bucket_table("256*256"); }).find("'256*256'"), std::string::npos);
-  EXPECT_NE(message([] { check_bucket_table({{250, 256}}, 32); }).find("bucket 0 (250x256): each side must be a "
-                                                                       "positive multiple of 32"),
+  EXPECT_NE(message([] {
+              check_bucket_table({{250, 256}}, 32);
+            })
+                .find("bucket 0 (250x256): each side must be a "
+                      "positive multiple of 32"),
             std::string::npos);
-  EXPECT_NE(message([] { check_bucket_table({{256, 128}, {512, 256}}, 32); }).find("same aspect ratio"),
+  EXPECT_NE(message([] {
+              check_bucket_table({{256, 128}, {512, 256}}, 32);
+            }).find("same aspect ratio"),
             std::string::npos);
   EXPECT_NE(message([] { check_bucket_table({}, 32); }).find("empty"), std::string::npos);
 }
@@ -76,8 +81,8 @@ TEST(Buckets, FittingCoversTheBucketAndCropsTheCentre) {
   const io::Image out = fit_to_bucket(img, {10, 10});
   ASSERT_EQ(out.width, 10);
   ASSERT_EQ(out.height, 10);
-  EXPECT_EQ(out.pixels[0], 0);     // left edge of the centre: dark
-  EXPECT_EQ(out.pixels[9], 200);   // right edge: bright
+  EXPECT_EQ(out.pixels[0], 0);                        // left edge of the centre: dark
+  EXPECT_EQ(out.pixels[9], 200);                      // right edge: bright
   const io::Image up = fit_to_bucket(img, {64, 64});  // upscaling covers too
   EXPECT_EQ(up.width, 64);
   EXPECT_EQ(up.height, 64);

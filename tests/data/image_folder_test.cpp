@@ -67,11 +67,11 @@ void write_palette_png(const std::string& path, int width, int height, const std
 // A small tree of every kind of file a folder may hold.
 std::string make_tree(const test_util::TempDir& tmp) {
   const std::string root = tmp.file("images");
-  write(root + "/a.png", cv::Mat(30, 40, CV_8UC3, cv::Scalar(10, 20, 30)));        // BGR
-  write(root + "/sub/b.jpg", cv::Mat(16, 24, CV_8UC1, cv::Scalar(128)));           // gray JPEG
+  write(root + "/a.png", cv::Mat(30, 40, CV_8UC3, cv::Scalar(10, 20, 30)));  // BGR
+  write(root + "/sub/b.jpg", cv::Mat(16, 24, CV_8UC1, cv::Scalar(128)));     // gray JPEG
   write(root + "/sub/deeper/c.webp", cv::Mat(20, 10, CV_8UC3, cv::Scalar(0, 255, 0)));
-  write(root + "/d.tif", cv::Mat(8, 12, CV_16UC1, cv::Scalar(65535)));             // 16-bit TIFF
-  write(root + "/e.png", cv::Mat(5, 6, CV_8UC4, cv::Scalar(200, 100, 50, 0)));     // fully transparent
+  write(root + "/d.tif", cv::Mat(8, 12, CV_16UC1, cv::Scalar(65535)));          // 16-bit TIFF
+  write(root + "/e.png", cv::Mat(5, 6, CV_8UC4, cv::Scalar(200, 100, 50, 0)));  // fully transparent
   std::ofstream(root + "/notes.txt") << "not an image";
   // A PNG cut short, and an empty "JPEG".
   std::ifstream in(root + "/a.png", std::ios::binary);
@@ -86,8 +86,8 @@ TEST(ImageFolder, TheManifestListsEveryImageSortedWithSizesAndKeepsTheBrokenOnes
   const Manifest m = scan_image_folder(make_tree(tmp));
   std::vector<std::string> paths;
   for (const auto& e : m.entries) paths.push_back(e.path);
-  EXPECT_EQ(paths, (std::vector<std::string>{"a.png", "broken.png", "d.tif", "e.png", "sub/b.jpg",
-                                             "sub/deeper/c.webp", "sub/empty.JPG"}));
+  EXPECT_EQ(paths, (std::vector<std::string>{"a.png", "broken.png", "d.tif", "e.png", "sub/b.jpg", "sub/deeper/c.webp",
+                                             "sub/empty.JPG"}));
   auto entry = [&](const std::string& p) {
     return *std::find_if(m.entries.begin(), m.entries.end(), [&](const ManifestEntry& e) { return e.path == p; });
   };
@@ -170,7 +170,7 @@ TEST(ImageFolder, DecodingConvertsDepthAlphaAndChannels) {
 
 TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
   test_util::TempDir tmp;
-  const std::vector<uint8_t> palette = {255, 0, 0, 0, 0, 255};  // red, blue
+  const std::vector<uint8_t> palette = {255, 0, 0, 0, 0, 255};    // red, blue
   const std::vector<uint8_t> indices = {0, 1, 1, 0, 0, 0, 1, 1};  // 4 x 2
   write_palette_png(tmp.file("opaque.png"), 4, 2, palette, {}, indices);
   write_palette_png(tmp.file("clear.png"), 4, 2, palette, {255, 0}, indices);  // blue fully transparent
@@ -181,7 +181,7 @@ TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
             (std::vector<uint8_t>{255, 0, 0, 0, 0, 255}));
   const io::Image clear = decode_image(tmp.file("clear.png"), 3);
   EXPECT_EQ(std::vector<uint8_t>(clear.pixels.begin(), clear.pixels.begin() + 6),
-            (std::vector<uint8_t>{255, 0, 0, 0, 0, 0}));  // blue composited on black
+            (std::vector<uint8_t>{255, 0, 0, 0, 0, 0}));                              // blue composited on black
   write(tmp.file("deep.png"), cv::Mat(3, 5, CV_16UC3, cv::Scalar(0, 32896, 65535)));  // BGR, 16 bits
   const io::Image deep = decode_image(tmp.file("deep.png"), 3);
   EXPECT_EQ(std::vector<uint8_t>(deep.pixels.begin(), deep.pixels.begin() + 3), (std::vector<uint8_t>{255, 128, 0}));
@@ -234,11 +234,14 @@ TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgress
   const Manifest one = scan_image_folder(root, nullptr, {}, 1);
   std::vector<int64_t> reported;
   const auto caller = std::this_thread::get_id();
-  const Manifest four = scan_image_folder(root, nullptr, [&](int64_t done, int64_t total) {
-    EXPECT_EQ(total, 27);
-    EXPECT_EQ(std::this_thread::get_id(), caller);  // callbacks need no locking
-    reported.push_back(done);
-  }, 4);
+  const Manifest four = scan_image_folder(
+      root, nullptr,
+      [&](int64_t done, int64_t total) {
+        EXPECT_EQ(total, 27);
+        EXPECT_EQ(std::this_thread::get_id(), caller);  // callbacks need no locking
+        reported.push_back(done);
+      },
+      4);
   ASSERT_EQ(one.entries.size(), 27u);
   ASSERT_EQ(four.entries.size(), one.entries.size());
   for (size_t i = 0; i < one.entries.size(); ++i) {

@@ -53,7 +53,8 @@ TEST_P(PlanRemainders, EveryRankSeesTheSameStepsAndBucketsAndASliceOfOneBatch) {
         }
         EXPECT_EQ(joined, plan.batch(s).samples) << "world " << world << " step " << s;
         EXPECT_EQ(buckets_at_step, std::set<int64_t>{plan.batch(s).bucket}) << "one resolution per step";
-        EXPECT_EQ(std::set<int64_t>(joined.begin(), joined.end()).size(), joined.size()) << "a sample twice in step " << s;
+        EXPECT_EQ(std::set<int64_t>(joined.begin(), joined.end()).size(), joined.size())
+            << "a sample twice in step " << s;
       }
     }
   }

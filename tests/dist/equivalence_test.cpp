@@ -32,7 +32,7 @@ at::Generator step_generator(int step) { return at::detail::createCPUGenerator(1
 
 struct Trace {
   std::vector<double> losses;
-  std::vector<at::Tensor> grads;                 // per step, of this holder's part of the batch
+  std::vector<at::Tensor> grads;                  // per step, of this holder's part of the batch
   std::map<std::string, at::Tensor> final_state;  // buffers and parameters after the last step
 };
 
@@ -74,8 +74,8 @@ std::vector<Trace> train_on_ranks(const Case& c, const std::vector<int64_t>& spl
     std::vector<at::Tensor> mine;
     for (const auto& b : batches) mine.push_back(b.narrow(0, first, split[r]));
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
-    traces[r] = train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / static_cast<double>(items),
-                      first);
+    traces[r] =
+        train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / static_cast<double>(items), first);
   });
   for (int r = 0; r < w; ++r) EXPECT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
   return traces;
@@ -125,7 +125,8 @@ TEST_P(Equivalence, RanksWithUnevenBatchesMatchOneProcess) {
 // the codebooks drift apart (2.09 after 60 steps before the statistics were summed in float64).
 // With k-means, dead codes and EMA, W in {2, 3} must give the one-process codebook bit for bit.
 TEST(Equivalence, CodebooksAreBitwiseTheOneProcessOnesWithRepeatedTokens) {
-  const Case c{"vq_kmeans_dead_codes", "vq",
+  const Case c{"vq_kmeans_dead_codes",
+               "vq",
                {"quantizer.vq.codebook_size=24", "quantizer.vq.kmeans_init=true", "quantizer.vq.kmeans_iters=4",
                 "quantizer.vq.threshold_ema_dead_code=2"},
                {}};
@@ -158,30 +159,40 @@ TEST(Equivalence, CodebooksAreBitwiseTheOneProcessOnesWithRepeatedTokens) {
 
 INSTANTIATE_TEST_SUITE_P(
     Quantizers, Equivalence,
-    ::testing::Values(
-        Case{"vq_kmeans_dead_codes_5_3", "vq",
-             {"quantizer.vq.codebook_size=16", "quantizer.vq.kmeans_init=true", "quantizer.vq.kmeans_iters=3",
-              "quantizer.vq.threshold_ema_dead_code=1.5"},
-             {5, 3}},
-        Case{"vq_heads_3_3_2", "vq",
-             {"quantizer.vq.codebook_size=12", "quantizer.vq.heads=2", "quantizer.vq.codebook_dim=4",
-              "quantizer.vq.separate_codebook_per_head=true", "quantizer.vq.threshold_ema_dead_code=1.0"},
-             {3, 3, 2}},
-        Case{"fsq_5_3", "fsq", {}, {5, 3}},
-        // Randomness keyed by each token's place in the global batch: the same draws as one process.
-        Case{"fsq_noise_dropout_5_3", "fsq",
-             {"quantizer.fsq.preserve_symmetry=true", "quantizer.fsq.noise_dropout=0.5"}, {5, 3}},
-        Case{"vq_stochastic_codes_3_3_2", "vq",
-             {"quantizer.vq.codebook_size=16", "quantizer.vq.stochastic_sample_codes=true"}, {3, 3, 2}},
-        Case{"lfq_entropy_subset_5_3", "lfq",
-             {"quantizer.lfq.codebook_size=64", "quantizer.lfq.frac_per_sample_entropy=0.5"}, {5, 3}},
-        Case{"lfq_3_3_2", "lfq", {"quantizer.lfq.codebook_size=64"}, {3, 3, 2}},
-        Case{"residual_vq_dropout_5_3", "residual-vq",
-             {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=3",
-              "quantizer.residual.quantize_dropout=true", "quantizer.vq.threshold_ema_dead_code=1.0"},
-             {5, 3}},
-        Case{"residual_lfq_3_3_2", "residual-lfq",
-             {"quantizer.lfq.codebook_size=16", "quantizer.residual.num_quantizers=2"}, {3, 3, 2}}),
+    ::testing::Values(Case{"vq_kmeans_dead_codes_5_3",
+                           "vq",
+                           {"quantizer.vq.codebook_size=16", "quantizer.vq.kmeans_init=true",
+                            "quantizer.vq.kmeans_iters=3", "quantizer.vq.threshold_ema_dead_code=1.5"},
+                           {5, 3}},
+                      Case{"vq_heads_3_3_2",
+                           "vq",
+                           {"quantizer.vq.codebook_size=12", "quantizer.vq.heads=2", "quantizer.vq.codebook_dim=4",
+                            "quantizer.vq.separate_codebook_per_head=true", "quantizer.vq.threshold_ema_dead_code=1.0"},
+                           {3, 3, 2}},
+                      Case{"fsq_5_3", "fsq", {}, {5, 3}},
+                      // Randomness keyed by each token's place in the global batch: the same draws as one process.
+                      Case{"fsq_noise_dropout_5_3",
+                           "fsq",
+                           {"quantizer.fsq.preserve_symmetry=true", "quantizer.fsq.noise_dropout=0.5"},
+                           {5, 3}},
+                      Case{"vq_stochastic_codes_3_3_2",
+                           "vq",
+                           {"quantizer.vq.codebook_size=16", "quantizer.vq.stochastic_sample_codes=true"},
+                           {3, 3, 2}},
+                      Case{"lfq_entropy_subset_5_3",
+                           "lfq",
+                           {"quantizer.lfq.codebook_size=64", "quantizer.lfq.frac_per_sample_entropy=0.5"},
+                           {5, 3}},
+                      Case{"lfq_3_3_2", "lfq", {"quantizer.lfq.codebook_size=64"}, {3, 3, 2}},
+                      Case{"residual_vq_dropout_5_3",
+                           "residual-vq",
+                           {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=3",
+                            "quantizer.residual.quantize_dropout=true", "quantizer.vq.threshold_ema_dead_code=1.0"},
+                           {5, 3}},
+                      Case{"residual_lfq_3_3_2",
+                           "residual-lfq",
+                           {"quantizer.lfq.codebook_size=16", "quantizer.residual.num_quantizers=2"},
+                           {3, 3, 2}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

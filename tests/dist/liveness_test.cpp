@@ -14,10 +14,10 @@
 #include <sstream>
 #include <thread>
 
+#include "io/test_temp_dir.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/process_group.h"
 #include "rank_threads.h"
-#include "io/test_temp_dir.h"
 
 extern char** environ;
 
@@ -112,7 +112,7 @@ TEST(LivenessChild, Rank) {
     const char* type = dynamic_cast<const PeerLost*>(&e)             ? "PeerLost"
                        : dynamic_cast<const CollectiveTimeout*>(&e)  ? "CollectiveTimeout"
                        : dynamic_cast<const CollectiveMismatch*>(&e) ? "CollectiveMismatch"
-                                                                      : "another exception";
+                                                                     : "another exception";
     write_text(me + ".result", std::to_string(monotonic_ns()) + "\n" + type + "\n" + e.what());
   }
 }

@@ -72,13 +72,15 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Quantizers, Phases,
-    ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}, "vq.cpp"},
-                      PhaseCase{"lfq", "lfq", {"quantizer.lfq.codebook_size=64"}, "lfq.cpp"},
-                      PhaseCase{"residual_vq", "residual-vq",
-                                {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=2"}, "vq.cpp"}),
-    [](const ::testing::TestParamInfo<PhaseCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Quantizers, Phases,
+                         ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}, "vq.cpp"},
+                                           PhaseCase{"lfq", "lfq", {"quantizer.lfq.codebook_size=64"}, "lfq.cpp"},
+                                           PhaseCase{
+                                               "residual_vq",
+                                               "residual-vq",
+                                               {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=2"},
+                                               "vq.cpp"}),
+                         [](const ::testing::TestParamInfo<PhaseCase>& info) { return info.param.name; });
 
 TEST(Phase, IsPartOfTheFingerprintAndTheDescription) {
   const CallSite site{"vq.ema", "vq.cpp", 1};
@@ -87,9 +89,9 @@ TEST(Phase, IsPartOfTheFingerprintAndTheDescription) {
   const auto c = CollectiveCall::of(3, CollectiveOp::AllReduce, {torch::ones({4})}, site, Phase::train_step(9));
   EXPECT_NE(a.fingerprint(), b.fingerprint());
   EXPECT_NE(a.fingerprint(), c.fingerprint());
-  EXPECT_EQ(a.fingerprint(), CollectiveCall::of(3, CollectiveOp::AllReduce, {torch::ones({4})}, site,
-                                                Phase::train_step(8))
-                                 .fingerprint());
+  EXPECT_EQ(
+      a.fingerprint(),
+      CollectiveCall::of(3, CollectiveOp::AllReduce, {torch::ones({4})}, site, Phase::train_step(8)).fingerprint());
   EXPECT_NE(a.describe().find("at vq.ema (vq.cpp:1) in train step 8"), std::string::npos) << a.describe();
   EXPECT_NE(CollectiveCall::of(1, CollectiveOp::Barrier, {}, site, {}).describe().find("in no declared phase"),
             std::string::npos);

@@ -30,36 +30,41 @@ class ProcessGroupRanks : public ::testing::TestWithParam<std::tuple<int, Join>>
 
 TEST_P(ProcessGroupRanks, CollectivesGiveTheirDefinitionsWithMixedDtypesInOneCall) {
   const auto [w, join] = GetParam();
-  expect_no_errors(run_ranks(w, [w = w](Group& g, int r) {
-    ASSERT_EQ(g.rank(), r);
-    ASSERT_EQ(g.size(), w);
-    // One call, two dtypes and shapes: values r+1 everywhere.
-    std::vector<at::Tensor> t{torch::full({3}, r + 1.0f), torch::full({2, 2}, int64_t{r + 1}, torch::kInt64)};
-    g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.sum"));
-    EXPECT_TRUE(torch::equal(t[0], torch::full({3}, w * (w + 1) / 2.0f)));
-    EXPECT_TRUE(torch::equal(t[1], torch::full({2, 2}, int64_t{w * (w + 1) / 2}, torch::kInt64)));
-    std::vector<at::Tensor> m{torch::tensor({float(r), float(-r)})};
-    g.all_reduce(m, ReduceOp::Max, LOCKSTEP_CALL_SITE("test.max"));
-    EXPECT_TRUE(torch::equal(m[0], torch::tensor({float(w - 1), 0.0f})));
-    std::vector<at::Tensor> n{torch::tensor({float(r)})};
-    g.all_reduce(n, ReduceOp::Min, LOCKSTEP_CALL_SITE("test.min"));
-    EXPECT_EQ(n[0].item<float>(), 0.0f);
-    const auto gathered = g.all_gather(torch::full({2}, r * 10.0f), LOCKSTEP_CALL_SITE("test.gather"));
-    ASSERT_EQ(static_cast<int>(gathered.size()), w);
-    for (int k = 0; k < w; ++k) EXPECT_TRUE(torch::equal(gathered[k], torch::full({2}, k * 10.0f)));
-    std::vector<at::Tensor> b{torch::full({4}, float(r)), torch::full({1}, int64_t{r}, torch::kInt64)};
-    g.broadcast(b, w - 1, LOCKSTEP_CALL_SITE("test.broadcast"));
-    EXPECT_TRUE(torch::equal(b[0], torch::full({4}, float(w - 1))));
-    EXPECT_EQ(b[1].item<int64_t>(), w - 1);
-    g.barrier(LOCKSTEP_CALL_SITE("test.barrier"));
-    // Several all_reduces in flight at once (gradient buckets) complete in issue order.
-    std::vector<std::vector<at::Tensor>> buckets;
-    for (int b = 0; b < 3; ++b) buckets.push_back({torch::full({5}, float(b * (r + 1)))});
-    std::vector<std::unique_ptr<PendingCollective>> pending;
-    for (auto& bucket : buckets) pending.push_back(g.all_reduce_async(bucket, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.bucket")));
-    for (auto& p : pending) p->wait();
-    for (int b = 0; b < 3; ++b) EXPECT_TRUE(torch::equal(buckets[b][0], torch::full({5}, float(b * w * (w + 1) / 2))));
-  }, join));
+  expect_no_errors(run_ranks(
+      w,
+      [w = w](Group& g, int r) {
+        ASSERT_EQ(g.rank(), r);
+        ASSERT_EQ(g.size(), w);
+        // One call, two dtypes and shapes: values r+1 everywhere.
+        std::vector<at::Tensor> t{torch::full({3}, r + 1.0f), torch::full({2, 2}, int64_t{r + 1}, torch::kInt64)};
+        g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.sum"));
+        EXPECT_TRUE(torch::equal(t[0], torch::full({3}, w * (w + 1) / 2.0f)));
+        EXPECT_TRUE(torch::equal(t[1], torch::full({2, 2}, int64_t{w * (w + 1) / 2}, torch::kInt64)));
+        std::vector<at::Tensor> m{torch::tensor({float(r), float(-r)})};
+        g.all_reduce(m, ReduceOp::Max, LOCKSTEP_CALL_SITE("test.max"));
+        EXPECT_TRUE(torch::equal(m[0], torch::tensor({float(w - 1), 0.0f})));
+        std::vector<at::Tensor> n{torch::tensor({float(r)})};
+        g.all_reduce(n, ReduceOp::Min, LOCKSTEP_CALL_SITE("test.min"));
+        EXPECT_EQ(n[0].item<float>(), 0.0f);
+        const auto gathered = g.all_gather(torch::full({2}, r * 10.0f), LOCKSTEP_CALL_SITE("test.gather"));
+        ASSERT_EQ(static_cast<int>(gathered.size()), w);
+        for (int k = 0; k < w; ++k) EXPECT_TRUE(torch::equal(gathered[k], torch::full({2}, k * 10.0f)));
+        std::vector<at::Tensor> b{torch::full({4}, float(r)), torch::full({1}, int64_t{r}, torch::kInt64)};
+        g.broadcast(b, w - 1, LOCKSTEP_CALL_SITE("test.broadcast"));
+        EXPECT_TRUE(torch::equal(b[0], torch::full({4}, float(w - 1))));
+        EXPECT_EQ(b[1].item<int64_t>(), w - 1);
+        g.barrier(LOCKSTEP_CALL_SITE("test.barrier"));
+        // Several all_reduces in flight at once (gradient buckets) complete in issue order.
+        std::vector<std::vector<at::Tensor>> buckets;
+        for (int b = 0; b < 3; ++b) buckets.push_back({torch::full({5}, float(b * (r + 1)))});
+        std::vector<std::unique_ptr<PendingCollective>> pending;
+        for (auto& bucket : buckets)
+          pending.push_back(g.all_reduce_async(bucket, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.bucket")));
+        for (auto& p : pending) p->wait();
+        for (int b = 0; b < 3; ++b)
+          EXPECT_TRUE(torch::equal(buckets[b][0], torch::full({5}, float(b * w * (w + 1) / 2))));
+      },
+      join));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ProcessGroupRanks,
@@ -96,8 +101,10 @@ std::vector<Mismatch> mismatches() {
       {"op",
        [](Group& g, int r) {
          std::vector<at::Tensor> t{torch::ones({4})};
-         if (r == 0) g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("params"));
-         else g.broadcast(t, 0, LOCKSTEP_CALL_SITE("params"));
+         if (r == 0)
+           g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("params"));
+         else
+           g.broadcast(t, 0, LOCKSTEP_CALL_SITE("params"));
        },
        {"all_reduce(sum)"},
        {"broadcast(root 0)"}},
@@ -138,24 +145,27 @@ class CollectiveMismatches : public ::testing::TestWithParam<std::tuple<Mismatch
 TEST_P(CollectiveMismatches, RaiseOnEveryRankBeforeTheTimeoutNamingBothCallsThenTheGroupStillWorks) {
   const Mismatch& m = std::get<0>(GetParam());
   std::vector<double> seconds(2);
-  const auto errors = run_ranks(2, [&](Group& g, int r) {
-    g.barrier(LOCKSTEP_CALL_SITE("test.start"));
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      m.call(g, r);
-      ADD_FAILURE() << "rank " << r << " saw no mismatch";
-    } catch (const CollectiveMismatch& e) {
-      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      ASSERT_EQ(e.per_rank().size(), 2u);
-      for (const auto& part : m.rank0) EXPECT_NE(e.per_rank()[0].find(part), std::string::npos) << e.what();
-      for (const auto& part : m.rank1) EXPECT_NE(e.per_rank()[1].find(part), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("seen by rank " + std::to_string(r)), std::string::npos) << e.what();
-    }
-    // Nothing ran, so the group is still usable.
-    std::vector<at::Tensor> t{torch::ones({2})};
-    g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
-    EXPECT_TRUE(torch::equal(t[0], torch::full({2}, 2.0f)));
-  }, std::get<1>(GetParam()));
+  const auto errors = run_ranks(
+      2,
+      [&](Group& g, int r) {
+        g.barrier(LOCKSTEP_CALL_SITE("test.start"));
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          m.call(g, r);
+          ADD_FAILURE() << "rank " << r << " saw no mismatch";
+        } catch (const CollectiveMismatch& e) {
+          seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          ASSERT_EQ(e.per_rank().size(), 2u);
+          for (const auto& part : m.rank0) EXPECT_NE(e.per_rank()[0].find(part), std::string::npos) << e.what();
+          for (const auto& part : m.rank1) EXPECT_NE(e.per_rank()[1].find(part), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("seen by rank " + std::to_string(r)), std::string::npos) << e.what();
+        }
+        // Nothing ran, so the group is still usable.
+        std::vector<at::Tensor> t{torch::ones({2})};
+        g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
+        EXPECT_TRUE(torch::equal(t[0], torch::full({2}, 2.0f)));
+      },
+      std::get<1>(GetParam()));
   expect_no_errors(errors);
   // Well inside the 20 s timeout, so raised by the check, not a timeout; bench/ measures the speed.
   for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[r], test_util::kFarBelowTheTimeoutS) << "rank " << r;
@@ -316,8 +326,9 @@ TEST(ProcessGroup, AnUnreachableMasterIsNamed) {
     make_process_group(o);
     FAIL() << "connected to nobody";
   } catch (const CollectiveFailure& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot reach the master's store at 127.0.0.1:" + std::to_string(o.master_port)),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("cannot reach the master's store at 127.0.0.1:" + std::to_string(o.master_port)),
+        std::string::npos)
         << e.what();
   }
 }
@@ -335,8 +346,10 @@ class ScopedEnv {
   }
   ~ScopedEnv() {
     for (const auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
 
@@ -356,8 +369,12 @@ std::string env_error(std::vector<std::pair<std::string, std::string>> values) {
 
 TEST(ProcessGroup, EnvironmentIsReadAndCheckedLikeTorchrunSetsIt) {
   {
-    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"},
-                   {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}});
+    ScopedEnv env({{"RANK", "2"},
+                   {"WORLD_SIZE", "4"},
+                   {"MASTER_ADDR", "10.0.0.5"},
+                   {"MASTER_PORT", "1234"},
+                   {"LOCAL_RANK", "0"},
+                   {"LOCAL_WORLD_SIZE", "2"}});
     EXPECT_TRUE(GroupOptions::environment_has_ranks());
     const GroupOptions o = GroupOptions::from_environment();
     EXPECT_EQ(o.rank, 2);

@@ -39,7 +39,9 @@ const std::vector<Variant>& variants() {
       {"fsq", {"quantizer.fsq.dim=6"}},
       {"lfq", {"quantizer.lfq.codebook_size=64"}},
       {"lfq", {"quantizer.lfq.codebook_size=32", "quantizer.lfq.spherical=true", "quantizer.lfq.dim=7"}},
-      {"lfq", {"quantizer.lfq.codebook_size=16", "quantizer.lfq.num_codebooks=2", "quantizer.lfq.frac_per_sample_entropy=0.5"}},
+      {"lfq",
+       {"quantizer.lfq.codebook_size=16", "quantizer.lfq.num_codebooks=2",
+        "quantizer.lfq.frac_per_sample_entropy=0.5"}},
       {"vq", {"quantizer.vq.codebook_size=40"}},
       {"vq", {"quantizer.vq.codebook_size=24", "quantizer.vq.cosine=true", "quantizer.vq.rotation_trick=false"}},
       {"vq",
@@ -90,8 +92,9 @@ TEST_P(QuantizerContract, DecodeOfEncodeIsTheForwardValueAndIndicesAreInRange) {
   const at::Tensor x = tokens(3, 10, 2);
   const at::Tensor indices = quantizer->encode(x);
   const at::Tensor decoded = quantizer->decode(indices);
-  const std::vector<int64_t> shape = quantizer->num_indices() == 1 ? std::vector<int64_t>{3, 10}
-                                                                   : std::vector<int64_t>{3, 10, quantizer->num_indices()};
+  const std::vector<int64_t> shape = quantizer->num_indices() == 1
+                                         ? std::vector<int64_t>{3, 10}
+                                         : std::vector<int64_t>{3, 10, quantizer->num_indices()};
   ASSERT_EQ(indices.sizes(), shape);
   EXPECT_EQ(indices.scalar_type(), torch::kInt64);
   EXPECT_GE(indices.min().item<int64_t>(), 0);
@@ -134,7 +137,8 @@ TEST_P(QuantizerContract, ImagesGoThroughAsTokens) {
   quantizer->eval();
   const at::Tensor back = tokens_to_image(quantizer->quantize(as_tokens, {}).quantized, 3, 5);
   ASSERT_EQ(back.sizes(), images.sizes());
-  EXPECT_TRUE(torch::allclose(back, tokens_to_image(quantizer->decode(quantizer->encode(as_tokens)), 3, 5), 1e-5, 1e-5));
+  EXPECT_TRUE(
+      torch::allclose(back, tokens_to_image(quantizer->decode(quantizer->encode(as_tokens)), 3, 5), 1e-5, 1e-5));
 }
 
 TEST_P(QuantizerContract, StateRoundTripsIntoAFreshInstance) {

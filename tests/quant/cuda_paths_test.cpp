@@ -1,6 +1,6 @@
 // The device-independent paths on a CUDA device against the fused CPU kernels, the NCCL transport
-// on one rank, and training with train.device = cuda:0. They run where a GPU is visible (a GPU machine running the suite) and show
-// as skipped everywhere else, saying why.
+// on one rank, and training with train.device = cuda:0. They run where a GPU is visible (a GPU machine running the
+// suite) and show as skipped everywhere else, saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -178,13 +178,16 @@ TEST_F(CudaTraining, EveryQuantizerTrainsOnTheGpuAndResumesOnTheCpu) {
   for (const char* q : {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"}) {
     SCOPED_TRACE(q);
     test_util::TempDir tmp;
-    const TrainSummary gpu = Trainer::create(gpu_config(q, 4, "cuda:0"), tmp.file("gpu"), dist::make_single_process_group())->run({});
+    const TrainSummary gpu =
+        Trainer::create(gpu_config(q, 4, "cuda:0"), tmp.file("gpu"), dist::make_single_process_group())->run({});
     Trainer::create(gpu_config(q, 1, "cpu"), tmp.file("cpu"), dist::make_single_process_group())->run({});
     EXPECT_EQ(gpu.steps, 4);
     EXPECT_TRUE(std::isfinite(gpu.test.mse));
-    EXPECT_NEAR(first_loss(tmp.file("gpu")), first_loss(tmp.file("cpu")), 1e-3 * std::abs(first_loss(tmp.file("cpu"))) + 1e-4);
-    const TrainSummary resumed = Trainer::resume(tmp.file("gpu"), {"train.device=cpu", "train.steps=5"},
-                                                 dist::make_single_process_group())->run({});
+    EXPECT_NEAR(first_loss(tmp.file("gpu")), first_loss(tmp.file("cpu")),
+                1e-3 * std::abs(first_loss(tmp.file("cpu"))) + 1e-4);
+    const TrainSummary resumed =
+        Trainer::resume(tmp.file("gpu"), {"train.device=cpu", "train.steps=5"}, dist::make_single_process_group())
+            ->run({});
     EXPECT_EQ(resumed.steps, 5);
   }
 }

@@ -42,7 +42,8 @@ TEST_P(FsqDefinition, QuantizedValuesAreCodesAndDecodeInvertsEncode) {
   EXPECT_TRUE(torch::equal(fsq.encode(x), out.indices));
   EXPECT_TRUE(torch::allclose(fsq.decode(out.indices), out.quantized, 0, 1e-6));
   // Each dimension takes exactly levels[i] values over a wide sweep of inputs.
-  const at::Tensor sweep = torch::linspace(-8, 8, 4001).unsqueeze(1).expand({4001, static_cast<int64_t>(levels.size())});
+  const at::Tensor sweep =
+      torch::linspace(-8, 8, 4001).unsqueeze(1).expand({4001, static_cast<int64_t>(levels.size())});
   const at::Tensor q = fsq.quantize_codes(sweep);
   for (size_t i = 0; i < levels.size(); ++i) {
     EXPECT_EQ(std::get<0>(at::_unique(q.select(1, i))).size(0), levels[i]) << "dimension " << i;

@@ -56,8 +56,8 @@ TEST(Lfq, EveryIndexRoundTripsThroughADistinctCode) {
 TEST(Lfq, FirstDimensionIsTheMostSignificantBit) {
   Lfq lfq(LfqOptions(8));
   // Signs (+,-,-) -> 100b = 4; (-,-,+) -> 1; (+,+,-) -> 6; 0 counts as negative.
-  const at::Tensor x = torch::tensor({1.0f, -1.0f, -1.0f, -1.0f, -1.0f, 1.0f, 0.5f, 0.5f, -0.2f, 0.0f, 0.0f, 0.0f})
-                           .reshape({1, 4, 3});
+  const at::Tensor x =
+      torch::tensor({1.0f, -1.0f, -1.0f, -1.0f, -1.0f, 1.0f, 0.5f, 0.5f, -0.2f, 0.0f, 0.0f, 0.0f}).reshape({1, 4, 3});
   EXPECT_TRUE(torch::equal(lfq.encode(x), torch::tensor({{4, 1, 6, 0}}, torch::kInt64)));
   EXPECT_TRUE(torch::equal(lfq.decode(torch::tensor({{4}}, torch::kInt64)),
                            torch::tensor({1.0f, -1.0f, -1.0f}).reshape({1, 1, 3})));
@@ -137,8 +137,8 @@ TEST_P(LfqSumProbs, EqualsTheExplicitSoftmaxWithItsGradient) {
       const at::Tensor x = torch::randn({37, bits}) * 0.4;
       const at::Tensor w = torch::randn({k});
       const at::Tensor xr = x.clone().requires_grad_();
-      const at::Tensor expected = (torch::matmul(xr, explicit_codes(bits, code_value, torch::kFloat32).t()) *
-                                   (2 * inv_t)).softmax(-1).sum(0);
+      const at::Tensor expected =
+          (torch::matmul(xr, explicit_codes(bits, code_value, torch::kFloat32).t()) * (2 * inv_t)).softmax(-1).sum(0);
       (expected * w).sum().backward();
       const at::Tensor xc = x.clone().requires_grad_();
       const at::Tensor got = lfq_sum_probs(xc, inv_t, code_value, budget);
@@ -153,7 +153,8 @@ TEST_P(LfqSumProbs, EqualsTheExplicitSoftmaxWithItsGradient) {
       const at::Tensor ops = detail::lfq_sum_probs_ops(xo, inv_t, code_value, budget);
       (ops * w).sum().backward();
       EXPECT_TRUE(torch::allclose(ops, expected, 1e-5, 1e-5)) << where << " ops " << (ops - expected).abs().max();
-      EXPECT_TRUE(torch::allclose(xo.grad(), xr.grad(), 1e-4, 1e-5)) << where << " ops " << (xo.grad() - xr.grad()).abs().max();
+      EXPECT_TRUE(torch::allclose(xo.grad(), xr.grad(), 1e-4, 1e-5))
+          << where << " ops " << (xo.grad() - xr.grad()).abs().max();
     }
   }
 }
@@ -323,8 +324,13 @@ TEST(Lfq, TwoHoldersGetTheWholeBatchCodebookEntropy) {
 TEST(Lfq, TwoCodebooksAverageEachCodebooksBruteForceEntropy) {
   torch::manual_seed(11);
   for (bool spherical : {false, true}) {
-    const LfqOptions options = LfqOptions(16).num_codebooks(2).spherical(spherical).codebook_scale(1.5)
-                                   .inv_temperature(1.0).diversity_gamma(0.8).entropy_loss_weight(0.5);
+    const LfqOptions options = LfqOptions(16)
+                                   .num_codebooks(2)
+                                   .spherical(spherical)
+                                   .codebook_scale(1.5)
+                                   .inv_temperature(1.0)
+                                   .diversity_gamma(0.8)
+                                   .entropy_loss_weight(0.5);
     Lfq lfq(options);
     EXPECT_EQ(lfq.dim(), 8);
     EXPECT_EQ(lfq.num_indices(), 2);
@@ -397,8 +403,7 @@ TEST(Lfq, SampledFractionComesFromTheContextGeneratorAndTheGlobalPosition) {
   EXPECT_NE(loss_with_seed(8, nullptr), a);
   EXPECT_NE(loss_with_seed(7, nullptr, /*first_item=*/5), a) << "another place in the batch, another subset";
 
-  const at::Tensor subset =
-      x.reshape({-1, 4}).index_select(0, torch::tensor(chosen, torch::kInt64));
+  const at::Tensor subset = x.reshape({-1, 4}).index_select(0, torch::tensor(chosen, torch::kInt64));
   const BruteForce ref = brute_force(subset, lfq.indices_to_codes(torch::arange(16)), 1.0);
   EXPECT_NEAR(a, ((ref.per_sample_clamped - ref.codebook) * 0.1).item<float>(), 1e-6);
   // Not all tokens: the full batch gives another value.
@@ -422,8 +427,9 @@ TEST(Lfq, SampledFractionComesFromTheContextGeneratorAndTheGlobalPosition) {
 TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
   for (bool spherical : {false, true}) {
     Lfq lfq(LfqOptions(8).spherical(spherical).inv_temperature(1.5).commitment_loss_weight(0.25).diversity_gamma(0.6));
-    const at::Tensor x0 = torch::tensor({0.3, -0.7, 0.2, -0.4, 0.9, 0.5, 0.6, 0.1, -0.8, -0.3, -0.2, 0.4},
-                                        torch::kFloat64).reshape({1, 4, 3});
+    const at::Tensor x0 =
+        torch::tensor({0.3, -0.7, 0.2, -0.4, 0.9, 0.5, 0.6, 0.1, -0.8, -0.3, -0.2, 0.4}, torch::kFloat64)
+            .reshape({1, 4, 3});
     const at::Tensor x = x0.clone().requires_grad_();
     lfq.quantize(x, {}).total_loss().backward();
     const double eps = 1e-6;
@@ -431,8 +437,8 @@ TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
       at::Tensor plus = x0.clone(), minus = x0.clone();
       plus.view(-1)[i] += eps;
       minus.view(-1)[i] -= eps;
-      const double numeric = (lfq.quantize(plus, {}).total_loss() - lfq.quantize(minus, {}).total_loss()).item<double>() /
-                             (2 * eps);
+      const double numeric =
+          (lfq.quantize(plus, {}).total_loss() - lfq.quantize(minus, {}).total_loss()).item<double>() / (2 * eps);
       EXPECT_NEAR(x.grad().view(-1)[i].item<double>(), numeric, 1e-7) << "element " << i << " spherical " << spherical;
     }
   }
@@ -467,10 +473,11 @@ TEST(Lfq, InvalidOptionsNameTheValue) {
 }
 
 TEST(Lfq, RegistryBuildsItFromEveryKey) {
-  const std::map<std::string, double> values = {{"codebook_size", 64}, {"dim", 9}, {"entropy_loss_weight", 0.2},
-                                                {"commitment_loss_weight", 0.5}, {"diversity_gamma", 0.9},
-                                                {"inv_temperature", 50}, {"codebook_scale", 2},
-                                                {"num_codebooks", 2}, {"frac_per_sample_entropy", 0.5}};
+  const std::map<std::string, double> values = {{"codebook_size", 64},           {"dim", 9},
+                                                {"entropy_loss_weight", 0.2},    {"commitment_loss_weight", 0.5},
+                                                {"diversity_gamma", 0.9},        {"inv_temperature", 50},
+                                                {"codebook_scale", 2},           {"num_codebooks", 2},
+                                                {"frac_per_sample_entropy", 0.5}};
   OptionReader reader;
   reader.integer = [&](const std::string& key) { return static_cast<int64_t>(values.at(key)); };
   reader.real = [&](const std::string& key) { return values.at(key); };

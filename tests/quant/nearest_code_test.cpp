@@ -1,7 +1,7 @@
 #include "lockstep/quant/nearest_code.h"
 
-#include <gtest/gtest.h>
 #include <ATen/Parallel.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -53,7 +53,8 @@ void expect_equals_brute_force(const at::Tensor& x, const at::Tensor& codebook, 
   }
   if (differ.any().item<bool>()) {
     const at::Tensor rows = differ.nonzero().squeeze(1);
-    const at::Tensor a = (x.index_select(0, rows) - codebook.index_select(0, got.indices.index_select(0, rows))).pow(2).sum(1);
+    const at::Tensor a =
+        (x.index_select(0, rows) - codebook.index_select(0, got.indices.index_select(0, rows))).pow(2).sum(1);
     const at::Tensor b = (x.index_select(0, rows) - codebook.index_select(0, idx.index_select(0, rows))).pow(2).sum(1);
     EXPECT_TRUE(torch::allclose(a, b, 1e-4, 1e-4));
   }
@@ -67,11 +68,11 @@ TEST_P(NearestCodeSizes, EqualsBruteForce) {
   expect_equals_brute_force(x, codebook, metric, nearest_code(x, codebook, metric));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sizes, NearestCodeSizes,
-    ::testing::Combine(::testing::Values<int64_t>(0, 1, 7, 257, 1000, 2100),
-                       ::testing::Values<int64_t>(1, 3, 511, 512, 513, 1300),
-                       ::testing::Values<int64_t>(1, 5, 64), ::testing::Values(Metric::Euclidean, Metric::Cosine)));
+INSTANTIATE_TEST_SUITE_P(Sizes, NearestCodeSizes,
+                         ::testing::Combine(::testing::Values<int64_t>(0, 1, 7, 257, 1000, 2100),
+                                            ::testing::Values<int64_t>(1, 3, 511, 512, 513, 1300),
+                                            ::testing::Values<int64_t>(1, 5, 64),
+                                            ::testing::Values(Metric::Euclidean, Metric::Cosine)));
 
 TEST(NearestCode, ExactTiesGoToTheLowestIndex) {
   torch::manual_seed(3);

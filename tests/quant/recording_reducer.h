@@ -32,8 +32,8 @@ class RecordingReducer final : public Reducer {
     return local;
   }
 
-  std::vector<std::string> tags;    // every call, in order
-  std::vector<std::string> files;   // the source file each call names
+  std::vector<std::string> tags;     // every call, in order
+  std::vector<std::string> files;    // the source file each call names
   std::vector<double> first_totals;  // sum_: the sum of the first tensor, as handed in
   int differentiable_calls = 0;
   at::Tensor last_local;  // sum: the last local value

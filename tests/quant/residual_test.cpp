@@ -87,8 +87,8 @@ TEST(Residual, LfqLayersHalveTheCodebookScale) {
 
 TEST(Residual, QuantizeDropoutKeepsAPrefixDrawnFromTheGenerator) {
   auto make = [] {
-    return make_residual_vq(ResidualOptions(4).quantize_dropout(true).quantize_dropout_cutoff_index(1),
-                            VqOptions(3, 8), seeded(1));
+    return make_residual_vq(ResidualOptions(4).quantize_dropout(true).quantize_dropout_cutoff_index(1), VqOptions(3, 8),
+                            seeded(1));
   };
   torch::manual_seed(6);
   const at::Tensor x = torch::randn({2, 5, 3});

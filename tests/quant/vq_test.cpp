@@ -57,7 +57,7 @@ TEST_P(VqEstimators, DecodeOfEncodeIsTheForwardValue) {
 
 INSTANTIATE_TEST_SUITE_P(All, VqEstimators,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(VqEstimator::StraightThrough,
-                                                                                   VqEstimator::RotationTrick)));
+                                                                                 VqEstimator::RotationTrick)));
 
 // A codebook larger than any machine's memory is refused before allocating, saying what and how much.
 TEST(Vq, ACodebookBeyondMemoryIsRefusedBeforeAllocating) {
@@ -118,21 +118,24 @@ TEST(Vq, FusedRotationTrickMatchesTheTorchOpFormIncludingDegenerateRows) {
   for (const int64_t d : {2, 3, 64, 67}) {
     at::Tensor x = torch::randn({2000, d});
     at::Tensor q = torch::randn({2000, d});
-    x[0].zero_();       // zero token
-    x[1].mul_(1e-8);    // below the clamp
-    q[2].zero_();       // zero code
-    q[3] = -x[3];       // opposite: u + q^ = 0
+    x[0].zero_();     // zero token
+    x[1].mul_(1e-8);  // below the clamp
+    q[2].zero_();     // zero code
+    q[3] = -x[3];     // opposite: u + q^ = 0
     const at::Tensor g = torch::randn({2000, d});
     const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_(), xc = x.clone().requires_grad_();
     const at::Tensor fused = rotate_to(xa, q), reference = rotate_to_reference(xb, q);
     const at::Tensor off_cpu = detail::rotate_to_torch(xc, q);  // the path other devices run
     EXPECT_TRUE(torch::allclose(fused, reference, 1e-4, 1e-4)) << "d = " << d << " " << (fused - reference).abs().max();
-    EXPECT_TRUE(torch::allclose(off_cpu, reference, 1e-4, 1e-4)) << "d = " << d << " " << (off_cpu - reference).abs().max();
+    EXPECT_TRUE(torch::allclose(off_cpu, reference, 1e-4, 1e-4))
+        << "d = " << d << " " << (off_cpu - reference).abs().max();
     (fused * g).sum().backward();
     (reference * g).sum().backward();
     (off_cpu * g).sum().backward();
-    EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-4, 1e-4)) << "d = " << d << " " << (xa.grad() - xb.grad()).abs().max();
-    EXPECT_TRUE(torch::allclose(xc.grad(), xb.grad(), 1e-4, 1e-4)) << "d = " << d << " " << (xc.grad() - xb.grad()).abs().max();
+    EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-4, 1e-4))
+        << "d = " << d << " " << (xa.grad() - xb.grad()).abs().max();
+    EXPECT_TRUE(torch::allclose(xc.grad(), xb.grad(), 1e-4, 1e-4))
+        << "d = " << d << " " << (xc.grad() - xb.grad()).abs().max();
   }
 }
 
@@ -148,7 +151,8 @@ TEST(Vq, EmaUpdateWithLaplaceSmoothingMatchesHandComputedValues) {
   // N~ = (N + 1e-5) / (2.5 + 2e-5) * 2.5 = [1.499998, 1.000002]; e = m / N~ = [1.3333351, 9.499981].
   EXPECT_TRUE(torch::allclose(vq.cluster_size()[0], torch::tensor({1.5f, 1.0f}), 0, 1e-6));
   EXPECT_TRUE(torch::allclose(vq.embed_avg()[0], torch::tensor({{2.0f, 2.0f}, {9.5f, 9.5f}}), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(vq.embed()[0], torch::tensor({{1.3333351f, 1.3333351f}, {9.499981f, 9.499981f}}), 0, 2e-6))
+  EXPECT_TRUE(
+      torch::allclose(vq.embed()[0], torch::tensor({{1.3333351f, 1.3333351f}, {9.499981f, 9.499981f}}), 0, 2e-6))
       << vq.embed();
 }
 
@@ -180,7 +184,9 @@ TEST(Vq, KmeansInitLowersInertiaOnClusteredData) {
   torch::manual_seed(5);
   const at::Tensor centers = torch::randn({8, 4}) * 10;
   const at::Tensor x = (centers.repeat({64, 1}) + torch::randn({512, 4}) * 0.1).unsqueeze(0);
-  auto inertia = [&](Vq& vq) { return nearest_code(x[0], vq.embed()[0], Metric::Euclidean).score.mean().item<float>(); };
+  auto inertia = [&](Vq& vq) {
+    return nearest_code(x[0], vq.embed()[0], Metric::Euclidean).score.mean().item<float>();
+  };
   Vq random_init(VqOptions(4, 8), seeded(1));
   Vq kmeans(VqOptions(4, 8).kmeans_init(true).kmeans_iters(10), seeded(1));
   EXPECT_FALSE(kmeans.initted());
@@ -352,8 +358,8 @@ TEST(Vq, CodebookDimAddsProjectionsThatLearn) {
   ASSERT_EQ(vq.embed().sizes(), (std::vector<int64_t>{1, 10, 3}));
   std::set<std::string> names;
   for (const auto& p : vq.named_parameters()) names.insert(p.key());
-  EXPECT_EQ(names, (std::set<std::string>{"project_in.weight", "project_in.bias", "project_out.weight",
-                                          "project_out.bias"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"project_in.weight", "project_in.bias", "project_out.weight", "project_out.bias"}));
   torch::manual_seed(5);
   const at::Tensor x = torch::randn({2, 8, 6}, torch::requires_grad());
   vq.eval();

@@ -143,10 +143,12 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   Config c(lockstep_schema());
   std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
-                        "valid keys in [train]: batch_size, checkpoint_every, device, epochs, eval_every, grad_bucket_kb, log_every, lr, "
+                        "valid keys in [train]: batch_size, checkpoint_every, device, epochs, eval_every, "
+                        "grad_bucket_kb, log_every, lr, "
                         "seed, steps, threads, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
-                  {"unknown key 'quantizer.fsq.levles'", "line 2", "valid keys in [quantizer.fsq]: dim, levels, noise_dropout, num_codebooks, preserve_symmetry"});
+                  {"unknown key 'quantizer.fsq.levles'", "line 2",
+                   "valid keys in [quantizer.fsq]: dim, levels, noise_dropout, num_codebooks, preserve_symmetry"});
   expect_contains(set_error("quantizer.x=1"),
                   {"unknown key 'quantizer.x'", "valid keys in [quantizer]: name", "[quantizer.fsq]"});
   expect_contains(set_error("train.batch=1"),
@@ -156,7 +158,8 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
   const std::string sections =
-      "valid sections: data, eval, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, quantizer.vq, train";
+      "valid sections: data, eval, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, quantizer.vq, "
+      "train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});
   expect_contains(load_error("[quantizer.pq]\nsize = 4\n"), {"unknown section [quantizer.pq]", sections});
@@ -200,7 +203,8 @@ TEST(ConfigErrorTest, OutOfRangeShowsTheRange) {
 
 TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
   expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
-                  {"quantizer.name = \"foo\" is not valid", "line 2", "choose one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq"});
+                  {"quantizer.name = \"foo\" is not valid", "line 2",
+                   "choose one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: auto, fashion-mnist, folder"});
 }
@@ -351,7 +355,7 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
 TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
   EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
-                                                   "quantizer.vq", "quantizer.residual", "train", "eval"}));
+                                                    "quantizer.vq", "quantizer.residual", "train", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
   EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "residual", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "model", "quantizer", "train"}));
@@ -369,7 +373,8 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.lr")->constraint_text(), "in (0, 10]");
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
-  EXPECT_EQ(s.find("quantizer.name")->constraint_text(), "one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq");
+  EXPECT_EQ(s.find("quantizer.name")->constraint_text(),
+            "one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }
 

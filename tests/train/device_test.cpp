@@ -32,8 +32,8 @@ TEST(TrainDevice, ParsesCpuCudaAndCudaN) {
 }
 
 TEST(TrainDevice, RefusesWhatIsNotADevice) {
-  for (const char* text : {"gpu", "CUDA", "cuda:", "cuda:-1", "cuda:+1", "cuda:01", "cuda:1x", " cpu", "cuda:99999",
-                           "", "mps"}) {
+  for (const char* text :
+       {"gpu", "CUDA", "cuda:", "cuda:-1", "cuda:+1", "cuda:01", "cuda:1x", " cpu", "cuda:99999", "", "mps"}) {
     const std::string e = error_of([&] { parse_device_spec(text); });
     EXPECT_NE(e.find(std::string("'") + text + "' is not a device"), std::string::npos) << text << ": " << e;
   }
@@ -46,14 +46,14 @@ TEST(TrainDevice, EachRankOfANodeTakesItsLocalRanksGpu) {
   EXPECT_EQ(cuda_index_for(parse_device_spec("cuda"), 1, 2, ""), 1);
   EXPECT_EQ(cuda_index_for(parse_device_spec("cuda:1"), 0, 2, ""), 1);  // an explicit device wins
   const std::string too_many = error_of([] { cuda_index_for(parse_device_spec("cuda"), 2, 2, ""); });
-  EXPECT_NE(too_many.find("LOCAL_RANK 2 has none: this process sees 2 CUDA device(s)"), std::string::npos)
-      << too_many;
+  EXPECT_NE(too_many.find("LOCAL_RANK 2 has none: this process sees 2 CUDA device(s)"), std::string::npos) << too_many;
   const std::string missing = error_of([] { cuda_index_for(parse_device_spec("cuda:3"), -1, 2, ""); });
   EXPECT_NE(missing.find("train.device = cuda:3, but this process sees 2 CUDA device(s): cuda:0 to cuda:1"),
             std::string::npos)
       << missing;
   const std::string none = error_of([] { cuda_index_for(parse_device_spec("cuda"), -1, 0, "no driver here"); });
-  EXPECT_NE(none.find("train.device = cuda, but no driver here; use the CPU (train.device = cpu)"), std::string::npos) << none;
+  EXPECT_NE(none.find("train.device = cuda, but no driver here; use the CPU (train.device = cpu)"), std::string::npos)
+      << none;
 }
 
 TEST(TrainDevice, WithoutAGpuAskingForCudaSaysWhy) {

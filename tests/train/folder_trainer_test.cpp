@@ -39,7 +39,8 @@ std::string make_folder(const test_util::TempDir& tmp, const std::string& name =
     cv::Mat m(h, w, CV_8UC3);
     for (int y = 0; y < h; ++y) {
       for (int x = 0; x < w; ++x) {
-        for (int c = 0; c < 3; ++c) m.at<cv::Vec3b>(y, x)[c] = cv::saturate_cast<uchar>(base[c] + (c + 1) * (dx * x + dy * y) / 3);
+        for (int c = 0; c < 3; ++c)
+          m.at<cv::Vec3b>(y, x)[c] = cv::saturate_cast<uchar>(base[c] + (c + 1) * (dx * x + dy * y) / 3);
       }
     }
     return m;
@@ -95,9 +96,10 @@ TEST(FolderTrainer, TrainsOnEveryBucketAndReportsTheDataEachEpoch) {
   ASSERT_FALSE(info.empty());
   EXPECT_NE(info.back().find("33 training images, 4 held out for evaluation, 1 unreadable"), std::string::npos)
       << info.back();
-  EXPECT_NE(info.back().find("images of 32x64 join 32x32 (too few for one global batch)"), std::string::npos) << info.back();
+  EXPECT_NE(info.back().find("images of 32x64 join 32x32 (too few for one global batch)"), std::string::npos)
+      << info.back();
   EXPECT_EQ(trainer->config().get_string("data.dataset"), "folder");  // "auto" resolved, and recorded
-  std::set<std::pair<int64_t, int64_t>> sizes;  // (width, height) of the steps
+  std::set<std::pair<int64_t, int64_t>> sizes;                        // (width, height) of the steps
   TrainCallbacks cb;
   cb.on_step = [&](const StepReport& r) { sizes.emplace(r.image_width, r.image_height); };
   const TrainSummary s = trainer->run(cb);
@@ -228,8 +230,7 @@ TEST(FolderTrainer, SettingsThatCannotWorkFailBeforeTraining) {
   fs::create_directories(empty);
   std::ofstream(empty + "/broken.jpg") << "no";
   Config nothing = folder_config(empty, 2);
-  EXPECT_NE(error_of(nothing).find("none of its 1 image files can be decoded"), std::string::npos)
-      << error_of(nothing);
+  EXPECT_NE(error_of(nothing).find("none of its 1 image files can be decoded"), std::string::npos) << error_of(nothing);
   fs::remove(empty + "/broken.jpg");
   EXPECT_NE(error_of(nothing).find("holds no image files"), std::string::npos) << error_of(nothing);
 }

@@ -22,7 +22,8 @@ TEST(GradientSync, GradientsBecomeTheMeanOverRanksWhateverTheBuckets) {
     std::vector<torch::nn::Sequential> nets;
     for (int r = 0; r < kRanks; ++r) nets.push_back(make_net());  // built before the threads: one generator
     std::vector<at::Tensor> inputs;
-    for (int r = 0; r < kRanks; ++r) inputs.push_back(torch::empty({5, 6}).normal_(0, 1, at::detail::createCPUGenerator(r)));
+    for (int r = 0; r < kRanks; ++r)
+      inputs.push_back(torch::empty({5, 6}).normal_(0, 1, at::detail::createCPUGenerator(r)));
     // The expected mean, from local backwards.
     std::vector<at::Tensor> expected;
     for (int r = 0; r < kRanks; ++r) {
@@ -30,8 +31,10 @@ TEST(GradientSync, GradientsBecomeTheMeanOverRanksWhateverTheBuckets) {
       net->forward(inputs[r]).pow(2).sum().backward();
       for (size_t k = 0; k < net->parameters().size(); ++k) {
         const at::Tensor g = net->parameters()[k].grad() / kRanks;
-        if (r == 0) expected.push_back(g.clone());
-        else expected[k] += g;
+        if (r == 0)
+          expected.push_back(g.clone());
+        else
+          expected[k] += g;
       }
     }
     std::vector<int64_t> buckets(kRanks);

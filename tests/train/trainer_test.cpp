@@ -221,8 +221,10 @@ TEST(Trainer, ARunDirectoryInUseIsRefused) {
   auto first = Trainer::create(small_config(2), run, one());
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
-      if (attempt == 0) Trainer::create(small_config(2), run, one());
-      else Trainer::resume(run, {}, one());
+      if (attempt == 0)
+        Trainer::create(small_config(2), run, one());
+      else
+        Trainer::resume(run, {}, one());
       FAIL() << "a second trainer took the run directory";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("is in use by another lockstep process (pid " + std::to_string(::getpid())),

@@ -60,16 +60,16 @@ inline std::string concat_list(const std::vector<std::string>& items) {
 }  // namespace lockstep
 
 // Throws `type(message)` when `cond` is false; the message is the remaining arguments streamed.
-#define LOCKSTEP_THROW_IF_NOT(cond, type, ...) \
-  do {                                         \
-    if (!(cond)) {                             \
+#define LOCKSTEP_THROW_IF_NOT(cond, type, ...)             \
+  do {                                                     \
+    if (!(cond)) {                                         \
       throw type(::lockstep::detail::concat(__VA_ARGS__)); \
-    }                                          \
+    }                                                      \
   } while (0)
 
 #define LOCKSTEP_CHECK_ARG(cond, ...) LOCKSTEP_THROW_IF_NOT(cond, ::lockstep::InvalidArgument, __VA_ARGS__)
 
 // An invariant of lockstep's own (never the caller's input): InternalError naming where it broke.
-#define LOCKSTEP_ASSERT(cond, ...)                                                                   \
+#define LOCKSTEP_ASSERT(cond, ...)                                                                      \
   LOCKSTEP_THROW_IF_NOT(cond, ::lockstep::InternalError, "internal error at ", __FILE__, ":", __LINE__, \
                         " (a bug in lockstep; please report it): ", __VA_ARGS__)

@@ -11,8 +11,8 @@ int64_t resident_bytes();
 // Peak resident set size in bytes since start or the last reset_peak_resident() (VmHWM).
 int64_t peak_resident_bytes();
 // Returns freed heap memory to the system (glibc), then starts a new peak (writes 5 to
-// /proc/self/clear_refs, Linux >= 4.0). Call it before reading resident_bytes() as the baseline. Returns false where the
-// kernel refuses; peak_resident_bytes() then keeps counting from the process start.
+// /proc/self/clear_refs, Linux >= 4.0). Call it before reading resident_bytes() as the baseline. Returns false where
+// the kernel refuses; peak_resident_bytes() then keeps counting from the process start.
 bool reset_peak_resident();
 
 // Memory the system can still give (MemAvailable of /proc/meminfo), in bytes; -1 where unknown.

@@ -13,13 +13,13 @@
 namespace lockstep::data {
 
 struct ManifestEntry {
-  std::string path;      // relative to the manifest's root, '/'-separated
-  int64_t width = 0;     // 0 when unreadable
+  std::string path;   // relative to the manifest's root, '/'-separated
+  int64_t width = 0;  // 0 when unreadable
   int64_t height = 0;
-  int64_t bytes = 0;     // file size
-  int64_t mtime_ns = 0;  // modification time, to reuse a cached entry
+  int64_t bytes = 0;      // file size
+  int64_t mtime_ns = 0;   // modification time, to reuse a cached entry
   uint64_t checksum = 0;  // of the file's bytes
-  std::string error;     // why it could not be decoded; empty when readable
+  std::string error;      // why it could not be decoded; empty when readable
   bool readable() const { return error.empty(); }
 };
 
@@ -45,8 +45,8 @@ bool is_image_file(const std::string& name);
 // `progress` (optional) is called on the caller's thread with (files done, files in all). Throws
 // IoError when `root` is not a readable directory.
 using ScanProgress = std::function<void(int64_t done, int64_t total)>;
-Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr,
-                           const ScanProgress& progress = {}, int threads = 0);
+Manifest scan_image_folder(const std::string& root, const Manifest* cached = nullptr, const ScanProgress& progress = {},
+                           int threads = 0);
 
 // The `count` readable entries whose paths hash lowest, sorted: a held-out evaluation set that
 // depends on the paths alone, so it stays put when other files come or go. Throws InvalidArgument

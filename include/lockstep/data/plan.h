@@ -52,7 +52,7 @@ class EpochPlan {
   uint64_t hash() const;
 
  private:
-  std::vector<std::vector<int64_t>> shuffled_;  // per bucket, this epoch's order
+  std::vector<std::vector<int64_t>> shuffled_;      // per bucket, this epoch's order
   std::vector<std::pair<int64_t, int64_t>> order_;  // per step: (bucket, batch index within it)
   PlanOptions options_;
 };

@@ -34,8 +34,7 @@ struct CollectiveCall {
   Phase phase;  // as the caller declared it on the group
 
   static CollectiveCall of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
-                           const CallSite& site, const Phase& phase, ReduceOp reduce = ReduceOp::Sum,
-                           int root = -1);
+                           const CallSite& site, const Phase& phase, ReduceOp reduce = ReduceOp::Sum, int root = -1);
 
   // "#7 all_reduce(sum) of [float32 (512), float32 (512, 64)] at vq.ema (src/quant/vq.cpp:230) in
   // train step 8"
@@ -70,8 +69,7 @@ class CollectiveFailure : public Error {
 // waited for them in a collective.
 class PeerLost : public CollectiveFailure {
  public:
-  PeerLost(const std::string& message, std::vector<int> ranks)
-      : CollectiveFailure(message), ranks_(std::move(ranks)) {}
+  PeerLost(const std::string& message, std::vector<int> ranks) : CollectiveFailure(message), ranks_(std::move(ranks)) {}
   const std::vector<int>& ranks() const { return ranks_; }  // the ranks that died
 
  private:

@@ -80,7 +80,7 @@ class Group {
   // the caller can go on computing; `tensors` must stay alive and untouched until wait(). Calls
   // must still be issued in the same order on every rank. By default it runs synchronously.
   virtual std::unique_ptr<PendingCollective> all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
-                                                               const CollectiveOptions& opts);
+                                                              const CollectiveOptions& opts);
 
   // What the caller is doing ("step 57"), shown in other ranks' reports when this rank dies or
   // stalls. Not a collective.
@@ -125,4 +125,3 @@ class SingleProcessGroup final : public Group {
 std::shared_ptr<Group> make_single_process_group();
 
 }  // namespace lockstep::dist
-

@@ -44,8 +44,8 @@ struct GroupOptions {
 
   // torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
   // 29500); LOCAL_RANK and LOCAL_WORLD_SIZE are checked when set; TORCHELASTIC_USE_AGENT_STORE,
-  // TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT select torchrun's hosted store. Throws InvalidArgument naming the
-  // variable and its value when one is malformed or they contradict each other.
+  // TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT select torchrun's hosted store. Throws InvalidArgument naming
+  // the variable and its value when one is malformed or they contradict each other.
   static GroupOptions from_environment();
   // True when WORLD_SIZE or RANK is set: the process was started as one rank of several.
   static bool environment_has_ranks();

@@ -17,10 +17,16 @@ struct AutoencoderOptions {
   AutoencoderOptions(int64_t in_channels, std::vector<int64_t> channels)
       : in_channels_(in_channels), channels_(std::move(channels)) {}
 
-  AutoencoderOptions& res_blocks(int64_t n) { res_blocks_ = n; return *this; }
+  AutoencoderOptions& res_blocks(int64_t n) {
+    res_blocks_ = n;
+    return *this;
+  }
   // BatchNorm before each activation of the residual blocks: statistics of the batch in training,
   // running estimates (buffers) in evaluation.
-  AutoencoderOptions& batch_norm(bool on) { batch_norm_ = on; return *this; }
+  AutoencoderOptions& batch_norm(bool on) {
+    batch_norm_ = on;
+    return *this;
+  }
 
   int64_t in_channels() const { return in_channels_; }
   const std::vector<int64_t>& channels() const { return channels_; }
@@ -42,7 +48,7 @@ struct AutoencoderOptions {
 };
 
 struct AutoencoderOutput {
-  at::Tensor reconstruction;  // (b, c, h, w)
+  at::Tensor reconstruction;     // (b, c, h, w)
   quant::QuantizerOutput quant;  // indices as (b, h', w') or (b, h', w', k)
 };
 

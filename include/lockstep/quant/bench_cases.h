@@ -14,11 +14,11 @@ enum class BenchLimit {
 };
 
 struct BenchCase {
-  std::string name;    // "vq fwd+bwd"
-  std::string shape;   // "16x1024 d64 K512"
+  std::string name;   // "vq fwd+bwd"
+  std::string shape;  // "16x1024 d64 K512"
   BenchLimit limit = BenchLimit::Sgemm;
-  double tokens = 0;   // tokens (or elements) per run, for tokens/s
-  double work = 0;     // flops or bytes per run, as `limit` says
+  double tokens = 0;    // tokens (or elements) per run, for tokens/s
+  double work = 0;      // flops or bytes per run, as `limit` says
   std::string counted;  // how `work` is counted, one line
   // The targets on the reference machine, one thread; 0 where there is none.
   double target_ms = 0;

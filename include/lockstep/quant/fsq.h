@@ -18,10 +18,19 @@ struct FsqOptions {
   explicit FsqOptions(std::vector<int64_t> levels) : levels_(std::move(levels)) {}
 
   // Input dimension; unset means levels.size() * num_codebooks (no projection).
-  FsqOptions& dim(int64_t d) { dim_ = d; return *this; }
-  FsqOptions& num_codebooks(int64_t n) { num_codebooks_ = n; return *this; }
+  FsqOptions& dim(int64_t d) {
+    dim_ = d;
+    return *this;
+  }
+  FsqOptions& num_codebooks(int64_t n) {
+    num_codebooks_ = n;
+    return *this;
+  }
   // Use the symmetric bound 2/(L-1) * floor((L-1)(tanh z + 1)/2 + 0.5) - 1.
-  FsqOptions& preserve_symmetry(bool on) { preserve_symmetry_ = on; return *this; }
+  FsqOptions& preserve_symmetry(bool on) {
+    preserve_symmetry_ = on;
+    return *this;
+  }
   // Training only, needs preserve_symmetry. After the indices are computed, each element of the
   // quantized code independently, with probability p, gets an offset u ~ U[-0.5, 0.5) added and
   // the sum clamped to [-1, 1] (docs/quantizers.md; the Python reference adds the same offset to
@@ -29,7 +38,10 @@ struct FsqOptions {
   // gradient of the bound, also where the clamp bit. Indices are never affected. Randomness: one
   // 64-bit draw per forward from QuantizeContext::generator (torch's default CPU generator when
   // undefined), expanded per element by a counter-based hash; eval mode draws nothing.
-  FsqOptions& noise_dropout(double p) { noise_dropout_ = p; return *this; }
+  FsqOptions& noise_dropout(double p) {
+    noise_dropout_ = p;
+    return *this;
+  }
 
   const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
@@ -69,14 +81,14 @@ constexpr int64_t kFsqChunkPositions = 1024;
 // Noise dropout for the kernel: an element gets noise when its 32-bit hash < threshold.
 struct FsqNoise {
   uint64_t seed = 0;
-  uint32_t threshold = 0;  // p * 2^32; 0 means no noise
+  uint32_t threshold = 0;      // p * 2^32; 0 means no noise
   int64_t element_offset = 0;  // global index of z's first element: the noise is keyed by it
 };
 
 // Tokens [token_begin, token_end) of z (tokens, L) -> codes (tokens, L), indices (tokens,) and,
 // when `derivative` is not null, d code / d z (tokens, L). Single-threaded; plain pointers.
-void fsq_forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices,
-                        float* derivative, const FsqNoise& noise, int64_t token_begin, int64_t token_end);
+void fsq_forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices, float* derivative,
+                        const FsqNoise& noise, int64_t token_begin, int64_t token_end);
 // The index of each of `tokens` codes (tokens, L) by the definition's formula (any codes, not
 // only grid points).
 void fsq_codes_to_indices(const FsqKernelPlan& plan, const float* codes, int64_t* indices, int64_t tokens);
@@ -114,10 +126,10 @@ class Fsq final : public Quantizer {
   // Bounds and rounds z (..., len(levels)) with a straight-through gradient.
   at::Tensor quantize_codes(const at::Tensor& z) const;
   // Codes and indices of z (..., len(levels)) in one pass over memory, split over at::parallel_for
-  // for large inputs; off the CPU, the same from torch operations (detail::fsq_forward_torch). z of another dtype or layout is first converted to contiguous float32 (a
-  // differentiable copy). The codes' gradient is the straight-through gradient of the bound.
-  // With `noise` set (defined or not: undefined means torch's default CPU generator), noise
-  // dropout is applied as FsqOptions::noise_dropout says; one 64-bit number is drawn from the
+  // for large inputs; off the CPU, the same from torch operations (detail::fsq_forward_torch). z of another dtype or
+  // layout is first converted to contiguous float32 (a differentiable copy). The codes' gradient is the
+  // straight-through gradient of the bound. With `noise` set (defined or not: undefined means torch's default CPU
+  // generator), noise dropout is applied as FsqOptions::noise_dropout says; one 64-bit number is drawn from the
   // generator per call, so the result does not depend on the thread count.
   // `element_offset` is the global index of z's first element (QuantizeContext::first_item).
   FsqCodes quantize_and_index(const at::Tensor& z, const std::optional<at::Generator>& noise = std::nullopt,

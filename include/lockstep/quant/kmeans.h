@@ -20,8 +20,8 @@ struct KmeansResult {
 // tokens: (C, M, d), one set per codebook; initial: (C, K, d). `iters` rounds, each one
 // reducer.sum_ call (at `site`) carrying every codebook's statistics. An empty cluster keeps its
 // previous mean; with Metric::Cosine the means are l2-normalised. Not differentiable.
-KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric,
-                    Reducer& reducer, const CallSite& site = LOCKSTEP_CALL_SITE("kmeans"));
+KmeansResult kmeans(const at::Tensor& tokens, const at::Tensor& initial, int64_t iters, Metric metric, Reducer& reducer,
+                    const CallSite& site = LOCKSTEP_CALL_SITE("kmeans"));
 
 // Per-code token counts (C*K) and sums (C*K, d) of tokens (C, M, d) assigned `indices` (C, M):
 // codebook c's code i is row c*K + i, so every codebook travels in one reduction. float64, so that

@@ -14,23 +14,50 @@ struct LfqOptions {
   explicit LfqOptions(int64_t codebook_size) : codebook_size_(codebook_size) {}
 
   // Input dimension; unset (or 0 through the registry) means num_codebooks * log2 K (no projection).
-  LfqOptions& dim(int64_t d) { dim_ = d; return *this; }
-  LfqOptions& entropy_loss_weight(double w) { entropy_loss_weight_ = w; return *this; }
-  LfqOptions& commitment_loss_weight(double w) { commitment_loss_weight_ = w; return *this; }
-  LfqOptions& diversity_gamma(double g) { diversity_gamma_ = g; return *this; }
-  LfqOptions& codebook_scale(double s) { codebook_scale_ = s; return *this; }
-  LfqOptions& inv_temperature(double t) { inv_temperature_ = t; return *this; }
+  LfqOptions& dim(int64_t d) {
+    dim_ = d;
+    return *this;
+  }
+  LfqOptions& entropy_loss_weight(double w) {
+    entropy_loss_weight_ = w;
+    return *this;
+  }
+  LfqOptions& commitment_loss_weight(double w) {
+    commitment_loss_weight_ = w;
+    return *this;
+  }
+  LfqOptions& diversity_gamma(double g) {
+    diversity_gamma_ = g;
+    return *this;
+  }
+  LfqOptions& codebook_scale(double s) {
+    codebook_scale_ = s;
+    return *this;
+  }
+  LfqOptions& inv_temperature(double t) {
+    inv_temperature_ = t;
+    return *this;
+  }
   // f in (0, 1]: the tokens of each training call that enter both the per-sample entropy and the
   // average probability. Each token joins with probability f, decided by a hash of (one draw of
   // ctx.generator, the token's global position in the batch), so W ranks choose exactly the tokens
   // one process would (the reference takes exactly int(n * f) at random; here the count is binomial).
-  LfqOptions& frac_per_sample_entropy(double f) { frac_per_sample_entropy_ = f; return *this; }
+  LfqOptions& frac_per_sample_entropy(double f) {
+    frac_per_sample_entropy_ = f;
+    return *this;
+  }
   // BSQ: l2-normalise the inputs and the codes (times codebook_scale).
-  LfqOptions& spherical(bool on) { spherical_ = on; return *this; }
+  LfqOptions& spherical(bool on) {
+    spherical_ = on;
+    return *this;
+  }
   // c >= 1 codebooks of K codes each: the code space has c * log2 K dimensions, codebook g owning
   // dimensions [g log2 K, (g + 1) log2 K); indices (b, n, c), or (b, n) when c = 1. Entropies
   // are per codebook, averaged over codebooks; spherical normalises each group.
-  LfqOptions& num_codebooks(int64_t n) { num_codebooks_ = n; return *this; }
+  LfqOptions& num_codebooks(int64_t n) {
+    num_codebooks_ = n;
+    return *this;
+  }
 
   int64_t codebook_size() const { return codebook_size_; }
   std::optional<int64_t> dim() const { return dim_; }

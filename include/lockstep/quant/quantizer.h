@@ -27,8 +27,8 @@ struct QuantizeContext {
 };
 
 struct QuantizerOutput {
-  at::Tensor quantized;  // same shape as the input; its gradient follows the quantizer's estimator
-  at::Tensor indices;    // int64: (b, n) or (b, n, num_indices())
+  at::Tensor quantized;                      // same shape as the input; its gradient follows the quantizer's estimator
+  at::Tensor indices;                        // int64: (b, n) or (b, n, num_indices())
   std::map<std::string, at::Tensor> losses;  // named scalar losses, already weighted
 
   // Sum of `losses` (a zero scalar when there are none).
@@ -39,9 +39,9 @@ class Quantizer : public torch::nn::Module {
  public:
   explicit Quantizer(const std::string& name) : torch::nn::Module(name) {}
 
-  virtual std::string kind() const = 0;          // registry name, e.g. "fsq"
-  virtual int64_t dim() const = 0;               // size of each input token vector
-  virtual int64_t codebook_size() const = 0;     // codes available to each index
+  virtual std::string kind() const = 0;              // registry name, e.g. "fsq"
+  virtual int64_t dim() const = 0;                   // size of each input token vector
+  virtual int64_t codebook_size() const = 0;         // codes available to each index
   virtual int64_t num_indices() const { return 1; }  // indices per token
 
   // x: (b, n, dim). Training behaviour (statistics, randomness) only in training mode.

@@ -22,9 +22,18 @@ struct ResidualOptions {
   // Training only: each call keeps layers 0..c and drops the rest (indices -1, no loss), with c drawn
   // uniformly from [quantize_dropout_cutoff_index, Q) by the caller's generator, then rounded up so
   // that c + 1 is a multiple of quantize_dropout_multiple_of.
-  ResidualOptions& quantize_dropout(bool on) { quantize_dropout_ = on; return *this; }
-  ResidualOptions& quantize_dropout_cutoff_index(int64_t i) { quantize_dropout_cutoff_index_ = i; return *this; }
-  ResidualOptions& quantize_dropout_multiple_of(int64_t m) { quantize_dropout_multiple_of_ = m; return *this; }
+  ResidualOptions& quantize_dropout(bool on) {
+    quantize_dropout_ = on;
+    return *this;
+  }
+  ResidualOptions& quantize_dropout_cutoff_index(int64_t i) {
+    quantize_dropout_cutoff_index_ = i;
+    return *this;
+  }
+  ResidualOptions& quantize_dropout_multiple_of(int64_t m) {
+    quantize_dropout_multiple_of_ = m;
+    return *this;
+  }
 
   int64_t num_quantizers() const { return num_quantizers_; }
   bool quantize_dropout() const { return quantize_dropout_; }

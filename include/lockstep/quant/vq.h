@@ -19,31 +19,76 @@ enum class VqEstimator {
 struct VqOptions {
   VqOptions(int64_t dim, int64_t codebook_size) : dim_(dim), codebook_size_(codebook_size) {}
 
-  VqOptions& dim(int64_t d) { dim_ = d; return *this; }
-  VqOptions& decay(double v) { decay_ = v; return *this; }
-  VqOptions& eps(double v) { eps_ = v; return *this; }
-  VqOptions& commitment_weight(double v) { commitment_weight_ = v; return *this; }
-  VqOptions& use_cosine_sim(bool on) { use_cosine_sim_ = on; return *this; }
+  VqOptions& dim(int64_t d) {
+    dim_ = d;
+    return *this;
+  }
+  VqOptions& decay(double v) {
+    decay_ = v;
+    return *this;
+  }
+  VqOptions& eps(double v) {
+    eps_ = v;
+    return *this;
+  }
+  VqOptions& commitment_weight(double v) {
+    commitment_weight_ = v;
+    return *this;
+  }
+  VqOptions& use_cosine_sim(bool on) {
+    use_cosine_sim_ = on;
+    return *this;
+  }
   // Unset: the rotation trick when dim > 1, else straight-through (the reference's default).
-  VqOptions& estimator(VqEstimator e) { estimator_ = e; return *this; }
-  VqOptions& kmeans_init(bool on) { kmeans_init_ = on; return *this; }
-  VqOptions& kmeans_iters(int64_t v) { kmeans_iters_ = v; return *this; }
+  VqOptions& estimator(VqEstimator e) {
+    estimator_ = e;
+    return *this;
+  }
+  VqOptions& kmeans_init(bool on) {
+    kmeans_init_ = on;
+    return *this;
+  }
+  VqOptions& kmeans_iters(int64_t v) {
+    kmeans_iters_ = v;
+    return *this;
+  }
   // Codes whose EMA cluster size falls below this are replaced by batch vectors; 0 disables.
-  VqOptions& threshold_ema_dead_code(double v) { threshold_ema_dead_code_ = v; return *this; }
+  VqOptions& threshold_ema_dead_code(double v) {
+    threshold_ema_dead_code_ = v;
+    return *this;
+  }
   // Each token is split into `heads` vectors of codebook_dim, quantized by one shared codebook or,
   // with separate_codebook_per_head, by one codebook per head; indices become (b, n, heads).
-  VqOptions& heads(int64_t h) { heads_ = h; return *this; }
-  VqOptions& separate_codebook_per_head(bool on) { separate_codebook_per_head_ = on; return *this; }
+  VqOptions& heads(int64_t h) {
+    heads_ = h;
+    return *this;
+  }
+  VqOptions& separate_codebook_per_head(bool on) {
+    separate_codebook_per_head_ = on;
+    return *this;
+  }
   // Length of each code; unset means dim. Linear projections in and out are added when
   // heads * codebook_dim != dim.
-  VqOptions& codebook_dim(int64_t d) { codebook_dim_ = d; return *this; }
+  VqOptions& codebook_dim(int64_t d) {
+    codebook_dim_ = d;
+    return *this;
+  }
   // Weight of sum(cos^2) / K^2 - 1/K over the l2-normalised codes (Shin et al. 2021). The EMA
   // codebook is not a parameter, so the term is reported but carries no gradient (as in the reference).
-  VqOptions& orthogonal_reg_weight(double w) { orthogonal_reg_weight_ = w; return *this; }
+  VqOptions& orthogonal_reg_weight(double w) {
+    orthogonal_reg_weight_ = w;
+    return *this;
+  }
   // Training only: draw each index from softmax(-distance / temperature) by Gumbel-max with the
   // caller's generator instead of taking the nearest code; temperature 0 keeps the nearest code.
-  VqOptions& stochastic_sample_codes(bool on) { stochastic_sample_codes_ = on; return *this; }
-  VqOptions& sample_codebook_temp(double t) { sample_codebook_temp_ = t; return *this; }
+  VqOptions& stochastic_sample_codes(bool on) {
+    stochastic_sample_codes_ = on;
+    return *this;
+  }
+  VqOptions& sample_codebook_temp(double t) {
+    sample_codebook_temp_ = t;
+    return *this;
+  }
 
   int64_t dim() const { return dim_; }
   int64_t codebook_size() const { return codebook_size_; }

@@ -12,10 +12,23 @@
 namespace lockstep::train {
 
 struct AdamOptions {
-  AdamOptions& lr(double v) { lr_ = v; return *this; }
-  AdamOptions& betas(double b1, double b2) { beta1_ = b1; beta2_ = b2; return *this; }
-  AdamOptions& eps(double v) { eps_ = v; return *this; }
-  AdamOptions& weight_decay(double v) { weight_decay_ = v; return *this; }
+  AdamOptions& lr(double v) {
+    lr_ = v;
+    return *this;
+  }
+  AdamOptions& betas(double b1, double b2) {
+    beta1_ = b1;
+    beta2_ = b2;
+    return *this;
+  }
+  AdamOptions& eps(double v) {
+    eps_ = v;
+    return *this;
+  }
+  AdamOptions& weight_decay(double v) {
+    weight_decay_ = v;
+    return *this;
+  }
   double lr_ = 1e-3, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0.0;
 };
 

@@ -20,7 +20,7 @@ struct Checkpoint {
   at::Tensor torch_rng;                         // torch's default CPU generator state (uint8)
   int64_t step = 0;                             // training steps completed
   int64_t optimizer_steps = 0;
-  std::string config_toml;                      // the run's resolved configuration
+  std::string config_toml;  // the run's resolved configuration
 };
 
 // The name of a run directory's checkpoint file.

@@ -14,8 +14,14 @@
 namespace lockstep::train {
 
 struct EvalOptions {
-  EvalOptions& batch_size(int64_t n) { batch_size_ = n; return *this; }
-  EvalOptions& grid_images(int64_t n) { grid_images_ = n; return *this; }
+  EvalOptions& batch_size(int64_t n) {
+    batch_size_ = n;
+    return *this;
+  }
+  EvalOptions& grid_images(int64_t n) {
+    grid_images_ = n;
+    return *this;
+  }
   int64_t batch_size_ = 500;
   int64_t grid_images_ = 16;  // the first N images and their reconstructions, for a PNG grid
 };
@@ -53,7 +59,6 @@ class Evaluation {
 EvalResult evaluate(model::AutoencoderImpl& model, const data::ImageSet& set, const EvalOptions& options);
 // The same over several sets (one per image size, e.g. per bucket), as if they were one: errors and
 // the code histogram are pooled over every pixel and token; the grid shows the first set's images.
-EvalResult evaluate(model::AutoencoderImpl& model, const std::vector<data::ImageSet>& sets,
-                    const EvalOptions& options);
+EvalResult evaluate(model::AutoencoderImpl& model, const std::vector<data::ImageSet>& sets, const EvalOptions& options);
 
 }  // namespace lockstep::train

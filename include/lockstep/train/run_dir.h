@@ -43,7 +43,6 @@ std::unique_ptr<RunDirLock> prepare_new_run_dir(const std::string& run_dir);
 std::vector<std::string> remove_stale_temporaries(const std::string& run_dir);
 
 // summary.json: steps, wall time and the final test evaluation.
-void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds,
-                   const EvalResult& test);
+void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test);
 
 }  // namespace lockstep::train

@@ -1,6 +1,6 @@
 // Training an autoencoder on Fashion-MNIST or an image folder into a run directory: the resolved
-// config, metrics, checkpoints, a reconstruction grid (and the folder's manifest). A run interrupted at step k and resumed reaches bit for
-// bit the parameters an uninterrupted run has at every later step.
+// config, metrics, checkpoints, a reconstruction grid (and the folder's manifest). A run interrupted at step k and
+// resumed reaches bit for bit the parameters an uninterrupted run has at every later step.
 #pragma once
 
 #include <atomic>
@@ -36,8 +36,8 @@ struct StepReport {
 };
 
 struct TrainCallbacks {
-  std::function<void(const StepReport&)> on_step;         // after every step
-  std::function<void(const std::string&)> on_info;        // notable events (checkpoint, resume)
+  std::function<void(const StepReport&)> on_step;   // after every step
+  std::function<void(const std::string&)> on_info;  // notable events (checkpoint, resume)
   std::function<void(int64_t step, const EvalResult&)> on_eval;
   // Checked before every step: when it becomes true the trainer saves a checkpoint and returns.
   const std::atomic<bool>* stop_requested = nullptr;
@@ -45,7 +45,7 @@ struct TrainCallbacks {
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t steps = 0;        // steps completed in total
+  int64_t steps = 0;         // steps completed in total
   bool interrupted = false;  // stopped by stop_requested before the last step
   double seconds = 0;        // wall time in this process
   EvalResult test;           // final evaluation (absent when interrupted)
