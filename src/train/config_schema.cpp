@@ -1,10 +1,28 @@
 // Every key `lockstep train` accepts. docs/configuration.md documents this table (a test checks
 // that they list the same keys), so change both together.
+#include "lockstep/quant/option_specs.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/device.h"
 
 namespace lockstep::train {
 namespace {
+
+// One quantizer option as a key of the configuration ("quantizer.vq." + "decay").
+KeySpec key_spec(const std::string& prefix, const quant::OptionSpec& o) {
+  using Type = quant::OptionSpec::Type;
+  KeySpec k = o.type == Type::Bool  ? KeySpec::boolean(prefix + o.key, std::get<bool>(o.default_value), o.help)
+              : o.type == Type::Int ? KeySpec::integer(prefix + o.key, std::get<int64_t>(o.default_value), o.help)
+              : o.type == Type::Float
+                  ? KeySpec::floating(prefix + o.key, std::get<double>(o.default_value), o.help)
+                  : KeySpec::int_list(prefix + o.key, std::get<std::vector<int64_t>>(o.default_value), o.help);
+  k.min = o.min;
+  k.max = o.max;
+  k.min_exclusive = o.min_exclusive;
+  k.max_exclusive = o.max_exclusive;
+  k.min_len = o.min_len;
+  k.max_len = o.max_len;
+  return k;
+}
 
 Schema build_schema() {
   // The names users may choose; a new quantizer or dataset adds its name here and its section below.
@@ -54,89 +72,10 @@ Schema build_schema() {
 
   s.add(K::string("quantizer.name", "fsq", "Which quantizer turns the encoder's output into tokens.")
             .one_of(kQuantizers));
-  s.add(K::int_list("quantizer.fsq.levels", {8, 5, 5, 5},
-                    "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
-            .in_range(2, 256)
-            .length(1, 16));
-  s.add(K::integer("quantizer.fsq.dim", 0,
-                   "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-            .in_range(0, 4096));
-  s.add(K::integer("quantizer.fsq.num_codebooks", 1, "FSQ codebooks per token, each with all the levels.")
-            .in_range(1, 64));
-  s.add(K::boolean("quantizer.fsq.preserve_symmetry", false,
-                   "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."));
-  s.add(K::floating("quantizer.fsq.noise_dropout", 0.0,
-                    "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
-                    "noise, clamped to [-1, 1].")
-            .at_least(0)
-            .less_than(1));
-  s.add(K::integer("quantizer.lfq.codebook_size", 1024,
-                   "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
-            .in_range(2, 1 << 24));
-  s.add(K::integer("quantizer.lfq.dim", 0,
-                   "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
-                   "log2 K.")
-            .in_range(0, 4096));
-  s.add(K::floating("quantizer.lfq.entropy_loss_weight", 0.1, "Weight of the entropy loss (per-sample minus codebook).")
-            .at_least(0));
-  // The reference (and LfqOptions) default to 0; without it an autoencoder's straight-through
-  // latents drift and the codes collapse (10 of 1024 used after 300 demo steps, 1010 with 0.25).
-  s.add(K::floating("quantizer.lfq.commitment_loss_weight", 0.25,
-                    "Weight of the commitment loss mse(x, code); 0 leaves it out. The reference defaults to 0, "
-                    "which lets training collapse onto few codes.")
-            .at_least(0));
-  s.add(K::floating("quantizer.lfq.diversity_gamma", 1.0,
-                    "How much the codebook entropy (usage across the global batch) counts in the entropy loss.")
-            .at_least(0));
-  s.add(K::floating("quantizer.lfq.inv_temperature", 100.0, "Inverse temperature of the code probabilities.")
-            .greater_than(0));
-  s.add(K::floating("quantizer.lfq.codebook_scale", 1.0, "Each code coordinate is +scale or -scale.").greater_than(0));
-  s.add(K::boolean("quantizer.lfq.spherical", false,
-                   "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."));
-  s.add(K::integer("quantizer.lfq.num_codebooks", 1, "LFQ codebooks per token, each of log2 K bits.").in_range(1, 64));
-  s.add(K::floating("quantizer.lfq.frac_per_sample_entropy", 1.0,
-                    "Fraction of each batch's tokens that enter the entropy loss: each token with this probability, "
-                    "by a hash of its place in the global batch (the reference takes exactly that share).")
-            .greater_than(0)
-            .at_most(1));
-  s.add(K::integer("quantizer.vq.dim", 8, "Channels of each latent token, the length of each code vector.")
-            .in_range(1, 4096));
-  s.add(K::integer("quantizer.vq.codebook_size", 512, "Number of codes K.").in_range(1, 1 << 20));
-  s.add(K::floating("quantizer.vq.decay", 0.8, "EMA decay of the codebook statistics.").in_range(0, 0.9999));
-  s.add(
-      K::floating("quantizer.vq.commitment_weight", 1.0, "Weight of the commitment loss mse(q, x).").in_range(0, 1000));
-  s.add(
-      K::boolean("quantizer.vq.kmeans_init", false, "Initialise the codebook by k-means on the first training batch."));
-  s.add(K::integer("quantizer.vq.kmeans_iters", 10, "Rounds of k-means when kmeans_init is on.").in_range(1, 1000));
-  s.add(K::floating("quantizer.vq.threshold_ema_dead_code", 0.0,
-                    "Codes whose EMA cluster size falls below this get a batch vector; 0 turns it off.")
-            .at_least(0));
-  s.add(K::boolean("quantizer.vq.cosine", false, "Cosine similarity: l2-normalise tokens and codes."));
-  s.add(K::boolean("quantizer.vq.rotation_trick", true,
-                   "Rotation-trick gradient estimator; false uses straight-through."));
-  s.add(K::integer("quantizer.vq.heads", 1, "Vectors each token is split into, each quantized on its own.")
-            .in_range(1, 64));
-  s.add(K::boolean("quantizer.vq.separate_codebook_per_head", false,
-                   "One codebook per head instead of one shared by all heads."));
-  s.add(K::integer("quantizer.vq.codebook_dim", 0,
-                   "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
-            .in_range(0, 4096));
-  s.add(K::floating("quantizer.vq.orthogonal_reg_weight", 0.0,
-                    "Weight of the orthogonal regulariser over the codes (reported; the EMA codebook takes no "
-                    "gradient from it).")
-            .at_least(0));
-  s.add(K::boolean("quantizer.vq.stochastic_sample_codes", false,
-                   "Training draws each code from softmax(-distance / temperature) instead of the nearest."));
-  s.add(K::floating("quantizer.vq.sample_codebook_temp", 1.0, "Temperature of stochastic code sampling.").at_least(0));
-  s.add(K::integer("quantizer.residual.num_quantizers", 4, "Layers of the residual-* quantizers.").in_range(1, 64));
-  s.add(K::boolean("quantizer.residual.quantize_dropout", false,
-                   "Training keeps only the first c+1 layers, c drawn per step from the shared generator."));
-  s.add(K::integer("quantizer.residual.quantize_dropout_cutoff_index", 0,
-                   "Smallest c quantize dropout draws (layers 0..c always run); below num_quantizers.")
-            .at_least(0));
-  s.add(K::integer("quantizer.residual.quantize_dropout_multiple_of", 1,
-                   "Quantize dropout keeps a multiple of this many layers.")
-            .at_least(1));
+  // Each quantizer's keys, defaults and limits as the library declares them (quant/option_specs.h).
+  for (const auto& section : quant::quantizer_option_sections()) {
+    for (const auto& option : section.options) s.add(key_spec("quantizer." + section.name + ".", option));
+  }
 
   s.add(K::integer("train.epochs", 1, "Passes over the training set.").in_range(1, 100000));
   s.add(K::integer("train.steps", 0, "Stop after this many optimizer steps; 0 runs all the epochs.").at_least(0));

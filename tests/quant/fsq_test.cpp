@@ -432,15 +432,8 @@ TEST(FsqNoiseDropout, FractionAndDistributionOfTheNoise) {
 }
 
 TEST(QuantizerRegistry, BuildsByNameAndListsNamesForUnknownOnes) {
-  OptionReader options;
-  options.int_list = [](const std::string& key) {
-    EXPECT_EQ(key, "levels");
-    return std::vector<int64_t>{7, 5};
-  };
-  // The other fsq keys at their defaults (num_codebooks 1, dim 0 = unset, no symmetry, no noise).
-  options.integer = [](const std::string& key) -> int64_t { return key == "num_codebooks" ? 1 : 0; };
-  options.boolean = [](const std::string&) { return false; };
-  options.real = [](const std::string&) { return 0.0; };
+  // The other fsq keys at their declared defaults.
+  const OptionReader options = default_option_reader("fsq", {{"fsq.levels", std::vector<int64_t>{7, 5}}});
   auto q = make_quantizer("fsq", options);
   EXPECT_EQ(q->kind(), "fsq");
   EXPECT_EQ(q->codebook_size(), 35);

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "lockstep/quant/quantizer.h"
@@ -35,5 +37,12 @@ std::vector<std::string> quantizer_names();
 // Throws InvalidArgument listing the registered names when `name` is unknown.
 const RegistryEntry& find_quantizer(const std::string& name);
 std::shared_ptr<Quantizer> make_quantizer(const std::string& name, const OptionReader& options);
+
+// The declared defaults (option_specs.h) of `section`, with `overrides` on top, keyed
+// "section.key" ({"vq.codebook_size", int64_t{64}}); section() reads the other sections the same way.
+// Build a quantizer by name without a configuration: make_quantizer("vq", default_option_reader("vq")).
+// Reading a key that is not declared, or as another type, throws InvalidArgument.
+using OptionValue = std::variant<bool, int64_t, double, std::vector<int64_t>>;
+OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides = {});
 
 }  // namespace lockstep::quant

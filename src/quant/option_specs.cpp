@@ -1,0 +1,191 @@
+#include "lockstep/quant/option_specs.h"
+
+#include <memory>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/registry.h"
+#include "lockstep/quant/residual.h"
+#include "lockstep/quant/vq.h"
+
+namespace lockstep::quant {
+namespace {
+
+// Chains limits onto one option, as the configuration's KeySpec does.
+struct Spec {
+  OptionSpec s;
+  Spec& at_least(double lo) { return s.min = lo, s.min_exclusive = false, *this; }
+  Spec& greater_than(double lo) { return s.min = lo, s.min_exclusive = true, *this; }
+  Spec& at_most(double hi) { return s.max = hi, s.max_exclusive = false, *this; }
+  Spec& less_than(double hi) { return s.max = hi, s.max_exclusive = true, *this; }
+  Spec& in_range(double lo, double hi) { return at_least(lo).at_most(hi); }
+  Spec& length(size_t lo, size_t hi) { return s.min_len = lo, s.max_len = hi, *this; }
+  operator OptionSpec() const { return s; }  // NOLINT: a builder
+};
+
+Spec option(std::string key, OptionSpec::Type type, decltype(OptionSpec::default_value) value, std::string help) {
+  Spec spec;
+  spec.s.key = std::move(key);
+  spec.s.type = type;
+  spec.s.default_value = std::move(value);
+  spec.s.help = std::move(help);
+  return spec;
+}
+Spec boolean(std::string key, bool value, std::string help) {
+  return option(std::move(key), OptionSpec::Type::Bool, value, std::move(help));
+}
+Spec integer(std::string key, int64_t value, std::string help) {
+  return option(std::move(key), OptionSpec::Type::Int, value, std::move(help));
+}
+Spec real(std::string key, double value, std::string help) {
+  return option(std::move(key), OptionSpec::Type::Float, value, std::move(help));
+}
+Spec int_list(std::string key, std::vector<int64_t> value, std::string help) {
+  return option(std::move(key), OptionSpec::Type::IntList, std::move(value), std::move(help));
+}
+
+// What the library takes as constructor arguments has no library default; these are the CLI's.
+const std::vector<int64_t> kFsqLevels = {8, 5, 5, 5};
+constexpr int64_t kLfqCodebookSize = 1024;
+constexpr int64_t kVqDim = 8, kVqCodebookSize = 512;
+constexpr int64_t kResidualLayers = 4;
+
+OptionSection fsq_section() {
+  const FsqOptions d(kFsqLevels);
+  return {"fsq",
+          {int_list("levels", kFsqLevels,
+                    "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
+               .in_range(2, 256)
+               .length(1, 16),
+           integer("dim", 0,
+                   "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
+               .in_range(0, 4096),
+           integer("num_codebooks", d.num_codebooks(), "FSQ codebooks per token, each with all the levels.")
+               .in_range(1, 64),
+           boolean("preserve_symmetry", d.preserve_symmetry(),
+                   "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."),
+           real("noise_dropout", d.noise_dropout(),
+                "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
+                "noise, clamped to [-1, 1].")
+               .at_least(0)
+               .less_than(1)}};
+}
+
+OptionSection lfq_section() {
+  const LfqOptions d(kLfqCodebookSize);
+  return {
+      "lfq",
+      {integer("codebook_size", kLfqCodebookSize,
+               "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
+           .in_range(2, 1 << 24),
+       integer("dim", 0,
+               "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
+               "log2 K.")
+           .in_range(0, 4096),
+       real("entropy_loss_weight", d.entropy_loss_weight(), "Weight of the entropy loss (per-sample minus codebook).")
+           .at_least(0),
+       real("commitment_loss_weight", d.commitment_loss_weight(),
+            "Weight of the commitment loss mse(x, code); 0 leaves it out. The reference defaults to 0, "
+            "which lets training collapse onto few codes.")
+           .at_least(0),
+       real("diversity_gamma", d.diversity_gamma(),
+            "How much the codebook entropy (usage across the global batch) counts in the entropy loss.")
+           .at_least(0),
+       real("inv_temperature", d.inv_temperature(), "Inverse temperature of the code probabilities.").greater_than(0),
+       real("codebook_scale", d.codebook_scale(), "Each code coordinate is +scale or -scale.").greater_than(0),
+       boolean("spherical", d.spherical(),
+               "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."),
+       integer("num_codebooks", d.num_codebooks(), "LFQ codebooks per token, each of log2 K bits.").in_range(1, 64),
+       real("frac_per_sample_entropy", d.frac_per_sample_entropy(),
+            "Fraction of each batch's tokens that enter the entropy loss: each token with this probability, "
+            "by a hash of its place in the global batch (the reference takes exactly that share).")
+           .greater_than(0)
+           .at_most(1)}};
+}
+
+OptionSection vq_section() {
+  const VqOptions d(kVqDim, kVqCodebookSize);
+  return {
+      "vq",
+      {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
+       real("decay", d.decay(), "EMA decay of the codebook statistics.").in_range(0, 0.9999),
+       real("commitment_weight", d.commitment_weight(), "Weight of the commitment loss mse(q, x).").in_range(0, 1000),
+       boolean("kmeans_init", d.kmeans_init(), "Initialise the codebook by k-means on the first training batch."),
+       integer("kmeans_iters", d.kmeans_iters(), "Rounds of k-means when kmeans_init is on.").in_range(1, 1000),
+       real("threshold_ema_dead_code", d.threshold_ema_dead_code(),
+            "Codes whose EMA cluster size falls below this get a batch vector; 0 turns it off.")
+           .at_least(0),
+       boolean("cosine", d.use_cosine_sim(), "Cosine similarity: l2-normalise tokens and codes."),
+       // The library's rule (the rotation trick when dim > 1), applied to the default dim.
+       boolean("rotation_trick", d.estimator() == VqEstimator::RotationTrick,
+               "Rotation-trick gradient estimator; false uses straight-through."),
+       integer("heads", d.heads(), "Vectors each token is split into, each quantized on its own.").in_range(1, 64),
+       boolean("separate_codebook_per_head", d.separate_codebook_per_head(),
+               "One codebook per head instead of one shared by all heads."),
+       integer("codebook_dim", 0,
+               "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
+           .in_range(0, 4096),
+       real("orthogonal_reg_weight", d.orthogonal_reg_weight(),
+            "Weight of the orthogonal regulariser over the codes (reported; the EMA codebook takes no "
+            "gradient from it).")
+           .at_least(0),
+       boolean("stochastic_sample_codes", d.stochastic_sample_codes(),
+               "Training draws each code from softmax(-distance / temperature) instead of the nearest."),
+       real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0)}};
+}
+
+OptionSection residual_section() {
+  const ResidualOptions d(kResidualLayers);
+  return {"residual",
+          {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64),
+           boolean("quantize_dropout", d.quantize_dropout(),
+                   "Training keeps only the first c+1 layers, c drawn per step from the shared generator."),
+           integer("quantize_dropout_cutoff_index", d.quantize_dropout_cutoff_index(),
+                   "Smallest c quantize dropout draws (layers 0..c always run); below num_quantizers.")
+               .at_least(0),
+           integer("quantize_dropout_multiple_of", d.quantize_dropout_multiple_of(),
+                   "Quantize dropout keeps a multiple of this many layers.")
+               .at_least(1)}};
+}
+
+}  // namespace
+
+const std::vector<OptionSection>& quantizer_option_sections() {
+  static const std::vector<OptionSection> sections = {fsq_section(), lfq_section(), vq_section(), residual_section()};
+  return sections;
+}
+
+namespace {
+template <typename T>
+T declared(const std::string& section, const std::string& key, const std::map<std::string, OptionValue>& overrides) {
+  const std::string name = section + "." + key;
+  const OptionValue* value = nullptr;
+  for (const auto& s : quantizer_option_sections()) {
+    for (const auto& o : s.options) {
+      if (s.name == section && o.key == key) value = &o.default_value;
+    }
+  }
+  LOCKSTEP_CHECK_ARG(value != nullptr, "no quantizer option '", name, "' is declared");
+  if (auto it = overrides.find(name); it != overrides.end()) value = &it->second;
+  LOCKSTEP_CHECK_ARG(std::holds_alternative<T>(*value), "quantizer option '", name, "' is read as another type");
+  return std::get<T>(*value);
+}
+}  // namespace
+
+OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides) {
+  const auto o = std::make_shared<const std::map<std::string, OptionValue>>(std::move(overrides));
+  OptionReader r;
+  r.integer = [section, o](const std::string& key) { return declared<int64_t>(section, key, *o); };
+  r.real = [section, o](const std::string& key) { return declared<double>(section, key, *o); };
+  r.boolean = [section, o](const std::string& key) { return declared<bool>(section, key, *o); };
+  r.int_list = [section, o](const std::string& key) { return declared<std::vector<int64_t>>(section, key, *o); };
+  r.string = [section](const std::string& key) -> std::string {
+    throw InvalidArgument(lockstep::detail::concat("no string quantizer option '", section, ".", key, "' is declared"));
+  };
+  r.section = [o](const std::string& other) { return default_option_reader(other, *o); };
+  return r;
+}
+
+}  // namespace lockstep::quant

@@ -1,0 +1,106 @@
+// Every quantizer option is declared once (quant/option_specs.h): the configuration schema of
+// `lockstep train` is assembled from the declarations, whose defaults are the library's, so the CLI
+// and the library build the same quantizer from "the defaults".
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "lockstep/core/error.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/option_specs.h"
+#include "lockstep/quant/registry.h"
+#include "lockstep/quant/residual.h"
+#include "lockstep/quant/vq.h"
+#include "lockstep/train/config.h"
+#include "lockstep/train/model_factory.h"
+
+namespace lockstep::train {
+namespace {
+
+// The quantizer the library builds from its option structs' own defaults; only what the library
+// requires as a constructor argument comes from the declarations.
+std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
+  using namespace quant;
+  const auto fsq = [] { return FsqOptions(default_option_reader("fsq").int_list("levels")); };
+  const auto lfq = [] { return LfqOptions(default_option_reader("lfq").integer("codebook_size")); };
+  const auto vq = [] {
+    return VqOptions(default_option_reader("vq").integer("dim"), default_option_reader("vq").integer("codebook_size"));
+  };
+  const auto residual = [] { return ResidualOptions(default_option_reader("residual").integer("num_quantizers")); };
+  if (name == "fsq") return std::make_shared<Fsq>(fsq());
+  if (name == "lfq") return std::make_shared<Lfq>(lfq());
+  if (name == "vq") return std::make_shared<Vq>(vq());
+  if (name == "residual-vq") return make_residual_vq(residual(), vq());
+  if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());
+  if (name == "residual-lfq") return make_residual_lfq(residual(), lfq());
+  ADD_FAILURE() << "no library default for " << name;
+  return nullptr;
+}
+
+struct TrainedOnce {
+  quant::QuantizerOutput out;
+  at::Tensor grad;
+  std::vector<at::Tensor> state;
+};
+
+// One training forward and backward on a fixed input, and the state after it.
+TrainedOnce train_once(quant::Quantizer& q) {
+  const at::Tensor x = torch::randn({2, 16, q.dim()}, at::detail::createCPUGenerator(11)).requires_grad_();
+  TrainedOnce run;
+  run.out = q.quantize(x, {nullptr, at::detail::createCPUGenerator(12)});
+  (run.out.quantized.square().sum() + run.out.total_loss()).backward();
+  run.grad = x.grad();
+  for (const auto& p : q.named_parameters(true)) run.state.push_back(p.value().detach().clone());
+  for (const auto& b : q.named_buffers(true)) run.state.push_back(b.value().clone());
+  return run;
+}
+
+TEST(QuantizerDefaults, TheCliAndTheLibraryBuildTheSameQuantizers) {
+  const Config defaults(lockstep_schema());
+  for (const auto& name : quant::quantizer_names()) {
+    SCOPED_TRACE(name);
+    torch::manual_seed(3);  // codebooks and projections come from the default generator
+    const auto cli = quant::make_quantizer(name, quantizer_options(defaults, name));
+    torch::manual_seed(3);
+    const auto lib = library_default(name);
+    ASSERT_NE(lib, nullptr);
+    const TrainedOnce a = train_once(*cli), b = train_once(*lib);
+    EXPECT_TRUE(torch::equal(a.out.quantized, b.out.quantized));
+    EXPECT_TRUE(torch::equal(a.out.indices, b.out.indices));
+    EXPECT_EQ(a.out.total_loss().item<double>(), b.out.total_loss().item<double>());
+    EXPECT_TRUE(torch::equal(a.grad, b.grad));  // the estimator and every loss weight
+    ASSERT_EQ(a.state.size(), b.state.size());
+    for (size_t i = 0; i < a.state.size(); ++i) EXPECT_TRUE(torch::equal(a.state[i], b.state[i])) << "tensor " << i;
+  }
+}
+
+// The registry reads exactly the declared keys: none undeclared (the reader would throw), none
+// declared and never read.
+TEST(QuantizerDefaults, EveryDeclaredOptionIsReadByTheRegistry) {
+  std::set<std::string> read;
+  std::function<quant::OptionReader(const std::string&)> recording = [&](const std::string& section) {
+    const quant::OptionReader base = quant::default_option_reader(section);
+    quant::OptionReader r = base;
+    r.integer = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.integer(k); };
+    r.real = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.real(k); };
+    r.boolean = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.boolean(k); };
+    r.int_list = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.int_list(k); };
+    r.section = recording;
+    return r;
+  };
+  for (const auto& name : quant::quantizer_names()) {
+    quant::make_quantizer(name, recording(name.rfind("residual-", 0) == 0 ? name.substr(9) : name));
+  }
+  std::set<std::string> declared;
+  for (const auto& s : quant::quantizer_option_sections()) {
+    for (const auto& o : s.options) declared.insert(s.name + "." + o.key);
+  }
+  EXPECT_EQ(read, declared);
+  EXPECT_THROW(quant::default_option_reader("vq").integer("no_such_key"), InvalidArgument);
+  EXPECT_THROW(quant::default_option_reader("vq").real("dim"), InvalidArgument);  // an integer
+}
+
+}  // namespace
+}  // namespace lockstep::train
