@@ -78,6 +78,25 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return detail::concat_list(names);
 }
 
+// What travels with the last gradient bucket of every step, summed over the ranks.
+struct StepControl {
+  double loss = 0;       // each rank's (weighted) loss; summed, divide by the ranks for the mean
+  bool stop = false;     // a rank was asked to stop (Ctrl-C, SIGTERM); summed: any rank was
+  int64_t replaced = 0;  // images that failed to decode and were replaced; summed
+
+  at::Tensor pack() const {
+    return torch::tensor({static_cast<float>(loss), stop ? 1.0f : 0.0f, static_cast<float>(replaced)});
+  }
+  static StepControl unpack(const at::Tensor& summed) {
+    const at::Tensor host = summed.to(at::kCPU, at::kFloat);
+    StepControl c;
+    c.loss = host[0].item<double>();
+    c.stop = host[1].item<float>() > 0;
+    c.replaced = std::lround(host[2].item<float>());
+    return c;
+  }
+};
+
 std::string format_seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f s", s);
@@ -109,7 +128,7 @@ struct Trainer::State {
   // step: the one defined point where they synchronise (never as a side effect of forward).
   // Quantizer state needs none: it is updated from global statistics.
   void sync_buffers() {
-    if (!distributed() || local_buffers.empty()) return;
+    if (local_buffers.empty()) return;
     torch::NoGradGuard no_grad;
     group->all_reduce(local_buffers, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.buffers"));
     for (auto& b : local_buffers) b.div_(group->size());
@@ -131,7 +150,7 @@ struct Trainer::State {
   // Every rank must hold rank 0's parameters and buffers (quantizer codebooks included): one
   // all_gather of two checksums; a difference is an error on every rank naming the ranks.
   void check_replicas(const char* when) {
-    if (!distributed()) return;
+    if (!distributed()) return;  // one replica: nothing to compare, and the checksums cost a pass over the model
     std::vector<at::Tensor> params, buffers;
     for (const auto& p : model->named_parameters(true)) params.push_back(p.value());
     for (const auto& b : model->named_buffers(true)) buffers.push_back(b.value());
@@ -153,7 +172,6 @@ struct Trainer::State {
 
   // Every rank must train with the same configuration (except kPerRankKeys).
   void check_same_config() {
-    if (!distributed()) return;
     Config shared = config;
     for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
     const std::string text = shared.to_toml();
@@ -167,7 +185,6 @@ struct Trainer::State {
 
   // Every rank starts from rank 0's parameters and buffers (one checked broadcast).
   void sync_model() {
-    if (!distributed()) return;
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> tensors;
     for (const auto& p : model->named_parameters(true)) tensors.push_back(p.value());
@@ -179,10 +196,8 @@ struct Trainer::State {
   // Everything a run needs from its configuration, for both new and resumed runs.
   void build(bool resuming, const std::function<void(const std::string&)>& on_info) {
     LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
-    if (distributed())
-      reducer = std::make_unique<dist::GroupReducer>(group);
-    else
-      reducer = std::make_unique<quant::LocalReducer>();
+    // One step path for any number of ranks: a group of one makes every collective an identity.
+    reducer = std::make_unique<dist::GroupReducer>(group);
     const ThreadChoice threads = choose_threads(config.get_int("train.threads"), "train.threads");
     at::set_num_threads(threads.threads);
     if (on_info && is_root()) {
@@ -225,10 +240,8 @@ struct Trainer::State {
     for (const auto& b : model->named_buffers(true)) {
       if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers.push_back(b.value());
     }
-    if (distributed()) {
-      grad_sync =
-          std::make_unique<GradientSync>(group, model->parameters(true), config.get_int("train.grad_bucket_kb") * 1024);
-    }
+    grad_sync =
+        std::make_unique<GradientSync>(group, model->parameters(true), config.get_int("train.grad_bucket_kb") * 1024);
     adam = std::make_unique<Adam>(
         std::move(params),
         AdamOptions().lr(config.get_float("train.lr")).weight_decay(config.get_float("train.weight_decay")));
@@ -254,7 +267,7 @@ struct Trainer::State {
   // if their data differ (another data.dir with other images, say), instead of training on
   // different data or running different numbers of steps.
   void check_plan(int64_t epoch) {
-    if (!distributed() || epoch == checked_epoch) return;
+    if (epoch == checked_epoch) return;
     checked_epoch = epoch;
     const data::EpochPlan plan = data->plan(epoch);
     const RankValues all = gather_from_ranks(*group,
@@ -407,11 +420,6 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   int64_t window_steps = 0, epoch_replaced = 0;
   auto window_start = Clock::now();
   while (s.step < s.total_steps) {
-    // Distributed runs agree on stopping through the step's gradient all_reduce instead.
-    if (!s.distributed() && cb.stop_requested && cb.stop_requested->load()) {
-      summary.interrupted = true;
-      break;
-    }
     // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
     // running a training-mode forward to validate) cannot pair with this step's.
     const dist::PhaseScope phase(*s.group, dist::Phase::train_step(s.step + 1));
@@ -437,23 +445,19 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
     const double weight = static_cast<double>(count) * s.group->size() / global_size;
     const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
-    double step_loss = loss.item<double>();
-    int64_t step_replaced = batch.replaced;
-    bool stop_everywhere = false;
-    if (s.distributed()) {
-      // This rank's loss, stop request and replaced images travel summed with the last gradient bucket.
-      const bool stop_here = cb.stop_requested && cb.stop_requested->load();
-      s.grad_sync->begin(
-          torch::tensor({static_cast<float>(step_loss), stop_here ? 1.0f : 0.0f, static_cast<float>(batch.replaced)}));
-    }
+    // This rank's loss, stop request and replaced images travel summed with the last gradient bucket,
+    // so every rank stops after the same step, whichever rank was asked.
+    StepControl here;
+    here.loss = loss.item<double>();
+    here.stop = cb.stop_requested && cb.stop_requested->load();
+    here.replaced = batch.replaced;
+    s.grad_sync->begin(here.pack());
     s.adam->zero_grad();
     loss.backward();
-    if (s.distributed()) {
-      const at::Tensor control = s.grad_sync->finish();  // gradients now the mean over ranks
-      step_loss = control[0].item<double>() / s.group->size();
-      stop_everywhere = control[1].item<float>() > 0;
-      step_replaced = std::lround(control[2].item<float>());
-    }
+    const StepControl all = StepControl::unpack(s.grad_sync->finish());  // gradients now the mean over ranks
+    const double step_loss = all.loss / s.group->size();
+    const bool stop_everywhere = all.stop;
+    const int64_t step_replaced = all.replaced;
     // Every rank sees the same summed loss, so every rank stops here together; nothing of this
     // step reaches the parameters or the checkpoint.
     LOCKSTEP_THROW_IF_NOT(
@@ -534,7 +538,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
   }
   // Every rank ends together: a rank 0 that failed while saving or evaluating fails them all.
-  if (s.distributed()) s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));
+  s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));
   summary.seconds = seconds_since(start);
   return summary;
 }
