@@ -1,4 +1,4 @@
-// Issue #3's quantizer cases (src/quant/bench_cases.cpp), the same ones `lockstep bench quantizers`
+// The quantizer benchmark cases (src/quant/bench_cases.cpp), the same ones `lockstep bench quantizers`
 // prints, as Google Benchmarks on one thread with a work-rate counter.
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>

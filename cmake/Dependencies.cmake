@@ -68,7 +68,7 @@ if(LOCKSTEP_WITH_CUDA AND TORCH_CUDA_LIBRARIES)
     set(LOCKSTEP_HAVE_NCCL ON)
   endif()
 endif()
-# Image folders (issue #5) decode and resize with OpenCV's core, imgcodecs and imgproc (Debian
+# Image folders decode and resize with OpenCV's core, imgcodecs and imgproc (Debian
 # ships no CMake config without the full libopencv-dev, so they are found by hand).
 find_path(LOCKSTEP_OPENCV_INCLUDE_DIR opencv2/imgcodecs.hpp PATH_SUFFIXES opencv4)
 find_library(LOCKSTEP_OPENCV_CORE opencv_core)

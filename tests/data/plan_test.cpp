@@ -1,4 +1,4 @@
-// The global data plan's invariants (issue #5): the same steps and buckets on every rank, no sample
+// The global data plan's invariants (G5, docs/guarantees.md): the same steps and buckets on every rank, no sample
 // twice in a step, coverage within the remainder policy, determinism, resume and elastic resume.
 #include "lockstep/data/plan.h"
 

@@ -239,7 +239,7 @@ TEST(InMemoryGroups, TensorsOnDevicesNoTransportCarriesAreRefusedBeforeAnythingM
   EXPECT_EQ(gathered.size(), 1u);
 }
 
-// Failure mode e: one rank runs out of batches (forced here; the data plan of issue #5 prevents it)
+// Failure mode e: one rank runs out of batches (forced here; the global data plan, docs/data.md, prevents it)
 // and moves on to the end of the epoch while the others still sync gradients: every rank gets
 // CollectiveMismatch at the point of divergence naming the rank that ran out, not a timeout.
 TEST(ProcessGroup, ARankThatRunsOutOfBatchesIsNamedAtTheDivergence) {
@@ -398,7 +398,7 @@ TEST(ProcessGroup, EnvironmentIsReadAndCheckedLikeTorchrunSetsIt) {
             std::string::npos);
 }
 
-// Issue #4, failure mode b: LFQ's entropy loss and its gradient on 2 ranks equal the 1-rank values
+// Failure mode b (docs/guarantees.md, G4): LFQ's entropy loss and its gradient on 2 ranks equal the 1-rank values
 // (losses averaged over ranks, gradients averaged as data parallelism does).
 TEST(ProcessGroup, LfqEntropyLossAndGradientOnTwoRanksEqualOneRank) {
   const quant::LfqOptions options = quant::LfqOptions(64).commitment_loss_weight(0.5);

@@ -20,7 +20,7 @@ struct BenchCase {
   double tokens = 0;    // tokens (or elements) per run, for tokens/s
   double work = 0;      // flops or bytes per run, as `limit` says
   std::string counted;  // how `work` is counted, one line
-  // The targets on the reference machine, one thread; 0 where there is none.
+  // Our targets on the reference machine (docs/performance.md), one thread; 0 where there is none.
   double target_ms = 0;
   double target_fraction = 0;
   double target_extra_mib = 0;
