@@ -3,7 +3,7 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
-#include "lockstep/quant/bench_cases.h"
+#include "quant/bench_cases.h"
 
 namespace {
 

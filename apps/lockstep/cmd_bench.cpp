@@ -18,8 +18,8 @@
 #include "lockstep/core/machine.h"
 #include "lockstep/core/memory.h"
 #include "lockstep/dist/process_group.h"
-#include "lockstep/quant/bench_cases.h"
 #include "lockstep/train/device.h"
+#include "quant/bench_cases.h"
 
 namespace lockstep::cli {
 namespace {

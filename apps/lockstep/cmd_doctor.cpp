@@ -77,7 +77,7 @@ struct Findings {
   bool threads_from_flag = false;
   double sgemm_gflops = 0;
   double triad_gbs = 0;
-  FashionMnistStatus data;
+  data::FashionMnistStatus data;
   std::string data_error;  // the files are there but cannot be read: what is wrong
   int64_t train_images = 0, test_images = 0;
   dist::BackendReport backends;
@@ -98,7 +98,7 @@ Findings examine(const DoctorOptions& opt) {
   f.core_by_lockstep = coretype_set_by_lockstep();
   f.core_env = std::getenv(kCoretypeEnv);
   f.backends = dist::report_backends();
-  f.data = locate_fashion_mnist(opt.data_dir);
+  f.data = data::locate_fashion_mnist(opt.data_dir);
   if (f.data.found) {
     // Opened and checked as training would (headers, sizes, labels), not only looked for.
     try {

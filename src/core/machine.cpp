@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "lockstep/core/error.h"
-#include "lockstep/data/image_set.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -277,20 +276,6 @@ double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds, int cud
     rates.push_back(bytes / std::max(seconds_since(t0), 1e-9) / 1e9);
   }
   return median(rates);
-}
-
-FashionMnistStatus locate_fashion_mnist(const std::string& dir) {
-  FashionMnistStatus status;
-  status.dir = dir;
-  for (auto split : {data::Split::Train, data::Split::Test}) {
-    for (const auto& path :
-         {data::fashion_mnist_images_path(dir, split), data::fashion_mnist_labels_path(dir, split)}) {
-      std::error_code ec;
-      if (!std::filesystem::is_regular_file(path, ec)) status.missing_files.push_back(path);
-    }
-  }
-  status.found = status.missing_files.empty();
-  return status;
 }
 
 }  // namespace lockstep

@@ -73,4 +73,17 @@ ImageSet load_fashion_mnist(const std::string& dir, Split split) {
   return set;
 }
 
+FashionMnistStatus locate_fashion_mnist(const std::string& dir) {
+  FashionMnistStatus status;
+  status.dir = dir;
+  for (auto split : {Split::Train, Split::Test}) {
+    for (const auto& path : {fashion_mnist_images_path(dir, split), fashion_mnist_labels_path(dir, split)}) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(path, ec)) status.missing_files.push_back(path);
+    }
+  }
+  status.found = status.missing_files.empty();
+  return status;
+}
+
 }  // namespace lockstep::data

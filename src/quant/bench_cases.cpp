@@ -1,4 +1,4 @@
-#include "lockstep/quant/bench_cases.h"
+#include "quant/bench_cases.h"
 
 #include <torch/cuda.h>
 #include <torch/torch.h>

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "fsq_kernel.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::quant {
@@ -117,30 +118,32 @@ void Fsq::build_plan() {
     // The reference's chain rule: / (L div 2), * half, then tanh' = 1 - tanh^2.
     derivative_scale = 1 / half_width * scale;
   }
-  plan_.num_levels = L;
-  plan_.symmetric = options_.preserve_symmetry();
-  plan_.chunk_tokens = std::max<int64_t>(1, detail::kFsqChunkPositions / L);
-  const int64_t positions = plan_.chunk_tokens * L;
+  auto plan = std::make_shared<detail::FsqKernelPlan>();
+  plan->num_levels = L;
+  plan->symmetric = options_.preserve_symmetry();
+  plan->chunk_tokens = std::max<int64_t>(1, detail::kFsqChunkPositions / L);
+  const int64_t positions = plan->chunk_tokens * L;
   auto repeat = [&](const at::Tensor& per_level) {
     const at::Tensor t = per_level.to(torch::kFloat32).contiguous();
     std::vector<float> out(positions);
     for (int64_t i = 0; i < positions; ++i) out[i] = t.data_ptr<float>()[i % L];
     return out;
   };
-  plan_.shift = repeat(shift);
-  plan_.scale = repeat(scale);
-  plan_.offset = repeat(offset);
-  plan_.half_width = repeat(half_width);
-  plan_.step = repeat(step);
-  plan_.derivative_scale = repeat(derivative_scale);
-  plan_.half_width_int.resize(positions);
-  for (int64_t i = 0; i < positions; ++i) plan_.half_width_int[i] = static_cast<int32_t>(plan_.half_width[i]);
-  plan_.basis.assign(basis_.data_ptr<int64_t>(), basis_.data_ptr<int64_t>() + L);
+  plan->shift = repeat(shift);
+  plan->scale = repeat(scale);
+  plan->offset = repeat(offset);
+  plan->half_width = repeat(half_width);
+  plan->step = repeat(step);
+  plan->derivative_scale = repeat(derivative_scale);
+  plan->half_width_int.resize(positions);
+  for (int64_t i = 0; i < positions; ++i) plan->half_width_int[i] = static_cast<int32_t>(plan->half_width[i]);
+  plan->basis.assign(basis_.data_ptr<int64_t>(), basis_.data_ptr<int64_t>() + L);
+  plan_ = std::move(plan);
 }
 
 FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at::Generator>& noise,
                                  int64_t element_offset) const {
-  const int64_t L = plan_.num_levels;
+  const int64_t L = plan_->num_levels;
   LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
 
   detail::FsqNoise noise_spec;
@@ -153,21 +156,21 @@ FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at:
     noise_spec.threshold = static_cast<uint32_t>(std::min(threshold, 4294967295.0));
     noise_spec.element_offset = element_offset;
   }
-  if (!z_in.device().is_cpu()) return detail::fsq_forward_torch(plan_, z_in, noise_spec);
+  if (!z_in.device().is_cpu()) return detail::fsq_forward_torch(*plan_, z_in, noise_spec);
 
   const at::Tensor z = z_in.to(torch::kFloat32).contiguous();  // no copy when it already is
   if (z.requires_grad() && at::GradMode::is_enabled()) {
-    const auto outputs = FsqFunction::apply(z, &plan_, noise_spec);
+    const auto outputs = FsqFunction::apply(z, plan_.get(), noise_spec);
     return {outputs[0], outputs[1]};
   }
   at::Tensor codes = at::empty_like(z);
   at::Tensor indices = FsqFunction::empty_indices(z);
-  FsqFunction::run(plan_, z, codes, indices, nullptr, noise_spec);
+  FsqFunction::run(*plan_, z, codes, indices, nullptr, noise_spec);
   return {codes, indices};
 }
 
 void Fsq::quantize_and_index_out(const at::Tensor& z_in, at::Tensor& codes, at::Tensor& indices) const {
-  const int64_t L = plan_.num_levels;
+  const int64_t L = plan_->num_levels;
   LOCKSTEP_CHECK_ARG(z_in.dim() >= 1 && z_in.size(-1) == L, "fsq: expected z (..., ", L, "), got ", z_in.sizes());
   LOCKSTEP_CHECK_ARG(z_in.device().is_cpu(), "fsq: the fused kernel runs on the CPU, got z on ", z_in.device());
   const at::Tensor z = z_in.detach().to(torch::kFloat32).contiguous();
@@ -178,13 +181,13 @@ void Fsq::quantize_and_index_out(const at::Tensor& z_in, at::Tensor& codes, at::
                          indices.sizes() == z.sizes().slice(0, z.dim() - 1),
                      "fsq: indices must be contiguous int64 ", z.sizes().slice(0, z.dim() - 1), ", got ",
                      indices.scalar_type(), " ", indices.sizes());
-  FsqFunction::run(plan_, z, codes, indices, nullptr, detail::FsqNoise{});
+  FsqFunction::run(*plan_, z, codes, indices, nullptr, detail::FsqNoise{});
 }
 
 at::Tensor Fsq::quantize_codes(const at::Tensor& z) const { return quantize_and_index(z).codes; }
 
 at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
-  const int64_t L = plan_.num_levels;
+  const int64_t L = plan_->num_levels;
   LOCKSTEP_CHECK_ARG(codes_in.dim() >= 1 && codes_in.size(-1) == L, "fsq: expected codes (..., ", L, "), got ",
                      codes_in.sizes());
   if (!codes_in.device().is_cpu()) {  // the same formula in torch operations, on the codes' device
@@ -196,7 +199,7 @@ at::Tensor Fsq::codes_to_indices(const at::Tensor& codes_in) const {
   }
   const at::Tensor codes = codes_in.detach().to(torch::kFloat32).contiguous();
   at::Tensor indices = at::empty(codes.sizes().slice(0, codes.dim() - 1), codes.options().dtype(at::kLong));
-  detail::fsq_codes_to_indices(plan_, codes.data_ptr<float>(), indices.data_ptr<int64_t>(), codes.numel() / L);
+  detail::fsq_codes_to_indices(*plan_, codes.data_ptr<float>(), indices.data_ptr<int64_t>(), codes.numel() / L);
   return indices;
 }
 

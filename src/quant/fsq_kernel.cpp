@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fsq_kernel.h"
 #include "fsq_noise_hash.h"
-#include "lockstep/quant/fsq.h"
 
 // Everything below is inlined into the target clones of fsq_forward_tokens, so that each clone
 // compiles the loops for its own instruction set (a function left out of line is compiled once,

@@ -5,8 +5,8 @@
 // 32 bits, so the same elements get the same noise.
 #include <torch/torch.h>
 
+#include "fsq_kernel.h"
 #include "fsq_noise_hash.h"
-#include "lockstep/quant/fsq.h"
 
 namespace lockstep::quant::detail {
 namespace {

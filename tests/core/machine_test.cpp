@@ -109,31 +109,5 @@ TEST(MeasureTriad, RejectsBadArguments) {
   EXPECT_THROW(measure_triad_bandwidth_gbs(16, -0.5), InvalidArgument);
 }
 
-TEST(LocateFashionMnist, ReportsAllFilesMissingInAnEmptyDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_machine_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const FashionMnistStatus status = locate_fashion_mnist(dir.string());
-  std::filesystem::remove_all(dir);
-  EXPECT_FALSE(status.found);
-  EXPECT_EQ(status.dir, dir.string());
-  ASSERT_EQ(status.missing_files.size(), 4u);
-  for (const auto& path : status.missing_files) {
-    EXPECT_EQ(path.rfind(dir.string(), 0), 0u) << path;
-  }
-}
-
-TEST(LocateFashionMnist, ReportsMissingForANonexistentDirectory) {
-  const FashionMnistStatus status = locate_fashion_mnist("/nonexistent/lockstep/fashion-mnist");
-  EXPECT_FALSE(status.found);
-  EXPECT_EQ(status.missing_files.size(), 4u);
-}
-
-TEST(LocateFashionMnist, FindsTheInstalledPackage) {
-  const FashionMnistStatus status = locate_fashion_mnist(LOCKSTEP_FASHION_MNIST_DIR);
-  EXPECT_TRUE(status.found) << "install dataset-fashion-mnist; missing: "
-                            << (status.missing_files.empty() ? "" : status.missing_files.front());
-  EXPECT_TRUE(status.missing_files.empty());
-}
-
 }  // namespace
 }  // namespace lockstep

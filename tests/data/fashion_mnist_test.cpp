@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
+#include <filesystem>
 #include <string>
 
 #include "data/idx_writer.h"
@@ -10,8 +12,10 @@
 
 namespace {
 
+using lockstep::data::FashionMnistStatus;
 using lockstep::data::ImageSet;
 using lockstep::data::load_fashion_mnist;
+using lockstep::data::locate_fashion_mnist;
 using lockstep::data::Split;
 using lockstep::test_util::make_idx;
 using lockstep::test_util::pattern;
@@ -117,6 +121,32 @@ TEST(FashionMnist, InconsistentFilesAreCorruptInput) {
   EXPECT_THROW(load_fashion_mnist(dir.path(), Split::Train), lockstep::CorruptInput);
   write_gzip(labels, make_idx({3, 1}, std::string(3, '\1')));  // 2-D labels
   EXPECT_THROW(load_fashion_mnist(dir.path(), Split::Train), lockstep::CorruptInput);
+}
+
+TEST(LocateFashionMnist, ReportsAllFilesMissingInAnEmptyDirectory) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_machine_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const FashionMnistStatus status = locate_fashion_mnist(dir.string());
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(status.found);
+  EXPECT_EQ(status.dir, dir.string());
+  ASSERT_EQ(status.missing_files.size(), 4u);
+  for (const auto& path : status.missing_files) {
+    EXPECT_EQ(path.rfind(dir.string(), 0), 0u) << path;
+  }
+}
+
+TEST(LocateFashionMnist, ReportsMissingForANonexistentDirectory) {
+  const FashionMnistStatus status = locate_fashion_mnist("/nonexistent/lockstep/fashion-mnist");
+  EXPECT_FALSE(status.found);
+  EXPECT_EQ(status.missing_files.size(), 4u);
+}
+
+TEST(LocateFashionMnist, FindsTheInstalledPackage) {
+  const FashionMnistStatus status = locate_fashion_mnist(LOCKSTEP_FASHION_MNIST_DIR);
+  EXPECT_TRUE(status.found) << "install dataset-fashion-mnist; missing: "
+                            << (status.missing_files.empty() ? "" : status.missing_files.front());
+  EXPECT_TRUE(status.missing_files.empty());
 }
 
 }  // namespace

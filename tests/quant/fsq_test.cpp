@@ -8,6 +8,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/registry.h"
+#include "quant/fsq_kernel.h"
 
 namespace lockstep::quant {
 namespace {

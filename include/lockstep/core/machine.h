@@ -53,14 +53,4 @@ double measure_sgemm_gflops(int64_t n, double min_seconds, int cuda_device = -1)
 // elements < 1 or min_seconds < 0. cuda_device >= 0: the device memory's bandwidth instead.
 double measure_triad_bandwidth_gbs(int64_t elements, double min_seconds, int cuda_device = -1);
 
-struct FashionMnistStatus {
-  std::string dir;
-  bool found = false;                      // all four files are present
-  std::vector<std::string> missing_files;  // full paths of the absent files
-};
-
-// Checks that the Fashion-MNIST files exist in `dir` (the layout of data::load_fashion_mnist).
-// Does not read or validate them. Never throws.
-FashionMnistStatus locate_fashion_mnist(const std::string& dir);
-
 }  // namespace lockstep

@@ -31,4 +31,14 @@ ImageSet load_fashion_mnist(const std::string& dir, Split split);
 std::string fashion_mnist_images_path(const std::string& dir, Split split);
 std::string fashion_mnist_labels_path(const std::string& dir, Split split);
 
+struct FashionMnistStatus {
+  std::string dir;
+  bool found = false;                      // all four files are present
+  std::vector<std::string> missing_files;  // full paths of the absent files
+};
+
+// Checks that the Fashion-MNIST files exist in `dir` (the layout of load_fashion_mnist). Does not
+// read or validate them. Never throws.
+FashionMnistStatus locate_fashion_mnist(const std::string& dir);
+
 }  // namespace lockstep::data

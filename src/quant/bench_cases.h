@@ -1,5 +1,5 @@
-// The quantizer benchmarks, defined once: `lockstep bench quantizers` and the Google
-// Benchmark program (bench/) both run these cases.
+// The quantizer benchmarks, defined once: `lockstep bench quantizers` and the Google Benchmark
+// program (bench/) both run these cases. Internal: not installed with the library.
 #pragma once
 
 #include <functional>
