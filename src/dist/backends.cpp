@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
 #if LOCKSTEP_HAVE_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
 #include <cuda.h>
@@ -29,10 +30,10 @@ BackendReport report_backends() {
     const int count = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
     for (int d = 0; d < count; ++d) {
       const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(d));
-      char line[256];
-      std::snprintf(line, sizeof line, "cuda:%d %s (%.1f GiB, compute %d.%d)", d, p->name,
-                    static_cast<double>(p->totalGlobalMem) / (1024.0 * 1024 * 1024), p->major, p->minor);
-      r.devices.emplace_back(line);
+      char size[32];
+      std::snprintf(size, sizeof size, "%.1f", static_cast<double>(p->totalGlobalMem) / (1024.0 * 1024 * 1024));
+      r.devices.push_back(
+          detail::concat("cuda:", d, " ", p->name, " (", size, " GiB, compute ", p->major, ".", p->minor, ")"));
     }
     if (count == 0) r.device_note = "no CUDA device visible (no GPU, or no driver)";
   } catch (const std::exception& e) {
