@@ -81,10 +81,10 @@ class FolderData final : public TrainData {
     return out;
   }
 
-  EvalResult evaluate(model::AutoencoderImpl& model, const EvalOptions& options) const override {
+  const std::vector<data::ImageSet>& evaluation_images() const override {
     LOCKSTEP_THROW_IF_NOT(!eval_sets_.empty(), InvalidArgument,
                           "image folder: evaluation images are decoded on rank 0 only, which evaluates");
-    return train::evaluate(model, eval_sets_, options);
+    return eval_sets_;
   }
 
   std::string describe() const override {

@@ -15,7 +15,8 @@ namespace {
 class FashionMnistData final : public TrainData {
  public:
   FashionMnistData(data::ImageSet train, data::ImageSet test, const data::PlanOptions& options, int64_t subset)
-      : train_(std::move(train)), test_(std::move(test)), plan_options_(options) {
+      : train_(std::move(train)), plan_options_(options) {
+    test_.push_back(std::move(test));  // moved, not copied through an initializer list
     LOCKSTEP_CHECK_ARG(options.global_batch <= train_.count, "train.batch_size = ", options.global_batch,
                        " exceeds the ", train_.count, " training images (data.train_subset = ", subset, ")");
     hash_ = fnv1a(train_.pixels.data(), train_.pixels.size());
@@ -45,13 +46,11 @@ class FashionMnistData final : public TrainData {
     return out;
   }
 
-  EvalResult evaluate(model::AutoencoderImpl& model, const EvalOptions& options) const override {
-    return train::evaluate(model, test_, options);
-  }
+  const std::vector<data::ImageSet>& evaluation_images() const override { return test_; }
 
   std::string describe() const override {
-    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.count, " test images; ",
-                          steps_per_epoch(), " steps per epoch");
+    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.front().count,
+                          " test images; ", steps_per_epoch(), " steps per epoch");
   }
 
   void set_rank(int rank, int world_size) {
@@ -60,7 +59,8 @@ class FashionMnistData final : public TrainData {
   }
 
  private:
-  data::ImageSet train_, test_;
+  data::ImageSet train_;
+  std::vector<data::ImageSet> test_;  // one set: the test split
   data::PlanOptions plan_options_;
   uint64_t hash_ = 0;
   int64_t steps_per_epoch_ = 0;

@@ -1,6 +1,6 @@
 // Where a run's training batches and evaluation images come from: Fashion-MNIST or an image
 // folder, both through the global plan of data/plan.h, so the trainer sees one interface: the
-// batch of global step t for this rank, the epoch's plan, and an evaluation.
+// batch of global step t for this rank, the epoch's plan, and the images to evaluate on.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "lockstep/data/buckets.h"
+#include "lockstep/data/image_set.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/data_settings.h"
-#include "lockstep/train/evaluate.h"
 
 namespace lockstep::train {
 
@@ -42,7 +42,9 @@ class TrainData {
   virtual StepBatch batch(int64_t step) = 0;
   // The run stops before this step: nothing after it is prefetched.
   virtual void set_end_step(int64_t /*end*/) {}
-  virtual EvalResult evaluate(model::AutoencoderImpl& model, const EvalOptions& options) const = 0;
+  // The images the trainer evaluates on (Fashion-MNIST's test split, a folder's held-out images,
+  // one set per bucket); the data layer holds them, the trainer runs the model over them.
+  virtual const std::vector<data::ImageSet>& evaluation_images() const = 0;
   // Files the manifest lists that cannot be decoded (never trained on, reported every epoch).
   virtual int64_t unreadable() const { return 0; }
   virtual std::string describe() const = 0;  // one line for the log

@@ -301,9 +301,10 @@ struct Trainer::State {
     saved_step = step;
   }
 
+  // The trainer runs the model over the images the data layer holds for evaluation.
   EvalResult evaluate_test() {
-    return data->evaluate(
-        *model,
+    return evaluate(
+        *model, data->evaluation_images(),
         EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
   }
 };
