@@ -1,7 +1,8 @@
 # Installs liblockstep, its headers and a package config so that `find_package(lockstep)` works.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS lockstep EXPORT lockstepTargets
+install(TARGETS lockstep lockstep_core lockstep_io lockstep_data lockstep_quant lockstep_dist lockstep_model
+                lockstep_train EXPORT lockstepTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

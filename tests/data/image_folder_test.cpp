@@ -204,7 +204,7 @@ TEST(ImageFolder, TruncatedJpegsAndPngsAreUnreadableWithoutNoiseButTrailingBytes
     out << extra;
   };
   save("cut.jpg", jpeg, jpeg.size() * 2 / 3, "");  // libjpeg alone would fill the rest with grey
-  save("tail.jpg", jpeg, jpeg.size(), std::string("\xff\xda trailing bytes some cameras add", 37));
+  save("tail.jpg", jpeg, jpeg.size(), std::string("\xff\xda") + " trailing bytes some cameras add");
   save("cut.png", png, png.size() * 2 / 3, "");
   save("whole.png", png, png.size(), "");
   testing::internal::CaptureStderr();
