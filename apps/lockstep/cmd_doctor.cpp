@@ -25,6 +25,7 @@
 #include "lockstep/data/image_folder.h"
 #include "lockstep/data/image_set.h"
 #include "lockstep/dist/backends.h"
+#include "lockstep/io/image_decode.h"
 
 namespace lockstep::cli {
 namespace {
@@ -154,7 +155,7 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
                                           ? "built (NCCL " + b.nccl_version + "), unusable here: no CUDA device"
                                           : "built (NCCL " + b.nccl_version + "), usable on " +
                                                 std::to_string(b.devices.size()) + " CUDA device(s)");
-  const std::string decoder = data::image_decoder_version();
+  const std::string decoder = io::image_decoder_version();
   rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
                                                        "scripts/install-deps lists, rebuild)"
                                                      : "decoded with " + decoder);
@@ -188,7 +189,7 @@ std::vector<std::string> report_warnings(const Findings& f) {
         " GFLOP/s per thread; expected >= " + fixed(kMinSgemmGflopsPerThread, 0) + " on a modern x86-64 core: check " +
         (blas.vendor == "OpenBLAS" ? "OPENBLAS_CORETYPE" : "which BLAS is loaded") + " and that the machine is idle");
   }
-  if (data::image_decoder_version().empty()) {
+  if (io::image_decoder_version().empty()) {
     warnings.push_back(
         "this build cannot decode images, so `lockstep train --data FOLDER` is unavailable: "
         "install libopencv-imgcodecs-dev and libopencv-imgproc-dev (scripts/install-deps) and rebuild");

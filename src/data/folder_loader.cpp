@@ -7,6 +7,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
+#include "lockstep/io/image_decode.h"
 
 namespace lockstep::data {
 namespace {
@@ -92,7 +93,7 @@ void FolderDataset::merge_small_buckets() {
 
 io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels) {
   const auto& entry = manifest.entries.at(static_cast<size_t>(id));
-  return fit_to_bucket(decode_image((std::filesystem::path(manifest.root) / entry.path).string(), channels), size);
+  return fit_to_bucket(io::decode_image((std::filesystem::path(manifest.root) / entry.path).string(), channels), size);
 }
 
 int64_t FolderDataset::training_images() const {

@@ -2,6 +2,7 @@
 // decoding of the formats and pixel layouts a real folder holds. Images are written here with
 // OpenCV; none are committed.
 #include "lockstep/data/image_folder.h"
+#include "lockstep/io/image_decode.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -144,28 +145,28 @@ TEST(ImageFolder, ADamagedManifestIsACorruptInputNamingTheFile) {
 TEST(ImageFolder, DecodingConvertsDepthAlphaAndChannels) {
   test_util::TempDir tmp;
   const std::string root = make_tree(tmp);
-  const io::Image rgb = decode_image(root + "/a.png", 3);
+  const io::Image rgb = io::decode_image(root + "/a.png", 3);
   ASSERT_EQ(rgb.width, 40);
   ASSERT_EQ(rgb.channels, 3);
   EXPECT_EQ(rgb.pixels[0], 30);  // written as BGR (10, 20, 30): red first once decoded
   EXPECT_EQ(rgb.pixels[2], 10);
-  const io::Image gray = decode_image(root + "/a.png", 1);
+  const io::Image gray = io::decode_image(root + "/a.png", 1);
   EXPECT_EQ(gray.channels, 1);
   EXPECT_NEAR(gray.pixels[0], 0.299 * 30 + 0.587 * 20 + 0.114 * 10, 1.0);
-  const io::Image replicated = decode_image(root + "/sub/b.jpg", 3);
+  const io::Image replicated = io::decode_image(root + "/sub/b.jpg", 3);
   EXPECT_NEAR(replicated.pixels[0], 128, 2);
   EXPECT_EQ(replicated.pixels[0], replicated.pixels[1]);
-  EXPECT_EQ(decode_image(root + "/d.tif", 1).pixels[0], 255);  // 16-bit full scale
-  const io::Image transparent = decode_image(root + "/e.png", 3);
+  EXPECT_EQ(io::decode_image(root + "/d.tif", 1).pixels[0], 255);  // 16-bit full scale
+  const io::Image transparent = io::decode_image(root + "/e.png", 3);
   for (uint8_t p : transparent.pixels) ASSERT_EQ(p, 0);  // alpha 0 on black
   try {
-    decode_image(root + "/broken.png", 3);
+    io::decode_image(root + "/broken.png", 3);
     FAIL() << "decoded a truncated PNG";
   } catch (const CorruptInput& e) {
     EXPECT_NE(std::string(e.what()).find("broken.png"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(decode_image(root + "/missing.png", 3), IoError);
-  EXPECT_THROW(decode_image(root + "/a.png", 2), InvalidArgument);
+  EXPECT_THROW(io::decode_image(root + "/missing.png", 3), IoError);
+  EXPECT_THROW(io::decode_image(root + "/a.png", 2), InvalidArgument);
 }
 
 TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
@@ -174,16 +175,16 @@ TEST(ImageFolder, DecodesPalettePngsWithAndWithoutTransparencyAnd16BitColour) {
   const std::vector<uint8_t> indices = {0, 1, 1, 0, 0, 0, 1, 1};  // 4 x 2
   write_palette_png(tmp.file("opaque.png"), 4, 2, palette, {}, indices);
   write_palette_png(tmp.file("clear.png"), 4, 2, palette, {255, 0}, indices);  // blue fully transparent
-  const io::Image opaque = decode_image(tmp.file("opaque.png"), 3);
+  const io::Image opaque = io::decode_image(tmp.file("opaque.png"), 3);
   ASSERT_EQ(opaque.width, 4);
   ASSERT_EQ(opaque.height, 2);
   EXPECT_EQ(std::vector<uint8_t>(opaque.pixels.begin(), opaque.pixels.begin() + 6),
             (std::vector<uint8_t>{255, 0, 0, 0, 0, 255}));
-  const io::Image clear = decode_image(tmp.file("clear.png"), 3);
+  const io::Image clear = io::decode_image(tmp.file("clear.png"), 3);
   EXPECT_EQ(std::vector<uint8_t>(clear.pixels.begin(), clear.pixels.begin() + 6),
             (std::vector<uint8_t>{255, 0, 0, 0, 0, 0}));                              // blue composited on black
   write(tmp.file("deep.png"), cv::Mat(3, 5, CV_16UC3, cv::Scalar(0, 32896, 65535)));  // BGR, 16 bits
-  const io::Image deep = decode_image(tmp.file("deep.png"), 3);
+  const io::Image deep = io::decode_image(tmp.file("deep.png"), 3);
   EXPECT_EQ(std::vector<uint8_t>(deep.pixels.begin(), deep.pixels.begin() + 3), (std::vector<uint8_t>{255, 128, 0}));
   // The manifest knows their sizes too.
   const Manifest m = scan_image_folder(tmp.path());
@@ -218,7 +219,7 @@ TEST(ImageFolder, TruncatedJpegsAndPngsAreUnreadableWithoutNoiseButTrailingBytes
   EXPECT_TRUE(m.entries[3].readable()) << m.entries[3].error;
   EXPECT_EQ(printed, "");  // nothing from libpng
   try {
-    decode_image(tmp.file("cut.jpg"), 3);
+    io::decode_image(tmp.file("cut.jpg"), 3);
     FAIL() << "decoded a truncated JPEG";
   } catch (const CorruptInput& e) {
     EXPECT_NE(std::string(e.what()).find("cut.jpg: truncated JPEG"), std::string::npos) << e.what();
@@ -308,9 +309,9 @@ TEST(ImageFolder, ChangesBetweenTwoManifestsAreNamed) {
 
 TEST(ImageFolder, KnowsImageFilesByExtension) {
   for (const char* name : {"x.png", "X.JPG", "a.b.jpeg", "y.webp", "z.TIFF", "w.bmp", "v.pgm"}) {
-    EXPECT_TRUE(is_image_file(name)) << name;
+    EXPECT_TRUE(io::is_image_file(name)) << name;
   }
-  for (const char* name : {"x.txt", "png", "x.png.bak", "README"}) EXPECT_FALSE(is_image_file(name)) << name;
+  for (const char* name : {"x.txt", "png", "x.png.bak", "README"}) EXPECT_FALSE(io::is_image_file(name)) << name;
 }
 
 }  // namespace

@@ -1,0 +1,170 @@
+#include "lockstep/io/image_decode.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+
+#if LOCKSTEP_HAVE_OPENCV
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
+
+namespace lockstep::io {
+namespace {
+
+#if LOCKSTEP_HAVE_OPENCV
+// Any decoded cv::Mat -> 8-bit `channels` (1 or 3, RGB order) interleaved.
+Image to_image(cv::Mat m, int channels) {
+  if (m.depth() == CV_16U)
+    m.convertTo(m, CV_8U, 1.0 / 257.0);
+  else if (m.depth() != CV_8U)
+    m.convertTo(m, CV_8U);
+  if (m.channels() == 4) {  // composite on black: rgb * alpha / 255
+    std::vector<cv::Mat> planes;
+    cv::split(m, planes);
+    for (int c = 0; c < 3; ++c) cv::multiply(planes[c], planes[3], planes[c], 1.0 / 255.0);
+    planes.pop_back();
+    cv::merge(planes, m);
+  }
+  cv::Mat out;
+  if (channels == 1) {
+    if (m.channels() == 3)
+      cv::cvtColor(m, out, cv::COLOR_BGR2GRAY);
+    else
+      out = m;
+  } else {
+    if (m.channels() == 1)
+      cv::cvtColor(m, out, cv::COLOR_GRAY2RGB);
+    else
+      cv::cvtColor(m, out, cv::COLOR_BGR2RGB);
+  }
+  Image image;
+  image.width = out.cols;
+  image.height = out.rows;
+  image.channels = channels;
+  image.pixels.resize(static_cast<size_t>(out.total()) * channels);
+  const cv::Mat contiguous = out.isContinuous() ? out : out.clone();
+  std::copy(contiguous.data, contiguous.data + image.pixels.size(), image.pixels.begin());
+  return image;
+}
+
+#endif
+
+// Why a JPEG or PNG is cut short, or "" when it is complete (or another format, or broken in a way
+// the decoder judges). libjpeg decodes a truncated JPEG without an error, filling the rest with
+// grey; libpng prints to stderr before it fails. Checking first makes both a clean, named error.
+std::string truncation_error(const std::string& bytes) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  if (n >= 2 && b[0] == 0xFF && b[1] == 0xD8) {
+    // Walk the segments from SOI to EOI: marker FF xx, then a 2-byte length for most; a scan
+    // (SOS) is followed by entropy-coded data, in which FF is always followed by 00 or a restart
+    // marker, up to the next marker. Running out of bytes before EOI means the file was cut short.
+    // Segments carry their lengths, so an EXIF thumbnail is skipped whole; bytes after EOI are not read.
+    const std::string cut = detail::concat("truncated JPEG: no end-of-image marker (", n, " bytes)");
+    auto is_restart = [](unsigned char m) { return m >= 0xD0 && m <= 0xD7; };
+    size_t i = 2;
+    while (true) {
+      if (i >= n) return cut;
+      if (b[i] != 0xFF) return "";        // not a marker where one must be: let the decoder judge
+      while (i < n && b[i] == 0xFF) ++i;  // fill bytes
+      if (i >= n) return cut;
+      const unsigned char marker = b[i++];
+      if (marker == 0xD9) return "";                       // EOI
+      if (marker == 0x01 || is_restart(marker)) continue;  // no length
+      if (i + 2 > n) return cut;
+      i += (size_t{b[i]} << 8) | b[i + 1];
+      if (marker == 0xDA) {
+        while (i + 1 < n && !(b[i] == 0xFF && b[i + 1] != 0x00 && !is_restart(b[i + 1]))) ++i;
+        if (i + 1 >= n) return cut;
+      }
+    }
+  }
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n >= 8 && std::equal(kPng, kPng + 8, b)) {
+    // Walk the chunks (4-byte length, 4-byte type, data, 4-byte CRC) up to IEND.
+    size_t at = 8;
+    while (at + 8 <= n) {
+      const uint64_t length =
+          (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
+      if (std::equal(b + at + 4, b + at + 8, reinterpret_cast<const unsigned char*>("IEND"))) return "";
+      at += 12 + length;
+    }
+    return detail::concat("truncated PNG: its chunks run past the end of the file (", n, " bytes) before IEND");
+  }
+  return "";
+}
+
+#if LOCKSTEP_HAVE_OPENCV
+// Decodes, or returns an empty Mat and says why in `error`.
+cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
+  *error = truncation_error(bytes);
+  if (!error->empty()) return cv::Mat();
+  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
+  cv::Mat decoded;
+  try {
+    decoded = cv::imdecode(raw, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception&) {
+    // OpenCV throws for some broken files and returns an empty Mat for others.
+  }
+  if (decoded.empty()) *error = "cannot be decoded (corrupt, or a format this OpenCV lacks)";
+  return decoded;
+}
+#endif
+
+}  // namespace
+
+std::string read_image_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOCKSTEP_THROW_IF_NOT(in, IoError, "cannot open image ", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string image_decoder_version() {
+#if LOCKSTEP_HAVE_OPENCV
+  return std::string("OpenCV ") + CV_VERSION;
+#else
+  return "";
+#endif
+}
+
+bool is_image_file(const std::string& name) {
+  std::string ext = std::filesystem::path(name).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::vector<std::string> known = {".png",  ".jpg", ".jpeg", ".webp", ".tif",
+                                                 ".tiff", ".bmp", ".pgm",  ".ppm",  ".pnm"};
+  return std::find(known.begin(), known.end(), ext) != known.end();
+}
+
+ImageProbe probe_image(const std::string& bytes) {
+  ImageProbe probe;
+#if !LOCKSTEP_HAVE_OPENCV
+  probe.error = "cannot be decoded: this build of lockstep has no OpenCV";
+#else
+  const cv::Mat decoded = decode_bytes(bytes, &probe.error);
+  if (!decoded.empty()) {
+    probe.width = decoded.cols;
+    probe.height = decoded.rows;
+  }
+#endif
+  return probe;
+}
+
+Image decode_image(const std::string& path, int channels) {
+  LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "decode_image: channels = ", channels, " must be 1 or 3");
+#if !LOCKSTEP_HAVE_OPENCV
+  throw InvalidArgument(detail::concat("cannot decode ", path, ": this build of lockstep has no OpenCV"));
+#else
+  std::string error;
+  const cv::Mat decoded = decode_bytes(read_image_bytes(path), &error);
+  LOCKSTEP_THROW_IF_NOT(!decoded.empty(), CorruptInput, "cannot decode image ", path, ": ", error);
+  return to_image(decoded, channels);
+#endif
+}
+
+}  // namespace lockstep::io
