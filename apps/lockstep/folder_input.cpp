@@ -54,8 +54,7 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   data::FolderSplit split;  // of the run's folder
   if (run_manifest || selection != FolderSelection::All) {
     const data::Manifest& trained = run_manifest ? *run_manifest : in.manifest;
-    split = data::split_folder(trained, train::eval_image_count(config, trained.readable_count()),
-                               config.get_int("data.train_subset"));
+    split = train::run_folder_split(config, trained);
     run_data =
         std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(config), split.excluded);
     bucket_map = run_data->bucket_map();

@@ -33,4 +33,9 @@ std::string describe_eval_images(const Config& config, int64_t readable) {
                         " readable images, at most ", kMostAutoEvalImages, ")");
 }
 
+data::FolderSplit run_folder_split(const Config& config, const data::Manifest& manifest) {
+  return data::split_folder(manifest, eval_image_count(config, manifest.readable_count()),
+                            config.get_int("data.train_subset"));
+}
+
 }  // namespace lockstep::train

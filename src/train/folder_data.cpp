@@ -18,9 +18,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct FolderSettings {
-  int64_t eval_images = 1;
-  std::string eval_note;     // how many are held out, and why
-  int64_t train_subset = 0;  // 0: all
+  data::FolderSplit split;  // run_folder_split: held out, left out
+  std::string eval_note;    // how many are held out, and why
   int rank = 0, world_size = 1;
   int workers = 2, prefetch = 4;
   std::string manifest_file;  // for messages
@@ -45,10 +44,9 @@ class FolderData final : public TrainData {
   FolderData(data::Manifest manifest, std::vector<data::BucketSize> table, int channels, const data::PlanOptions& plan,
              const FolderSettings& settings)
       : settings_(settings) {
-    const data::FolderSplit split = data::split_folder(manifest, settings.eval_images, settings.train_subset);
-    held_out_ = split.held_out;
-    dataset_ =
-        std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan, split.excluded);
+    held_out_ = settings.split.held_out;
+    dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan,
+                                                     settings.split.excluded);
     steps_per_epoch_ = dataset_->plan(0).steps();
     if (settings.rank == 0) eval_sets_ = decode_held_out();
   }
@@ -188,9 +186,8 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   LOCKSTEP_CHECK_ARG(readable > 0, "image folder ", root, ": none of its ", manifest.entries.size(),
                      " image files can be decoded (the errors are in ", saved_path, ")");
   FolderSettings s;
-  s.eval_images = eval_image_count(config, readable);
+  s.split = run_folder_split(config, manifest);
   s.eval_note = describe_eval_images(config, readable);
-  s.train_subset = config.get_int("data.train_subset");
   s.rank = context.rank;
   s.world_size = context.world_size;
   s.workers = static_cast<int>(config.get_int("data.workers"));

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "lockstep/data/folder_loader.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/train/config.h"
 
@@ -19,5 +20,10 @@ int64_t eval_image_count(const Config& config, int64_t readable);
 
 // "3 held out (data.eval_images = 0: a tenth of 30 readable images)": the count and why, for the user.
 std::string describe_eval_images(const Config& config, int64_t readable);
+
+// How a run divides an image folder: the held-out evaluation images (data.eval_images) and those
+// left out of training (data.train_subset). The trainer and lockstep eval/encode take it from here,
+// so they agree on which images a run trained on.
+data::FolderSplit run_folder_split(const Config& config, const data::Manifest& manifest);
 
 }  // namespace lockstep::train
