@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/quant/nearest_code.h"
+#include "quant/quant_paths.h"
 
 namespace {
 

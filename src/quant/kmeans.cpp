@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "lockstep/core/error.h"
+#include "quant_paths.h"
 
 namespace lockstep::quant {
 

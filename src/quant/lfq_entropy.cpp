@@ -26,6 +26,7 @@
 // Off the CPU the halves come from torch operations (halves_from_ops) and each chunk's reverse
 // pass from autograd on the rebuilt halves: the same chunks, GEMMs and memory bound.
 #include <ATen/Dispatch.h>
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -34,6 +35,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/lfq.h"
+#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/core/error.h"
+#include "quant_paths.h"
 
 // A fused search, no BLAS: a register-blocked kernel computes R tokens x NB codes of
 // bias + x.(scale e) over the whole of d in vector registers, and folds them at once into a running

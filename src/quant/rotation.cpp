@@ -5,12 +5,14 @@
 //   out = s (x - 2 (x.w) w + 2 (x.u) q^)        (= q for x != 0)
 //   dL/dx = s (g - 2 (g.w) w + 2 (g.q^) u)      (u, q^, w, s held constant, as the reference detaches them)
 #include <ATen/Parallel.h>
+
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/vq.h"
+#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

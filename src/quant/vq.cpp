@@ -11,6 +11,7 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
+#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

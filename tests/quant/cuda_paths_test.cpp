@@ -23,6 +23,7 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
+#include "quant/quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

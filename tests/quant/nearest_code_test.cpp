@@ -1,4 +1,5 @@
 #include "lockstep/quant/nearest_code.h"
+#include "quant/quant_paths.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

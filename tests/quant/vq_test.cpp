@@ -1,4 +1,5 @@
 #include "lockstep/quant/vq.h"
+#include "quant/quant_paths.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

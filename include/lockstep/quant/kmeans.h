@@ -33,11 +33,4 @@ std::vector<at::Tensor> code_counts_and_sums(const at::Tensor& tokens, const at:
 // The reduced statistics, rounded to float32 once.
 std::vector<at::Tensor> to_float_stats(const std::vector<at::Tensor>& stats);
 
-namespace detail {
-// code_counts_and_sums from torch operations (index_add_), what runs for tokens off the CPU. On
-// CUDA the float64 additions run in no fixed order, which can change a float64 sum's last bits
-// (not, in practice, its float32 rounding).
-std::vector<at::Tensor> code_counts_and_sums_torch(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
-}  // namespace detail
-
 }  // namespace lockstep::quant

@@ -142,13 +142,6 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
 at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value,
                          int64_t budget_bytes = int64_t{64} << 20);
 
-namespace detail {
-// lfq_sum_probs with each chunk's products built from torch operations and its backward through
-// autograd (what runs off the CPU, where lfq_sum_probs uses it); the same chunking and memory bound.
-at::Tensor lfq_sum_probs_ops(const at::Tensor& x, double inv_temperature, double code_value,
-                             int64_t budget_bytes = int64_t{64} << 20);
-}  // namespace detail
-
 // Tokens per chunk of lfq_sum_probs for d = `bits` so that a chunk's working set, at about
 // 2 (2^h + 2^l) elements of `element_bytes` per token (P_hi, P_lo and their gradients), fits
 // `budget_bytes` (at least 1).

@@ -30,20 +30,4 @@ struct NearestCode {
 // depend on the thread count. Not differentiable: inputs are used detached.
 NearestCode nearest_code(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
 
-namespace detail {
-// For tests and benchmarks: the fused kernels this CPU can run, best (the one nearest_code uses)
-// first, among "avx512", "avx2", "generic" ("generic" is always there), and a search with a named
-// one, or "tiled" for the device-independent search (InvalidArgument if this CPU cannot run it).
-// Kernels may round differently from one another.
-std::vector<std::string> nearest_code_kernels();
-NearestCode nearest_code_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
-                                     const std::string& kernel);
-// The device-independent search with tiles of tile_tokens x tile_codes scores from matrix
-// products. Their rounding of one dot product may depend on its place in the product and on the
-// thread count, so an exact copy of a code may win a tie over a lower index (an equally near
-// code), and results are not bitwise thread-invariant as the fused kernels are.
-NearestCode nearest_code_tiled(const at::Tensor& x, const at::Tensor& codebook, Metric metric, int64_t tile_tokens,
-                               int64_t tile_codes);
-}  // namespace detail
-
 }  // namespace lockstep::quant

@@ -197,12 +197,4 @@ class Vq final : public Quantizer {
 // any other device detail::rotate_to_torch.
 at::Tensor rotate_to(const at::Tensor& x, const at::Tensor& q);
 
-namespace detail {
-// The rotation trick from torch operations (what runs off the CPU).
-at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q);
-// hashed_uniform(key, c) for each int64 counter c (its bits read as uint64), in 64-bit torch
-// integer operations on the counters' device: the sampling noise of stochastic code assignment.
-at::Tensor hashed_uniform_torch(uint64_t key, const at::Tensor& counters);
-}  // namespace detail
-
 }  // namespace lockstep::quant
