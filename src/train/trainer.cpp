@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
-#include <optional>
 #include <thread>
 
 #include "lockstep/core/error.h"
@@ -25,11 +24,11 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
+#include "run_report.h"
 #include "train_data.h"
 
 namespace lockstep::train {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 // Keys that change neither the model nor the order of the data, so a resumed run may alter them.
@@ -53,8 +52,6 @@ const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "dat
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
 }
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Every rank's `values` (rank order), and the ranks whose values differ from rank 0's: the one
 // shape of the trainer's agreement checks (configuration, data plan, replicas). One all_gather.
@@ -96,12 +93,6 @@ struct StepControl {
     return c;
   }
 };
-
-std::string format_seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f s", s);
-  return buf;
-}
 
 }  // namespace
 
@@ -245,6 +236,59 @@ struct Trainer::State {
     adam = std::make_unique<Adam>(
         std::move(params),
         AdamOptions().lr(config.get_float("train.lr")).weight_decay(config.get_float("train.weight_decay")));
+  }
+
+  // One optimizer step on this rank's part of the global batch of step `step` + 1. Sets `stop` when
+  // any rank was asked to stop during it (every rank sees the same).
+  StepFacts take_step(const TrainCallbacks& cb, bool* stop) {
+    // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
+    // running a training-mode forward to validate) cannot pair with this step's.
+    const dist::PhaseScope phase(*group, dist::Phase::train_step(step + 1));
+    group->set_progress(detail::concat("step ", step + 1, " of ", total_steps));
+    check_plan(step / steps_per_epoch);
+    const StepBatch batch = data->batch(step);
+    const at::Tensor x = batch.images.to(device);
+    // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
+    // function of (seed, step): the same on every rank and after a resume, with no collective.
+    quant::QuantizeContext ctx;
+    ctx.reducer = reducer.get();
+    ctx.first_item = data::EpochPlan::rank_offset(batch_size, group->size(), group->rank());
+    ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+        derive_seed(static_cast<uint64_t>(config.get_int("train.seed")), static_cast<uint64_t>(step), /*purpose=*/2));
+    const model::AutoencoderOutput out = model->forward(x, ctx);
+    // The loss is weighted so that averaging gradients over ranks gives exactly the gradient of the
+    // global batch's loss (G4).
+    const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
+    const at::Tensor loss = (torch::mse_loss(out.reconstruction, x) + out.quant.total_loss()) * weight;
+    // This rank's loss, stop request and replaced images travel summed with the last gradient
+    // bucket, so every rank stops after the same step, whichever rank was asked.
+    StepControl here;
+    here.loss = loss.item<double>();
+    here.stop = cb.stop_requested && cb.stop_requested->load();
+    here.replaced = batch.replaced;
+    grad_sync->begin(here.pack());
+    adam->zero_grad();
+    loss.backward();
+    const StepControl all = StepControl::unpack(grad_sync->finish());  // gradients now the mean over ranks
+    StepFacts facts;
+    facts.loss = all.loss / group->size();
+    facts.replaced = all.replaced;
+    facts.waited_s = batch.waited_s;
+    facts.image_width = x.size(3);
+    facts.image_height = x.size(2);
+    // Every rank sees the same summed loss, so every rank stops here together; nothing of this
+    // step reaches the parameters or the checkpoint.
+    LOCKSTEP_THROW_IF_NOT(
+        std::isfinite(facts.loss), TrainingDiverged, "step ", step + 1, ": the loss is ", facts.loss,
+        ": training diverged (train.lr is ", config.get_float("train.lr"), "; a lower one may help). ",
+        saved_step >= 0
+            ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step, ", before the divergence")
+            : std::string("No checkpoint was written yet"));
+    adam->step();
+    sync_buffers();
+    ++step;
+    *stop = all.stop;
+    return facts;
   }
 
   // train.device for this rank; a distributed run's group must carry tensors there (NCCL on CUDA).
@@ -393,136 +437,31 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
 
 TrainSummary Trainer::run(const TrainCallbacks& cb) {
   State& s = *s_;
-  const auto start = Clock::now();
-  std::optional<MetricsLog> metrics;  // rank 0 writes the run directory
-  if (s.is_root()) metrics.emplace(metrics_path(s.run_dir), s.step);
-  const int64_t log_every = s.config.get_int("train.log_every");
+  RunShape shape;
+  shape.total_steps = s.total_steps;
+  shape.steps_per_epoch = s.steps_per_epoch;
+  shape.batch_size = s.batch_size;
+  shape.log_every = s.config.get_int("train.log_every");
+  RunReport report(s.is_root() ? metrics_path(s.run_dir) : std::string(), s.step, shape, cb, s.is_root());
   const int64_t checkpoint_every = s.config.get_int("train.checkpoint_every");
   const int64_t eval_every = s.config.get_int("train.eval_every");
-  const int64_t epochs = (s.total_steps + s.steps_per_epoch - 1) / s.steps_per_epoch;
   if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.total_steps));
-
-  auto record_eval = [&](const EvalResult& r) {
-    if (!metrics) return;  // only rank 0 evaluates
-    metrics->write({"eval",
-                    s.step,
-                    {{"mse", r.mse},
-                     {"psnr_db", r.psnr_db},
-                     {"code_usage", r.code_usage},
-                     {"perplexity", r.perplexity},
-                     {"images", static_cast<double>(r.images)}}});
-    if (cb.on_eval) cb.on_eval(s.step, r);
-  };
 
   TrainSummary summary;
   summary.run_dir = s.run_dir;
   s.model->train();
-  double window_loss = 0, window_wait = 0, epoch_wait = 0;
-  int64_t window_steps = 0, epoch_replaced = 0;
-  auto window_start = Clock::now();
   while (s.step < s.total_steps) {
-    // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
-    // running a training-mode forward to validate) cannot pair with this step's.
-    const dist::PhaseScope phase(*s.group, dist::Phase::train_step(s.step + 1));
-    // Each rank takes its part of the step's global batch; the loss is weighted so that averaging
-    // gradients over ranks gives exactly the gradient of the global batch's loss (G4).
-    s.group->set_progress(detail::concat("step ", s.step + 1, " of ", s.total_steps));
-    s.check_plan(s.step / s.steps_per_epoch);
-    const StepBatch batch = s.data->batch(s.step);
-    const at::Tensor x = batch.images.to(s.device);
-    const auto global_size = static_cast<double>(s.batch_size);
-    const int64_t count = x.size(0);
-    window_wait += batch.waited_s;
-    epoch_wait += batch.waited_s;
-    // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
-    // function of (seed, step): the same on every rank and after a resume, with no collective.
-    quant::QuantizeContext ctx;
-    ctx.reducer = s.reducer.get();
-    ctx.first_item = data::EpochPlan::rank_offset(s.batch_size, s.group->size(), s.group->rank());
-    ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-        derive_seed(static_cast<uint64_t>(s.config.get_int("train.seed")), static_cast<uint64_t>(s.step),
-                    /*purpose=*/2));
-    const model::AutoencoderOutput out = s.model->forward(x, ctx);
-    const at::Tensor reconstruction_loss = torch::mse_loss(out.reconstruction, x);
-    const double weight = static_cast<double>(count) * s.group->size() / global_size;
-    const at::Tensor loss = (reconstruction_loss + out.quant.total_loss()) * weight;
-    // This rank's loss, stop request and replaced images travel summed with the last gradient bucket,
-    // so every rank stops after the same step, whichever rank was asked.
-    StepControl here;
-    here.loss = loss.item<double>();
-    here.stop = cb.stop_requested && cb.stop_requested->load();
-    here.replaced = batch.replaced;
-    s.grad_sync->begin(here.pack());
-    s.adam->zero_grad();
-    loss.backward();
-    const StepControl all = StepControl::unpack(s.grad_sync->finish());  // gradients now the mean over ranks
-    const double step_loss = all.loss / s.group->size();
-    const bool stop_everywhere = all.stop;
-    const int64_t step_replaced = all.replaced;
-    // Every rank sees the same summed loss, so every rank stops here together; nothing of this
-    // step reaches the parameters or the checkpoint.
-    LOCKSTEP_THROW_IF_NOT(
-        std::isfinite(step_loss), TrainingDiverged, "step ", s.step + 1, ": the loss is ", step_loss,
-        ": training diverged (train.lr is ", s.config.get_float("train.lr"), "; a lower one may help). ",
-        s.saved_step >= 0
-            ? detail::concat(checkpoint_path(s.run_dir), " still holds step ", s.saved_step, ", before the divergence")
-            : std::string("No checkpoint was written yet"));
-    epoch_replaced += step_replaced;
-    s.adam->step();
-    s.sync_buffers();
-    ++s.step;
-    if (stop_everywhere) summary.interrupted = true;
-
-    window_loss += step_loss;
-    ++window_steps;
-    StepReport report{s.step,
-                      s.total_steps,
-                      (s.step - 1) / s.steps_per_epoch,
-                      epochs,
-                      window_loss / window_steps,
-                      window_steps * s.batch_size / seconds_since(window_start),
-                      seconds_since(start),
-                      x.size(3),
-                      x.size(2)};
-    if (cb.on_step) cb.on_step(report);
-    if (metrics && (s.step % log_every == 0 || s.step == s.total_steps)) {
-      metrics->write({"train",
-                      s.step,
-                      {{"epoch", static_cast<double>(report.epoch)},
-                       {"loss", report.loss},
-                       {"images_per_s", report.images_per_s},
-                       {"elapsed_s", report.elapsed_s},
-                       {"data_wait_s", window_wait}}});
-      window_loss = 0;
-      window_steps = 0;
-      window_wait = 0;
-      window_start = Clock::now();
-    }
-    if (s.step % s.steps_per_epoch == 0 || s.step == s.total_steps) {
-      // The end of an epoch (or of the run): what the data did, on every rank's behalf.
-      if (metrics) {
-        metrics->write({"epoch",
-                        s.step,
-                        {{"epoch", static_cast<double>(report.epoch)},
-                         {"replaced", static_cast<double>(epoch_replaced)},
-                         {"unreadable", static_cast<double>(s.data->unreadable())},
-                         {"data_wait_s", epoch_wait}}});
-      }
-      if (cb.on_info && s.is_root()) {
-        cb.on_info(detail::concat("epoch ", report.epoch + 1, " of ", epochs, " ended at step ", s.step, ": ",
-                                  epoch_replaced, " images replaced (failed to decode), ", s.data->unreadable(),
-                                  " unreadable files left out, ", format_seconds(epoch_wait), " waiting for data"));
-      }
-      epoch_replaced = 0;
-      epoch_wait = 0;
-    }
+    bool stop = false;
+    const StepFacts facts = s.take_step(cb, &stop);
+    report.after_step(s.step, facts, s.data->unreadable());
+    if (stop) summary.interrupted = true;
     if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {
       s.save();
       if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
     }
     // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3).
     if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) {
-      record_eval(s.evaluate_test());
+      report.after_eval(s.step, s.evaluate_test());
     }
     if (summary.interrupted) break;
   }
@@ -532,15 +471,15 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   if (s.is_root()) {
     if (!summary.interrupted) {
       summary.test = s.evaluate_test();
-      record_eval(summary.test);
+      report.after_eval(s.step, summary.test);
       if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
     }
-    summary.seconds = seconds_since(start);
+    summary.seconds = report.elapsed_s();
     write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
   }
   // Every rank ends together: a rank 0 that failed while saving or evaluating fails them all.
   s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));
-  summary.seconds = seconds_since(start);
+  summary.seconds = report.elapsed_s();
   return summary;
 }
 

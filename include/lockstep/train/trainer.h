@@ -39,7 +39,8 @@ struct TrainCallbacks {
   std::function<void(const StepReport&)> on_step;   // after every step
   std::function<void(const std::string&)> on_info;  // notable events (checkpoint, resume)
   std::function<void(int64_t step, const EvalResult&)> on_eval;
-  // Checked before every step: when it becomes true the trainer saves a checkpoint and returns.
+  // Read during every step and summed over the ranks with its gradients: once it is true on any
+  // rank, every rank finishes that step, saves a checkpoint and returns.
   const std::atomic<bool>* stop_requested = nullptr;
 };
 
