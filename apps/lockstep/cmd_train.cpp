@@ -62,27 +62,31 @@ std::vector<std::string> overrides(const TrainArgs& args) {
 
 int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group);
 
+// A new run's configuration: the defaults, then --config's file, then the overrides in order.
+train::Config new_run_config(const TrainArgs& args) {
+  train::Config config(train::lockstep_schema());
+  if (!args.config_file.empty()) config.load_toml_file(args.config_file);
+  for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
+  return config;
+}
+
 // This rank's CUDA device by the run's train.device (-1: the CPU), read before the group exists
 // because NCCL is set up on it. A run directory without config.toml is left to --resume to report.
 int cuda_device_of(const TrainArgs& args) {
-  train::Config config(train::lockstep_schema());
-  if (!args.resume.empty()) {
-    const std::string path = train::config_path(args.resume);
-    if (!std::filesystem::exists(path)) return -1;
-    config.load_toml_file(path);
-  } else if (!args.config_file.empty()) {
-    config.load_toml_file(args.config_file);
+  if (args.resume.empty()) {
+    return train::cuda_index_for(train::parse_device_spec(new_run_config(args).get_string("train.device")));
   }
+  const std::string path = train::config_path(args.resume);
+  if (!std::filesystem::exists(path)) return -1;
+  train::Config config(train::lockstep_schema());
+  config.load_toml_file(path);
   for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
   return train::cuda_index_for(train::parse_device_spec(config.get_string("train.device")));
 }
 
 int run_train(const TrainArgs& args) {
   if (args.print_config && args.resume.empty()) {
-    train::Config config(train::lockstep_schema());
-    if (!args.config_file.empty()) config.load_toml_file(args.config_file);
-    for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-    std::cout << config.to_toml();
+    std::cout << new_run_config(args).to_toml();
     return kExitOk;
   }
   // Started as one rank of several (lockstep launch, torchrun): join the others.
@@ -131,11 +135,8 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
                        "--config or --run-dir");
     trainer = train::Trainer::resume(args.resume, overrides(args), group, print_line);
   } else {
-    train::Config config(train::lockstep_schema());
-    if (!args.config_file.empty()) config.load_toml_file(args.config_file);
-    for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-    trainer =
-        train::Trainer::create(config, args.run_dir.empty() ? default_run_dir() : args.run_dir, group, print_line);
+    trainer = train::Trainer::create(new_run_config(args), args.run_dir.empty() ? default_run_dir() : args.run_dir,
+                                     group, print_line);
   }
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
