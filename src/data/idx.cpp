@@ -143,10 +143,11 @@ IdxArray parse_idx(const std::string& bytes, const std::string& origin) {
   return out;
 }
 
-IdxArray read_idx(const std::string& path) {
-  const std::string raw = io::read_file(path);
+IdxArray decode_idx(const std::string& raw, const std::string& origin) {
   const bool gzip = raw.size() >= 2 && static_cast<uint8_t>(raw[0]) == 0x1f && static_cast<uint8_t>(raw[1]) == 0x8b;
-  return parse_idx(gzip ? gunzip(raw, path) : raw, path);
+  return parse_idx(gzip ? gunzip(raw, origin) : raw, origin);
 }
+
+IdxArray read_idx(const std::string& path) { return decode_idx(io::read_file(path), path); }
 
 }  // namespace lockstep::data

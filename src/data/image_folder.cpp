@@ -16,6 +16,122 @@ namespace fs = std::filesystem;
 
 #if LOCKSTEP_HAVE_OPENCV
 namespace {
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF), as the
+// manifest's JSON requires.
+bool is_utf8(const std::string& s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = b[i];
+    size_t more;
+    unsigned lo = 0x80, hi = 0xBF;  // the range of the byte after the lead byte
+    if (c < 0x80) {
+      more = 0;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      more = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      more = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      more = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (more > n - i - 1) return false;
+    for (size_t k = 1; k <= more; ++k) {
+      const unsigned next = b[i + k];
+      if (next < (k == 1 ? lo : 0x80) || next > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
+// `s` with every byte outside printable ASCII written as \xNN: a name that is not UTF-8, shown.
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (const unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += "0123456789abcdef"[c >> 4];
+      out += "0123456789abcdef"[c & 15];
+    }
+  }
+  return out;
+}
+
+ManifestEntry unusable(std::string path, std::string error) {
+  ManifestEntry e;
+  e.path = std::move(path);
+  e.error = std::move(error);
+  return e;
+}
+
+// What a folder holds: its image files' paths relative to the root, and an unreadable entry for
+// each thing that cannot be listed or named (the run must see them, not lose them silently).
+struct Listing {
+  std::vector<std::string> files;
+  std::vector<ManifestEntry> unusable;
+};
+
+// Walks the tree below `root` without following links to directories (as find does by default).
+Listing list_folder(const std::string& root) {
+  Listing out;
+  std::vector<fs::path> pending{fs::path(root)};
+  while (!pending.empty()) {
+    const fs::path dir = pending.back();
+    pending.pop_back();
+    const std::string dir_rel = dir.lexically_relative(root).generic_string();
+    const std::string dir_shown = dir_rel == "." ? std::string("./") : dir_rel + "/";
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec);
+    if (ec) {
+      out.unusable.push_back(
+          unusable(dir_shown, detail::concat("cannot list this directory (", ec.message(), "): its images are not used")));
+      continue;
+    }
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      // Lexically: a symbolic link keeps its own name (fs::relative would give its target's path).
+      const std::string rel = it->path().lexically_relative(root).generic_string();
+      const bool image = io::is_image_file(it->path().filename().string());
+      std::error_code kind_ec;
+      const fs::file_status own = it->symlink_status(kind_ec);
+      const bool directory = !kind_ec && fs::is_directory(own);
+      if (!image && !directory) continue;
+      if (!is_utf8(rel)) {
+        out.unusable.push_back(unusable(escaped(rel) + (directory ? "/" : ""),
+                                        "its name is not valid UTF-8: rename it to be used"));
+        continue;
+      }
+      if (directory) {
+        pending.push_back(it->path());
+        continue;
+      }
+      const fs::file_status target = it->status(kind_ec);  // follows a link: ELOOP, ENOENT
+      if (kind_ec) {
+        out.unusable.push_back(unusable(rel, detail::concat("cannot be read (", kind_ec.message(), ")")));
+      } else if (fs::is_regular_file(target)) {
+        out.files.push_back(rel);
+      } else if (!fs::is_directory(target)) {
+        out.unusable.push_back(unusable(rel, "is not a regular file (a device, FIFO or socket)"));
+      }
+    }
+    if (ec) {
+      out.unusable.push_back(
+          unusable(dir_shown, detail::concat("listing this directory failed part-way (", ec.message(), ")")));
+    }
+  }
+  std::sort(out.files.begin(), out.files.end());
+  return out;
+}
+
 // One file's entry: reused from `cached` when its size and time match, else read and decoded.
 ManifestEntry scan_entry(const std::string& root, const std::string& rel, const Manifest* cached) {
   const fs::path full = fs::path(root) / rel;
@@ -54,15 +170,8 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached, cons
 #else
   Manifest m;
   m.root = root;
-  std::vector<std::string> files;
-  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied);
-       it != fs::recursive_directory_iterator(); ++it) {
-    if (it->is_regular_file() && io::is_image_file(it->path().filename().string())) {
-      // Lexically: a symbolic link keeps its own name (fs::relative would give its target's path).
-      files.push_back(it->path().lexically_relative(root).generic_string());
-    }
-  }
-  std::sort(files.begin(), files.end());
+  Listing listing = list_folder(root);
+  const std::vector<std::string>& files = listing.files;
   const auto total = static_cast<int64_t>(files.size());
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(total, 1)));
@@ -91,6 +200,14 @@ Manifest scan_image_folder(const std::string& root, const Manifest* cached, cons
   work(true);
   for (auto& h : helpers) h.join();
   if (error) std::rethrow_exception(error);
+  // What could not be listed or named joins the files, in path order (a name may repeat only
+  // if an escaped non-UTF-8 name equals a real one: the real file is kept).
+  m.entries.insert(m.entries.end(), listing.unusable.begin(), listing.unusable.end());
+  std::stable_sort(m.entries.begin(), m.entries.end(),
+                   [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
+  m.entries.erase(std::unique(m.entries.begin(), m.entries.end(),
+                              [](const ManifestEntry& a, const ManifestEntry& b) { return a.path == b.path; }),
+                  m.entries.end());
   if (progress) progress(total, total);
   return m;
 #endif

@@ -9,6 +9,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
 #include "lockstep/io/atomic_file.h"
+#include "lockstep/io/nesting.h"
 
 namespace lockstep::data {
 
@@ -76,8 +77,10 @@ void save_manifest(const std::string& path, const Manifest& manifest) {
   io::write_file_atomic(path, j.dump(1) + "\n");
 }
 
-Manifest load_manifest(const std::string& path) {
-  const std::string text = io::read_file(path);
+Manifest load_manifest(const std::string& path) { return parse_manifest(io::read_file(path), path); }
+
+Manifest parse_manifest(const std::string& text, const std::string& path) {
+  io::check_nesting(io::json_nesting_depth(text), io::kMaxJsonNesting, path);
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
     Manifest m;

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
+#include "lockstep/io/atomic_file.h"
+#include "lockstep/io/image_header.h"
 
 #if LOCKSTEP_HAVE_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -101,11 +101,36 @@ std::string truncation_error(const std::string& bytes) {
 }
 
 #if LOCKSTEP_HAVE_OPENCV
-// Decodes, or returns an empty Mat and says why in `error`.
+// A PNG without its ancillary chunks but those that change the pixels (tRNS: transparency). libpng
+// warns on stderr about colour profiles and text chunks (once per file, on every rank), and lockstep
+// uses none of them. Bytes that are not a well-formed chunk sequence are passed on unchanged.
+std::string without_png_metadata(const std::string& bytes) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  std::string out = bytes.substr(0, 8);
+  size_t at = 8;
+  while (at + 12 <= n) {
+    const uint64_t length =
+        (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
+    if (length > n - at - 12) return bytes;
+    const bool critical = (b[at + 4] & 0x20) == 0;  // an upper-case first letter
+    if (critical || bytes.compare(at + 4, 4, "tRNS") == 0) out.append(bytes, at, 12 + length);
+    if (bytes.compare(at + 4, 4, "IEND") == 0) return out;
+    at += 12 + length;
+  }
+  return bytes;
+}
+
+// Decodes, or returns an empty Mat and says why in `error`: a header over lockstep's limits is
+// refused before OpenCV allocates anything.
 cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
-  *error = truncation_error(bytes);
+  *error = image_header_problem(read_image_header(bytes));
+  if (error->empty()) *error = truncation_error(bytes);
   if (!error->empty()) return cv::Mat();
-  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
+  const bool png = bytes.compare(0, 4, "\x89PNG") == 0;
+  const std::string cleaned = png ? without_png_metadata(bytes) : std::string();
+  const std::string& input = png ? cleaned : bytes;
+  const cv::Mat raw(1, static_cast<int>(input.size()), CV_8UC1, const_cast<char*>(input.data()));
   cv::Mat decoded;
   try {
     decoded = cv::imdecode(raw, cv::IMREAD_UNCHANGED);
@@ -120,9 +145,11 @@ cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
 }  // namespace
 
 std::string read_image_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOCKSTEP_THROW_IF_NOT(in, IoError, "cannot open image ", path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);  // a sparse 12 GB file is not read
+  LOCKSTEP_THROW_IF_NOT(ec || size <= kMaxImageFileBytes, CorruptInput, path, ": ", size,
+                        " bytes, over the limit of ", kMaxImageFileBytes, " bytes for one image file");
+  return read_file(path);
 }
 
 std::string image_decoder_version() {

@@ -7,14 +7,20 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
 #include "io/test_temp_dir.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
+#include "lockstep/io/image_header.h"
 
 #if LOCKSTEP_HAVE_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -265,6 +271,154 @@ TEST(ImageFolder, ASymbolicLinkIsListedUnderItsOwnName) {
   ASSERT_EQ(m.entries.size(), 1u);
   EXPECT_EQ(m.entries[0].path, "sub/link.png");
   EXPECT_EQ(m.entries[0].width, 6);
+}
+
+// What a folder holds besides images is listed, not lost and not fatal: a name that is not UTF-8
+// (the manifest is JSON), a link that loops or points nowhere, a FIFO with an image's name.
+TEST(ImageFolder, OddNamesLinksAndSpecialFilesAreUnreadableEntriesThatSayWhy) {
+  test_util::TempDir tmp;
+  const std::string root = tmp.file("root");
+  write(root + "/good.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));
+  write(root + "/caf\xe9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));       // Latin-1, not UTF-8
+  write(root + "/bad\xff/inside.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));  // its directory's name
+  write(root + "/caf\xc3\xa9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));    // UTF-8: fine
+  fs::create_symlink("loop.png", root + "/loop.png");
+  fs::create_symlink("nowhere.png", root + "/dangling.png");
+  ASSERT_EQ(::mkfifo((root + "/pipe.png").c_str(), 0600), 0);
+  fs::create_directories(root + "/dir.png");  // a directory with an image's name is only a directory
+
+  const Manifest m = scan_image_folder(root);
+  std::map<std::string, std::string> errors;
+  for (const auto& e : m.entries) errors[e.path] = e.error;
+  const std::map<std::string, std::string> expected_start = {
+      {"bad\\xff/", "its name is not valid UTF-8"},
+      {"caf\\xe9.png", "its name is not valid UTF-8"},
+      {"caf\xc3\xa9.png", ""},
+      {"dangling.png", "cannot be read (No such file or directory)"},
+      {"good.png", ""},
+      {"loop.png", "cannot be read (Too many levels of symbolic links)"},
+      {"pipe.png", "is not a regular file"}};
+  ASSERT_EQ(errors.size(), expected_start.size()) << testing::PrintToString(errors);
+  for (const auto& [path, start] : expected_start) {
+    ASSERT_TRUE(errors.count(path)) << path << " missing from " << testing::PrintToString(errors);
+    EXPECT_EQ(errors[path].rfind(start, 0), 0u) << path << ": " << errors[path];
+  }
+  EXPECT_EQ(m.readable_count(), 2);
+  // The manifest is valid JSON and reads back whole.
+  save_manifest(tmp.file("manifest.json"), m);
+  EXPECT_EQ(load_manifest(tmp.file("manifest.json")).hash(), m.hash());
+}
+
+// A directory that cannot be listed is an entry saying so (its images are missing from the run),
+// not a silent gap. As root every directory can be listed, so a child process gives up root first.
+TEST(ImageFolder, ADirectoryThatCannotBeListedIsNamed) {
+  test_util::TempDir tmp;
+  const std::string root = tmp.file("root");
+  write(root + "/a.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));
+  write(root + "/closed/b.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));
+  fs::permissions(root + "/closed", fs::perms::none);
+  fs::permissions(tmp.path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::string out;
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      out = "setuid failed";
+    } else {
+      try {
+        for (const auto& e : scan_image_folder(root, nullptr, {}, 1).entries) out += e.path + "|" + e.error + "\n";
+      } catch (const std::exception& e) {
+        out = std::string("threw: ") + e.what();
+      }
+    }
+    const ssize_t written = ::write(pipe_fds[1], out.data(), out.size());
+    ::_exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  fs::permissions(root + "/closed", fs::perms::owner_all);  // so that the directory can be removed
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << got;
+  EXPECT_EQ(got,
+            "a.png|\n"
+            "closed/|cannot list this directory (Permission denied): its images are not used\n");
+}
+
+// Limits checked before reading or decoding: a header claiming 30000x30000 pixels (a few bytes
+// that would decode to 2.7 GB) and a file over the size limit (sparse: it takes no disk).
+TEST(ImageFolder, ImagesOverThePixelOrByteLimitAreUnreadableWithTheFigures) {
+  test_util::TempDir tmp;
+  std::vector<uchar> png;
+  ASSERT_TRUE(cv::imencode(".png", cv::Mat(3, 3, CV_8UC1, cv::Scalar(1)), png));
+  std::string claimed(png.begin(), png.end());
+  for (int k = 0; k < 2; ++k) {  // IHDR's width and height, big-endian, at bytes 16 and 20
+    const uint32_t v = 30000;
+    for (int b = 0; b < 4; ++b) claimed[16 + 4 * k + b] = static_cast<char>((v >> (24 - 8 * b)) & 0xFF);
+  }
+  std::ofstream(tmp.file("claims.png"), std::ios::binary) << claimed;
+  {
+    std::ofstream huge(tmp.file("huge.png"), std::ios::binary);
+    huge.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+  }
+  fs::resize_file(tmp.file("huge.png"), io::kMaxImageFileBytes + 1);
+  const Manifest m = scan_image_folder(tmp.path());
+  ASSERT_EQ(m.entries.size(), 2u);
+  EXPECT_NE(m.entries[0].error.find("PNG of 30000x30000 pixels: over the limit of 268435456 pixels"),
+            std::string::npos)
+      << m.entries[0].error;
+  EXPECT_NE(m.entries[1].error.find("1073741825 bytes, over the limit of 1073741824 bytes"), std::string::npos)
+      << m.entries[1].error;
+  EXPECT_THROW(io::decode_image(tmp.file("claims.png"), 1), CorruptInput);
+}
+
+// libpng warns on stderr about colour profiles it dislikes (once per image, on every rank): the
+// metadata chunks lockstep does not use never reach it.
+TEST(ImageFolder, PngMetadataLibpngWarnsAboutStaysOffStderr) {
+  test_util::TempDir tmp;
+  std::vector<uchar> encoded;
+  ASSERT_TRUE(cv::imencode(".png", cv::Mat(5, 7, CV_8UC3, cv::Scalar(1, 2, 3)), encoded));
+  const std::string png(encoded.begin(), encoded.end());
+  // An iCCP chunk (profile "x", deflate) whose profile is not an ICC profile, after IHDR.
+  std::string body = std::string("iCCPx\0\0", 7);
+  const std::string garbage = "this is not an ICC colour profile";
+  uLongf size = compressBound(static_cast<uLong>(garbage.size()));
+  std::string packed(size, '\0');
+  compress(reinterpret_cast<Bytef*>(packed.data()), &size, reinterpret_cast<const Bytef*>(garbage.data()),
+           static_cast<uLong>(garbage.size()));
+  body += packed.substr(0, size);
+  std::string chunk;
+  for (uint32_t v : {static_cast<uint32_t>(body.size() - 4)}) {
+    for (int s = 24; s >= 0; s -= 8) chunk += static_cast<char>((v >> s) & 0xFF);
+  }
+  chunk += body;
+  const auto crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+  for (int s = 24; s >= 0; s -= 8) chunk += static_cast<char>((crc >> s) & 0xFF);
+  const std::string with_profile = png.substr(0, 33) + chunk + png.substr(33);  // signature 8 + IHDR 25
+  std::ofstream(tmp.file("profile.png"), std::ios::binary) << with_profile;
+
+  // The test's premise: handed the whole file, libpng (through OpenCV) does print a warning.
+  testing::internal::CaptureStderr();
+  const cv::Mat direct = cv::imdecode(std::vector<uchar>(with_profile.begin(), with_profile.end()), cv::IMREAD_COLOR);
+  const std::string printed_direct = testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(direct.empty());
+  ASSERT_NE(printed_direct, "") << "libpng printed nothing for this iCCP chunk: the test proves nothing";
+
+  testing::internal::CaptureStderr();
+  const Manifest m = scan_image_folder(tmp.path());
+  const io::Image image = io::decode_image(tmp.file("profile.png"), 3);
+  const std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed, "");
+  ASSERT_EQ(m.entries.size(), 1u);
+  EXPECT_TRUE(m.entries[0].readable()) << m.entries[0].error;
+  EXPECT_EQ(image.width, 7);
+  EXPECT_EQ(image.pixels[0], 3);  // RGB of the BGR scalar: the pixels are untouched
 }
 
 TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {

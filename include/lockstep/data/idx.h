@@ -17,6 +17,9 @@ struct IdxArray {
 // dimension of zero or absurd size, or a payload shorter or longer than the dimensions say.
 IdxArray read_idx(const std::string& path);
 
+// A file's bytes, plain or gzip-compressed, as read_idx reads them; `origin` names it in errors.
+IdxArray decode_idx(const std::string& file_bytes, const std::string& origin);
+
 // Parses an uncompressed IDX byte string; `origin` names it in errors.
 IdxArray parse_idx(const std::string& bytes, const std::string& origin);
 

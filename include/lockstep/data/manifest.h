@@ -35,5 +35,7 @@ std::string describe_changes(const Manifest& before, const Manifest& after);
 // JSON, written atomically. load_manifest throws CorruptInput naming the file when malformed.
 void save_manifest(const std::string& path, const Manifest& manifest);
 Manifest load_manifest(const std::string& path);
+// The text of a manifest file; `origin` names it in errors.
+Manifest parse_manifest(const std::string& text, const std::string& origin);
 
 }  // namespace lockstep::data
