@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <thread>
 #include <utility>
@@ -220,7 +221,7 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
       fail(call, e);
     }
     const auto now = Clock::now();
-    if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout);
+    if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout, watch.silent());
     if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave the transport waiting forever
       last_check = now;
       const std::vector<int> dead = watch.check();
@@ -236,14 +237,24 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
   }
 }
 
-void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout) {
+// The ranks waited for: those whose last status shows them short of this collective, and those
+// whose heartbeat has gone silent (a rank cut off by the network may have reached it just before).
+void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout,
+                                 const std::vector<int>& silent) {
   mark_failed();
   std::vector<int> waiting;
   const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
+  waiting.insert(waiting.end(), silent.begin(), silent.end());
+  std::sort(waiting.begin(), waiting.end());
+  waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
+  const std::string no_beat =
+      silent.empty() ? std::string()
+                     : detail::concat("; no heartbeat from rank(s) ", join(silent), " for over ",
+                                      Liveness::kDeadAfter.count(), " ms (stopped, or cut off from this rank)");
   throw CollectiveTimeout(
       detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " timed out after ",
                      timeout.count(), " ms", waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
-                     "; where every rank is:", where),
+                     no_beat, "; where every rank is:", where),
       waiting);
 }
 

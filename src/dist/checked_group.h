@@ -68,7 +68,8 @@ class CheckedGroup final : public Group {
                                             const CollectiveOptions& opts);
   // G2: waits for `work` in slices, watching the other ranks in between.
   void finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts);
-  [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout);
+  [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout,
+                                  const std::vector<int>& silent);
   [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e);
   void mark_failed();
 

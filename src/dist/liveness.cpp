@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "lockstep/core/error.h"
@@ -22,72 +24,114 @@ std::string host_name() {
 
 }  // namespace
 
+struct Liveness::Shared {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  int size = 1;
+  std::mutex mutex;  // guards everything below
+  std::condition_variable changed;
+  // This rank's status, which the heartbeat publishes.
+  std::string where = "starting";
+  std::string progress;
+  uint64_t where_sequence = 0;
+  bool inside = false;
+  bool stopping = false;
+  bool beating = true;  // the heartbeat thread has not returned
+  // Store reads, one at a time: what the last finished one read, and the process records ("host|pid")
+  // read so far, which never change.
+  uint64_t reads_started = 0;
+  uint64_t reads_finished = 0;
+  Clock::time_point read_started;
+  std::vector<Status> statuses;
+  std::vector<std::string> processes;
+};
+
 Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
-    : store_(std::move(store)), rank_(rank), size_(size) {
-  store_->set(process_key(rank_), to_bytes(detail::concat(host_name(), "|", ::getpid())));
-  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+    : rank_(rank), size_(size), shared_(std::make_shared<Shared>()) {
+  shared_->store = std::move(store);
+  shared_->rank = rank;
+  shared_->size = size;
+  shared_->processes.resize(size);
+  shared_->store->set(process_key(rank_), to_bytes(detail::concat(host_name(), "|", ::getpid())));
+  heartbeat_ = std::thread(heartbeat_loop, shared_);
 }
 
+// A heartbeat stuck in a store that does not answer is left to finish (or not) on its own.
 Liveness::~Liveness() {
-  {
-    std::lock_guard<std::mutex> lock(stop_mutex_);
-    stopping_ = true;
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  shared_->stopping = true;
+  shared_->changed.notify_all();
+  const bool returned = shared_->changed.wait_for(lock, kStoreAnswer, [this] { return !shared_->beating; });
+  lock.unlock();
+  if (returned) {
+    heartbeat_.join();
+  } else {
+    heartbeat_.detach();
   }
-  stop_cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 void Liveness::set_progress(const std::string& progress) {
-  std::lock_guard<std::mutex> lock(where_mutex_);
-  progress_ = progress;
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->progress = progress;
 }
 
 void Liveness::set_note(const std::string& note) {
-  std::lock_guard<std::mutex> lock(where_mutex_);
-  where_ = note;
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->where = note;
 }
 
 void Liveness::enter(const CollectiveCall& call) {
-  std::lock_guard<std::mutex> lock(where_mutex_);
-  inside_ = true;
-  where_sequence_ = call.sequence;
-  where_ = call.describe();
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->inside = true;
+  shared_->where_sequence = call.sequence;
+  shared_->where = call.describe();
 }
 
 void Liveness::leave(const CollectiveCall& call) {
-  std::lock_guard<std::mutex> lock(where_mutex_);
-  inside_ = false;
-  where_sequence_ = call.sequence;
-  where_ = call.describe();
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->inside = false;
+  shared_->where_sequence = call.sequence;
+  shared_->where = call.describe();
 }
 
-// "<beat>|<sequence>|<1 inside, 0 after>|<progress>, in|after <collective>".
-std::string Liveness::status_value(uint64_t beat) {
-  std::lock_guard<std::mutex> lock(where_mutex_);
-  std::string text = progress_.empty() ? "" : progress_ + ", ";
-  text += where_sequence_ == 0 ? where_ : (inside_ ? "in " : "after ") + where_;
-  return detail::concat(beat, "|", where_sequence_, "|", inside_ ? 1 : 0, "|", text);
-}
-
-void Liveness::heartbeat_loop() {
+// Publishes "<beat>|<sequence>|<1 inside, 0 after>|<progress>, in|after <collective>"; the store is
+// written without the lock held, so a write that hangs holds up nothing but this thread.
+void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
   uint64_t beat = 0;
-  std::unique_lock<std::mutex> lock(stop_mutex_);
-  while (!stopping_) {
+  std::unique_lock<std::mutex> lock(s->mutex);
+  while (!s->stopping) {
+    std::string text = s->progress.empty() ? "" : s->progress + ", ";
+    text += s->where_sequence == 0 ? s->where : (s->inside ? "in " : "after ") + s->where;
+    const std::string value = detail::concat(++beat, "|", s->where_sequence, "|", s->inside ? 1 : 0, "|", text);
+    lock.unlock();
     try {
-      store_->set(status_key(rank_), to_bytes(status_value(++beat)));
+      s->store->set(status_key(s->rank), to_bytes(value));
     } catch (const std::exception&) {
       // The store (rank 0) is gone; the collective that notices says so.
     }
-    stop_cv_.wait_for(lock, kBeat, [this] { return stopping_; });
+    lock.lock();
+    s->changed.wait_for(lock, kBeat, [&s] { return s->stopping; });
   }
+  s->beating = false;
+  s->changed.notify_all();
 }
 
-std::vector<Liveness::Status> Liveness::read_statuses() const {
-  std::vector<Status> out(size_);
-  for (int r = 0; r < size_; ++r) {
+// On a helper thread: reads every rank's status, and the process records not read yet.
+void Liveness::read_store(std::shared_ptr<Shared> s) {
+  std::vector<std::string> processes;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    processes = s->processes;
+  }
+  std::vector<Status> out(s->size);
+  for (int r = 0; r < s->size; ++r) {
     try {
-      if (!store_->check({status_key(r)})) continue;
-      const auto bytes = store_->get(status_key(r));
+      if (processes[r].empty() && s->store->check({process_key(r)})) {
+        const auto bytes = s->store->get(process_key(r));
+        processes[r].assign(bytes.begin(), bytes.end());
+      }
+      if (!s->store->check({status_key(r)})) continue;
+      const auto bytes = s->store->get(status_key(r));
       std::istringstream in(std::string(bytes.begin(), bytes.end()));
       std::string beat, sequence, inside;
       std::getline(in, beat, '|');
@@ -102,29 +146,50 @@ std::vector<Liveness::Status> Liveness::read_statuses() const {
       out[r].text = "unreachable";
     }
   }
+  std::lock_guard<std::mutex> lock(s->mutex);
+  s->statuses = std::move(out);
+  s->processes = std::move(processes);
+  ++s->reads_finished;
+  s->changed.notify_all();
+}
+
+// Starts a read unless one is under way, and waits for it until kStoreAnswer after it started: a
+// read that hangs makes this and every later call (until it returns) answer at once, unreachable.
+std::vector<Liveness::Status> Liveness::read_statuses() const {
+  Shared& s = *shared_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (s.reads_finished == s.reads_started) {
+    ++s.reads_started;
+    s.read_started = Clock::now();
+    std::thread(read_store, shared_).detach();
+  }
+  const uint64_t wanted = s.reads_started;
+  if (s.changed.wait_until(lock, s.read_started + kStoreAnswer, [&] { return s.reads_finished >= wanted; })) {
+    return s.statuses;
+  }
+  std::vector<Status> out(size_);
+  for (auto& st : out) st.text = "unreachable";
   return out;
 }
 
 // What the OS says of rank r's process when it runs on this host (a dead process and a stopped
 // one both stop beating; only the first is dead). Unknown for other hosts.
 Liveness::Process Liveness::process_of(int r) const {
-  try {
-    if (!store_->check({process_key(r)})) return Process::Unknown;
-    const auto bytes = store_->get(process_key(r));
-    const std::string text(bytes.begin(), bytes.end());
-    const size_t bar = text.find('|');
-    if (text.substr(0, bar) != host_name()) return Process::Unknown;
-    std::ifstream stat("/proc/" + text.substr(bar + 1) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) return Process::Gone;
-    const size_t paren = line.rfind(')');
-    const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-    if (state == 'Z' || state == 'X') return Process::Gone;
-    if (state == 'T' || state == 't') return Process::Stopped;
-    return Process::Running;
-  } catch (const std::exception&) {
-    return Process::Unknown;
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    text = shared_->processes[r];
   }
+  const size_t bar = text.find('|');
+  if (bar == std::string::npos || text.substr(0, bar) != host_name()) return Process::Unknown;
+  std::ifstream stat("/proc/" + text.substr(bar + 1) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return Process::Gone;
+  const size_t paren = line.rfind(')');
+  const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+  if (state == 'Z' || state == 'X') return Process::Gone;
+  if (state == 'T' || state == 't') return Process::Stopped;
+  return Process::Running;
 }
 
 std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
@@ -163,7 +228,7 @@ std::vector<int> Liveness::Watch::check() {
   }
   std::vector<int> dead;
   for (int r = 0; r < static_cast<int>(statuses.size()); ++r) {
-    if (statuses[r].beat != beats_[r]) {
+    if (statuses[r].beat != -1 && statuses[r].beat != beats_[r]) {  // unreadable is no sign of life
       beats_[r] = statuses[r].beat;
       changed_[r] = now;
     }
@@ -176,6 +241,15 @@ std::vector<int> Liveness::Watch::check() {
     }
   }
   return dead;
+}
+
+std::vector<int> Liveness::Watch::silent() const {
+  const auto now = Clock::now();
+  std::vector<int> out;
+  for (int r = 0; r < static_cast<int>(changed_.size()); ++r) {
+    if (r != liveness_.rank_ && now - changed_[r] >= kDeadAfter) out.push_back(r);
+  }
+  return out;
 }
 
 std::string Liveness::where_everyone_is(uint64_t sequence, std::vector<int>* waiting_for) const {

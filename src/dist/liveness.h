@@ -6,8 +6,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +22,10 @@ class Liveness {
   // clock, so nodes' clocks need not agree) is silent: dead if its process is gone, else stalled.
   static constexpr std::chrono::milliseconds kBeat{250};
   static constexpr std::chrono::milliseconds kDeadAfter{1500};
+  // A read of the store unanswered after this long reads as "unreachable". Over a network cut
+  // (packets dropped, nothing reset) TCPStore would wait for TCP to give up, many minutes; the
+  // read goes on on its own thread and the rank that waits is never blocked by it.
+  static constexpr std::chrono::milliseconds kStoreAnswer{1000};
 
   // Publishes this process's host and pid and starts the heartbeat thread.
   Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
@@ -49,6 +52,9 @@ class Liveness {
     explicit Watch(const Liveness& liveness) : liveness_(liveness), last_progress_(Clock::now()) {}
     std::vector<int> check();
     Clock::time_point last_progress() const { return last_progress_; }
+    // Other ranks whose beat this watch has not seen move for kDeadAfter (an unreadable beat is
+    // not a move): stopped, or cut off from this rank.
+    std::vector<int> silent() const;
 
    private:
     const Liveness& liveness_;
@@ -70,23 +76,19 @@ class Liveness {
     bool inside = false;
     std::string text = "no status";
   };
+  // What this object shares with its heartbeat thread and its store reads, which hold it too: a
+  // thread stuck in a store that no longer answers is left behind, never joined.
+  struct Shared;
 
-  void heartbeat_loop();
-  std::string status_value(uint64_t beat);
+  static void heartbeat_loop(std::shared_ptr<Shared> s);
+  static void read_store(std::shared_ptr<Shared> s);
+  // Every rank's status: read on a helper thread, unreachable when it does not answer in time.
   std::vector<Status> read_statuses() const;
-  Process process_of(int r) const;
+  Process process_of(int r) const;  // from the process records that reads have brought in
 
-  c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int size_;
-  std::mutex where_mutex_;
-  std::string where_ = "starting";
-  std::string progress_;
-  uint64_t where_sequence_ = 0;
-  bool inside_ = false;
-  std::mutex stop_mutex_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;
+  std::shared_ptr<Shared> shared_;
   std::thread heartbeat_;
 };
 
