@@ -2,6 +2,8 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+
 #include <optional>
 
 #include "lockstep/core/error.h"
@@ -109,7 +111,10 @@ std::string gunzip(const std::string& in, const std::string& origin) {
     out.append(buf, sizeof buf - zs.avail_out);
     if (!header) {
       header = parse_header(out, origin);
-      if (header) out.reserve(header->header_bytes + header->payload_bytes);
+      // Reserved as the data arrive, never from the header's claim alone: 21 bytes of gzip can
+      // claim gigabytes.
+      if (header)
+        out.reserve(std::min<uint64_t>(header->header_bytes + header->payload_bytes, 8 * in.size() + (1 << 20)));
     }
     if (header && out.size() > header->header_bytes + header->payload_bytes) {
       throw CorruptInput(trailing_message(origin, *header, out.size() - header->header_bytes));

@@ -9,6 +9,7 @@
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
+#include "lockstep/core/utf8.h"
 #include "lockstep/io/image_decode.h"
 
 namespace lockstep::data {
@@ -16,55 +17,6 @@ namespace fs = std::filesystem;
 
 #if LOCKSTEP_HAVE_OPENCV
 namespace {
-
-// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF), as the
-// manifest's JSON requires.
-bool is_utf8(const std::string& s) {
-  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = b[i];
-    size_t more;
-    unsigned lo = 0x80, hi = 0xBF;  // the range of the byte after the lead byte
-    if (c < 0x80) {
-      more = 0;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      more = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      more = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      more = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (more > n - i - 1) return false;
-    for (size_t k = 1; k <= more; ++k) {
-      const unsigned next = b[i + k];
-      if (next < (k == 1 ? lo : 0x80) || next > (k == 1 ? hi : 0xBF)) return false;
-    }
-    i += more + 1;
-  }
-  return true;
-}
-
-// `s` with every byte outside printable ASCII written as \xNN: a name that is not UTF-8, shown.
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (const unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += "0123456789abcdef"[c >> 4];
-      out += "0123456789abcdef"[c & 15];
-    }
-  }
-  return out;
-}
 
 ManifestEntry unusable(std::string path, std::string error) {
   ManifestEntry e;
@@ -92,8 +44,8 @@ Listing list_folder(const std::string& root) {
     std::error_code ec;
     fs::directory_iterator it(dir, ec);
     if (ec) {
-      out.unusable.push_back(
-          unusable(dir_shown, detail::concat("cannot list this directory (", ec.message(), "): its images are not used")));
+      out.unusable.push_back(unusable(
+          dir_shown, detail::concat("cannot list this directory (", ec.message(), "): its images are not used")));
       continue;
     }
     for (; it != fs::directory_iterator(); it.increment(ec)) {
@@ -106,8 +58,8 @@ Listing list_folder(const std::string& root) {
       const bool directory = !kind_ec && fs::is_directory(own);
       if (!image && !directory) continue;
       if (!is_utf8(rel)) {
-        out.unusable.push_back(unusable(escaped(rel) + (directory ? "/" : ""),
-                                        "its name is not valid UTF-8: rename it to be used"));
+        out.unusable.push_back(
+            unusable(escape_bytes(rel) + (directory ? "/" : ""), "its name is not valid UTF-8: rename it to be used"));
         continue;
       }
       if (directory) {

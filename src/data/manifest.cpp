@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <iterator>
 #include <set>
@@ -79,6 +81,27 @@ void save_manifest(const std::string& path, const Manifest& manifest) {
 
 Manifest load_manifest(const std::string& path) { return parse_manifest(io::read_file(path), path); }
 
+namespace {
+
+// A whole number of JSON: nlohmann converts a float such as 1.7e27 to int64_t by a cast whose
+// result is undefined when out of range, so the kind is checked first.
+int64_t whole_number(const nlohmann::json& e, const char* key, const std::string& path) {
+  const nlohmann::json& v = e.at(key);
+  LOCKSTEP_THROW_IF_NOT(v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= INT64_MAX),
+                        CorruptInput, path, ": manifest field '", key, "' is ", v.type_name(), " ",
+                        v.dump().substr(0, 40), ", not a 64-bit integer");
+  return v.get<int64_t>();
+}
+
+uint64_t checksum(const nlohmann::json& e, const char* key, const std::string& path) {
+  const nlohmann::json& v = e.at(key);
+  LOCKSTEP_THROW_IF_NOT(v.is_number_unsigned(), CorruptInput, path, ": manifest field '", key, "' is ", v.type_name(),
+                        " ", v.dump().substr(0, 40), ", not an unsigned 64-bit integer");
+  return v.get<uint64_t>();
+}
+
+}  // namespace
+
 Manifest parse_manifest(const std::string& text, const std::string& path) {
   io::check_nesting(io::json_nesting_depth(text), io::kMaxJsonNesting, path);
   try {
@@ -88,19 +111,24 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     for (const auto& e : j.at("entries")) {
       ManifestEntry entry;
       entry.path = e.at("path").get<std::string>();
-      entry.width = e.at("width").get<int64_t>();
-      entry.height = e.at("height").get<int64_t>();
-      entry.bytes = e.at("bytes").get<int64_t>();
-      entry.mtime_ns = e.at("mtime_ns").get<int64_t>();
-      entry.checksum = e.at("checksum").get<uint64_t>();
+      entry.width = whole_number(e, "width", path);
+      entry.height = whole_number(e, "height", path);
+      entry.bytes = whole_number(e, "bytes", path);
+      entry.mtime_ns = whole_number(e, "mtime_ns", path);
+      entry.checksum = checksum(e, "checksum", path);
       entry.error = e.at("error").get<std::string>();
+      const bool sized = entry.width > 0 && entry.height > 0;
+      LOCKSTEP_THROW_IF_NOT(entry.width >= 0 && entry.height >= 0 && entry.bytes >= 0 && (sized || !entry.readable()),
+                            CorruptInput, path, ": manifest entry '", entry.path.substr(0, 200), "' has size ",
+                            entry.width, "x", entry.height, " and ", entry.bytes, " bytes");
       m.entries.push_back(std::move(entry));
     }
-    LOCKSTEP_THROW_IF_NOT(
-        std::is_sorted(m.entries.begin(), m.entries.end(),
-                       [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; }),
-        CorruptInput, path, ": manifest entries are not sorted by path");
-    LOCKSTEP_THROW_IF_NOT(j.at("hash").get<uint64_t>() == m.hash(), CorruptInput, path,
+    LOCKSTEP_THROW_IF_NOT(std::adjacent_find(m.entries.begin(), m.entries.end(),
+                                             [](const ManifestEntry& a, const ManifestEntry& b) {
+                                               return a.path >= b.path;
+                                             }) == m.entries.end(),
+                          CorruptInput, path, ": manifest entries are not sorted by path, each once");
+    LOCKSTEP_THROW_IF_NOT(checksum(j, "hash", path) == m.hash(), CorruptInput, path,
                           ": manifest hash does not match its entries (edited or damaged)");
     return m;
   } catch (const nlohmann::json::exception& e) {

@@ -147,8 +147,8 @@ cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
 std::string read_image_bytes(const std::string& path) {
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);  // a sparse 12 GB file is not read
-  LOCKSTEP_THROW_IF_NOT(ec || size <= kMaxImageFileBytes, CorruptInput, path, ": ", size,
-                        " bytes, over the limit of ", kMaxImageFileBytes, " bytes for one image file");
+  LOCKSTEP_THROW_IF_NOT(ec || size <= kMaxImageFileBytes, CorruptInput, path, ": ", size, " bytes, over the limit of ",
+                        kMaxImageFileBytes, " bytes for one image file");
   return read_file(path);
 }
 

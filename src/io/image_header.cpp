@@ -114,7 +114,8 @@ ImageHeader tiff(const Bytes& b) {
   if (!big && !b.has(4, 4)) return broken("TIFF", "ends before its directory offset");
   const uint64_t ifd = big ? num(8, 8) : num(4, 4);
   const int count_size = big ? 8 : 2, entry_size = big ? 20 : 12, value_at = big ? 12 : 8;
-  if (!b.has(ifd, count_size)) return broken("TIFF", detail::concat("directory offset ", ifd, " lies outside the file"));
+  if (!b.has(ifd, count_size))
+    return broken("TIFF", detail::concat("directory offset ", ifd, " lies outside the file"));
   const uint64_t entries = num(ifd, count_size);
   if (entries > b.size() || !b.has(ifd + count_size, entries * entry_size))
     return broken("TIFF", detail::concat("directory of ", entries, " entries runs past the end of the file"));
@@ -198,9 +199,9 @@ ImageHeader read_image_header(const std::string& bytes) {
     start += "0123456789abcdef"[b.at(i) >> 4];
     start += "0123456789abcdef"[b.at(i) & 15];
   }
-  h.error = b.size() == 0 ? std::string("is empty")
-                          : detail::concat("is not a PNG, JPEG, WebP, TIFF, BMP or PNM file (it starts with ",
-                                           start, ")");
+  h.error = b.size() == 0
+                ? std::string("is empty")
+                : detail::concat("is not a PNG, JPEG, WebP, TIFF, BMP or PNM file (it starts with ", start, ")");
   return h;
 }
 

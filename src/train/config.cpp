@@ -16,6 +16,7 @@
 
 #include "config_text.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/utf8.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/io/nesting.h"
 
@@ -234,6 +235,11 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
       break;
     case ValueType::String: {
       const auto& s = std::get<std::string>(v);
+      // config.toml must read back on resume, and TOML is UTF-8.
+      if (!is_utf8(s)) {
+        fail(spec.key + " = \"" + escape_bytes(s) + "\" is not valid", where,
+             "use UTF-8 text (the run's config.toml must read back)");
+      }
       if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
         fail(spec.key + " = " + quote(s) + " is not valid", where, "choose one of: " + join(spec.choices));
       }

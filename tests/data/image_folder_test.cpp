@@ -143,6 +143,17 @@ TEST(ImageFolder, ADamagedManifestIsACorruptInputNamingTheFile) {
   } catch (const CorruptInput& e) {
     EXPECT_NE(std::string(e.what()).find("m.json: manifest hash does not match"), std::string::npos) << e.what();
   }
+  // A float where an integer belongs (found by tests/fuzz: the JSON library's cast was undefined).
+  std::string huge = text;
+  huge.replace(at, 11, "\"width\": 1.7e27");
+  std::ofstream(tmp.file("huge.json")) << huge;
+  try {
+    load_manifest(tmp.file("huge.json"));
+    FAIL() << "accepted a float width";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'width' is number 1.7e+27, not a 64-bit integer"), std::string::npos)
+        << e.what();
+  }
   std::ofstream(tmp.file("bad.json")) << "{ not json";
   EXPECT_THROW(load_manifest(tmp.file("bad.json")), CorruptInput);
   EXPECT_THROW(scan_image_folder(tmp.file("nowhere")), IoError);
@@ -279,9 +290,9 @@ TEST(ImageFolder, OddNamesLinksAndSpecialFilesAreUnreadableEntriesThatSayWhy) {
   test_util::TempDir tmp;
   const std::string root = tmp.file("root");
   write(root + "/good.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));
-  write(root + "/caf\xe9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));       // Latin-1, not UTF-8
+  write(root + "/caf\xe9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));         // Latin-1, not UTF-8
   write(root + "/bad\xff/inside.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));  // its directory's name
-  write(root + "/caf\xc3\xa9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));    // UTF-8: fine
+  write(root + "/caf\xc3\xa9.png", cv::Mat(4, 6, CV_8UC1, cv::Scalar(9)));     // UTF-8: fine
   fs::create_symlink("loop.png", root + "/loop.png");
   fs::create_symlink("nowhere.png", root + "/dangling.png");
   ASSERT_EQ(::mkfifo((root + "/pipe.png").c_str(), 0600), 0);
@@ -370,8 +381,7 @@ TEST(ImageFolder, ImagesOverThePixelOrByteLimitAreUnreadableWithTheFigures) {
   fs::resize_file(tmp.file("huge.png"), io::kMaxImageFileBytes + 1);
   const Manifest m = scan_image_folder(tmp.path());
   ASSERT_EQ(m.entries.size(), 2u);
-  EXPECT_NE(m.entries[0].error.find("PNG of 30000x30000 pixels: over the limit of 268435456 pixels"),
-            std::string::npos)
+  EXPECT_NE(m.entries[0].error.find("PNG of 30000x30000 pixels: over the limit of 268435456 pixels"), std::string::npos)
       << m.entries[0].error;
   EXPECT_NE(m.entries[1].error.find("1073741825 bytes, over the limit of 1073741824 bytes"), std::string::npos)
       << m.entries[1].error;
@@ -398,7 +408,8 @@ TEST(ImageFolder, PngMetadataLibpngWarnsAboutStaysOffStderr) {
     for (int s = 24; s >= 0; s -= 8) chunk += static_cast<char>((v >> s) & 0xFF);
   }
   chunk += body;
-  const auto crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+  const auto crc =
+      static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
   for (int s = 24; s >= 0; s -= 8) chunk += static_cast<char>((crc >> s) & 0xFF);
   const std::string with_profile = png.substr(0, 33) + chunk + png.substr(33);  // signature 8 + IHDR 25
   std::ofstream(tmp.file("profile.png"), std::ios::binary) << with_profile;

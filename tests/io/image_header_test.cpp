@@ -48,8 +48,8 @@ TEST(ImageHeader, HandMadeHeadersOfEveryLayout) {
   expect_size(jpeg, "JPEG", 300, 7);
   // WebP, each of its three first chunks.
   const std::string riff = "RIFF" + le(100, 4) + "WEBP";
-  expect_size(riff + "VP8 " + le(50, 4) + std::string("\x00\x00\x00\x9D\x01\x2A", 6) + le(321, 2) + le(123, 2),
-              "WebP", 321, 123);
+  expect_size(riff + "VP8 " + le(50, 4) + std::string("\x00\x00\x00\x9D\x01\x2A", 6) + le(321, 2) + le(123, 2), "WebP",
+              321, 123);
   expect_size(riff + "VP8L" + le(50, 4) + "\x2F" + le((199u) | (99u << 14), 4), "WebP", 200, 100);
   expect_size(riff + "VP8X" + le(10, 4) + le(0, 4) + le(4999, 3) + le(2999, 3), "WebP", 5000, 3000);
   // TIFF, little- and big-endian, SHORT and LONG sizes, and BigTIFF with LONG8.
@@ -116,9 +116,9 @@ TEST(ImageHeader, EveryEncoderFormatGivesTheDecodedSize) {
     const char* extension;
     const char* format;
     int type;
-  } cases[] = {{".png", "PNG", CV_8UC3},  {".png", "PNG", CV_16UC1},  {".jpg", "JPEG", CV_8UC3},
+  } cases[] = {{".png", "PNG", CV_8UC3},   {".png", "PNG", CV_16UC1},  {".jpg", "JPEG", CV_8UC3},
                {".webp", "WebP", CV_8UC3}, {".tiff", "TIFF", CV_8UC3}, {".tiff", "TIFF", CV_16UC1},
-               {".bmp", "BMP", CV_8UC3},  {".pgm", "PNM", CV_8UC1},   {".ppm", "PNM", CV_8UC3}};
+               {".bmp", "BMP", CV_8UC3},   {".pgm", "PNM", CV_8UC1},   {".ppm", "PNM", CV_8UC3}};
   for (const auto& c : cases) {
     for (const cv::Size size : {cv::Size(37, 23), cv::Size(1, 300), cv::Size(513, 2)}) {
       std::vector<uchar> encoded;

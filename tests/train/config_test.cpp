@@ -240,6 +240,36 @@ TEST(ConfigErrorTest, GetChecksKeyAndType) {
   EXPECT_THROW(c.is_default("nope.key"), InvalidArgument);
 }
 
+// Found by tests/fuzz: toml++ 3.3.0 reached an unreachable branch (undefined behaviour, reported by
+// the sanitizer build) on these code points outside strings; built against the patched header
+// (cmake/PatchedTomlpp.cmake) they are plain parse errors naming the line.
+TEST(ConfigErrorTest, NonAsciiCharactersOutsideStringsAreParseErrors) {
+  expect_contains(load_error("[train]\nlr\xcf\xba = 1\n"), {"invalid TOML", "line 2"});
+  expect_contains(load_error("[train]\nlr = 1\xef\xb1\xbf\n"), {"invalid TOML", "line 2"});
+  // Inside strings and comments they are text as any other.
+  Schema schema = all_types_schema();
+  Config c(schema);
+  c.load_toml_string("[a]\nname = \"caf\xc3\xa9 \xcf\xba\" # \xef\xb1\xbf\n", "test");
+  EXPECT_EQ(c.get_string("a.name"), "caf\xc3\xa9 \xcf\xba");
+  // After a line-ending backslash in a multi-line string (upstream issue #190).
+  c.load_toml_string("[a]\nname = \"\"\"\\\n\xc2\xa7\"\"\"\n", "test");
+  EXPECT_EQ(c.get_string("a.name"), "\xc2\xa7");
+}
+
+// A string that is not UTF-8 would be written into RUN/config.toml, which then could not be read
+// back on resume (found by tests/fuzz): refused when set, naming the bytes.
+TEST(ConfigOverrideTest, StringsMustBeUtf8SoThatTheRunsConfigReadsBack) {
+  Schema schema = all_types_schema();
+  Config c(schema);
+  expect_contains(error_of<InvalidArgument>([&] { c.set_from_string("a.name=caf\xe9"); }),
+                  {"a.name = \"caf\\xe9\" is not valid", "UTF-8"});
+  EXPECT_TRUE(c.explicitly_set_keys().empty());
+  c.set_from_string("a.name=caf\xc3\xa9");
+  Config again(schema);
+  again.load_toml_string(c.to_toml(), "round trip");
+  EXPECT_EQ(again.get_string("a.name"), "caf\xc3\xa9");
+}
+
 TEST(ConfigOverrideTest, ParsesEveryType) {
   Schema schema = all_types_schema();
   Config c(schema);
