@@ -183,8 +183,10 @@ LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* 
 }  // namespace
 
 // On x86-64 compiled for AVX-512, AVX2 (both with FMA) and the baseline, chosen once at load time
-// (ifunc); all three give the same bits. Elsewhere (aarch64) one portable build.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (ifunc); all three give the same bits. Elsewhere (aarch64) one portable build, and under
+// ThreadSanitizer, whose instrumented ifunc resolver would run before its runtime starts (a crash
+// at load time).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define LOCKSTEP_FSQ_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define LOCKSTEP_FSQ_CLONES

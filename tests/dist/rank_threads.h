@@ -3,6 +3,8 @@
 // what each rank saw.
 #pragma once
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -78,6 +80,11 @@ inline std::vector<std::exception_ptr> run_in_memory_ranks(int size, const std::
 // listens.
 inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(Group&, int)>& body,
                                                  Join join = Join::Gloo) {
+  // LibTorch creates its default CPU generator and its CUDA hooks on first use, behind static-init
+  // guards whose fast path ThreadSanitizer cannot see (LibTorch is not instrumented): created here,
+  // before the rank threads start, they are visibly there for all of them.
+  (void)at::detail::getDefaultCPUGenerator();
+  (void)at::detail::getCUDAHooks();
   if (join == Join::InMemory) return run_in_memory_ranks(size, body);
   std::vector<std::exception_ptr> errors(size);
   std::promise<int> listening;
