@@ -134,7 +134,14 @@ int report_current_exception() {
   }
 }
 
-void report_error(const std::string& message) {
+void report_error(const std::string& full_message) {
+  // A message that quotes what it was given (a 10 MB path, a long list) is shown by its two ends.
+  constexpr size_t kHead = 2400, kTail = 800;
+  const std::string message =
+      full_message.size() <= kHead + kTail + 200
+          ? full_message
+          : detail::concat(full_message.substr(0, kHead), " ... (", full_message.size() - kHead - kTail,
+                           " characters left out) ... ", full_message.substr(full_message.size() - kTail));
   std::cerr << "lockstep: error: " << message << "\n";
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (!path || !*path) return;
@@ -143,7 +150,8 @@ void report_error(const std::string& message) {
   error["message"]["extraInfo"]["py_callstack"] = "(a C++ program: no Python stack)";
   error["message"]["extraInfo"]["timestamp"] = std::to_string(std::time(nullptr));
   std::ofstream out(path);
-  out << error.dump() << "\n";
+  // A message may quote bytes that are not UTF-8 (a file name): replaced, so that dump cannot throw.
+  out << error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (!out) std::cerr << "lockstep: could not write the error to TORCHELASTIC_ERROR_FILE=" << path << "\n";
 }
 

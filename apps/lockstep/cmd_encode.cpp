@@ -90,7 +90,12 @@ int run_encode(const EncodeArgs& args) {
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint);
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
-  if (args.images.empty() && is_image_folder(dir)) return encode_folder(args, t, dir);
+  // The run's own data: its folder even when that folder has moved (the error then says so); other
+  // data: a folder unless it holds Fashion-MNIST's files.
+  const bool folder_run = t.config.get_string("data.dataset") == "folder";
+  if (args.images.empty() &&
+      ((args.data_dir.empty() && folder_run) || (!args.data_dir.empty() && is_image_folder(dir))))
+    return encode_folder(args, t, dir);
   const data::ImageSet set = load_inputs(args, t);
   LOCKSTEP_CHECK_ARG(set.count > 0, "no images to encode");
   std::vector<at::Tensor> parts;

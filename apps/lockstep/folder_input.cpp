@@ -27,6 +27,11 @@ int64_t FolderInput::images() const {
 FolderInput open_folder_input(const train::TrainedModel& model, const std::string& checkpoint_or_run_dir,
                               const std::string& dir, FolderSelection selection, int64_t limit) {
   const train::Config& config = model.config;
+  LOCKSTEP_CHECK_ARG(fs::is_directory(dir), "image folder ", dir, " is not a directory",
+                     dir == config.get_string("data.dir")
+                         ? " (it is where this run trained: pass --data with where the "
+                           "images are now)"
+                         : "");
   const int channels = static_cast<int>(model.model->options().in_channels());
   FolderInput in;
   in.table = data::parse_bucket_table(config.get_string("data.buckets"));

@@ -89,6 +89,24 @@ AutoencoderImpl::AutoencoderImpl(AutoencoderOptions options, std::shared_ptr<qua
   decoder_ = register_module("decoder", dec);
 }
 
+// Mirrors the constructor: conv and upsample outputs, the SiLUs between them, five tensors per
+// residual block (SiLU, conv, SiLU, conv, sum), the latent and about three quantizer tensors of it.
+int64_t AutoencoderImpl::activation_floats_per_image(int64_t h, int64_t w) const {
+  const auto& ch = options_.channels();
+  const auto levels = static_cast<int64_t>(ch.size());
+  const auto area = [&](int64_t level) { return (h >> level) * (w >> level); };
+  const int64_t deepest = ch.back() * area(levels - 1);
+  const int64_t residual = 5 * deepest * options_.res_blocks();
+  int64_t floats = ch[0] * area(0);                                                          // the first conv
+  for (int64_t i = 1; i < levels; ++i) floats += ch[i - 1] * area(i - 1) + ch[i] * area(i);  // SiLU, conv
+  floats += residual + deepest;                                                              // blocks, SiLU
+  floats += 4 * quantizer_->dim() * area(levels - 1) + deepest;  // latent, quantizer, from_latent
+  floats += residual;
+  for (int64_t i = levels - 1; i >= 1; --i) floats += ch[i] * area(i) + ch[i - 1] * area(i - 1);  // SiLU, up
+  floats += ch[0] * area(0) + options_.in_channels() * area(0);                                   // SiLU, the last conv
+  return floats;
+}
+
 at::Tensor AutoencoderImpl::latent_tokens(const at::Tensor& x, int64_t* h, int64_t* w) {
   LOCKSTEP_CHECK_ARG(x.dim() == 4 && x.size(1) == options_.in_channels(), "model: expected images (b, ",
                      options_.in_channels(), ", h, w), got ", x.sizes());

@@ -52,9 +52,14 @@ void check_list(const KeySpec& spec, const std::vector<T>& items, const std::str
   bool short_ = spec.min_len && items.size() < *spec.min_len;
   bool long_ = spec.max_len && items.size() > *spec.max_len;
   if (short_ || long_) {
-    fail(spec.key + " = " + format_list(items, [](T x) { return format_value(Value(x)); }) + " has " +
-             std::to_string(items.size()) + " elements, must have " + length_text(spec),
-         where);
+    // A list of 60,000 elements is shown by its start, not echoed whole.
+    const std::vector<T> start(items.begin(),
+                               items.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(items.size(), 8)));
+    std::string shown = format_list(start, [](T x) { return format_value(Value(x)); });
+    if (start.size() < items.size()) shown.insert(shown.size() - 1, ", ...");
+    fail(
+        spec.key + " = " + shown + " has " + std::to_string(items.size()) + " elements, must have " + length_text(spec),
+        where);
   }
   for (size_t i = 0; i < items.size(); ++i) {
     check_number(spec, static_cast<double>(items[i]),

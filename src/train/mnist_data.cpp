@@ -14,8 +14,15 @@ namespace {
 
 class FashionMnistData final : public TrainData {
  public:
-  FashionMnistData(data::ImageSet train, data::ImageSet test, const data::PlanOptions& options, int64_t subset)
+  FashionMnistData(data::ImageSet train, data::ImageSet test, const data::PlanOptions& options, int64_t subset,
+                   const std::string& dir)
       : train_(std::move(train)), plan_options_(options) {
+    // Evaluation measures the model on images like those it trained on: another size (a damaged or
+    // mixed-up test file) would be reported as a PSNR of something else.
+    LOCKSTEP_THROW_IF_NOT(test.height == train_.height && test.width == train_.width, CorruptInput,
+                          "Fashion-MNIST's test images are ", test.width, "x", test.height, " but its training images ",
+                          train_.width, "x", train_.height, " (",
+                          data::fashion_mnist_images_path(dir, data::Split::Test), ")");
     test_.push_back(std::move(test));  // moved, not copied through an initializer list
     LOCKSTEP_CHECK_ARG(options.global_batch <= train_.count, "train.batch_size = ", options.global_batch,
                        " exceeds the ", train_.count, " training images (data.train_subset = ", subset, ")");
@@ -49,8 +56,8 @@ class FashionMnistData final : public TrainData {
   const std::vector<data::ImageSet>& evaluation_images() const override { return test_; }
 
   std::string describe() const override {
-    return detail::concat("Fashion-MNIST: ", train_.count, " training images of 28x28, ", test_.front().count,
-                          " test images; ", steps_per_epoch(), " steps per epoch");
+    return detail::concat("Fashion-MNIST: ", train_.count, " training images of ", train_.width, "x", train_.height,
+                          ", ", test_.front().count, " test images; ", steps_per_epoch(), " steps per epoch");
   }
 
   void set_rank(int rank, int world_size) {
@@ -77,7 +84,7 @@ std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataCo
   auto d = std::make_unique<FashionMnistData>(
       data::first_images(data::load_fashion_mnist(dir, data::Split::Train), subset),
       data::first_images(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset")),
-      plan_options(config), subset);
+      plan_options(config), subset, dir);
   d->set_rank(context.rank, context.world_size);
   return d;
 }
@@ -89,9 +96,11 @@ std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& co
                      " ranks");
   if (config.get_string("data.dataset") == "auto") {
     const std::string dir = config.get_string("data.dir");
-    const bool mnist = std::filesystem::exists(data::fashion_mnist_images_path(dir, data::Split::Train));
+    // Without throwing for a name the system refuses (too long): the loader then says what is wrong.
+    std::error_code ec;
+    const bool mnist = std::filesystem::exists(data::fashion_mnist_images_path(dir, data::Split::Train), ec);
     // A missing Fashion-MNIST directory keeps its own error (which names the Debian package).
-    const bool folder = !mnist && std::filesystem::is_directory(dir);
+    const bool folder = !mnist && std::filesystem::is_directory(dir, ec);
     config.set("data.dataset", std::string(folder ? "folder" : "fashion-mnist"));
   }
   if (config.get_string("data.dataset") == "folder") return open_image_folder(config, context);

@@ -12,6 +12,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
+#include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/core/threads.h"
 #include "lockstep/dist/collective.h"
@@ -225,6 +226,16 @@ struct Trainer::State {
                          " levels: each side must be a multiple of ", f, " (",
                          config.get_string("data.dataset") == "folder" ? "change data.buckets, or " : "",
                          "use fewer model.channels entries)");
+    }
+    if (device.is_cpu()) {  // a step that cannot fit is named now, not by a failed allocation later
+      const int64_t per_rank = (batch_size + group->size() - 1) / group->size();
+      for (const auto& size : data->image_sizes()) {
+        check_fits_in_memory(
+            4.0 * static_cast<double>(per_rank) *
+                static_cast<double>(model->activation_floats_per_image(size.height, size.width)),
+            detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
+                           " per rank (train.batch_size = ", batch_size, "; lower it, or the image size)"));
+      }
     }
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model->named_parameters(true)) params.emplace_back(p.key(), p.value());

@@ -50,3 +50,17 @@ lockstep_cli_test(folder_decode_refuses_a_path_listed_twice EXIT 1 OUTPUT "token
 lockstep_cli_test(folder_encode_then_decode EXIT 0 OUTPUT "wrote 91 PNG images to decoded" TIMEOUT 120
                   SETUP "${IMAGES} && ${LS} train --data images --steps 2 --run-dir run ${FOLDER} > run.log && ${LS} encode run -o tokens > encode.log && grep -q 'encoded 91 images of images .* 1 unreadable files left out' encode.log && test -f tokens/80x64.npy"
                   ARGS decode run --tokens tokens -o decoded)
+# The run's folder has moved: encode and eval say so and how to go on, rather than looking for
+# Fashion-MNIST there (encode did) or failing on the first image (eval did).
+lockstep_cli_test(folder_run_whose_folder_moved EXIT 1
+                  OUTPUT "image folder images is not a directory \\(it is where this run trained: pass --data"
+                  TIMEOUT 120
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 1 --run-dir run ${FOLDER} > run.log && mv images moved && ! ${LS} eval run > eval.log 2>&1 && grep -q 'pass --data with where the images are now' eval.log && ${LS} eval run --data moved > eval2.log"
+                  ARGS encode run -o tokens)
+# A step that cannot fit in memory (8 images of 8192x8192 per rank: hundreds of GiB of activations)
+# is named before training, with the figures, instead of failing in LibTorch's allocator.
+lockstep_cli_test(folder_step_too_big_for_memory EXIT 1
+                  OUTPUT "a training step on 8 images of 8192x8192 per rank \\(train.batch_size = 8; lower it, or the image size\\) needs [0-9.]+ GiB, more than the [0-9.]+ GiB of memory this machine has available"
+                  TIMEOUT 120
+                  SETUP "${IMAGES}"
+                  ARGS train --data images --steps 1 --run-dir run --buckets 8192x8192 --global-batch 8 --threads 1)

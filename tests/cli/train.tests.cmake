@@ -14,6 +14,14 @@ lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set trai
 lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
 lockstep_cli_test(train_unknown_quantizer EXIT 1 OUTPUT "fsq" ARGS train --quantizer nope)
 lockstep_cli_test(train_bad_device EXIT 1 OUTPUT "train.device = \"gpu\" is not valid.*use cpu, cuda or cuda:N" ARGS train --device gpu)
+# An error quoting a 400,000-character value (here a path from a config file) is shown by its two
+# ends: the message stays a few KB.
+string(REPEAT "d" 4000 LOCKSTEP_MANY_D)
+lockstep_cli_test(train_error_quoting_a_huge_value_is_shortened EXIT 1
+                  OUTPUT "lockstep: error: Fashion-MNIST directory 'dddd.* \\.\\.\\. \\([0-9]+ characters left out\\) \\.\\.\\. dddd"
+                  REJECT "${LOCKSTEP_MANY_D}"
+                  SETUP "python3 -c \"print('[data]' + chr(10) + 'dir = ' + chr(34) + 'd' * 400000 + chr(34))\" > huge.toml"
+                  ARGS train --config huge.toml --run-dir run)
 lockstep_cli_test(train_print_config EXIT 0 OUTPUT "\\[quantizer.fsq\\].*levels = \\[8, 5, 5, 5\\]" ARGS train --print-config)
 lockstep_cli_test(train_missing_dataset EXIT 1 OUTPUT "dataset-fashion-mnist" ARGS train --run-dir run --data nowhere)
 lockstep_cli_test(train_unwritable_run_dir EXIT 1 OUTPUT "/proc/lockstep-run" ARGS train --run-dir /proc/lockstep-run)

@@ -270,6 +270,16 @@ TEST(ConfigOverrideTest, StringsMustBeUtf8SoThatTheRunsConfigReadsBack) {
   EXPECT_EQ(again.get_string("a.name"), "caf\xc3\xa9");
 }
 
+// A list far over its length is named by its start and its size, not echoed whole (60,000
+// elements made a 180 KB message).
+TEST(ConfigErrorTest, AnOverlongListIsShownByItsStart) {
+  Config c(lockstep_schema());
+  const std::string message =
+      error_of<InvalidArgument>([&] { c.set("model.channels", Value(std::vector<int64_t>(60000, 8))); });
+  expect_contains(message, {"model.channels = [8, 8, 8, 8, 8, 8, 8, 8, ...] has 60000 elements, must have"});
+  EXPECT_LT(message.size(), 400u) << message;
+}
+
 TEST(ConfigOverrideTest, ParsesEveryType) {
   Schema schema = all_types_schema();
   Config c(schema);

@@ -70,15 +70,18 @@ TEST(DistributedTrainer, BatchesSmallerThanTheRankCountAreRefused) {
   }
 }
 
-// A Fashion-MNIST-shaped directory of 64 training and 16 test images whose pixels depend on `salt`.
-std::string fake_fashion_mnist(const ::lockstep::test_util::TempDir& tmp, const std::string& name, int salt) {
+// A Fashion-MNIST-shaped directory of 64 training and 16 test images whose pixels depend on `salt`;
+// the test images are `test_side` pixels square.
+std::string fake_fashion_mnist(const ::lockstep::test_util::TempDir& tmp, const std::string& name, int salt,
+                               uint32_t test_side = 28) {
   namespace tu = ::lockstep::test_util;
   const std::string dir = tmp.file(name);
   std::filesystem::create_directories(dir);
   for (const auto& [split, n] : {std::pair<std::string, uint32_t>{"train", 64}, {"t10k", 16}}) {
-    std::string pixels(static_cast<size_t>(n) * 28 * 28, '\0');
+    const uint32_t side = split == "train" ? 28 : test_side;
+    std::string pixels(static_cast<size_t>(n) * side * side, '\0');
     for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<char>((i * 7 + salt * 13) % 251);
-    tu::write_gzip(dir + "/" + split + "-images-idx3-ubyte.gz", tu::make_idx({n, 28, 28}, pixels));
+    tu::write_gzip(dir + "/" + split + "-images-idx3-ubyte.gz", tu::make_idx({n, side, side}, pixels));
     tu::write_gzip(dir + "/" + split + "-labels-idx1-ubyte.gz", tu::make_idx({n}, std::string(n, '\1')));
   }
   return dir;
@@ -105,6 +108,21 @@ TEST(DistributedTrainer, RanksReadingDifferentImagesStopAtTheFirstEpoch) {
                                "(8 steps over 64 images)"),
               std::string::npos)
         << messages[r];
+  }
+}
+
+// Test images of another size than the training images would be evaluated as something else.
+TEST(DistributedTrainer, TestImagesOfAnotherSizeAreRefusedBeforeTraining) {
+  ::lockstep::test_util::TempDir tmp;
+  Config c = tiny(4);
+  c.set("data.dir", fake_fashion_mnist(tmp, "mixed", 1, /*test_side=*/32));
+  try {
+    Trainer::create(c, tmp.file("run"), dist::make_single_process_group());
+    FAIL() << "trained with 28x28 training images and 32x32 test images";
+  } catch (const CorruptInput& e) {
+    EXPECT_NE(std::string(e.what()).find("Fashion-MNIST's test images are 32x32 but its training images 28x28 ("),
+              std::string::npos)
+        << e.what();
   }
 }
 

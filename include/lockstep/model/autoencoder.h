@@ -66,6 +66,11 @@ class AutoencoderImpl : public torch::nn::Module {
   const AutoencoderOptions& options() const { return options_; }
   quant::Quantizer& quantizer() { return *quantizer_; }
 
+  // Floats a training step keeps alive per image of h x w (every module's output, which autograd
+  // saves for the backward pass): what the trainer checks against memory before its first step.
+  // Measured: 0.95 of the resident growth per image on Fashion-MNIST with the default model.
+  int64_t activation_floats_per_image(int64_t h, int64_t w) const;
+
  private:
   at::Tensor latent_tokens(const at::Tensor& x, int64_t* h, int64_t* w);
   at::Tensor decode_tokens(const at::Tensor& tokens, int64_t h, int64_t w);
