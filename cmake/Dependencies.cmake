@@ -76,12 +76,15 @@ find_path(LOCKSTEP_OPENCV_INCLUDE_DIR opencv2/imgcodecs.hpp PATH_SUFFIXES opencv
 find_library(LOCKSTEP_OPENCV_CORE opencv_core)
 find_library(LOCKSTEP_OPENCV_IMGCODECS opencv_imgcodecs)
 find_library(LOCKSTEP_OPENCV_IMGPROC opencv_imgproc)
-if(LOCKSTEP_OPENCV_INCLUDE_DIR AND LOCKSTEP_OPENCV_CORE AND LOCKSTEP_OPENCV_IMGCODECS AND LOCKSTEP_OPENCV_IMGPROC)
+# JPEGs are decoded with libjpeg directly, so that its warnings are kept rather than printed.
+find_package(JPEG)
+if(LOCKSTEP_OPENCV_INCLUDE_DIR AND LOCKSTEP_OPENCV_CORE AND LOCKSTEP_OPENCV_IMGCODECS AND LOCKSTEP_OPENCV_IMGPROC
+   AND JPEG_FOUND)
   set(LOCKSTEP_HAVE_OPENCV ON)
 else()
   set(LOCKSTEP_HAVE_OPENCV OFF)
   if(LOCKSTEP_REQUIRE_OPENCV)
-    message(FATAL_ERROR "OpenCV not found and LOCKSTEP_REQUIRE_OPENCV is ON (scripts/install-deps installs it)")
+    message(FATAL_ERROR "OpenCV or libjpeg not found and LOCKSTEP_REQUIRE_OPENCV is ON (scripts/install-deps installs them)")
   endif()
   message(WARNING "OpenCV not found: image folders will be unavailable (scripts/install-deps installs it)")
 endif()

@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "lockstep/core/error.h"
+#include "lockstep/core/memory.h"
 #include "lockstep/core/threads.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/train/trainer.h"
@@ -99,6 +100,13 @@ std::string fixed(double v, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << v;
   return out.str();
+}
+
+void check_forward_fits(const model::AutoencoderImpl& model, int64_t images, int64_t width, int64_t height) {
+  check_fits_in_memory(
+      4.0 * static_cast<double>(images) * static_cast<double>(model.inference_floats_per_image(height, width)),
+      detail::concat("a forward pass on ", images, " images of ", width, "x", height,
+                     " (--batch-size sets how many at a time)"));
 }
 
 int report_current_exception() {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "lockstep/core/threads.h"
+#include "lockstep/model/autoencoder.h"
 #include "lockstep/train/evaluate.h"
 
 namespace lockstep::cli {
@@ -42,6 +43,10 @@ std::string format_eval(const train::EvalResult& r);
 // Prints "lockstep: error: <message>" to stderr and, when TORCHELASTIC_ERROR_FILE is set (torchrun
 // sets it per rank), writes the error there as JSON in the format torchrun reads back and shows.
 void report_error(const std::string& message);
+
+// Throws InvalidArgument, with the figures, before a forward pass (encode, decode) of `images`
+// images of width x height that cannot fit in the memory available (--batch-size sets `images`).
+void check_forward_fits(const model::AutoencoderImpl& model, int64_t images, int64_t width, int64_t height);
 
 // Reports the exception being handled (LibTorch's without its C++ stack frames) and returns the
 // exit status of its class (commands.h). Call from inside a catch block.

@@ -61,6 +61,8 @@ at::Tensor load_token_ids(const std::string& path, train::TrainedModel& t) {
 
 std::vector<io::Image> decode_all(const at::Tensor& ids, train::TrainedModel& t, int64_t batch_size) {
   std::vector<io::Image> images;
+  const int64_t f = t.model->options().downsampling();
+  check_forward_fits(*t.model, std::min(batch_size, ids.size(0)), ids.size(2) * f, ids.size(1) * f);
   for (int64_t first = 0; first < ids.size(0); first += batch_size) {
     const at::Tensor part = ids.slice(0, first, std::min(first + batch_size, ids.size(0)));
     for (auto& img : data::tensor_to_images(t.model->decode(part))) images.push_back(std::move(img));

@@ -63,6 +63,7 @@ int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::str
   std::map<size_t, nlohmann::json> paths;
   for_each_batch(input, static_cast<int>(t.model->options().in_channels()), args.batch_size,
                  [&](size_t bucket, const std::vector<int64_t>& ids, const at::Tensor& x) {
+                   check_forward_fits(*t.model, x.size(0), x.size(3), x.size(2));
                    tokens[bucket].push_back(t.model->encode(x));
                    for (int64_t id : ids) paths[bucket].push_back(input.manifest.entries[static_cast<size_t>(id)].path);
                  });
@@ -99,6 +100,7 @@ int run_encode(const EncodeArgs& args) {
   const data::ImageSet set = load_inputs(args, t);
   LOCKSTEP_CHECK_ARG(set.count > 0, "no images to encode");
   std::vector<at::Tensor> parts;
+  check_forward_fits(*t.model, std::min(args.batch_size, set.count), set.width, set.height);
   for (int64_t first = 0; first < set.count; first += args.batch_size) {
     const int64_t count = std::min(args.batch_size, set.count - first);
     parts.push_back(t.model->encode(data::images_to_tensor(set, first, count)));

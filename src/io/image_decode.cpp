@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 
 #include "lockstep/config_build.h"
@@ -10,6 +11,12 @@
 #include "lockstep/io/image_header.h"
 
 #if LOCKSTEP_HAVE_OPENCV
+#include <jpeglib.h>
+// jerror.h after jpeglib.h, which it needs; it names the warning codes (JWRN_EXTRANEOUS_DATA).
+#include <jerror.h>
+
+#include <csetjmp>
+#include <cstdio>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #endif
@@ -121,12 +128,80 @@ std::string without_png_metadata(const std::string& bytes) {
   return bytes;
 }
 
+// libjpeg's error manager, made to keep its words: a fatal error jumps back to the decode, and the
+// first warning (corrupt data, which libjpeg decodes around, and which OpenCV would let it print to
+// stderr, once per image on every rank) is kept to make the image unreadable by name.
+struct JpegErrors {
+  jpeg_error_mgr mgr;  // first: libjpeg passes a pointer to it, which is a pointer to this
+  std::jmp_buf jump;
+  char fatal[JMSG_LENGTH_MAX];
+  char warning[JMSG_LENGTH_MAX];
+};
+
+void jpeg_fatal(j_common_ptr info) {
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  (*info->err->format_message)(info, errors->fatal);
+  std::longjmp(errors->jump, 1);
+}
+
+void jpeg_message(j_common_ptr info, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  // Bytes between the last scan and the end marker, which some cameras write, leave the image whole.
+  const bool padding_before_end = info->err->msg_code == JWRN_EXTRANEOUS_DATA && info->err->msg_parm.i[1] == 0xD9;
+  if (level < 0 && !padding_before_end && errors->warning[0] == '\0') {
+    (*info->err->format_message)(info, errors->warning);
+  }
+}
+
+// Decodes a JPEG into `out` (BGR or gray, as OpenCV would) with libjpeg: false with `errors` filled
+// when it fails or warns. Nothing here has a destructor the longjmp could skip; `out` is the caller's.
+bool decode_jpeg(const std::string& bytes, cv::Mat* out, JpegErrors* errors) {
+  jpeg_decompress_struct info;
+  info.err = jpeg_std_error(&errors->mgr);
+  errors->mgr.error_exit = jpeg_fatal;
+  errors->mgr.emit_message = jpeg_message;
+  errors->fatal[0] = errors->warning[0] = '\0';
+  if (setjmp(errors->jump)) {
+    jpeg_destroy_decompress(&info);
+    return false;
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  const bool gray = info.num_components == 1;
+  info.out_color_space = gray ? JCS_GRAYSCALE : JCS_EXT_BGR;
+  jpeg_start_decompress(&info);
+  out->create(static_cast<int>(info.output_height), static_cast<int>(info.output_width), gray ? CV_8UC1 : CV_8UC3);
+  while (info.output_scanline < info.output_height && errors->warning[0] == '\0') {
+    JSAMPROW row = out->ptr<unsigned char>(static_cast<int>(info.output_scanline));
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  if (errors->warning[0] == '\0') jpeg_finish_decompress(&info);
+  jpeg_destroy_decompress(&info);
+  return errors->warning[0] == '\0';
+}
+
 // Decodes, or returns an empty Mat and says why in `error`: a header over lockstep's limits is
 // refused before OpenCV allocates anything.
 cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
   *error = image_header_problem(read_image_header(bytes));
   if (error->empty()) *error = truncation_error(bytes);
   if (!error->empty()) return cv::Mat();
+  // JPEGs in three or one channels through libjpeg itself (its warnings kept, not printed); CMYK
+  // and YCCK ones, which libjpeg cannot turn into BGR, through OpenCV.
+  if (bytes.size() >= 3 && bytes.compare(0, 3, "\xFF\xD8\xFF") == 0) {
+    cv::Mat decoded;
+    JpegErrors errors;
+    if (decode_jpeg(bytes, &decoded, &errors)) return decoded;
+    if (errors.warning[0] != '\0') {
+      *error = detail::concat("corrupt (libjpeg: ", errors.warning, ")");
+      return cv::Mat();
+    }
+    if (std::strstr(errors.fatal, "color conversion") == nullptr) {
+      *error = detail::concat("cannot be decoded (libjpeg: ", errors.fatal, ")");
+      return cv::Mat();
+    }
+  }
   const bool png = bytes.compare(0, 4, "\x89PNG") == 0;
   const std::string cleaned = png ? without_png_metadata(bytes) : std::string();
   const std::string& input = png ? cleaned : bytes;

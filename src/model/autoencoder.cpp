@@ -1,5 +1,7 @@
 #include "lockstep/model/autoencoder.h"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "lockstep/core/error.h"
@@ -105,6 +107,15 @@ int64_t AutoencoderImpl::activation_floats_per_image(int64_t h, int64_t w) const
   for (int64_t i = levels - 1; i >= 1; --i) floats += ch[i] * area(i) + ch[i - 1] * area(i - 1);  // SiLU, up
   floats += ch[0] * area(0) + options_.in_channels() * area(0);                                   // SiLU, the last conv
   return floats;
+}
+
+int64_t AutoencoderImpl::inference_floats_per_image(int64_t h, int64_t w) const {
+  const auto& ch = options_.channels();
+  int64_t widest = 0;
+  for (size_t level = 0; level < ch.size(); ++level) {
+    widest = std::max(widest, 2 * ch[level] * (h >> level) * (w >> level));
+  }
+  return widest + options_.in_channels() * h * w;
 }
 
 at::Tensor AutoencoderImpl::latent_tokens(const at::Tensor& x, int64_t* h, int64_t* w) {

@@ -243,6 +243,44 @@ TEST(ImageFolder, TruncatedJpegsAndPngsAreUnreadableWithoutNoiseButTrailingBytes
   }
 }
 
+// libjpeg decodes around corrupt data and, through OpenCV, printed "Corrupt JPEG data: ..." on
+// stderr once per image on every rank. Decoded by lockstep with libjpeg directly, such a file is
+// unreadable with libjpeg's words, and nothing is printed; padding before the end marker (which
+// some cameras write) leaves the image readable.
+TEST(ImageFolder, CorruptJpegDataIsNamedUnreadableAndNothingIsPrinted) {
+  test_util::TempDir tmp;
+  cv::Mat photo(48, 64, CV_8UC3);
+  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
+  std::vector<uchar> encoded;
+  ASSERT_TRUE(cv::imencode(".jpg", photo, encoded));
+  const std::string jpeg(encoded.begin(), encoded.end());
+  ASSERT_EQ(jpeg.compare(jpeg.size() - 2, 2, "\xFF\xD9"), 0);
+  // An end marker in the middle of the scan: the rest of the image is missing.
+  std::string cut_short = jpeg;
+  size_t mid = cut_short.size() * 3 / 4;
+  while (static_cast<unsigned char>(cut_short[mid - 1]) == 0xFF) ++mid;
+  cut_short[mid] = '\xFF';
+  cut_short[mid + 1] = '\xD9';
+  std::ofstream(tmp.file("cut_short.jpg"), std::ios::binary) << cut_short;
+  // Ten bytes of padding between the last scan and the end marker.
+  std::ofstream(tmp.file("padded.jpg"), std::ios::binary)
+      << jpeg.substr(0, jpeg.size() - 2) + std::string(10, '\0') + "\xFF\xD9";
+  testing::internal::CaptureStderr();
+  const Manifest m = scan_image_folder(tmp.path());
+  EXPECT_THROW(io::decode_image(tmp.file("cut_short.jpg"), 3), CorruptInput);
+  const io::Image padded = io::decode_image(tmp.file("padded.jpg"), 3);
+  const std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed, "");
+  ASSERT_EQ(m.entries.size(), 2u);
+  EXPECT_EQ(m.entries[0].error.rfind("corrupt (libjpeg: Corrupt JPEG data: ", 0), 0u) << m.entries[0].error;
+  EXPECT_TRUE(m.entries[1].readable()) << m.entries[1].error;
+  EXPECT_EQ(padded.width, 64);
+  // libjpeg's pixels are OpenCV's: the same decoder under both.
+  const cv::Mat reference = cv::imdecode(encoded, cv::IMREAD_COLOR);
+  EXPECT_EQ(padded.pixels[0], reference.at<cv::Vec3b>(0, 0)[2]);  // R of OpenCV's BGR
+  EXPECT_EQ(padded.pixels[5], reference.at<cv::Vec3b>(0, 1)[0]);  // B of the second pixel
+}
+
 TEST(ImageFolder, ScanningOnSeveralThreadsGivesTheSameManifestAndReportsProgressInOrder) {
   test_util::TempDir tmp;
   const std::string root = make_tree(tmp);
