@@ -48,7 +48,7 @@ def run(kind, label, args, allowed, pattern=None):
         problems.append(f"exit {p.returncode}, expected one of {sorted(allowed)}")
     if p.returncode != 0 and "lockstep: error:" not in out and p.returncode != 2:
         problems.append("failed without a 'lockstep: error:' line")
-    for bad in ("frame #", "terminate called", "Segmentation fault", "runtime error:", "Aborted"):
+    for bad in ("frame #", "terminate called", "Segmentation fault", "runtime error:", "Aborted", "Sanitizer"):
         if bad in out:
             problems.append(f"output shows '{bad}'")
     if pattern and p.returncode != 0 and not re.search(pattern, out):

@@ -1,0 +1,9 @@
+"""lockstep for PyTorch users: quantizers for image tokenizers whose forward and backward run in
+liblockstep (C++), as drop-in torch.nn.Modules that take vector-quantize-pytorch's argument names.
+See docs/python.md."""
+import torch  # noqa: F401  (loads LibTorch before the extension that links it)
+
+from . import _C  # noqa: F401
+from .fsq import FSQ
+
+__all__ = ["FSQ"]

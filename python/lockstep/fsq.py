@@ -1,0 +1,89 @@
+"""Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
+import torch
+
+from ._quantizer import LockstepQuantizer, refuse_unsupported
+
+
+class FSQ(LockstepQuantizer):
+    """FSQ(levels, dim=None, num_codebooks=1, ...) as vector-quantize-pytorch's FSQ: forward(z)
+    takes (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices).
+    The bound, rounding, indices and straight-through gradient run in liblockstep (float32)."""
+
+    def __init__(
+        self,
+        levels,
+        dim=None,
+        num_codebooks=1,
+        keep_num_codebooks_dim=None,
+        scale=None,
+        allowed_dtypes=(torch.float32, torch.float64),
+        channel_first=False,
+        projection_has_bias=True,
+        return_indices=True,
+        force_quantization_f32=True,
+        preserve_symmetry=False,
+        noise_dropout=0.0,
+        bound_hard_clamp=False,
+        orthogonal_rotation=False,
+        seed=0,
+    ):
+        refuse_unsupported(
+            "lockstep.FSQ",
+            dict(projection_has_bias=projection_has_bias, force_quantization_f32=force_quantization_f32,
+                 bound_hard_clamp=bound_hard_clamp, orthogonal_rotation=orthogonal_rotation),
+            dict(projection_has_bias=True, force_quantization_f32=True, bound_hard_clamp=False,
+                 orthogonal_rotation=False),
+        )
+        levels = [int(level) for level in levels]
+        if keep_num_codebooks_dim is None:
+            keep_num_codebooks_dim = num_codebooks > 1
+        if num_codebooks > 1 and not keep_num_codebooks_dim:
+            raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
+        options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
+                       noise_dropout=float(noise_dropout))
+        if dim is not None:
+            options["dim"] = int(dim)
+        super().__init__("fsq", "fsq", options, seed)
+        self.levels = levels
+        self.num_codebooks = num_codebooks
+        self.keep_num_codebooks_dim = keep_num_codebooks_dim
+        self.dim = self._core.dim
+        self.codebook_dim = len(levels)
+        self.codebook_size = self._core.codebook_size
+        self.channel_first = channel_first
+        self.return_indices = return_indices
+        self.allowed_dtypes = allowed_dtypes
+        self.scale = scale  # stored, unused, as in the reference
+
+    def forward(self, z):
+        move_channel_last = z.ndim >= 4 or self.channel_first
+        if move_channel_last:
+            z = z.movedim(1, -1)
+            spatial = z.shape[1:-1]
+            z = z.reshape(z.shape[0], -1, z.shape[-1])
+        if z.shape[-1] != self.dim:
+            raise ValueError(f"lockstep.FSQ: expected dimension {self.dim} but found {z.shape[-1]}")
+        dtype = z.dtype
+        out, indices, _ = self._quantize(z.float())
+        out = out.to(dtype)
+        if self.num_codebooks == 1 and self.keep_num_codebooks_dim:
+            indices = indices.unsqueeze(-1)
+        indices = indices.to(torch.int32)  # the reference's index type
+        if move_channel_last:
+            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
+            indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
+        return out, (indices if self.return_indices else None)
+
+    def indices_to_codes(self, indices):
+        """Indices as forward returns them -> the quantized vectors, projected out; channel first
+        for feature maps (two or more spatial axes) or with channel_first."""
+        keep = int(self.keep_num_codebooks_dim)
+        spatial = indices.shape[1:indices.ndim - keep]
+        flat = indices.long().reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
+        if keep and self.num_codebooks == 1:
+            flat = flat.squeeze(-1)
+        codes = self._core.decode(flat)
+        codes = codes.reshape(codes.shape[0], *spatial, codes.shape[-1])
+        if len(spatial) >= 2 or self.channel_first:
+            codes = codes.movedim(-1, 1)
+        return codes

@@ -1,0 +1,116 @@
+// lockstep._C: liblockstep's quantizers for Python. One class binds them all (the Quantizer
+// interface, built by name from the options declared in quant/option_specs.h); the modules of
+// python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
+// backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
+#include <torch/extension.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
+#include "lockstep/quant/option_specs.h"
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/registry.h"
+
+namespace py = pybind11;
+using lockstep::quant::OptionValue;
+using lockstep::quant::Quantizer;
+
+namespace {
+
+// A Python value (bool, int, float, list of ints) as the option it sets; TypeError naming it otherwise.
+OptionValue option_value(const std::string& key, const py::handle& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
+  if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
+  if (py::isinstance<py::float_>(value)) return value.cast<double>();
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    std::vector<int64_t> items;
+    for (const py::handle item : value) {
+      if (!py::isinstance<py::int_>(item) || py::isinstance<py::bool_>(item)) {
+        throw py::type_error("option '" + key + "' must be a list of integers");
+      }
+      items.push_back(item.cast<int64_t>());
+    }
+    return items;
+  }
+  throw py::type_error("option '" + key + "' must be a bool, an int, a float or a list of ints, not " +
+                       std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+}
+
+std::shared_ptr<Quantizer> make(const std::string& name, const std::string& section, const py::dict& options) {
+  std::map<std::string, OptionValue> overrides;
+  for (const auto& [key, value] : options) {
+    const std::string k = py::str(key);
+    overrides[section + "." + k] = option_value(k, value);
+  }
+  return lockstep::quant::make_quantizer(name, lockstep::quant::default_option_reader(section, overrides));
+}
+
+// The quantizer's tensors by dotted name, the same tensors (not copies): the Python module registers
+// them as its own parameters and buffers, so optimizers, state_dict() and .to() act on what runs here.
+py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
+  py::dict out;
+  for (const auto& item : named) out[py::str(item.key())] = item.value();
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "liblockstep's quantizers (the lockstep package wraps them as torch.nn.Modules)";
+  // lockstep's errors reach Python as ValueError (bad options or input) or RuntimeError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lockstep::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const lockstep::CorruptInput& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::class_<Quantizer, std::shared_ptr<Quantizer>>(m, "Quantizer")
+      .def(py::init(&make), py::arg("name"), py::arg("section"), py::arg("options"),
+           "Builds quantizer `name` (\"fsq\", \"residual-vq\", ...) from the options of `section` "
+           "(quant/option_specs.h), the declared defaults with `options` on top.")
+      .def_property_readonly("kind", &Quantizer::kind)
+      .def_property_readonly("dim", &Quantizer::dim)
+      .def_property_readonly("codebook_size", &Quantizer::codebook_size)
+      .def_property_readonly("num_indices", &Quantizer::num_indices)
+      .def(
+          "quantize",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, uint64_t step, int64_t first_item) {
+            // Randomness is a pure function of (seed, step): the same on every rank, with no collective.
+            q.train(training);
+            lockstep::quant::QuantizeContext ctx;
+            ctx.generator = at::make_generator<at::CPUGeneratorImpl>(lockstep::derive_seed(seed, step, 2));
+            ctx.first_item = first_item;
+            lockstep::quant::QuantizerOutput out = q.quantize(x, ctx);
+            py::dict losses;
+            for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
+            return py::make_tuple(out.quantized, out.indices, losses);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("first_item") = 0,
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}).")
+      .def("encode", &Quantizer::encode, py::arg("x"))
+      .def("decode", &Quantizer::decode, py::arg("indices"))
+      .def(
+          "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
+          "The quantizer's parameters by dotted name, the same tensors.")
+      .def(
+          "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
+          "The quantizer's buffers by dotted name, the same tensors.");
+
+  m.def("option_keys", [](const std::string& section) {
+    for (const auto& s : lockstep::quant::quantizer_option_sections()) {
+      if (s.name != section) continue;
+      std::vector<std::string> keys;
+      for (const auto& o : s.options) keys.push_back(o.key);
+      return keys;
+    }
+    throw py::value_error("no quantizer options section '" + section + "'");
+  });
+}

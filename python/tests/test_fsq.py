@@ -1,0 +1,86 @@
+"""lockstep.FSQ against vector_quantize_pytorch.FSQ on identical inputs and initial state."""
+import pytest
+import torch
+from vector_quantize_pytorch import FSQ as ReferenceFSQ
+
+import lockstep
+
+
+def pair(**kwargs):
+    reference = ReferenceFSQ(**kwargs)
+    ours = lockstep.FSQ(**kwargs)
+    ours.load_state_dict(reference.state_dict())  # projections, when there are any
+    return reference, ours
+
+
+def run(module, z):
+    z = z.clone().requires_grad_(True)
+    out, indices = module(z)
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    (out * weights).sum().backward()
+    return out.detach(), indices, z.grad
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(levels=[8, 5, 5, 5]),
+        dict(levels=[7, 5, 5, 5, 5], preserve_symmetry=True),
+        dict(levels=[8, 6, 5], dim=16),
+        dict(levels=[5, 5, 5], num_codebooks=2, dim=6),
+        dict(levels=[4, 4], num_codebooks=1, keep_num_codebooks_dim=True),
+    ],
+)
+def test_tokens_match_the_reference(options):
+    reference, ours = pair(**options)
+    z = torch.randn(3, 50, reference.dim) * 2
+    out_ref, idx_ref, grad_ref = run(reference, z)
+    out, idx, grad = run(ours, z)
+    assert out.shape == out_ref.shape and idx.shape == idx_ref.shape and idx.dtype == idx_ref.dtype
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
+    if reference.dim == reference.effective_codebook_dim:  # without projections the codes invert exactly
+        torch.testing.assert_close(ours.indices_to_codes(idx), reference.indices_to_codes(idx_ref))
+
+
+def test_feature_maps_are_channel_first_like_the_reference():
+    reference, ours = pair(levels=[8, 5, 5, 5])
+    z = torch.randn(2, 4, 6, 7)
+    out_ref, idx_ref, grad_ref = run(reference, z)
+    out, idx, grad = run(ours, z)
+    assert out.shape == (2, 4, 6, 7) and idx.shape == (2, 6, 7)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.indices_to_codes(idx), reference.indices_to_codes(idx_ref))
+
+
+def test_parameters_are_the_tensors_liblockstep_computes_with():
+    ours = lockstep.FSQ(levels=[8, 5, 5, 5], dim=12)
+    names = sorted(name for name, _ in ours.named_parameters())
+    assert names == ["project_in.bias", "project_in.weight", "project_out.bias", "project_out.weight"]
+    z = torch.randn(2, 10, 12)
+    before, _ = ours(z)
+    with torch.no_grad():
+        ours.project_out.bias.add_(1.0)  # a change through Python is what the C++ forward sees
+    after, _ = ours(z)
+    torch.testing.assert_close(after, before + 1.0)
+    (after.sum()).backward()
+    assert ours.project_in.weight.grad is not None  # gradients reach the registered parameters
+
+
+@pytest.mark.parametrize(
+    "option",
+    [dict(projection_has_bias=False), dict(bound_hard_clamp=True), dict(orthogonal_rotation=True),
+     dict(force_quantization_f32=False)],
+)
+def test_an_unsupported_option_is_a_type_error_naming_it(option):
+    name = next(iter(option))
+    with pytest.raises(TypeError, match=name):
+        lockstep.FSQ(levels=[8, 5, 5, 5], dim=8, **option)
+
+
+def test_bad_values_are_value_errors_with_liblockstep_s_words():
+    with pytest.raises(ValueError, match="level"):
+        lockstep.FSQ(levels=[1, 5])
