@@ -5,5 +5,6 @@ import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
 from . import _C  # noqa: F401
 from .fsq import FSQ
+from .lfq import LFQ
 
-__all__ = ["FSQ"]
+__all__ = ["FSQ", "LFQ"]

@@ -1,0 +1,104 @@
+"""Lookup-free quantization (vector_quantize_pytorch.LFQ's arguments and return values)."""
+from collections import namedtuple
+
+import torch
+from torch import nn
+
+from ._quantizer import LockstepQuantizer, refuse_unsupported
+
+Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
+
+
+class LFQ(LockstepQuantizer):
+    """LFQ(dim=None, codebook_size=None, ...) as vector-quantize-pytorch's LFQ: forward(x) takes
+    (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices, aux_loss).
+    Quantization, the entropy and commitment losses and their gradients run in liblockstep."""
+
+    def __init__(
+        self,
+        *,
+        dim=None,
+        codebook_size=None,
+        entropy_loss_weight=0.1,
+        commitment_loss_weight=0.0,
+        diversity_gamma=1.0,
+        straight_through_activation=None,
+        num_codebooks=1,
+        keep_num_codebooks_dim=None,
+        codebook_scale=1.0,
+        frac_per_sample_entropy=1.0,
+        has_projections=None,
+        projection_has_bias=True,
+        soft_clamp_input_value=None,
+        cosine_sim_project_in=False,
+        cosine_sim_project_in_scale=None,
+        channel_first=None,
+        experimental_softplus_entropy_loss=False,
+        entropy_loss_offset=5.0,
+        spherical=False,
+        force_quantization_f32=True,
+        orthogonal_rotation=False,
+        inv_temperature=100.0,
+        seed=0,
+    ):
+        if dim is None and codebook_size is None:
+            raise ValueError("lockstep.LFQ: give dim or codebook_size")
+        codebook_size = codebook_size if codebook_size is not None else 2**dim
+        codebook_dims = (int(codebook_size).bit_length() - 1) * num_codebooks
+        dim = dim if dim is not None else codebook_dims
+        identity = straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)
+        refuse_unsupported(
+            "lockstep.LFQ",
+            dict(straight_through_activation=identity, has_projections=has_projections in (None, dim != codebook_dims),
+                 projection_has_bias=projection_has_bias, soft_clamp_input_value=soft_clamp_input_value,
+                 cosine_sim_project_in=cosine_sim_project_in,
+                 experimental_softplus_entropy_loss=experimental_softplus_entropy_loss,
+                 force_quantization_f32=force_quantization_f32, orthogonal_rotation=orthogonal_rotation),
+            dict(straight_through_activation=True, has_projections=True, projection_has_bias=True,
+                 soft_clamp_input_value=None, cosine_sim_project_in=False, experimental_softplus_entropy_loss=False,
+                 force_quantization_f32=True, orthogonal_rotation=False),
+        )
+        if keep_num_codebooks_dim is None:
+            keep_num_codebooks_dim = num_codebooks > 1
+        if num_codebooks > 1 and not keep_num_codebooks_dim:
+            raise ValueError("lockstep.LFQ: keep_num_codebooks_dim must be True with several codebooks")
+        options = dict(codebook_size=int(codebook_size), dim=int(dim), entropy_loss_weight=float(entropy_loss_weight),
+                       commitment_loss_weight=float(commitment_loss_weight), diversity_gamma=float(diversity_gamma),
+                       inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
+                       spherical=bool(spherical), num_codebooks=int(num_codebooks),
+                       frac_per_sample_entropy=float(frac_per_sample_entropy))
+        super().__init__("lfq", "lfq", options, seed)
+        self.dim = self._core.dim
+        self.codebook_size = codebook_size
+        self.num_codebooks = num_codebooks
+        self.keep_num_codebooks_dim = keep_num_codebooks_dim
+        self.channel_first = channel_first
+        self.inv_temperature = float(inv_temperature)
+
+    def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
+        if inv_temperature is not None and float(inv_temperature) != self.inv_temperature:
+            raise TypeError(
+                f"lockstep.LFQ: inv_temperature={inv_temperature} at forward; lockstep sets it when the module "
+                f"is made (inv_temperature={self.inv_temperature})"
+            )
+        if return_loss_breakdown:
+            raise TypeError("lockstep.LFQ: option return_loss_breakdown=True is not supported by lockstep")
+        if mask is not None:
+            raise TypeError("lockstep.LFQ: option mask is not supported by lockstep")
+        move_channel_last = self.channel_first if self.channel_first is not None else x.ndim >= 4
+        if move_channel_last:
+            x = x.movedim(1, -1)
+            spatial = x.shape[1:-1]
+            x = x.reshape(x.shape[0], -1, x.shape[-1])
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"lockstep.LFQ: expected dimension {self.dim} but received {x.shape[-1]}")
+        dtype = x.dtype
+        out, indices, losses = self._quantize(x.float())
+        out = out.to(dtype)
+        aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
+        if self.num_codebooks == 1 and self.keep_num_codebooks_dim:
+            indices = indices.unsqueeze(-1)
+        if move_channel_last:
+            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
+            indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
+        return Return(out, indices, aux_loss)
