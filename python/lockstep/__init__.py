@@ -4,6 +4,7 @@ See docs/python.md."""
 import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
 from . import _C  # noqa: F401
+from . import data  # noqa: F401
 from .fsq import FSQ
 from .lfq import LFQ
 

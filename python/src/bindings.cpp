@@ -11,6 +11,8 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
+#include "lockstep/data/buckets.h"
+#include "lockstep/data/plan.h"
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
@@ -103,6 +105,32 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
           "The quantizer's buffers by dotted name, the same tensors.");
+
+  // The global data plan (data/plan.h) for lockstep.data.BucketBatchSampler.
+  py::class_<lockstep::data::EpochPlan>(m, "EpochPlan")
+      .def(py::init([](std::vector<std::vector<int64_t>> buckets, int64_t global_batch, uint64_t seed, bool pad,
+                       int64_t epoch) {
+             lockstep::data::PlanOptions options;
+             options.global_batch = global_batch;
+             options.seed = seed;
+             options.remainder = pad ? lockstep::data::Remainder::Pad : lockstep::data::Remainder::Drop;
+             return lockstep::data::EpochPlan(std::move(buckets), options, epoch);
+           }),
+           py::arg("buckets"), py::arg("global_batch"), py::arg("seed"), py::arg("pad"), py::arg("epoch"))
+      .def("steps", &lockstep::data::EpochPlan::steps)
+      .def("bucket", [](const lockstep::data::EpochPlan& plan, int64_t step) { return plan.batch(step).bucket; })
+      .def("samples", [](const lockstep::data::EpochPlan& plan, int64_t step) { return plan.batch(step).samples; })
+      .def("rank_part", &lockstep::data::EpochPlan::rank_part, py::arg("step"), py::arg("world_size"), py::arg("rank"))
+      .def("hash", &lockstep::data::EpochPlan::hash);
+  m.def(
+      "nearest_bucket",
+      [](const std::vector<std::pair<int64_t, int64_t>>& table, double width, double height) {
+        std::vector<lockstep::data::BucketSize> sizes;
+        for (const auto& [w, h] : table) sizes.push_back({w, h});
+        return lockstep::data::nearest_bucket(sizes, width, height);
+      },
+      py::arg("table"), py::arg("width"), py::arg("height"),
+      "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
 
   m.def("option_keys", [](const std::string& section) {
     for (const auto& s : lockstep::quant::quantizer_option_sections()) {
