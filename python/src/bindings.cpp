@@ -3,6 +3,7 @@
 // python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
 // backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
 #include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <map>
 #include <memory>
@@ -131,6 +132,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
+
+  // torch.distributed's ProcessGroup objects reach C++ as LibTorch's c10d::ProcessGroup (pybind11's
+  // internals are shared with torch's): what reductions over the user's group will run on.
+  m.def(
+      "_group_rank_and_size",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+        return py::make_tuple(group->getRank(), group->getSize());
+      },
+      py::arg("group"));
 
   m.def("option_keys", [](const std::string& section) {
     for (const auto& s : lockstep::quant::quantizer_option_sections()) {

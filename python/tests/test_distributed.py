@@ -66,3 +66,13 @@ def test_the_bucket_sampler_keeps_ranks_in_step_over_uneven_buckets(world):
     assert len(set(steps)) == 1 and steps[0] == 3 * (3 + 1 + 1)
     for step in range(steps[0]):
         assert sum(r[step][1] for r in results) == 12  # the ranks' parts make one global batch
+
+
+def _group_seen_from_cpp(rank, world):
+    import lockstep
+
+    return lockstep._C._group_rank_and_size(dist.group.WORLD)
+
+
+def test_the_user_s_process_group_reaches_liblockstep_as_itself():
+    assert run_ranks(2, _group_seen_from_cpp) == [(0, 2), (1, 2)]
