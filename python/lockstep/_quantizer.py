@@ -44,6 +44,25 @@ class LockstepQuantizer(nn.Module):
             owner = owner._modules[part]
         return owner, name
 
+    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks):
+        """(b, n, dim) tokens, or (b, dim, ...) maps when `channel_first` -> (quantized in x's
+        layout and dtype, indices (b, n[, c]) or (b, ...[, c]), {name: loss}), as the reference
+        shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`."""
+        if channel_first:
+            x = x.movedim(1, -1)
+            spatial = x.shape[1:-1]
+            x = x.reshape(x.shape[0], -1, x.shape[-1])
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"lockstep.{type(self).__name__}: expected dimension {self.dim} but found {x.shape[-1]}")
+        out, indices, losses = self._quantize(x.float())
+        out = out.to(x.dtype)
+        if num_codebooks == 1 and keep_codebook_axis:
+            indices = indices.unsqueeze(-1)
+        if channel_first:
+            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
+            indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
+        return out, indices, losses
+
     def _quantize(self, x):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss})."""
         quantized, indices, losses = self._core.quantize(x, self.training, self.seed, self.step)

@@ -56,23 +56,9 @@ class FSQ(LockstepQuantizer):
         self.scale = scale  # stored, unused, as in the reference
 
     def forward(self, z):
-        move_channel_last = z.ndim >= 4 or self.channel_first
-        if move_channel_last:
-            z = z.movedim(1, -1)
-            spatial = z.shape[1:-1]
-            z = z.reshape(z.shape[0], -1, z.shape[-1])
-        if z.shape[-1] != self.dim:
-            raise ValueError(f"lockstep.FSQ: expected dimension {self.dim} but found {z.shape[-1]}")
-        dtype = z.dtype
-        out, indices, _ = self._quantize(z.float())
-        out = out.to(dtype)
-        if self.num_codebooks == 1 and self.keep_num_codebooks_dim:
-            indices = indices.unsqueeze(-1)
-        indices = indices.to(torch.int32)  # the reference's index type
-        if move_channel_last:
-            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
-            indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
-        return out, (indices if self.return_indices else None)
+        out, indices, _ = self._quantize_any(z, z.ndim >= 4 or self.channel_first, self.keep_num_codebooks_dim,
+                                             self.num_codebooks)
+        return out, (indices.to(torch.int32) if self.return_indices else None)  # the reference's index type
 
     def indices_to_codes(self, indices):
         """Indices as forward returns them -> the quantized vectors, projected out; channel first

@@ -85,20 +85,7 @@ class LFQ(LockstepQuantizer):
             raise TypeError("lockstep.LFQ: option return_loss_breakdown=True is not supported by lockstep")
         if mask is not None:
             raise TypeError("lockstep.LFQ: option mask is not supported by lockstep")
-        move_channel_last = self.channel_first if self.channel_first is not None else x.ndim >= 4
-        if move_channel_last:
-            x = x.movedim(1, -1)
-            spatial = x.shape[1:-1]
-            x = x.reshape(x.shape[0], -1, x.shape[-1])
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"lockstep.LFQ: expected dimension {self.dim} but received {x.shape[-1]}")
-        dtype = x.dtype
-        out, indices, losses = self._quantize(x.float())
-        out = out.to(dtype)
+        channel_first = self.channel_first if self.channel_first is not None else x.ndim >= 4
+        out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
-        if self.num_codebooks == 1 and self.keep_num_codebooks_dim:
-            indices = indices.unsqueeze(-1)
-        if move_channel_last:
-            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
-            indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
         return Return(out, indices, aux_loss)
