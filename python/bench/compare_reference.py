@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Forward+backward of lockstep's modules beside vector-quantize-pytorch's, in one Python process,
+at the shapes of docs/performance.md: prints each median time and the ratio (issue #11, item 7).
+
+    PYTHONPATH=build/python python python/bench/compare_reference.py [--threads N] [--min-time S]
+
+Each case: training mode, random input of the case's shape, output times a fixed weight summed plus
+the auxiliary loss, backward; the median of at least 5 runs over at least --min-time seconds, after
+a warm-up. Both modules run the same input with the same torch thread count.
+"""
+import argparse
+import importlib.metadata
+import statistics
+import time
+
+import torch
+import vector_quantize_pytorch as vqp
+
+import lockstep
+
+
+def step(module, x, weights):
+    x = x.detach().requires_grad_(True)
+    result = module(x)
+    loss = (result[0] * weights).sum()
+    if len(result) > 2 and torch.is_tensor(result[2]):
+        loss = loss + result[2]
+    loss.backward()
+
+
+def median_seconds(module, x, min_time):
+    weights = torch.randn_like(x)  # the output has the input's shape
+    for _ in range(2):
+        step(module, x, weights)
+    times, start = [], time.perf_counter()
+    while len(times) < 5 or time.perf_counter() - start < min_time:
+        t = time.perf_counter()
+        step(module, x, weights)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+CASES = [
+    ("FSQ", "16x1024, levels 8,5,5,5", lambda: (vqp.FSQ(levels=[8, 5, 5, 5]), lockstep.FSQ(levels=[8, 5, 5, 5])),
+     (16, 1024, 4)),
+    ("FSQ with projections", "16x1024, dim 64 -> levels 8,5,5,5",
+     lambda: (vqp.FSQ(levels=[8, 5, 5, 5], dim=64), lockstep.FSQ(levels=[8, 5, 5, 5], dim=64)), (16, 1024, 64)),
+    ("LFQ", "16x1024, K 2^10", lambda: (vqp.LFQ(codebook_size=2**10), lockstep.LFQ(codebook_size=2**10)),
+     (16, 1024, 10)),
+    ("LFQ", "16x1024, K 2^14", lambda: (vqp.LFQ(codebook_size=2**14), lockstep.LFQ(codebook_size=2**14)),
+     (16, 1024, 14)),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--min-time", type=float, default=1.0, help="seconds per case and module (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, vector-quantize-pytorch {importlib.metadata.version('vector-quantize-pytorch')}, "
+          f"{args.threads} thread(s)")
+    print("| module | shape | vector-quantize-pytorch | lockstep | lockstep is |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, shape_text, make, shape in CASES:
+        reference, ours = make()
+        reference.train()
+        ours.train()
+        x = torch.randn(*shape)
+        t_ref = median_seconds(reference, x, args.min_time)
+        t_ours = median_seconds(ours, x, args.min_time)
+        print(f"| {name} | {shape_text} | {t_ref * 1e3:.2f} ms | {t_ours * 1e3:.2f} ms | "
+              f"{t_ref / t_ours:.1f}x as fast |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
