@@ -4,8 +4,9 @@ See docs/python.md."""
 import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
 from . import _C  # noqa: F401
+from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
 from .lfq import LFQ
 
-__all__ = ["FSQ", "LFQ"]
+__all__ = ["FSQ", "LFQ", "CollectiveMismatch", "CollectiveFailure"]

@@ -2,6 +2,7 @@
 buffers it registers as its own (the same tensors, so optimizers, state_dict() and .to() act on
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import _C
@@ -19,9 +20,16 @@ def refuse_unsupported(module_name, given, supported_defaults):
 
 
 class LockstepQuantizer(nn.Module):
-    def __init__(self, name, section, options, seed=0):
+    _groups_made = 0  # names each module's store keys; every rank makes its modules' groups in one order
+
+    def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0):
         super().__init__()
         self._core = _C.Quantizer(name, section, options)
+        # Statistics are reduced over `process_group` (torch.distributed's default group when None
+        # and torch.distributed is initialised) through lockstep's checked channel, in training only.
+        self._process_group = process_group
+        self._collective_timeout = float(collective_timeout)
+        self._group = None
         # Randomness (noise dropout, sampled codes, k-means seeds) is a pure function of (seed, step),
         # the step advancing once per training forward: no collective is needed to agree on it.
         self.seed = int(seed)
@@ -63,9 +71,24 @@ class LockstepQuantizer(nn.Module):
             indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
         return out, indices, losses
 
+    def _checked_group(self):
+        """lockstep's checked channel over the process group, made at the first training forward."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = self._process_group if self._process_group is not None else dist.group.WORLD
+        if dist.get_world_size(group) == 1:
+            return None
+        if self._group is None:
+            LockstepQuantizer._groups_made += 1
+            prefix = f"lockstep/{self._core.kind}/{LockstepQuantizer._groups_made}"
+            store = dist.distributed_c10d._get_default_store()
+            self._group = _C.Group(group, store, prefix, self._collective_timeout)
+        return self._group
+
     def _quantize(self, x):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss})."""
-        quantized, indices, losses = self._core.quantize(x, self.training, self.seed, self.step)
+        group = self._checked_group() if self.training else None  # evaluation issues no collective
+        quantized, indices, losses = self._core.quantize(x, self.training, self.seed, self.step, group)
         if self.training:
             self.step += 1
         return quantized, indices, losses

@@ -26,6 +26,8 @@ class FSQ(LockstepQuantizer):
         bound_hard_clamp=False,
         orthogonal_rotation=False,
         seed=0,
+        process_group=None,
+        collective_timeout=300.0,
     ):
         refuse_unsupported(
             "lockstep.FSQ",
@@ -43,7 +45,7 @@ class FSQ(LockstepQuantizer):
                        noise_dropout=float(noise_dropout))
         if dim is not None:
             options["dim"] = int(dim)
-        super().__init__("fsq", "fsq", options, seed)
+        super().__init__("fsq", "fsq", options, seed, process_group, collective_timeout)
         self.levels = levels
         self.num_codebooks = num_codebooks
         self.keep_num_codebooks_dim = keep_num_codebooks_dim

@@ -40,6 +40,8 @@ class LFQ(LockstepQuantizer):
         orthogonal_rotation=False,
         inv_temperature=100.0,
         seed=0,
+        process_group=None,
+        collective_timeout=300.0,
     ):
         if dim is None and codebook_size is None:
             raise ValueError("lockstep.LFQ: give dim or codebook_size")
@@ -67,7 +69,7 @@ class LFQ(LockstepQuantizer):
                        inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
                        spherical=bool(spherical), num_codebooks=int(num_codebooks),
                        frac_per_sample_entropy=float(frac_per_sample_entropy))
-        super().__init__("lfq", "lfq", options, seed)
+        super().__init__("lfq", "lfq", options, seed, process_group, collective_timeout)
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.num_codebooks = num_codebooks

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +15,9 @@
 #include "lockstep/core/random.h"
 #include "lockstep/data/buckets.h"
 #include "lockstep/data/plan.h"
+#include "lockstep/dist/collective.h"
+#include "lockstep/dist/existing_group.h"
+#include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
@@ -85,19 +89,30 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_indices", &Quantizer::num_indices)
       .def(
           "quantize",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, uint64_t step, int64_t first_item) {
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, uint64_t step,
+             std::shared_ptr<lockstep::dist::Group> group) {
             // Randomness is a pure function of (seed, step): the same on every rank, with no collective.
             q.train(training);
             lockstep::quant::QuantizeContext ctx;
             ctx.generator = at::make_generator<at::CPUGeneratorImpl>(lockstep::derive_seed(seed, step, 2));
-            ctx.first_item = first_item;
+            std::unique_ptr<lockstep::dist::GroupReducer> reducer;
+            if (group && training) {
+              // Statistics go through the checked channel; the global position of this rank's first
+              // item (for per-token randomness) comes from every rank's batch size, gathered there too.
+              reducer = std::make_unique<lockstep::dist::GroupReducer>(group);
+              ctx.reducer = reducer.get();
+              const auto sizes = group->all_gather(torch::tensor({x.size(0)}, torch::kInt64),
+                                                   LOCKSTEP_CALL_SITE("python.batch_sizes"));
+              for (int r = 0; r < group->rank(); ++r) ctx.first_item += sizes[static_cast<size_t>(r)].item<int64_t>();
+            }
             lockstep::quant::QuantizerOutput out = q.quantize(x, ctx);
             py::dict losses;
             for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
             return py::make_tuple(out.quantized, out.indices, losses);
           },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("first_item") = 0,
-          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}).")
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); in training "
+          "with `group`, the statistics are reduced over it.")
       .def("encode", &Quantizer::encode, py::arg("x"))
       .def("decode", &Quantizer::decode, py::arg("indices"))
       .def(
@@ -106,6 +121,31 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
           "The quantizer's buffers by dotted name, the same tensors.");
+
+  // lockstep's checked channel over the caller's torch.distributed group (dist/existing_group.h).
+  py::class_<lockstep::dist::Group, std::shared_ptr<lockstep::dist::Group>>(m, "Group")
+      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
+                       const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, double timeout_s) {
+             lockstep::dist::ExistingGroupOptions options;
+             options.prefix = prefix;
+             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+             return lockstep::dist::make_group_over(process_group, store, options);
+           }),
+           py::arg("process_group"), py::arg("store"), py::arg("prefix"), py::arg("timeout"))
+      .def_property_readonly("rank", &lockstep::dist::Group::rank)
+      .def_property_readonly("size", &lockstep::dist::Group::size);
+  // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).
+  static py::exception<lockstep::dist::CollectiveMismatch> mismatch(m, "CollectiveMismatch", PyExc_RuntimeError);
+  static py::exception<lockstep::dist::CollectiveFailure> failure(m, "CollectiveFailure", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lockstep::dist::CollectiveMismatch& e) {
+      PyErr_SetString(mismatch.ptr(), e.what());
+    } catch (const lockstep::dist::CollectiveFailure& e) {
+      PyErr_SetString(failure.ptr(), e.what());
+    }
+  });
 
   // The global data plan (data/plan.h) for lockstep.data.BucketBatchSampler.
   py::class_<lockstep::data::EpochPlan>(m, "EpochPlan")

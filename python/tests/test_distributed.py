@@ -76,3 +76,60 @@ def _group_seen_from_cpp(rank, world):
 
 def test_the_user_s_process_group_reaches_liblockstep_as_itself():
     assert run_ranks(2, _group_seen_from_cpp) == [(0, 2), (1, 2)]
+
+
+def _lfq_half_batches(rank, world, x, evaluate_on_rank0):
+    import lockstep
+
+    torch.manual_seed(0)
+    lfq = lockstep.LFQ(codebook_size=2**6, commitment_loss_weight=0.25)
+    part = x.chunk(world)[rank].clone().requires_grad_(True)
+    results = []
+    for step in range(3):
+        if evaluate_on_rank0 and rank == 0 and step == 1:
+            lfq.eval()  # rank 0 alone validates mid-training: no collective may be issued
+            with torch.no_grad():
+                lfq(part)
+            lfq.train()
+        out, indices, aux = lfq(part)
+        results.append((out.detach(), indices, float(aux)))
+    return results
+
+
+@pytest.mark.parametrize("evaluate_on_rank0", [False, True])
+def test_lfq_on_two_ranks_gives_one_process_s_losses(evaluate_on_rank0):
+    import lockstep
+
+    x = torch.randn(4, 30, 6)
+    one = lockstep.LFQ(codebook_size=2**6, commitment_loss_weight=0.25)
+    expected = [one(x) for _ in range(3)]
+    ranks = run_ranks(2, _lfq_half_batches, x, evaluate_on_rank0)
+    for step in range(3):
+        out, indices, aux = expected[step]
+        # the codebook entropy is over the global batch, the per-token terms over each rank's tokens:
+        # the ranks' losses average to one process's (as DDP averages their gradients)
+        mean = (ranks[0][step][2] + ranks[1][step][2]) / 2
+        assert mean == pytest.approx(float(aux), rel=1e-5, abs=1e-6), [r[step][2] for r in ranks]
+        torch.testing.assert_close(torch.cat([ranks[r][step][0] for r in range(2)]), out.detach())
+        assert torch.equal(torch.cat([ranks[r][step][1] for r in range(2)]), indices)
+
+
+def _rank1_never_trains(rank, world):
+    import lockstep
+
+    lfq = lockstep.LFQ(codebook_size=2**4, collective_timeout=3.0)
+    if rank == 1:
+        time.sleep(8)  # alive, but never reaches the collective
+        return "silent"
+    start = time.time()
+    try:
+        lfq(torch.randn(2, 5, 4))
+    except lockstep.CollectiveFailure as e:
+        return (time.time() - start, str(e))
+    return "no error"
+
+
+def test_a_rank_that_never_arrives_is_named_at_the_timeout():
+    seconds, message = run_ranks(2, _rank1_never_trains)[0]
+    assert "rank(s) 1" in message and "python.batch_sizes" in message, message
+    assert seconds < 30, seconds  # the 3 s timeout, with generous slack for a loaded machine
