@@ -8,5 +8,6 @@ from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
 from .lfq import LFQ
+from .vq import VectorQuantize
 
-__all__ = ["FSQ", "LFQ", "CollectiveMismatch", "CollectiveFailure"]
+__all__ = ["FSQ", "LFQ", "VectorQuantize", "CollectiveMismatch", "CollectiveFailure"]

@@ -22,7 +22,8 @@ def refuse_unsupported(module_name, given, supported_defaults):
 class LockstepQuantizer(nn.Module):
     _groups_made = 0  # names each module's store keys; every rank makes its modules' groups in one order
 
-    def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0):
+    def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0,
+                 buffer_prefix=""):
         super().__init__()
         self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
@@ -39,7 +40,8 @@ class LockstepQuantizer(nn.Module):
             owner, name = self._owner(dotted)
             owner.register_parameter(name, tensor)
         for dotted, tensor in self._core.buffers().items():
-            owner, name = self._owner(dotted)
+            # the reference's names, where they differ by a submodule (VQ's "_codebook.embed")
+            owner, name = self._owner(f"{buffer_prefix}.{dotted}" if buffer_prefix else dotted)
             owner.register_buffer(name, tensor)
 
     def _owner(self, dotted):

@@ -133,3 +133,33 @@ def test_a_rank_that_never_arrives_is_named_at_the_timeout():
     seconds, message = run_ranks(2, _rank1_never_trains)[0]
     assert "rank(s) 1" in message and "python.batch_sizes" in message, message
     assert seconds < 30, seconds  # the 3 s timeout, with generous slack for a loaded machine
+
+
+def _vq_half_batches(rank, world, x, initial, evaluate_on_rank0):
+    import lockstep
+
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=32, decay=0.9)
+    vq.load_state_dict(initial)
+    part = x.chunk(world, dim=1)[rank]
+    for step in range(3):
+        if evaluate_on_rank0 and rank == 0 and step == 1:
+            vq.eval()  # rank 0 alone validates: no collective, the codebook untouched
+            with torch.no_grad():
+                vq(part[step])
+            vq.train()
+        vq(part[step])
+    return vq.state_dict()["_codebook.embed"]
+
+
+@pytest.mark.parametrize("evaluate_on_rank0", [False, True])
+def test_vq_codebooks_stay_identical_and_equal_one_process_s(evaluate_on_rank0):
+    import lockstep
+
+    x = torch.randn(3, 2, 60, 8)  # 3 steps of a batch of 2 sequences
+    one = lockstep.VectorQuantize(dim=8, codebook_size=32, decay=0.9)
+    initial = {k: v.clone() for k, v in one.state_dict().items()}
+    for step in range(3):
+        one(x[step])
+    codebooks = run_ranks(2, _vq_half_batches, x, initial, evaluate_on_rank0)  # rank r: sequence r of each step
+    assert torch.equal(codebooks[0], codebooks[1])  # the ranks never diverge
+    torch.testing.assert_close(codebooks[0], one.state_dict()["_codebook.embed"], atol=1e-5, rtol=1e-5)
