@@ -8,6 +8,7 @@ from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
 from .lfq import LFQ
+from .residual import ResidualVQ
 from .vq import VectorQuantize
 
-__all__ = ["FSQ", "LFQ", "VectorQuantize", "CollectiveMismatch", "CollectiveFailure"]
+__all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "CollectiveMismatch", "CollectiveFailure"]

@@ -23,7 +23,7 @@ class LockstepQuantizer(nn.Module):
     _groups_made = 0  # names each module's store keys; every rank makes its modules' groups in one order
 
     def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0,
-                 buffer_prefix=""):
+                 rename=None):
         super().__init__()
         self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
@@ -35,13 +35,13 @@ class LockstepQuantizer(nn.Module):
         # the step advancing once per training forward: no collective is needed to agree on it.
         self.seed = int(seed)
         self.step = 0
+        rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         for dotted, tensor in self._core.parameters().items():
             tensor.__class__ = nn.Parameter  # the same tensor, now registrable as a parameter
-            owner, name = self._owner(dotted)
+            owner, name = self._owner(rename(dotted))
             owner.register_parameter(name, tensor)
         for dotted, tensor in self._core.buffers().items():
-            # the reference's names, where they differ by a submodule (VQ's "_codebook.embed")
-            owner, name = self._owner(f"{buffer_prefix}.{dotted}" if buffer_prefix else dotted)
+            owner, name = self._owner(rename(dotted))
             owner.register_buffer(name, tensor)
 
     def _owner(self, dotted):

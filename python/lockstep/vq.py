@@ -5,6 +5,64 @@ import torch
 from ._quantizer import LockstepQuantizer, refuse_unsupported
 
 
+def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
+               eps=1e-5, freeze_codebook=False, kmeans_init=False, kmeans_iters=10, sync_kmeans=True,
+               use_cosine_sim=False, layernorm_after_project_in=False, threshold_ema_dead_code=0, channel_last=True,
+               accept_image_fmap=False, accept_3d_fmap=False, commitment_weight=1.0,
+               commitment_use_cross_entropy_loss=False, orthogonal_reg_weight=0.0,
+               orthogonal_reg_active_codes_only=False, orthogonal_reg_max_codes=None,
+               codebook_diversity_loss_weight=0.0, codebook_diversity_temperature=100.0,
+               stochastic_sample_codes=False, sample_codebook_temp=1.0, straight_through=False, rotation_trick=None,
+               directional_reparam=False, directional_reparam_variance=5e-3, sync_codebook=None,
+               sync_affine_param=False, ema_update=None, vq_bridge=None, manual_ema_update=False,
+               learnable_codebook=None, in_place_codebook_optimizer=None, manual_in_place_optimizer_update=False,
+               affine_param=False, affine_param_batch_decay=0.99, affine_param_codebook_decay=0.9,
+               sync_update_v=0.0, return_zeros_for_masked_padding=True, route_gradients_to_input=True):
+    """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
+    (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
+    refuse_unsupported(
+        "lockstep.VectorQuantize",
+        dict(eps=eps, freeze_codebook=freeze_codebook, layernorm_after_project_in=layernorm_after_project_in,
+               channel_last=channel_last, accept_3d_fmap=accept_3d_fmap,
+               commitment_use_cross_entropy_loss=commitment_use_cross_entropy_loss,
+               orthogonal_reg_active_codes_only=orthogonal_reg_active_codes_only,
+               orthogonal_reg_max_codes=orthogonal_reg_max_codes,
+               codebook_diversity_loss_weight=codebook_diversity_loss_weight, straight_through=straight_through,
+               directional_reparam=directional_reparam, sync_affine_param=sync_affine_param,
+               vq_bridge=vq_bridge, manual_ema_update=manual_ema_update,
+               in_place_codebook_optimizer=in_place_codebook_optimizer,
+               manual_in_place_optimizer_update=manual_in_place_optimizer_update, affine_param=affine_param,
+               sync_update_v=sync_update_v, return_zeros_for_masked_padding=return_zeros_for_masked_padding,
+               route_gradients_to_input=route_gradients_to_input),
+        dict(eps=1e-5, freeze_codebook=False, layernorm_after_project_in=False, channel_last=True,
+               accept_3d_fmap=False, commitment_use_cross_entropy_loss=False, orthogonal_reg_active_codes_only=False,
+               orthogonal_reg_max_codes=None, codebook_diversity_loss_weight=0.0, straight_through=False,
+               directional_reparam=False, sync_affine_param=False, vq_bridge=None,
+               manual_ema_update=False, in_place_codebook_optimizer=None,
+               manual_in_place_optimizer_update=False, affine_param=False, sync_update_v=0.0,
+               return_zeros_for_masked_padding=True, route_gradients_to_input=True),
+    )
+    for name, value, allowed in (("ema_update", ema_update, (None, True)),
+                                   ("learnable_codebook", learnable_codebook, (None, False)),
+                                   ("sync_codebook", sync_codebook, (None, True))):
+        if value not in allowed:
+            raise TypeError(f"lockstep.VectorQuantize: option {name}={value!r} is not supported by lockstep "
+                              "(the codebook is learned by EMA, its statistics reduced over the process group)")
+    rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
+    options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay),
+                     commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
+                     kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
+                     cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
+                     separate_codebook_per_head=bool(separate_codebook_per_head),
+                     orthogonal_reg_weight=float(orthogonal_reg_weight),
+                     stochastic_sample_codes=bool(stochastic_sample_codes),
+                     sample_codebook_temp=float(sample_codebook_temp))
+    if codebook_dim is not None:
+        options["codebook_dim"] = int(codebook_dim)
+    options["accept_image_fmap"] = bool(accept_image_fmap)  # the module's, not liblockstep's
+    return options
+
+
 class VectorQuantize(LockstepQuantizer):
     """VectorQuantize(dim, codebook_size, ...) as vector-quantize-pytorch's: forward(x) takes
     (b, n, dim) tokens (or (b, dim, h, w) with accept_image_fmap=True) and returns
@@ -12,61 +70,12 @@ class VectorQuantize(LockstepQuantizer):
     are `_codebook.embed`, `_codebook.cluster_size`, `_codebook.embed_avg`, `_codebook.initted`, as
     the reference names them), k-means initialisation and dead-code replacement run in liblockstep."""
 
-    def __init__(self, dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
-                 eps=1e-5, freeze_codebook=False, kmeans_init=False, kmeans_iters=10, sync_kmeans=True,
-                 use_cosine_sim=False, layernorm_after_project_in=False, threshold_ema_dead_code=0, channel_last=True,
-                 accept_image_fmap=False, accept_3d_fmap=False, commitment_weight=1.0,
-                 commitment_use_cross_entropy_loss=False, orthogonal_reg_weight=0.0,
-                 orthogonal_reg_active_codes_only=False, orthogonal_reg_max_codes=None,
-                 codebook_diversity_loss_weight=0.0, codebook_diversity_temperature=100.0,
-                 stochastic_sample_codes=False, sample_codebook_temp=1.0, straight_through=False, rotation_trick=None,
-                 directional_reparam=False, directional_reparam_variance=5e-3, sync_codebook=None,
-                 sync_affine_param=False, ema_update=None, vq_bridge=None, manual_ema_update=False,
-                 learnable_codebook=None, in_place_codebook_optimizer=None, manual_in_place_optimizer_update=False,
-                 affine_param=False, affine_param_batch_decay=0.99, affine_param_codebook_decay=0.9,
-                 sync_update_v=0.0, return_zeros_for_masked_padding=True, route_gradients_to_input=True, seed=0,
-                 process_group=None, collective_timeout=300.0):
-        refuse_unsupported(
-            "lockstep.VectorQuantize",
-            dict(eps=eps, freeze_codebook=freeze_codebook, layernorm_after_project_in=layernorm_after_project_in,
-                 channel_last=channel_last, accept_3d_fmap=accept_3d_fmap,
-                 commitment_use_cross_entropy_loss=commitment_use_cross_entropy_loss,
-                 orthogonal_reg_active_codes_only=orthogonal_reg_active_codes_only,
-                 orthogonal_reg_max_codes=orthogonal_reg_max_codes,
-                 codebook_diversity_loss_weight=codebook_diversity_loss_weight, straight_through=straight_through,
-                 directional_reparam=directional_reparam, sync_affine_param=sync_affine_param,
-                 vq_bridge=vq_bridge, manual_ema_update=manual_ema_update,
-                 in_place_codebook_optimizer=in_place_codebook_optimizer,
-                 manual_in_place_optimizer_update=manual_in_place_optimizer_update, affine_param=affine_param,
-                 sync_update_v=sync_update_v, return_zeros_for_masked_padding=return_zeros_for_masked_padding,
-                 route_gradients_to_input=route_gradients_to_input),
-            dict(eps=1e-5, freeze_codebook=False, layernorm_after_project_in=False, channel_last=True,
-                 accept_3d_fmap=False, commitment_use_cross_entropy_loss=False, orthogonal_reg_active_codes_only=False,
-                 orthogonal_reg_max_codes=None, codebook_diversity_loss_weight=0.0, straight_through=False,
-                 directional_reparam=False, sync_affine_param=False, vq_bridge=None,
-                 manual_ema_update=False, in_place_codebook_optimizer=None,
-                 manual_in_place_optimizer_update=False, affine_param=False, sync_update_v=0.0,
-                 return_zeros_for_masked_padding=True, route_gradients_to_input=True),
-        )
-        for name, value, allowed in (("ema_update", ema_update, (None, True)),
-                                     ("learnable_codebook", learnable_codebook, (None, False)),
-                                     ("sync_codebook", sync_codebook, (None, True))):
-            if value not in allowed:
-                raise TypeError(f"lockstep.VectorQuantize: option {name}={value!r} is not supported by lockstep "
-                                "(the codebook is learned by EMA, its statistics reduced over the process group)")
-        rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
-        options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay),
-                       commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
-                       kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
-                       cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
-                       separate_codebook_per_head=bool(separate_codebook_per_head),
-                       orthogonal_reg_weight=float(orthogonal_reg_weight),
-                       stochastic_sample_codes=bool(stochastic_sample_codes),
-                       sample_codebook_temp=float(sample_codebook_temp))
-        if codebook_dim is not None:
-            options["codebook_dim"] = int(codebook_dim)
+    def __init__(self, dim, codebook_size, seed=0, process_group=None, collective_timeout=300.0, **options):
+        options = vq_options(dim, codebook_size, **options)
+        heads = options["heads"]
+        accept_image_fmap = options.pop("accept_image_fmap")
         super().__init__("vq", "vq", options, seed, process_group, collective_timeout,
-                         buffer_prefix="_codebook")
+                           rename=lambda name: f"_codebook.{name}")
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.heads = heads
@@ -78,14 +87,14 @@ class VectorQuantize(LockstepQuantizer):
         return embed if embed.shape[0] > 1 else embed[0]
 
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
-                return_loss_breakdown=False, codebook_transform_fn=None):
+                  return_loss_breakdown=False, codebook_transform_fn=None):
         for name, value, default in (("indices", indices, None), ("mask", mask, None), ("lens", lens, None),
-                                     ("sample_codebook_temp", sample_codebook_temp, None),
-                                     ("freeze_codebook", freeze_codebook, None),
-                                     ("return_loss_breakdown", return_loss_breakdown, False),
-                                     ("codebook_transform_fn", codebook_transform_fn, None)):
+                                       ("sample_codebook_temp", sample_codebook_temp, None),
+                                       ("freeze_codebook", freeze_codebook, None),
+                                       ("return_loss_breakdown", return_loss_breakdown, False),
+                                       ("codebook_transform_fn", codebook_transform_fn, None)):
             if value is not default and not (default is False and value is False):
-                raise TypeError(f"lockstep.VectorQuantize: forward option {name} is not supported by lockstep")
+                  raise TypeError(f"lockstep.VectorQuantize: forward option {name} is not supported by lockstep")
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, False, self.heads)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         return out, idx, loss

@@ -51,7 +51,8 @@ std::shared_ptr<Quantizer> make(const std::string& name, const std::string& sect
   std::map<std::string, OptionValue> overrides;
   for (const auto& [key, value] : options) {
     const std::string k = py::str(key);
-    overrides[section + "." + k] = option_value(k, value);
+    // "key" is in `section`; "other.key" names another section (a residual quantizer's layers read theirs).
+    overrides[k.find('.') == std::string::npos ? section + "." + k : k] = option_value(k, value);
   }
   return lockstep::quant::make_quantizer(name, lockstep::quant::default_option_reader(section, overrides));
 }
