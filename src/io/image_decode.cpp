@@ -62,6 +62,22 @@ Image to_image(cv::Mat m, int channels) {
 
 #endif
 
+// A PNG's chunks (4-byte length, 4-byte type, data, 4-byte CRC) from the signature on: calls
+// visit(offset, length) for each whose 8-byte header lies in `bytes`, up to IEND; true when IEND is
+// reached.
+template <typename Visit>
+bool walk_png_chunks(const std::string& bytes, Visit visit) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  for (size_t at = 8; at + 8 <= bytes.size();) {
+    const uint64_t length =
+        (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
+    visit(at, length);
+    if (bytes.compare(at + 4, 4, "IEND") == 0) return true;
+    at += 12 + length;
+  }
+  return false;
+}
+
 // Why a JPEG or PNG is cut short, or "" when it is complete (or another format, or broken in a way
 // the decoder judges). libjpeg decodes a truncated JPEG without an error, filling the rest with
 // grey; libpng prints to stderr before it fails. Checking first makes both a clean, named error.
@@ -92,16 +108,7 @@ std::string truncation_error(const std::string& bytes) {
       }
     }
   }
-  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  if (n >= 8 && std::equal(kPng, kPng + 8, b)) {
-    // Walk the chunks (4-byte length, 4-byte type, data, 4-byte CRC) up to IEND.
-    size_t at = 8;
-    while (at + 8 <= n) {
-      const uint64_t length =
-          (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
-      if (std::equal(b + at + 4, b + at + 8, reinterpret_cast<const unsigned char*>("IEND"))) return "";
-      at += 12 + length;
-    }
+  if (n >= 8 && bytes.compare(0, 8, "\x89PNG\r\n\x1A\n") == 0 && !walk_png_chunks(bytes, [](size_t, uint64_t) {})) {
     return detail::concat("truncated PNG: its chunks run past the end of the file (", n, " bytes) before IEND");
   }
   return "";
@@ -112,20 +119,14 @@ std::string truncation_error(const std::string& bytes) {
 // warns on stderr about colour profiles and text chunks (once per file, on every rank), and lockstep
 // uses none of them. Bytes that are not a well-formed chunk sequence are passed on unchanged.
 std::string without_png_metadata(const std::string& bytes) {
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  const size_t n = bytes.size();
   std::string out = bytes.substr(0, 8);
-  size_t at = 8;
-  while (at + 12 <= n) {
-    const uint64_t length =
-        (uint64_t{b[at]} << 24) | (uint64_t{b[at + 1]} << 16) | (uint64_t{b[at + 2]} << 8) | uint64_t{b[at + 3]};
-    if (length > n - at - 12) return bytes;
-    const bool critical = (b[at + 4] & 0x20) == 0;  // an upper-case first letter
-    if (critical || bytes.compare(at + 4, 4, "tRNS") == 0) out.append(bytes, at, 12 + length);
-    if (bytes.compare(at + 4, 4, "IEND") == 0) return out;
-    at += 12 + length;
-  }
-  return bytes;
+  bool whole = true;
+  const bool ended = walk_png_chunks(bytes, [&](size_t at, uint64_t length) {
+    if (12 + length > bytes.size() - at) whole = false;                             // a chunk cut short
+    const bool critical = (static_cast<unsigned char>(bytes[at + 4]) & 0x20) == 0;  // an upper-case first letter
+    if (whole && (critical || bytes.compare(at + 4, 4, "tRNS") == 0)) out.append(bytes, at, 12 + length);
+  });
+  return ended && whole ? out : bytes;
 }
 
 // libjpeg's error manager, made to keep its words: a fatal error jumps back to the decode, and the
