@@ -1,6 +1,8 @@
 """What every lockstep module shares: the liblockstep quantizer it runs, whose parameters and
 buffers it registers as its own (the same tensors, so optimizers, state_dict() and .to() act on
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
+import inspect
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -8,15 +10,20 @@ from torch import nn
 from . import _C
 
 
-def refuse_unsupported(module_name, given, supported_defaults):
-    """TypeError naming the first option given a value lockstep does not implement."""
-    for name, default in supported_defaults.items():
-        value = given[name]
-        if value != default:
-            raise TypeError(
-                f"{module_name}: option {name}={value!r} is not supported by lockstep "
-                f"(only {default!r}); see docs/python.md for the options and deliberate differences"
-            )
+def refuse(module_name, name, value, supported):
+    """TypeError naming an option given a value lockstep does not implement, and what it does."""
+    raise TypeError(f"{module_name}: option {name}={value!r} is not supported by lockstep (only {supported}); "
+                    "see docs/python.md for the options and deliberate differences")
+
+
+def only_defaults(module_name, function, given, names):
+    """For reference options lockstep implements only at their default: TypeError naming the first of
+    `names` that `given` (the caller's locals()) sets to another value than `function`'s signature."""
+    parameters = inspect.signature(function).parameters
+    for name in names:
+        default = parameters[name].default
+        if given[name] != default:
+            refuse(module_name, name, given[name], repr(default))
 
 
 class LockstepQuantizer(nn.Module):

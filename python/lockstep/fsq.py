@@ -1,7 +1,7 @@
 """Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, refuse_unsupported
+from ._quantizer import LockstepQuantizer, only_defaults
 
 
 class FSQ(LockstepQuantizer):
@@ -29,13 +29,8 @@ class FSQ(LockstepQuantizer):
         process_group=None,
         collective_timeout=300.0,
     ):
-        refuse_unsupported(
-            "lockstep.FSQ",
-            dict(projection_has_bias=projection_has_bias, force_quantization_f32=force_quantization_f32,
-                 bound_hard_clamp=bound_hard_clamp, orthogonal_rotation=orthogonal_rotation),
-            dict(projection_has_bias=True, force_quantization_f32=True, bound_hard_clamp=False,
-                 orthogonal_rotation=False),
-        )
+        only_defaults("lockstep.FSQ", FSQ.__init__, locals(),
+                      ("projection_has_bias", "force_quantization_f32", "bound_hard_clamp", "orthogonal_rotation"))
         levels = [int(level) for level in levels]
         if keep_num_codebooks_dim is None:
             keep_num_codebooks_dim = num_codebooks > 1

@@ -4,7 +4,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, refuse_unsupported
+from ._quantizer import LockstepQuantizer, only_defaults, refuse
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 
@@ -48,18 +48,13 @@ class LFQ(LockstepQuantizer):
         codebook_size = codebook_size if codebook_size is not None else 2**dim
         codebook_dims = (int(codebook_size).bit_length() - 1) * num_codebooks
         dim = dim if dim is not None else codebook_dims
-        identity = straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)
-        refuse_unsupported(
-            "lockstep.LFQ",
-            dict(straight_through_activation=identity, has_projections=has_projections in (None, dim != codebook_dims),
-                 projection_has_bias=projection_has_bias, soft_clamp_input_value=soft_clamp_input_value,
-                 cosine_sim_project_in=cosine_sim_project_in,
-                 experimental_softplus_entropy_loss=experimental_softplus_entropy_loss,
-                 force_quantization_f32=force_quantization_f32, orthogonal_rotation=orthogonal_rotation),
-            dict(straight_through_activation=True, has_projections=True, projection_has_bias=True,
-                 soft_clamp_input_value=None, cosine_sim_project_in=False, experimental_softplus_entropy_loss=False,
-                 force_quantization_f32=True, orthogonal_rotation=False),
-        )
+        if not (straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)):
+            refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation, "the identity")
+        if has_projections not in (None, dim != codebook_dims):
+            refuse("lockstep.LFQ", "has_projections", has_projections, "projections exactly when dim differs")
+        only_defaults("lockstep.LFQ", LFQ.__init__, locals(),
+                      ("projection_has_bias", "soft_clamp_input_value", "cosine_sim_project_in",
+                       "experimental_softplus_entropy_loss", "force_quantization_f32", "orthogonal_rotation"))
         if keep_num_codebooks_dim is None:
             keep_num_codebooks_dim = num_codebooks > 1
         if num_codebooks > 1 and not keep_num_codebooks_dim:

@@ -3,7 +3,7 @@ import re
 
 import torch
 
-from ._quantizer import LockstepQuantizer, refuse_unsupported
+from ._quantizer import LockstepQuantizer, only_defaults, refuse
 from .vq import vq_options
 
 
@@ -19,20 +19,13 @@ class ResidualVQ(LockstepQuantizer):
                  mlp_kwargs=None, beam_size=None, eval_beam_size=None, beam_score_quantizer_weights=None,
                  quant_grad_frac=0.0, return_zeros_for_masked_padding=True, seed=0, process_group=None,
                  collective_timeout=300.0, **vq_kwargs):
-        refuse_unsupported(
-            "lockstep.ResidualVQ",
-            dict(shared_codebook=shared_codebook, diveq=diveq, heads=heads,
-                 implicit_neural_codebook=implicit_neural_codebook, mlp_kwargs=mlp_kwargs or None,
-                 beam_size=beam_size, eval_beam_size=eval_beam_size,
-                 beam_score_quantizer_weights=beam_score_quantizer_weights, quant_grad_frac=quant_grad_frac,
-                 return_zeros_for_masked_padding=return_zeros_for_masked_padding),
-            dict(shared_codebook=False, diveq=False, heads=1, implicit_neural_codebook=False, mlp_kwargs=None,
-                 beam_size=None, eval_beam_size=None, beam_score_quantizer_weights=None, quant_grad_frac=0.0,
-                 return_zeros_for_masked_padding=True),
-        )
+        mlp_kwargs = mlp_kwargs or None  # the reference's default is an empty dict
+        only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
+                      ("shared_codebook", "diveq", "heads", "implicit_neural_codebook", "mlp_kwargs", "beam_size",
+                       "eval_beam_size", "beam_score_quantizer_weights", "quant_grad_frac",
+                       "return_zeros_for_masked_padding"))
         if codebook_dim is not None and codebook_dim != dim:
-            raise TypeError(f"lockstep.ResidualVQ: option codebook_dim={codebook_dim!r} is not supported by lockstep "
-                            "(the layers quantize the input's dimension)")
+            refuse("lockstep.ResidualVQ", "codebook_dim", codebook_dim, "dim: the layers quantize the input's dimension")
         layer = vq_options(dim, codebook_size, **vq_kwargs)
         layer.pop("accept_image_fmap")
         options = {f"vq.{key}": value for key, value in layer.items()}

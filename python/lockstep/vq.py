@@ -2,7 +2,7 @@
 and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, refuse_unsupported
+from ._quantizer import LockstepQuantizer, only_defaults, refuse
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -20,43 +20,27 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                sync_update_v=0.0, return_zeros_for_masked_padding=True, route_gradients_to_input=True):
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
-    refuse_unsupported(
-        "lockstep.VectorQuantize",
-        dict(eps=eps, freeze_codebook=freeze_codebook, layernorm_after_project_in=layernorm_after_project_in,
-               channel_last=channel_last, accept_3d_fmap=accept_3d_fmap,
-               commitment_use_cross_entropy_loss=commitment_use_cross_entropy_loss,
-               orthogonal_reg_active_codes_only=orthogonal_reg_active_codes_only,
-               orthogonal_reg_max_codes=orthogonal_reg_max_codes,
-               codebook_diversity_loss_weight=codebook_diversity_loss_weight, straight_through=straight_through,
-               directional_reparam=directional_reparam, sync_affine_param=sync_affine_param,
-               vq_bridge=vq_bridge, manual_ema_update=manual_ema_update,
-               in_place_codebook_optimizer=in_place_codebook_optimizer,
-               manual_in_place_optimizer_update=manual_in_place_optimizer_update, affine_param=affine_param,
-               sync_update_v=sync_update_v, return_zeros_for_masked_padding=return_zeros_for_masked_padding,
-               route_gradients_to_input=route_gradients_to_input),
-        dict(eps=1e-5, freeze_codebook=False, layernorm_after_project_in=False, channel_last=True,
-               accept_3d_fmap=False, commitment_use_cross_entropy_loss=False, orthogonal_reg_active_codes_only=False,
-               orthogonal_reg_max_codes=None, codebook_diversity_loss_weight=0.0, straight_through=False,
-               directional_reparam=False, sync_affine_param=False, vq_bridge=None,
-               manual_ema_update=False, in_place_codebook_optimizer=None,
-               manual_in_place_optimizer_update=False, affine_param=False, sync_update_v=0.0,
-               return_zeros_for_masked_padding=True, route_gradients_to_input=True),
-    )
+    only_defaults("lockstep.VectorQuantize", vq_options, locals(),
+                  ("eps", "freeze_codebook", "layernorm_after_project_in", "channel_last", "accept_3d_fmap",
+                   "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
+                   "codebook_diversity_loss_weight", "straight_through", "directional_reparam", "sync_affine_param",
+                   "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
+                   "affine_param", "sync_update_v", "return_zeros_for_masked_padding", "route_gradients_to_input"))
+    # The codebook is learned by EMA, its statistics reduced over the process group.
     for name, value, allowed in (("ema_update", ema_update, (None, True)),
-                                   ("learnable_codebook", learnable_codebook, (None, False)),
-                                   ("sync_codebook", sync_codebook, (None, True))):
+                                 ("learnable_codebook", learnable_codebook, (None, False)),
+                                 ("sync_codebook", sync_codebook, (None, True))):
         if value not in allowed:
-            raise TypeError(f"lockstep.VectorQuantize: option {name}={value!r} is not supported by lockstep "
-                              "(the codebook is learned by EMA, its statistics reduced over the process group)")
+            refuse("lockstep.VectorQuantize", name, value, " or ".join(map(repr, allowed)))
     rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
     options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay),
-                     commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
-                     kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
-                     cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
-                     separate_codebook_per_head=bool(separate_codebook_per_head),
-                     orthogonal_reg_weight=float(orthogonal_reg_weight),
-                     stochastic_sample_codes=bool(stochastic_sample_codes),
-                     sample_codebook_temp=float(sample_codebook_temp))
+                   commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
+                   kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
+                   cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
+                   separate_codebook_per_head=bool(separate_codebook_per_head),
+                   orthogonal_reg_weight=float(orthogonal_reg_weight),
+                   stochastic_sample_codes=bool(stochastic_sample_codes),
+                   sample_codebook_temp=float(sample_codebook_temp))
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
     options["accept_image_fmap"] = bool(accept_image_fmap)  # the module's, not liblockstep's

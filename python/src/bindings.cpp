@@ -3,7 +3,6 @@
 // python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
 // backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
 #include <torch/extension.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 #include <map>
@@ -18,7 +17,6 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
-#include "lockstep/quant/option_specs.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 
@@ -173,23 +171,4 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
-
-  // torch.distributed's ProcessGroup objects reach C++ as LibTorch's c10d::ProcessGroup (pybind11's
-  // internals are shared with torch's): what reductions over the user's group will run on.
-  m.def(
-      "_group_rank_and_size",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-        return py::make_tuple(group->getRank(), group->getSize());
-      },
-      py::arg("group"));
-
-  m.def("option_keys", [](const std::string& section) {
-    for (const auto& s : lockstep::quant::quantizer_option_sections()) {
-      if (s.name != section) continue;
-      std::vector<std::string> keys;
-      for (const auto& o : s.options) keys.push_back(o.key);
-      return keys;
-    }
-    throw py::value_error("no quantizer options section '" + section + "'");
-  });
 }

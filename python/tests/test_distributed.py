@@ -68,16 +68,6 @@ def test_the_bucket_sampler_keeps_ranks_in_step_over_uneven_buckets(world):
         assert sum(r[step][1] for r in results) == 12  # the ranks' parts make one global batch
 
 
-def _group_seen_from_cpp(rank, world):
-    import lockstep
-
-    return lockstep._C._group_rank_and_size(dist.group.WORLD)
-
-
-def test_the_user_s_process_group_reaches_liblockstep_as_itself():
-    assert run_ranks(2, _group_seen_from_cpp) == [(0, 2), (1, 2)]
-
-
 def _lfq_half_batches(rank, world, x, evaluate_on_rank0):
     import lockstep
 
