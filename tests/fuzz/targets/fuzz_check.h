@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+
+#include "lockstep/core/error.h"
 
 namespace lockstep::fuzz {
 
@@ -17,6 +20,17 @@ inline void require(bool holds, const char* property) {
   if (!holds) {
     std::fprintf(stderr, "fuzz property broken: %s\n", property);
     std::abort();
+  }
+}
+
+// What `parse` returns, or nothing when it refused the input with CorruptInput: the one outcome a
+// parser of outside input may have besides a result (anything else escapes and is a finding).
+template <typename Parse>
+auto unless_refused(Parse parse) -> std::optional<decltype(parse())> {
+  try {
+    return parse();
+  } catch (const CorruptInput&) {
+    return std::nullopt;
   }
 }
 

@@ -1,7 +1,6 @@
 // Image-folder manifests (RUN/manifest.json, reused by the next scan): any text parses or throws
 // CorruptInput, and a manifest that parses has its entries sorted and its hash checked.
 #include "fuzz_check.h"
-#include "lockstep/core/error.h"
 #include "lockstep/data/manifest.h"
 
 #include <algorithm>
@@ -9,12 +8,9 @@
 using namespace lockstep;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  data::Manifest manifest;
-  try {
-    manifest = data::parse_manifest(fuzz::input(data, size), "fuzz input");
-  } catch (const CorruptInput&) {
-    return 0;
-  }
+  const auto parsed = fuzz::unless_refused([&] { return data::parse_manifest(fuzz::input(data, size), "fuzz input"); });
+  if (!parsed) return 0;
+  const auto& manifest = *parsed;
   fuzz::require(
       std::is_sorted(manifest.entries.begin(), manifest.entries.end(),
                      [](const data::ManifestEntry& a, const data::ManifestEntry& b) { return a.path < b.path; }),

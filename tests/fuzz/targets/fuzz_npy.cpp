@@ -1,18 +1,14 @@
 // NumPy .npy files (token files that `lockstep decode` reads): any bytes decode or throw
 // CorruptInput, and what decodes re-encodes to bytes that decode to the same tensor.
 #include "fuzz_check.h"
-#include "lockstep/core/error.h"
 #include "lockstep/io/npy.h"
 
 using namespace lockstep;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  io::RawTensor decoded;
-  try {
-    decoded = io::decode_npy(fuzz::input(data, size), "fuzz input");
-  } catch (const CorruptInput&) {
-    return 0;
-  }
+  const auto parsed = fuzz::unless_refused([&] { return io::decode_npy(fuzz::input(data, size), "fuzz input"); });
+  if (!parsed) return 0;
+  const auto& decoded = *parsed;
   fuzz::require(static_cast<size_t>(decoded.numel()) * io::dtype_size(decoded.dtype) == decoded.bytes.size(),
                 "a decoded array holds exactly numel * dtype size bytes");
   const io::RawTensor again = io::decode_npy(io::encode_npy(decoded), "re-encoded");
