@@ -108,19 +108,20 @@ void Fsq::build_plan() {
   if (options_.preserve_symmetry()) {
     scale = lm1;
     step = 2 / lm1;
-    // The reference's chain rule: * 2/(L-1), / 2, * (L-1), then tanh' = 1 - tanh^2.
+    // The reference's chain rule: * 2/(L-1), / 2, * (L-1), then the squashing function's derivative.
     derivative_scale = step / 2 * lm1;
   } else {
     const double eps = 1e-3;
     scale = lm1 * (1 + eps) / 2;
     offset = torch::where(levels_.remainder(2) == 0, torch::full_like(levels_, 0.5), zeros);
-    shift = (offset / scale).atanh();
-    // The reference's chain rule: / (L div 2), * half, then tanh' = 1 - tanh^2.
+    shift = options_.bound_hard_clamp() ? offset / scale : (offset / scale).atanh();
+    // The reference's chain rule: / (L div 2), * half, then the squashing function's derivative.
     derivative_scale = 1 / half_width * scale;
   }
   auto plan = std::make_shared<detail::FsqKernelPlan>();
   plan->num_levels = L;
   plan->symmetric = options_.preserve_symmetry();
+  plan->hard_clamp = options_.bound_hard_clamp();
   plan->chunk_tokens = std::max<int64_t>(1, detail::kFsqChunkPositions / L);
   const int64_t positions = plan->chunk_tokens * L;
   auto repeat = [&](const at::Tensor& per_level) {

@@ -77,11 +77,24 @@ LOCKSTEP_FSQ_INLINE float tanh_approx(float x) {
   return ax >= 0.625f ? large : small;
 }
 
+// The bound's squashing function t(a) and its derivative: tanh, or clamp to [-1, 1] with torch 2's
+// gradient (1 strictly inside, 0 from the ends on).
+template <bool kHardClamp>
+LOCKSTEP_FSQ_INLINE float squash(float a) {
+  if constexpr (kHardClamp) return a < -1.0f ? -1.0f : (a > 1.0f ? 1.0f : a);
+  return tanh_approx(a);
+}
+template <bool kHardClamp>
+LOCKSTEP_FSQ_INLINE float squash_derivative(float a, float t) {
+  if constexpr (kHardClamp) return a > -1.0f && a < 1.0f ? 1.0f : 0.0f;
+  return 1.0f - t * t;
+}
+
 // One chunk of n positions (whole tokens): codes, int32 level indices and the derivative.
 // Each line follows the definition's operation order so that codes match torch's bit for bit
 // whenever tanh does (the approximations differ from torch's by an ulp now and then, which can
 // move a value that lies within ~1e-6 of a rounding boundary to the neighbouring level).
-template <bool kSymmetric, bool kDerivative>
+template <bool kSymmetric, bool kHardClamp, bool kDerivative>
 LOCKSTEP_FSQ_INLINE void chunk_codes(const FsqKernelPlan& plan, const float* __restrict z, float* __restrict codes,
                                      int32_t* __restrict level, float* __restrict derivative, int64_t n) {
   const float* __restrict shift = plan.shift.data();
@@ -93,24 +106,26 @@ LOCKSTEP_FSQ_INLINE void chunk_codes(const FsqKernelPlan& plan, const float* __r
   const float* __restrict derivative_scale = plan.derivative_scale.data();
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    float t, code;
+    float a, t, code;
     int32_t lv;
     if constexpr (kSymmetric) {
-      // 2/(L-1) * floor((L-1)(tanh z + 1)/2 + 0.5) - 1; the argument of floor is >= 0.5.
-      t = tanh_approx(z[i]);
+      // 2/(L-1) * floor((L-1)(t(z) + 1)/2 + 0.5) - 1; the argument of floor is >= 0.5.
+      a = z[i];
+      t = squash<kHardClamp>(a);
       const float y = scale[i] * (t + 1.0f) / 2.0f + 0.5f;
       lv = static_cast<int32_t>(y);
       code = static_cast<float>(lv) * step[i] - 1.0f;
     } else {
-      // round(tanh(z + shift) * half - offset) / (L div 2); level index = rounded + L div 2.
-      t = tanh_approx(z[i] + shift[i]);
+      // round(t(z + shift) * half - offset) / (L div 2); level index = rounded + L div 2.
+      a = z[i] + shift[i];
+      t = squash<kHardClamp>(a);
       const float r = round_even(t * scale[i] - offset[i]);
       code = r / half_width[i];
       lv = static_cast<int32_t>(r) + half_width_int[i];
     }
     codes[i] = code;
     level[i] = lv;
-    if constexpr (kDerivative) derivative[i] = derivative_scale[i] * (1.0f - t * t);
+    if constexpr (kDerivative) derivative[i] = derivative_scale[i] * squash_derivative<kHardClamp>(a, t);
   }
 }
 
@@ -144,7 +159,7 @@ LOCKSTEP_FSQ_INLINE void chunk_noise(const FsqNoise& noise, float* __restrict co
   }
 }
 
-template <bool kSymmetric, bool kDerivative>
+template <bool kSymmetric, bool kHardClamp, bool kDerivative>
 LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices,
                                         float* derivative, const FsqNoise& noise, int64_t token_begin,
                                         int64_t token_end) {
@@ -153,8 +168,8 @@ LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* 
   for (int64_t t0 = token_begin; t0 < token_end; t0 += plan.chunk_tokens) {
     const int64_t tokens = std::min(plan.chunk_tokens, token_end - t0);
     const int64_t first = t0 * L, n = tokens * L;
-    chunk_codes<kSymmetric, kDerivative>(plan, z + first, codes + first, level,
-                                         kDerivative ? derivative + first : nullptr, n);
+    chunk_codes<kSymmetric, kHardClamp, kDerivative>(plan, z + first, codes + first, level,
+                                                     kDerivative ? derivative + first : nullptr, n);
     const int64_t* basis = plan.basis.data();
     switch (L) {  // the common small L unrolled
       case 2:
@@ -194,18 +209,20 @@ LOCKSTEP_FSQ_INLINE void forward_tokens(const FsqKernelPlan& plan, const float* 
 LOCKSTEP_FSQ_CLONES void fsq_forward_tokens(const FsqKernelPlan& plan, const float* z, float* codes, int64_t* indices,
                                             float* derivative, const FsqNoise& noise, int64_t token_begin,
                                             int64_t token_end) {
-  if (plan.symmetric) {
-    if (derivative) {
-      forward_tokens<true, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
-    } else {
-      forward_tokens<true, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
-    }
+  // Spelled out rather than through a helper lambda: a lambda would not be cloned for each target.
+  if (plan.symmetric && plan.hard_clamp) {
+    derivative ? forward_tokens<true, true, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end)
+               : forward_tokens<true, true, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
+  } else if (plan.symmetric) {
+    derivative ? forward_tokens<true, false, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end)
+               : forward_tokens<true, false, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
+  } else if (plan.hard_clamp) {
+    derivative ? forward_tokens<false, true, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end)
+               : forward_tokens<false, true, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
   } else {
-    if (derivative) {
-      forward_tokens<false, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
-    } else {
-      forward_tokens<false, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
-    }
+    derivative
+        ? forward_tokens<false, false, true>(plan, z, codes, indices, derivative, noise, token_begin, token_end)
+        : forward_tokens<false, false, false>(plan, z, codes, indices, derivative, noise, token_begin, token_end);
   }
 }
 

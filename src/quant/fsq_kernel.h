@@ -17,6 +17,7 @@ struct FsqKernelPlan {
   int64_t num_levels = 0;    // L = len(levels)
   int64_t chunk_tokens = 0;  // tokens per chunk; chunk_tokens * L <= kFsqChunkPositions
   bool symmetric = false;
+  bool hard_clamp = false;  // clamp(., -1, 1) where the definition has tanh
   // Default bound: shift, scale = half, offset, half_width = L div 2 (also as int).
   // Symmetric: scale = L - 1, step = 2 / (L - 1). Both: derivative_scale (see the kernel).
   std::vector<float> shift, scale, offset, half_width, step, derivative_scale;

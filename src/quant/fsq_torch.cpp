@@ -50,14 +50,17 @@ FsqCodes fsq_forward_torch(const FsqKernelPlan& plan, const at::Tensor& z_in, co
   const int64_t L = plan.num_levels;
   const at::Tensor z = z_in.to(torch::kFloat32);
   const at::Tensor zd = z.detach();
-  at::Tensor t, code, level;
+  at::Tensor a, t, code, level;
+  const auto squash = [&](const at::Tensor& x) { return plan.hard_clamp ? x.clamp(-1.0f, 1.0f) : x.tanh(); };
   if (plan.symmetric) {
-    t = zd.tanh();
+    a = zd;
+    t = squash(a);
     const at::Tensor y = per_level(plan.scale, L, z) * (t + 1.0f) / 2.0f + 0.5f;
     level = y.floor();
     code = level * per_level(plan.step, L, z) - 1.0f;
   } else {
-    t = (zd + per_level(plan.shift, L, z)).tanh();
+    a = zd + per_level(plan.shift, L, z);
+    t = squash(a);
     const at::Tensor rounded = (t * per_level(plan.scale, L, z) - per_level(plan.offset, L, z)).round();
     code = rounded / per_level(plan.half_width, L, z);
     level = rounded + per_level(plan.half_width, L, z);
@@ -67,8 +70,9 @@ FsqCodes fsq_forward_torch(const FsqKernelPlan& plan, const at::Tensor& z_in, co
   out.indices = (level.to(torch::kInt64) * basis).sum(-1);
   if (noise.threshold != 0) code = add_noise(code, noise);
   // Straight-through: the value is the code exactly (z - z.detach() is 0), the gradient
-  // derivative_scale * (1 - t^2), as the fused kernel's backward.
-  const at::Tensor derivative = per_level(plan.derivative_scale, L, z) * (1.0f - t * t);
+  // derivative_scale * t'(a), as the fused kernel's backward.
+  const at::Tensor squash_derivative = plan.hard_clamp ? ((a > -1.0f) & (a < 1.0f)).to(torch::kFloat32) : 1.0f - t * t;
+  const at::Tensor derivative = per_level(plan.derivative_scale, L, z) * squash_derivative;
   out.codes = z.requires_grad() ? code + derivative * (z - zd) : code;
   return out;
 }

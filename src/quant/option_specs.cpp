@@ -65,6 +65,9 @@ OptionSection fsq_section() {
                .in_range(1, 64),
            boolean("preserve_symmetry", d.preserve_symmetry(),
                    "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."),
+           boolean("bound_hard_clamp", d.bound_hard_clamp(),
+                   "Bound with clamp(z, -1, 1) instead of tanh; residual-fsq then first squashes its input with "
+                   "tanh(z / c) c, c = 1 + 1/(L-1)."),
            real("noise_dropout", d.noise_dropout(),
                 "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
                 "noise, clamped to [-1, 1].")

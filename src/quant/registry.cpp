@@ -14,6 +14,7 @@ FsqOptions fsq_options(const OptionReader& o) {
   FsqOptions options(o.int_list("levels"));
   options.num_codebooks(o.integer("num_codebooks"))
       .preserve_symmetry(o.boolean("preserve_symmetry"))
+      .bound_hard_clamp(o.boolean("bound_hard_clamp"))
       .noise_dropout(o.real("noise_dropout"));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;

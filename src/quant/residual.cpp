@@ -18,13 +18,15 @@ void ResidualOptions::validate() const {
 }
 
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
-                   std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales)
+                   std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales,
+                   at::Tensor input_clamp)
     : Quantizer("Residual"),
       kind_(std::move(kind)),
       options_(std::move(options)),
       dim_(dim),
       layers_(std::move(layers)),
-      scales_(std::move(scales)) {
+      scales_(std::move(scales)),
+      input_clamp_(std::move(input_clamp)) {
   options_.validate();
   LOCKSTEP_CHECK_ARG(static_cast<int64_t>(layers_.size()) == options_.num_quantizers(), "residual: ", layers_.size(),
                      " layers given for num_quantizers = ", options_.num_quantizers());
@@ -55,10 +57,17 @@ int64_t Residual::layers_to_run(const QuantizeContext& ctx) const {
   return std::min(kept, q);
 }
 
+at::Tensor Residual::to_layer_space(const at::Tensor& x) {
+  const at::Tensor z = project_in_ ? project_in_->forward(x) : x;
+  if (!input_clamp_.defined()) return z;
+  const at::Tensor c = input_clamp_.to(z.device());
+  return (z / c).tanh() * c;
+}
+
 QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   const int64_t run = layers_to_run(ctx);
-  const at::Tensor z = project_in_ ? project_in_->forward(x) : x;
+  const at::Tensor z = to_layer_space(x);
   at::Tensor residual = z;
   at::Tensor total = torch::zeros_like(z);
   std::vector<at::Tensor> indices;
@@ -85,7 +94,7 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
 at::Tensor Residual::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
-  at::Tensor residual = project_in_ ? project_in_->forward(x) : x;
+  at::Tensor residual = to_layer_space(x);
   std::vector<at::Tensor> indices;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Quantizer& layer = *layers_[l];
@@ -144,8 +153,11 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
     layers.push_back(std::make_shared<Fsq>(FsqOptions(layer).dim(layer_dim).preserve_symmetry(true)));
     scales.push_back(level_tensor.pow(-static_cast<double>(l)).to(torch::kFloat32));
   }
+  // Layers that clamp rather than squash get an input already in range: c = 1 + 1/(L-1).
+  at::Tensor input_clamp;
+  if (layer.bound_hard_clamp()) input_clamp = 1 + 1 / (level_tensor.to(torch::kFloat32) - 1);  // in float32, as torch
   return std::make_shared<Residual>("residual-fsq", options, layer.dim().value_or(layer_dim), std::move(layers),
-                                    std::move(scales));
+                                    std::move(scales), std::move(input_clamp));
 }
 
 std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer) {

@@ -86,6 +86,25 @@ TEST(Fsq, GradientIsStraightThroughTheBound) {
   EXPECT_TRUE(torch::allclose(z.grad(), expected, 1e-5, 1e-6)) << z.grad() << expected;
 }
 
+TEST(Fsq, HardClampBoundMatchesHandComputedValuesAndPassesGradientOnlyInside) {
+  // Symmetric, L = 5: 2/4 * floor(4 (clamp z + 1)/2 + 0.5) - 1: z = 0.3 -> floor(3.1) -> 0.5;
+  // z = -0.6 -> floor(1.3) -> -0.5; z = 2 -> clamp 1 -> floor(4.5) -> 1. d/dz = 2/4 / 2 * 4 = 1 inside.
+  Fsq symmetric(FsqOptions({5}).preserve_symmetry(true).bound_hard_clamp(true));
+  const at::Tensor z = torch::tensor({0.3f, -0.6f, 2.0f}).reshape({3, 1}).requires_grad_();
+  const at::Tensor codes = symmetric.quantize_codes(z);
+  EXPECT_TRUE(torch::equal(codes.detach(), torch::tensor({0.5f, -0.5f, 1.0f}).reshape({3, 1}))) << codes;
+  codes.sum().backward();
+  EXPECT_TRUE(torch::equal(z.grad(), torch::tensor({1.0f, 1.0f, 0.0f}).reshape({3, 1}))) << z.grad();
+  // Default, L = 8: half = 3.5035, offset 0.5, shift 0.5 / half (no atanh): z = 0 -> round(0) = 0;
+  // z = 0.5 -> round(1.75) = 2 -> 2/4; z = 5 -> round(3.0035) = 3 -> 3/4. d/dz = half / 4 inside.
+  Fsq plain(FsqOptions({8}).bound_hard_clamp(true));
+  const at::Tensor y = torch::tensor({0.0f, 0.5f, 5.0f}).reshape({3, 1}).requires_grad_();
+  const at::Tensor y_codes = plain.quantize_codes(y);
+  EXPECT_TRUE(torch::equal(y_codes.detach(), torch::tensor({0.0f, 0.5f, 0.75f}).reshape({3, 1}))) << y_codes;
+  y_codes.sum().backward();
+  EXPECT_TRUE(torch::allclose(y.grad(), torch::tensor({3.5035f / 4, 3.5035f / 4, 0.0f}).reshape({3, 1}))) << y.grad();
+}
+
 TEST(Fsq, ProjectionsAndSeveralCodebooks) {
   Fsq fsq(FsqOptions({4, 4}).dim(10).num_codebooks(3));
   EXPECT_EQ(fsq.dim(), 10);
@@ -120,9 +139,10 @@ TEST(Fsq, DecodeRejectsOutOfRangeIndicesAndWrongShapes) {
 }
 
 // The definition as a chain of torch ops (the implementation before the fused kernel): the
-// reference the kernel is compared with.
+// reference the kernel is compared with. `hard_clamp`: clamp(., -1, 1) where it has tanh.
 struct ReferenceFsq {
-  ReferenceFsq(const std::vector<int64_t>& levels, bool symmetric) : symmetric(symmetric) {
+  ReferenceFsq(const std::vector<int64_t>& levels, bool symmetric, bool hard_clamp = false)
+      : symmetric(symmetric), hard_clamp(hard_clamp) {
     std::vector<int64_t> b;
     int64_t k = 1;
     for (int64_t l : levels) {
@@ -132,27 +152,28 @@ struct ReferenceFsq {
     this->levels = torch::tensor(levels, torch::kInt64).to(torch::kFloat32);
     basis = torch::tensor(b, torch::kInt64);
   }
+  at::Tensor squash(const at::Tensor& a) const { return hard_clamp ? a.clamp(-1, 1) : a.tanh(); }
+  at::Tensor shift_of(const at::Tensor& ratio) const { return hard_clamp ? ratio : ratio.atanh(); }
   at::Tensor quantize_codes(const at::Tensor& z) const {
     auto round_ste = [](const at::Tensor& t) { return t + (t.round() - t).detach(); };
     auto floor_ste = [](const at::Tensor& t) { return t + (t.floor() - t).detach(); };
     if (symmetric) {
       const at::Tensor lm1 = levels - 1;
-      return floor_ste(lm1 * (z.tanh() + 1) / 2 + 0.5) * (2 / lm1) - 1;
+      return floor_ste(lm1 * (squash(z) + 1) / 2 + 0.5) * (2 / lm1) - 1;
     }
     const at::Tensor half_l = (levels - 1) * (1 + 1e-3) / 2;
     const at::Tensor offset =
         torch::where(levels.remainder(2) == 0, torch::full_like(levels, 0.5), torch::zeros_like(levels));
-    const at::Tensor shift = (offset / half_l).atanh();
-    return round_ste((z + shift).tanh() * half_l - offset) / (levels / 2).floor();
+    return round_ste(squash(z + shift_of(offset / half_l)) * half_l - offset) / (levels / 2).floor();
   }
   // The value that is rounded (default) or floored (symmetric), in double: a kernel that differs
   // from the reference may do so only where this lies next to a rounding boundary.
   at::Tensor pre_rounding(const at::Tensor& z) const {
     const at::Tensor l = levels.to(torch::kFloat64), zd = z.to(torch::kFloat64);
-    if (symmetric) return (l - 1) * (zd.tanh() + 1) / 2 + 0.5;
+    if (symmetric) return (l - 1) * (squash(zd) + 1) / 2 + 0.5;
     const at::Tensor half_l = (l - 1) * (1 + 1e-3) / 2;
     const at::Tensor offset = torch::where(l.remainder(2) == 0, torch::full_like(l, 0.5), torch::zeros_like(l));
-    return (zd + (offset / half_l).atanh()).tanh() * half_l - offset + 0.5;  // boundaries at integers
+    return squash(zd + shift_of(offset / half_l)) * half_l - offset + 0.5;  // boundaries at integers
   }
   at::Tensor codes_to_indices(const at::Tensor& codes) const {
     at::Tensor level_index;
@@ -164,35 +185,36 @@ struct ReferenceFsq {
     }
     return (level_index.round().to(torch::kInt64) * basis).sum(-1);
   }
-  bool symmetric;
+  bool symmetric, hard_clamp;
   at::Tensor levels, basis;
 };
 
 // Inputs that probe the kernel: normal values, large |z| of both signs, infinities' neighbours,
 // and every rounding boundary of each dimension with its float neighbours.
-at::Tensor probe_inputs(const std::vector<int64_t>& levels, bool symmetric, int64_t random_tokens) {
+at::Tensor probe_inputs(const std::vector<int64_t>& levels, bool symmetric, bool hard_clamp, int64_t random_tokens) {
   const int64_t L = static_cast<int64_t>(levels.size());
   std::vector<at::Tensor> rows;
   rows.push_back(torch::randn({random_tokens, L}) * 2);
   rows.push_back(torch::randn({random_tokens, L}) * 30);
-  for (float v : {0.0f, -0.0f, 0.625f, -0.625f, 8.9f, 9.1f, 44.0f, 88.0f, 1e4f, 3e38f}) {
+  for (float v : {0.0f, -0.0f, 0.625f, -0.625f, 1.0f, 8.9f, 9.1f, 44.0f, 88.0f, 1e4f, 3e38f}) {
     rows.push_back(torch::full({1, L}, v));
     rows.push_back(torch::full({1, L}, -v));
   }
-  // Boundaries: default round(b) with b = tanh(z + shift) * half - offset at b = k + 0.5;
-  // symmetric floor at (L-1)(tanh z + 1)/2 + 0.5 = j.
+  // Boundaries: default round(b) with b = t(z + shift) * half - offset at b = k + 0.5;
+  // symmetric floor at (L-1)(t(z) + 1)/2 + 0.5 = j; t is tanh, or the clamp (its own inverse inside).
   int64_t most = 0;
   for (int64_t l : levels) most = std::max(most, l);
   for (int64_t k = -most; k <= most; ++k) {
     std::vector<float> row;
     for (int64_t l : levels) {
+      const auto inverse = [&](double t) { return hard_clamp ? t : std::atanh(t); };
       double z;
       if (symmetric) {
-        z = std::atanh(std::clamp(2.0 * (double(k + l / 2) - 0.5) / double(l - 1) - 1.0, -0.999999, 0.999999));
+        z = inverse(std::clamp(2.0 * (double(k + l / 2) - 0.5) / double(l - 1) - 1.0, -0.999999, 0.999999));
       } else {
         const double half = double(float(l - 1) * 1.001f) / 2, offset = l % 2 == 0 ? 0.5 : 0.0;
         const double target = std::clamp((double(k) + 0.5 + offset) / half, -0.999999, 0.999999);
-        z = std::atanh(target) - std::atanh(offset / half);
+        z = inverse(target) - inverse(offset / half);
       }
       row.push_back(static_cast<float>(z));
     }
@@ -204,20 +226,21 @@ at::Tensor probe_inputs(const std::vector<int64_t>& levels, bool symmetric, int6
   return torch::cat(rows);
 }
 
-class FsqKernel : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+class FsqKernel : public ::testing::TestWithParam<std::tuple<int64_t, bool, bool>> {};
 
 // Codes, indices and gradients of the fused kernel against the torch-op reference for every level
-// count 2..16 (alone and beside other dimensions). Values and indices agree exactly except where the
-// reference's value lies within 1e-5 of a rounding boundary (the two tanh differ by an ulp or so):
-// there the kernel may pick the neighbouring level, consistently in its code and its index.
+// count 2..16 (alone and beside other dimensions), with either bound and either squashing function. Values and indices
+// agree exactly except where the reference's value lies within 1e-5 of a rounding boundary (the two tanh differ by an
+// ulp or so): there the kernel may pick the neighbouring level, consistently in its code and its index.
 TEST_P(FsqKernel, MatchesTheTorchOpReference) {
-  const auto [level, symmetric] = GetParam();
-  torch::manual_seed(level * 2 + symmetric);
+  const auto [level, symmetric, hard_clamp] = GetParam();
+  torch::manual_seed(level * 4 + symmetric * 2 + hard_clamp);
   for (const std::vector<int64_t>& levels : {std::vector<int64_t>{level}, std::vector<int64_t>{3, level, 8, 5}}) {
-    SCOPED_TRACE(::testing::Message() << "levels " << at::IntArrayRef(levels) << " symmetric " << symmetric);
-    Fsq fsq(FsqOptions(levels).preserve_symmetry(symmetric));
-    ReferenceFsq ref(levels, symmetric);
-    const at::Tensor z = probe_inputs(levels, symmetric, 5000);
+    SCOPED_TRACE(::testing::Message() << "levels " << at::IntArrayRef(levels) << " symmetric " << symmetric
+                                      << " hard clamp " << hard_clamp);
+    Fsq fsq(FsqOptions(levels).preserve_symmetry(symmetric).bound_hard_clamp(hard_clamp));
+    ReferenceFsq ref(levels, symmetric, hard_clamp);
+    const at::Tensor z = probe_inputs(levels, symmetric, hard_clamp, 5000);
 
     const at::Tensor zk = z.clone().requires_grad_();
     const FsqCodes got = fsq.quantize_and_index(zk);
@@ -258,7 +281,7 @@ TEST_P(FsqKernel, MatchesTheTorchOpReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryLevelCount, FsqKernel,
-                         ::testing::Combine(::testing::Range<int64_t>(2, 17), ::testing::Bool()));
+                         ::testing::Combine(::testing::Range<int64_t>(2, 17), ::testing::Bool(), ::testing::Bool()));
 
 TEST(FsqKernel, ConvertsOtherDtypesAndLayoutsAndKeepsTheCodebookAxis) {
   torch::manual_seed(3);

@@ -69,6 +69,30 @@ TEST(Residual, FsqLayersSeeTheResidualScaledByLevelsToTheLayer) {
   EXPECT_TRUE(torch::allclose(out.quantized, q0 + symmetric.decode(i1) * scale1, 1e-6, 1e-6));
 }
 
+TEST(Residual, FsqWithHardClampedLayersSquashesTheInputFirst) {
+  // The reference ResidualFSQ's default: z = tanh(x / c) * c with c = 1 + 1/(L-1), then layers
+  // whose bound clamps; layer 1 sees (z - q0) / scale1.
+  auto rfsq = make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}).bound_hard_clamp(true));
+  rfsq->eval();
+  torch::manual_seed(6);
+  const at::Tensor x = torch::randn({1, 30, 2}) * 2;
+  const QuantizerOutput out = rfsq->quantize(x, {});
+  const at::Tensor c = torch::tensor({1.0f + 1.0f / 4, 1.0f + 1.0f / 3});
+  const at::Tensor z = (x / c).tanh() * c;
+  Fsq layer(FsqOptions({5, 4}).preserve_symmetry(true).bound_hard_clamp(true));
+  const at::Tensor i0 = layer.encode(z);
+  const at::Tensor q0 = layer.decode(i0);
+  const at::Tensor scale1 = torch::tensor({1.0f / 5, 1.0f / 4});
+  const at::Tensor i1 = layer.encode((z - q0) / scale1);
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 0), i0));
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 1), i1));
+  EXPECT_TRUE(torch::allclose(out.quantized, q0 + layer.decode(i1) * scale1, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::equal(rfsq->encode(x), out.indices));
+  // Without the option the input is not squashed: some token quantizes differently.
+  auto plain = make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}));
+  EXPECT_FALSE(torch::equal(plain->encode(x), out.indices));
+}
+
 TEST(Residual, LfqLayersHalveTheCodebookScale) {
   auto rlfq = make_residual_lfq(ResidualOptions(3), LfqOptions(8).codebook_scale(1.5));
   ASSERT_EQ(rlfq->dim(), 3);

@@ -32,6 +32,13 @@ struct FsqOptions {
     preserve_symmetry_ = on;
     return *this;
   }
+  // Bound with clamp(., -1, 1) where the definition has tanh (the reference's bound_hard_clamp, for
+  // inputs already squashed into range, as residual FSQ's are): the gradient is 1 inside (-1, 1)
+  // and 0 elsewhere, as torch's clamp, and the default bound's shift is offset / half instead of atanh(offset / half).
+  FsqOptions& bound_hard_clamp(bool on) {
+    bound_hard_clamp_ = on;
+    return *this;
+  }
   // Training only, needs preserve_symmetry. After the indices are computed, each element of the
   // quantized code independently, with probability p, gets an offset u ~ U[-0.5, 0.5) added and
   // the sum clamped to [-1, 1] (docs/quantizers.md; the Python reference adds the same offset to
@@ -48,6 +55,7 @@ struct FsqOptions {
   std::optional<int64_t> dim() const { return dim_; }
   int64_t num_codebooks() const { return num_codebooks_; }
   bool preserve_symmetry() const { return preserve_symmetry_; }
+  bool bound_hard_clamp() const { return bound_hard_clamp_; }
   double noise_dropout() const { return noise_dropout_; }
 
   // Throws InvalidArgument with the values: a level < 2 or > 2^22 (float32 rounding limit), no
@@ -60,6 +68,7 @@ struct FsqOptions {
   std::optional<int64_t> dim_;
   int64_t num_codebooks_ = 1;
   bool preserve_symmetry_ = false;
+  bool bound_hard_clamp_ = false;
   double noise_dropout_ = 0.0;
 };
 

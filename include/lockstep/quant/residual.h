@@ -55,8 +55,10 @@ class Residual final : public Quantizer {
  public:
   // `layers` all take vectors of the same size, `layer_dim`; the input (dim) is projected to it when
   // the two differ. scales: empty (all 1) or one tensor per layer broadcastable to (layer_dim).
+  // input_clamp: undefined, or c broadcastable to (layer_dim): the projected input is first squashed
+  // to tanh(z / c) * c (residual FSQ with a hard-clamped bound).
   Residual(std::string kind, ResidualOptions options, int64_t dim, std::vector<std::shared_ptr<Quantizer>> layers,
-           std::vector<at::Tensor> scales = {});
+           std::vector<at::Tensor> scales = {}, at::Tensor input_clamp = {});
 
   std::string kind() const override { return kind_; }
   int64_t dim() const override { return dim_; }
@@ -78,6 +80,8 @@ class Residual final : public Quantizer {
  private:
   // Number of layers this call runs: Q, or cutoff + 1 under quantize dropout in training.
   int64_t layers_to_run(const QuantizeContext& ctx) const;
+  // The input in the layers' space: projected, then squashed when there is an input clamp.
+  at::Tensor to_layer_space(const at::Tensor& x);
 
   std::string kind_;
   ResidualOptions options_;
@@ -85,6 +89,7 @@ class Residual final : public Quantizer {
   int64_t num_indices_ = 0;
   std::vector<std::shared_ptr<Quantizer>> layers_;
   std::vector<at::Tensor> scales_;
+  at::Tensor input_clamp_;  // derived from the layers' options, so not a buffer (nor in checkpoints)
   torch::nn::Linear project_in_{nullptr};
   torch::nn::Linear project_out_{nullptr};
 };
