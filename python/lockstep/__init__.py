@@ -8,7 +8,8 @@ from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
 from .lfq import LFQ
-from .residual import ResidualVQ
+from .residual import ResidualFSQ, ResidualLFQ, ResidualVQ
 from .vq import VectorQuantize
 
-__all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "CollectiveMismatch", "CollectiveFailure"]
+__all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "CollectiveMismatch",
+           "CollectiveFailure"]

@@ -2,6 +2,7 @@
 buffers it registers as its own (the same tensors, so optimizers, state_dict() and .to() act on
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
 import inspect
+import re
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ class LockstepQuantizer(nn.Module):
     _groups_made = 0  # names each module's store keys; every rank makes its modules' groups in one order
 
     def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0,
-                 rename=None):
+                 rename=None, persistent=None):
         super().__init__()
         self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
@@ -43,13 +44,74 @@ class LockstepQuantizer(nn.Module):
         self.seed = int(seed)
         self.step = 0
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
+        persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
+        self._core_tensors = []  # (owner module, name, is parameter, tensor): what liblockstep computes with
         for dotted, tensor in self._core.parameters().items():
             tensor.__class__ = nn.Parameter  # the same tensor, now registrable as a parameter
             owner, name = self._owner(rename(dotted))
             owner.register_parameter(name, tensor)
+            self._core_tensors.append((owner, name, True, tensor))
         for dotted, tensor in self._core.buffers().items():
-            owner, name = self._owner(rename(dotted))
-            owner.register_buffer(name, tensor)
+            renamed = rename(dotted)
+            owner, name = self._owner(renamed)
+            owner.register_buffer(name, tensor, persistent=persistent(renamed))
+            self._core_tensors.append((owner, name, False, tensor))
+
+    def _apply(self, fn, recurse=True):
+        """.to(), .cuda(), .bfloat16() and the like: liblockstep's tensors follow the device and keep
+        their dtype (quantization runs in float32), and stay the very tensors liblockstep holds;
+        torch would replace buffers by copies, and cast them."""
+        for owner, name, is_parameter, _ in self._core_tensors:
+            (owner._parameters if is_parameter else owner._buffers).pop(name)
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for owner, name, is_parameter, tensor in self._core_tensors:
+                (owner._parameters if is_parameter else owner._buffers)[name] = tensor
+        device = fn(torch.zeros(1)).device  # where fn sends a tensor
+        with torch.no_grad():
+            for _, _, _, tensor in self._core_tensors:
+                if tensor.device != device:
+                    moved = tensor.data.to(device)
+                    if not torch._has_compatible_shallow_copy_type(tensor, moved):  # e.g. "meta"
+                        raise RuntimeError(f"lockstep.{type(self).__name__}: cannot move to device {device}: "
+                                           "liblockstep's tensors can follow a move only to a CPU or CUDA device")
+                    tensor.data = moved
+                    if tensor.grad is not None:
+                        tensor.grad = tensor.grad.to(device)
+        return self
+
+    def load_reference_state_dict(self, state_dict, strict=True):
+        """Loads a vector-quantize-pytorch state dict of the same configuration. Entries the reference
+        stores for constants that lockstep derives from the options (LFQ's `mask`) are checked against
+        them and dropped; everything else must match by name and shape, as load_state_dict requires."""
+        state_dict = dict(state_dict)
+        for key in list(state_dict):
+            expected = self._reference_constant(key)
+            if expected is None:
+                continue
+            value = state_dict.pop(key)
+            if not torch.equal(value.cpu(), expected):
+                raise ValueError(f"lockstep.{type(self).__name__}: the reference state's {key} is {value.tolist()}, "
+                                 f"not {expected.tolist()}: it was saved with another configuration")
+        return self.load_state_dict(state_dict, strict=strict)
+
+    def get_extra_state(self):
+        """(seed, step) travel in the state dict (as `_extra_state`): a resumed module draws on from
+        where it stopped."""
+        return {"seed": self.seed, "step": self.step}
+
+    def set_extra_state(self, state):
+        self.seed, self.step = int(state["seed"]), int(state["step"])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        # A state dict without (seed, step), as the reference's, keeps the module's own.
+        state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())  # torch passes its own copy
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _reference_constant(self, key):
+        """The value the reference stores under `key` when it is a constant lockstep derives; else None."""
+        return None
 
     def _owner(self, dotted):
         """The (sub)module that holds `dotted` ("project_in.weight"), made on first use."""

@@ -4,53 +4,47 @@ import torch
 from ._quantizer import LockstepQuantizer, only_defaults
 
 
+def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, scale=None,
+                allowed_dtypes=(torch.float32, torch.float64), channel_first=False, projection_has_bias=True,
+                return_indices=True, force_quantization_f32=True, preserve_symmetry=False, noise_dropout=0.0,
+                bound_hard_clamp=False, orthogonal_rotation=False):
+    """vector-quantize-pytorch's FSQ arguments -> (liblockstep's FSQ options (quant/option_specs.h), the
+    module's own settings); TypeError naming an option lockstep does not implement."""
+    only_defaults("lockstep.FSQ", fsq_options, locals(),
+                  ("projection_has_bias", "force_quantization_f32", "orthogonal_rotation"))
+    levels = [int(level) for level in levels]
+    if keep_num_codebooks_dim is None:
+        keep_num_codebooks_dim = num_codebooks > 1
+    if num_codebooks > 1 and not keep_num_codebooks_dim:
+        raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
+    options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
+                   noise_dropout=float(noise_dropout), bound_hard_clamp=bool(bound_hard_clamp))
+    if dim is not None:
+        options["dim"] = int(dim)
+    module = dict(keep_num_codebooks_dim=keep_num_codebooks_dim, channel_first=channel_first,
+                  return_indices=return_indices, allowed_dtypes=allowed_dtypes, scale=scale)
+    return options, module
+
+
 class FSQ(LockstepQuantizer):
     """FSQ(levels, dim=None, num_codebooks=1, ...) as vector-quantize-pytorch's FSQ: forward(z)
     takes (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices).
     The bound, rounding, indices and straight-through gradient run in liblockstep (float32)."""
 
-    def __init__(
-        self,
-        levels,
-        dim=None,
-        num_codebooks=1,
-        keep_num_codebooks_dim=None,
-        scale=None,
-        allowed_dtypes=(torch.float32, torch.float64),
-        channel_first=False,
-        projection_has_bias=True,
-        return_indices=True,
-        force_quantization_f32=True,
-        preserve_symmetry=False,
-        noise_dropout=0.0,
-        bound_hard_clamp=False,
-        orthogonal_rotation=False,
-        seed=0,
-        process_group=None,
-        collective_timeout=300.0,
-    ):
-        only_defaults("lockstep.FSQ", FSQ.__init__, locals(),
-                      ("projection_has_bias", "force_quantization_f32", "bound_hard_clamp", "orthogonal_rotation"))
-        levels = [int(level) for level in levels]
-        if keep_num_codebooks_dim is None:
-            keep_num_codebooks_dim = num_codebooks > 1
-        if num_codebooks > 1 and not keep_num_codebooks_dim:
-            raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
-        options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
-                       noise_dropout=float(noise_dropout))
-        if dim is not None:
-            options["dim"] = int(dim)
+    def __init__(self, levels, dim=None, num_codebooks=1, *reference_args, seed=0, process_group=None,
+                 collective_timeout=300.0, **options):
+        options, module = fsq_options(levels, dim, num_codebooks, *reference_args, **options)
         super().__init__("fsq", "fsq", options, seed, process_group, collective_timeout)
-        self.levels = levels
+        self.levels = options["levels"]
         self.num_codebooks = num_codebooks
-        self.keep_num_codebooks_dim = keep_num_codebooks_dim
         self.dim = self._core.dim
-        self.codebook_dim = len(levels)
+        self.codebook_dim = len(self.levels)
         self.codebook_size = self._core.codebook_size
-        self.channel_first = channel_first
-        self.return_indices = return_indices
-        self.allowed_dtypes = allowed_dtypes
-        self.scale = scale  # stored, unused, as in the reference
+        self.keep_num_codebooks_dim = module["keep_num_codebooks_dim"]
+        self.channel_first = module["channel_first"]
+        self.return_indices = module["return_indices"]
+        self.allowed_dtypes = module["allowed_dtypes"]
+        self.scale = module["scale"]  # stored, unused, as in the reference
 
     def forward(self, z):
         out, indices, _ = self._quantize_any(z, z.ndim >= 4 or self.channel_first, self.keep_num_codebooks_dim,

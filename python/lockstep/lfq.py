@@ -9,79 +9,77 @@ from ._quantizer import LockstepQuantizer, only_defaults, refuse
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 
 
+def lfq_options(dim=None, codebook_size=None, entropy_loss_weight=0.1, commitment_loss_weight=0.0,
+                diversity_gamma=1.0, straight_through_activation=None, num_codebooks=1, keep_num_codebooks_dim=None,
+                codebook_scale=1.0, frac_per_sample_entropy=1.0, has_projections=None, projection_has_bias=True,
+                soft_clamp_input_value=None, cosine_sim_project_in=False, cosine_sim_project_in_scale=None,
+                channel_first=None, experimental_softplus_entropy_loss=False, entropy_loss_offset=5.0,
+                spherical=False, force_quantization_f32=True, orthogonal_rotation=False, inv_temperature=100.0):
+    """vector-quantize-pytorch's LFQ arguments -> (liblockstep's LFQ options (quant/option_specs.h), the
+    module's own settings); TypeError naming an option lockstep does not implement."""
+    if dim is None and codebook_size is None:
+        raise ValueError("lockstep.LFQ: give dim or codebook_size")
+    codebook_size = codebook_size if codebook_size is not None else 2**dim
+    codebook_dims = (int(codebook_size).bit_length() - 1) * num_codebooks
+    dim = dim if dim is not None else codebook_dims
+    if not (straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)):
+        refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation, "the identity")
+    if has_projections not in (None, dim != codebook_dims):
+        refuse("lockstep.LFQ", "has_projections", has_projections, "projections exactly when dim differs")
+    only_defaults("lockstep.LFQ", lfq_options, locals(),
+                  ("projection_has_bias", "soft_clamp_input_value", "cosine_sim_project_in",
+                   "experimental_softplus_entropy_loss", "force_quantization_f32", "orthogonal_rotation"))
+    if keep_num_codebooks_dim is None:
+        keep_num_codebooks_dim = num_codebooks > 1
+    if num_codebooks > 1 and not keep_num_codebooks_dim:
+        raise ValueError("lockstep.LFQ: keep_num_codebooks_dim must be True with several codebooks")
+    options = dict(codebook_size=int(codebook_size), dim=int(dim), entropy_loss_weight=float(entropy_loss_weight),
+                   commitment_loss_weight=float(commitment_loss_weight), diversity_gamma=float(diversity_gamma),
+                   inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
+                   spherical=bool(spherical), num_codebooks=int(num_codebooks),
+                   frac_per_sample_entropy=float(frac_per_sample_entropy))
+    module = dict(codebook_size=codebook_size, keep_num_codebooks_dim=keep_num_codebooks_dim,
+                  channel_first=channel_first, inv_temperature=float(inv_temperature))
+    return options, module
+
+
+def bit_mask(codebook_size):
+    """What the reference stores as LFQ's `mask` buffer: the bit weights of an index, high bit first."""
+    bits = int(codebook_size).bit_length() - 1
+    return 2 ** torch.arange(bits - 1, -1, -1)
+
+
+def check_forward_options(module_name, made_with, inv_temperature=None, return_loss_breakdown=False, mask=None):
+    """TypeError for LFQ forward options lockstep does not take (inv_temperature is set at construction)."""
+    if inv_temperature is not None and float(inv_temperature) != made_with:
+        raise TypeError(f"{module_name}: inv_temperature={inv_temperature} at forward; lockstep sets it when the "
+                        f"module is made (inv_temperature={made_with})")
+    if return_loss_breakdown:
+        raise TypeError(f"{module_name}: option return_loss_breakdown=True is not supported by lockstep")
+    if mask is not None:
+        raise TypeError(f"{module_name}: option mask is not supported by lockstep")
+
+
 class LFQ(LockstepQuantizer):
     """LFQ(dim=None, codebook_size=None, ...) as vector-quantize-pytorch's LFQ: forward(x) takes
     (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices, aux_loss).
     Quantization, the entropy and commitment losses and their gradients run in liblockstep."""
 
-    def __init__(
-        self,
-        *,
-        dim=None,
-        codebook_size=None,
-        entropy_loss_weight=0.1,
-        commitment_loss_weight=0.0,
-        diversity_gamma=1.0,
-        straight_through_activation=None,
-        num_codebooks=1,
-        keep_num_codebooks_dim=None,
-        codebook_scale=1.0,
-        frac_per_sample_entropy=1.0,
-        has_projections=None,
-        projection_has_bias=True,
-        soft_clamp_input_value=None,
-        cosine_sim_project_in=False,
-        cosine_sim_project_in_scale=None,
-        channel_first=None,
-        experimental_softplus_entropy_loss=False,
-        entropy_loss_offset=5.0,
-        spherical=False,
-        force_quantization_f32=True,
-        orthogonal_rotation=False,
-        inv_temperature=100.0,
-        seed=0,
-        process_group=None,
-        collective_timeout=300.0,
-    ):
-        if dim is None and codebook_size is None:
-            raise ValueError("lockstep.LFQ: give dim or codebook_size")
-        codebook_size = codebook_size if codebook_size is not None else 2**dim
-        codebook_dims = (int(codebook_size).bit_length() - 1) * num_codebooks
-        dim = dim if dim is not None else codebook_dims
-        if not (straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)):
-            refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation, "the identity")
-        if has_projections not in (None, dim != codebook_dims):
-            refuse("lockstep.LFQ", "has_projections", has_projections, "projections exactly when dim differs")
-        only_defaults("lockstep.LFQ", LFQ.__init__, locals(),
-                      ("projection_has_bias", "soft_clamp_input_value", "cosine_sim_project_in",
-                       "experimental_softplus_entropy_loss", "force_quantization_f32", "orthogonal_rotation"))
-        if keep_num_codebooks_dim is None:
-            keep_num_codebooks_dim = num_codebooks > 1
-        if num_codebooks > 1 and not keep_num_codebooks_dim:
-            raise ValueError("lockstep.LFQ: keep_num_codebooks_dim must be True with several codebooks")
-        options = dict(codebook_size=int(codebook_size), dim=int(dim), entropy_loss_weight=float(entropy_loss_weight),
-                       commitment_loss_weight=float(commitment_loss_weight), diversity_gamma=float(diversity_gamma),
-                       inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
-                       spherical=bool(spherical), num_codebooks=int(num_codebooks),
-                       frac_per_sample_entropy=float(frac_per_sample_entropy))
+    def __init__(self, *, seed=0, process_group=None, collective_timeout=300.0, **options):
+        options, module = lfq_options(**options)
         super().__init__("lfq", "lfq", options, seed, process_group, collective_timeout)
         self.dim = self._core.dim
-        self.codebook_size = codebook_size
-        self.num_codebooks = num_codebooks
-        self.keep_num_codebooks_dim = keep_num_codebooks_dim
-        self.channel_first = channel_first
-        self.inv_temperature = float(inv_temperature)
+        self.codebook_size = module["codebook_size"]
+        self.num_codebooks = options["num_codebooks"]
+        self.keep_num_codebooks_dim = module["keep_num_codebooks_dim"]
+        self.channel_first = module["channel_first"]
+        self.inv_temperature = module["inv_temperature"]
+
+    def _reference_constant(self, key):
+        return bit_mask(self.codebook_size) if key == "mask" else None
 
     def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
-        if inv_temperature is not None and float(inv_temperature) != self.inv_temperature:
-            raise TypeError(
-                f"lockstep.LFQ: inv_temperature={inv_temperature} at forward; lockstep sets it when the module "
-                f"is made (inv_temperature={self.inv_temperature})"
-            )
-        if return_loss_breakdown:
-            raise TypeError("lockstep.LFQ: option return_loss_breakdown=True is not supported by lockstep")
-        if mask is not None:
-            raise TypeError("lockstep.LFQ: option mask is not supported by lockstep")
+        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature, return_loss_breakdown, mask)
         channel_first = self.channel_first if self.channel_first is not None else x.ndim >= 4
         out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)

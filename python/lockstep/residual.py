@@ -1,13 +1,52 @@
-"""Residual quantizers (vector_quantize_pytorch.ResidualVQ's arguments and return values)."""
+"""Residual quantizers (vector_quantize_pytorch's ResidualVQ, ResidualFSQ and ResidualLFQ: their
+arguments and return values). Each layer quantizes what the layers before it left, in liblockstep."""
 import re
 
 import torch
 
 from ._quantizer import LockstepQuantizer, only_defaults, refuse
+from .fsq import fsq_options
+from .lfq import bit_mask, check_forward_options, lfq_options
 from .vq import vq_options
 
 
-class ResidualVQ(LockstepQuantizer):
+def refuse_forward_options(module_name, **given):
+    """TypeError naming a forward option given another value than its default (None or False)."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep")
+
+
+class _Residual(LockstepQuantizer):
+    """What the three share: liblockstep's residual quantizer (quant/residual.h) under the
+    reference's layer names, and decoding from indices."""
+
+    def __init__(self, name, options, seed, process_group, collective_timeout, rename=None, persistent=None):
+        super().__init__(name, "residual", options, seed, process_group, collective_timeout, rename, persistent)
+        self.dim = self._core.dim
+        self.num_quantizers = options["num_quantizers"]
+
+    @staticmethod
+    def _residual_options(num_quantizers, quantize_dropout, cutoff_index, multiple_of):
+        return dict(num_quantizers=int(num_quantizers), quantize_dropout=bool(quantize_dropout),
+                    quantize_dropout_cutoff_index=int(cutoff_index), quantize_dropout_multiple_of=int(multiple_of))
+
+    def _per_layer_losses(self, losses, device):
+        """{"layer<q>.<name>": loss} -> (num_quantizers,): each layer's losses summed, 0 for a dropped layer."""
+        zero = torch.zeros((), device=device)
+        per_layer = [sum((v for k, v in losses.items() if k.startswith(f"layer{q}.")), zero)
+                     for q in range(self.num_quantizers)]
+        return torch.stack(per_layer)
+
+    def get_output_from_indices(self, indices):
+        """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the
+        summed codes, projected out: (b, ..., dim)."""
+        flat = indices.long().reshape(indices.shape[0], -1, indices.shape[-1])
+        out = self._core.decode(flat)
+        return out.reshape(*indices.shape[:-1], out.shape[-1])
+
+
+class ResidualVQ(_Residual):
     """ResidualVQ(dim=, num_quantizers=, codebook_size=, ...) as vector-quantize-pytorch's: each layer
     a VectorQuantize (its arguments are passed on) quantizing what the layers before left; forward(x)
     returns (quantized, indices (b, n, num_quantizers), per-layer commitment losses). Each layer's
@@ -29,27 +68,86 @@ class ResidualVQ(LockstepQuantizer):
         layer = vq_options(dim, codebook_size, **vq_kwargs)
         layer.pop("accept_image_fmap")
         options = {f"vq.{key}": value for key, value in layer.items()}
-        options.update(num_quantizers=int(num_quantizers), quantize_dropout=bool(quantize_dropout),
-                       quantize_dropout_cutoff_index=int(quantize_dropout_cutoff_index),
-                       quantize_dropout_multiple_of=int(quantize_dropout_multiple_of))
-        super().__init__("residual-vq", "residual", options, seed, process_group, collective_timeout,
+        options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
+                                              quantize_dropout_multiple_of))
+        super().__init__("residual-vq", options, seed, process_group, collective_timeout,
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
-        self.dim = self._core.dim
-        self.num_quantizers = num_quantizers
         self.codebook_size = codebook_size
         self.accept_image_fmap = accept_image_fmap
 
     def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
                 mask=None, return_loss_breakdown=False):
-        for name, value, default in (("indices", indices, None), ("return_all_codes", return_all_codes, False),
-                                     ("sample_codebook_temp", sample_codebook_temp, None),
-                                     ("freeze_codebook", freeze_codebook, False), ("mask", mask, None),
-                                     ("return_loss_breakdown", return_loss_breakdown, False)):
-            if value is not default and value != default:
-                raise TypeError(f"lockstep.ResidualVQ: forward option {name} is not supported by lockstep")
+        refuse_forward_options("lockstep.ResidualVQ", indices=indices, return_all_codes=return_all_codes,
+                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook, mask=mask,
+                               return_loss_breakdown=return_loss_breakdown)
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers)
-        # one commitment loss per layer, in layer order, as the reference returns them
-        per_layer = [sum(v for k, v in losses.items() if k.startswith(f"layer{q}.")) for q in
-                     range(self.num_quantizers)]
-        zero = torch.zeros((), device=out.device)
-        return out, idx, torch.stack([p if torch.is_tensor(p) else zero for p in per_layer])
+        return out, idx, self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
+
+
+class ResidualFSQ(_Residual):
+    """ResidualFSQ(levels=, num_quantizers=, dim=None, ...) as vector-quantize-pytorch's: FSQ layers with
+    the symmetric bound, layer q seeing the residual scaled by levels^q; by default (bound_hard_clamp)
+    the input is first squashed to tanh(x / c) c, c = 1 + 1/(L-1), and the layers clamp. forward(x) takes
+    (b, n, dim) tokens, or (b, dim, ...) maps with is_channel_first, and returns (quantized, indices
+    (b, n, num_quantizers), or (b, num_quantizers, ...) for maps)."""
+
+    def __init__(self, *, levels, num_quantizers, dim=None, is_channel_first=False, quantize_dropout=False,
+                 quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, soft_clamp_input_value=None,
+                 bound_hard_clamp=True, seed=0, process_group=None, collective_timeout=300.0, **fsq_kwargs):
+        only_defaults("lockstep.ResidualFSQ", ResidualFSQ.__init__, locals(), ("soft_clamp_input_value",))
+        if "preserve_symmetry" in fsq_kwargs:  # as the reference, which sets it for its layers
+            raise TypeError("lockstep.ResidualFSQ: preserve_symmetry is always True for the layers")
+        layer, _ = fsq_options(levels, bound_hard_clamp=bound_hard_clamp, **fsq_kwargs)
+        options = {f"fsq.{key}": value for key, value in layer.items()}
+        if dim is not None:
+            options["fsq.dim"] = int(dim)
+        options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
+                                              quantize_dropout_multiple_of))
+        # The per-layer scales are constants, outside the state dict as in the reference.
+        super().__init__("residual-fsq", options, seed, process_group, collective_timeout,
+                         persistent=lambda name: not re.fullmatch(r"scale\d+", name))
+        self.levels = layer["levels"]
+        self.codebook_size = self._core.codebook_size
+        self.is_channel_first = is_channel_first
+
+    def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
+        refuse_forward_options("lockstep.ResidualFSQ", return_all_codes=return_all_codes,
+                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        out, idx, _ = self._quantize_any(x, self.is_channel_first, True, self.num_quantizers)
+        if self.is_channel_first:  # the reference moves the layer axis first too: (b, q, ...)
+            idx = idx.movedim(-1, 1)
+        return out, idx.to(torch.int32)  # the FSQ layers' index type, as the reference
+
+
+class ResidualLFQ(_Residual):
+    """ResidualLFQ(dim=, num_quantizers=, codebook_size=, ...) as vector-quantize-pytorch's: LFQ layers
+    (its arguments are passed on), layer q with codebook scale 2^-q; forward(x) takes (b, n, dim) tokens
+    or (b, dim, ...) feature maps and returns (quantized, indices (..., num_quantizers), per-layer aux
+    losses)."""
+
+    def __init__(self, *, dim, num_quantizers, codebook_size, quantize_dropout=False, quantize_dropout_cutoff_index=0,
+                 quantize_dropout_multiple_of=1, soft_clamp_input_value=None, seed=0, process_group=None,
+                 collective_timeout=300.0, **lfq_kwargs):
+        only_defaults("lockstep.ResidualLFQ", ResidualLFQ.__init__, locals(), ("soft_clamp_input_value",))
+        if "codebook_scale" in lfq_kwargs:  # as the reference, which sets 2^-q for layer q
+            raise TypeError("lockstep.ResidualLFQ: codebook_scale is set per layer (2^-q)")
+        bits = int(codebook_size).bit_length() - 1
+        layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
+        layer.pop("dim")  # the layers take the residual's dimension
+        options = {f"lfq.{key}": value for key, value in layer.items()}
+        options["lfq.dim"] = int(dim)
+        options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
+                                              quantize_dropout_multiple_of))
+        super().__init__("residual-lfq", options, seed, process_group, collective_timeout)
+        self.codebook_size = codebook_size
+        self.inv_temperature = module["inv_temperature"]
+
+    def _reference_constant(self, key):
+        return bit_mask(self.codebook_size) if re.fullmatch(r"layers\.\d+\.mask", key) else None
+
+    def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
+        check_forward_options("lockstep.ResidualLFQ", self.inv_temperature, mask=mask)
+        refuse_forward_options("lockstep.ResidualLFQ", return_all_codes=return_all_codes,
+                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers)
+        return out, idx, self._per_layer_losses(losses, out.device)

@@ -54,8 +54,9 @@ class VectorQuantize(LockstepQuantizer):
     are `_codebook.embed`, `_codebook.cluster_size`, `_codebook.embed_avg`, `_codebook.initted`, as
     the reference names them), k-means initialisation and dead-code replacement run in liblockstep."""
 
-    def __init__(self, dim, codebook_size, seed=0, process_group=None, collective_timeout=300.0, **options):
-        options = vq_options(dim, codebook_size, **options)
+    def __init__(self, dim, codebook_size, *reference_args, seed=0, process_group=None, collective_timeout=300.0,
+                 **options):
+        options = vq_options(dim, codebook_size, *reference_args, **options)
         heads = options["heads"]
         accept_image_fmap = options.pop("accept_image_fmap")
         super().__init__("vq", "vq", options, seed, process_group, collective_timeout,

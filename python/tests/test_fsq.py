@@ -29,6 +29,8 @@ def run(module, z):
         dict(levels=[8, 6, 5], dim=16),
         dict(levels=[5, 5, 5], num_codebooks=2, dim=6),
         dict(levels=[4, 4], num_codebooks=1, keep_num_codebooks_dim=True),
+        dict(levels=[8, 5, 5, 5], bound_hard_clamp=True),
+        dict(levels=[8, 6, 5], preserve_symmetry=True, bound_hard_clamp=True),
     ],
 )
 def test_tokens_match_the_reference(options):
@@ -72,8 +74,7 @@ def test_parameters_are_the_tensors_liblockstep_computes_with():
 
 @pytest.mark.parametrize(
     "option",
-    [dict(projection_has_bias=False), dict(bound_hard_clamp=True), dict(orthogonal_rotation=True),
-     dict(force_quantization_f32=False)],
+    [dict(projection_has_bias=False), dict(orthogonal_rotation=True), dict(force_quantization_f32=False)],
 )
 def test_an_unsupported_option_is_a_type_error_naming_it(option):
     name = next(iter(option))

@@ -1,6 +1,10 @@
-"""lockstep.ResidualVQ against vector_quantize_pytorch.ResidualVQ: identical initial codebooks (the
-reference's state dict loads as is), then several training steps."""
+"""lockstep's residual quantizers against vector_quantize_pytorch's ResidualVQ, ResidualFSQ and
+ResidualLFQ: identical initial state (the reference's state dict loads as is), then several training
+steps; feature maps, decoding from indices and the options lockstep refuses."""
 import pytest
+import torch
+from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
+from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
 from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
 
 import lockstep
@@ -8,10 +12,82 @@ from reference_steps import compare_training_steps
 
 
 @pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False, decay=0.9)])
-def test_training_steps_match_the_reference_codebooks_included(options):
+def test_vq_training_steps_match_the_reference_codebooks_included(options):
     reference = ReferenceResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
     ours = lockstep.ResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
     compare_training_steps(reference, ours, (2, 50, 12), 3, [f"layers.{q}._codebook.embed" for q in range(3)])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(levels=[8, 5, 5, 5], num_quantizers=3),  # the reference's default: soft clamp, then hard-clamped layers
+        dict(levels=[5, 4], num_quantizers=4, dim=16),
+        dict(levels=[7, 5, 5], num_quantizers=2, bound_hard_clamp=False),
+    ],
+)
+def test_fsq_matches_the_reference(options):
+    reference = ReferenceResidualFSQ(**options)
+    ours = lockstep.ResidualFSQ(**options)
+    dim = options.get("dim", len(options["levels"]))
+    compare_training_steps(reference, ours, (2, 60, dim), 2, scale=2.0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(dim=6, codebook_size=2**6, num_quantizers=3),
+        dict(dim=16, codebook_size=2**5, num_quantizers=2, commitment_loss_weight=0.25, entropy_loss_weight=0.2),
+        dict(dim=8, codebook_size=2**8, num_quantizers=2, spherical=True, diversity_gamma=2.0),
+    ],
+)
+def test_lfq_training_steps_match_the_reference(options):
+    reference = ReferenceResidualLFQ(**options)
+    ours = lockstep.ResidualLFQ(**options)
+    compare_training_steps(reference, ours, (2, 40, options["dim"]), 3)
+
+
+def test_feature_maps_and_decoding_from_indices():
+    reference = ReferenceResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=2, dim=6, is_channel_first=True)
+    ours = lockstep.ResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=2, dim=6, is_channel_first=True)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 6, 5, 7)
+    out_ref, idx_ref = reference(x)
+    out, idx = ours(x)
+    assert out.shape == (2, 6, 5, 7) and idx.shape == idx_ref.shape == (2, 2, 5, 7)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    last = idx.movedim(1, -1)  # decoding takes the layer axis last, as the reference
+    torch.testing.assert_close(ours.get_output_from_indices(last), reference.get_output_from_indices(last),
+                               atol=1e-5, rtol=1e-5)
+
+    lfq_ref = ReferenceResidualLFQ(dim=4, codebook_size=2**4, num_quantizers=3)
+    lfq = lockstep.ResidualLFQ(dim=4, codebook_size=2**4, num_quantizers=3)
+    lfq.load_reference_state_dict(lfq_ref.state_dict())
+    x = torch.randn(2, 4, 3, 5)  # (b, d, h, w): channel first, as the reference's layers take it
+    out_ref, idx_ref, loss_ref = lfq_ref(x)
+    out, idx, loss = lfq(x)
+    assert idx.shape == idx_ref.shape == (2, 3, 5, 3) and torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    tokens = torch.randn(2, 9, 4)
+    _, idx, _ = lfq(tokens)
+    torch.testing.assert_close(lfq.get_output_from_indices(idx), lfq_ref.get_output_from_indices(idx))
+
+
+def test_dropped_layers_have_index_minus_one_and_decode_to_nothing():
+    ours = lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=4, quantize_dropout=True, quantize_dropout_cutoff_index=1)
+    x = torch.randn(4, 30, 2)
+    kept = []
+    for _ in range(12):  # the cutoff is drawn per training forward from (seed, step)
+        out, idx = ours(x)
+        layers = int((idx[0, 0] >= 0).sum())
+        assert 2 <= layers <= 4 and bool((idx[..., layers:] == -1).all()) and bool((idx[..., :layers] >= 0).all())
+        torch.testing.assert_close(ours.get_output_from_indices(idx), out)
+        kept.append(layers)
+    assert len(set(kept)) > 1
+    ours.eval()
+    assert bool((ours(x)[1] >= 0).all())  # evaluation runs every layer
 
 
 def test_unsupported_options_are_type_errors_naming_them():
@@ -21,3 +97,16 @@ def test_unsupported_options_are_type_errors_naming_them():
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, learnable_codebook=True)
     with pytest.raises(TypeError, match="no_such_option"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, no_such_option=1)
+    with pytest.raises(TypeError, match="soft_clamp_input_value"):
+        lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, bound_hard_clamp=False, soft_clamp_input_value=2.0)
+    with pytest.raises(TypeError, match="orthogonal_rotation"):
+        lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, orthogonal_rotation=True)
+    with pytest.raises(TypeError, match="codebook_scale"):
+        lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, codebook_scale=2.0)
+    with pytest.raises(TypeError, match="soft_clamp_input_value"):
+        lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, soft_clamp_input_value=1.0)
+    rlfq = lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2)
+    with pytest.raises(TypeError, match="return_all_codes"):
+        rlfq(torch.randn(1, 3, 4), return_all_codes=True)
+    with pytest.raises(TypeError, match="mask"):
+        rlfq(torch.randn(1, 3, 4), mask=torch.ones(1, 3, dtype=torch.bool))

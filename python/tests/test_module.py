@@ -1,0 +1,60 @@
+"""What every lockstep module does as a torch.nn.Module: its tensors stay the ones liblockstep
+computes with through .to() and casts, reference state dicts load through one helper, and the
+reference's positional arguments keep their meaning."""
+import pytest
+import torch
+from vector_quantize_pytorch import LFQ as ReferenceLFQ
+
+import lockstep
+
+
+def test_casting_keeps_the_quantizer_in_float32_and_its_tensors_shared():
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
+    fsq = lockstep.FSQ(levels=[5, 5, 5], dim=8)
+    for module in (vq, fsq):
+        module.to(torch.bfloat16)
+    assert vq._codebook.embed.dtype == torch.float32 and fsq.project_in.weight.dtype == torch.float32
+    assert vq._codebook.embed.data_ptr() == vq._core.buffers()["embed"].data_ptr()
+    assert fsq.project_in.weight.data_ptr() == fsq._core.parameters()["project_in.weight"].data_ptr()
+    x = torch.randn(2, 10, 8, dtype=torch.bfloat16)
+    out, _, _ = vq(x)
+    assert out.dtype == torch.bfloat16  # the input's dtype back, as the reference
+    assert fsq(x)[0].dtype == torch.bfloat16
+
+
+def test_a_device_the_tensors_cannot_follow_to_is_named():
+    # CUDA moves are checked by bench/gpu_check.sh; here, a device whose tensors cannot share storage.
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
+    with pytest.raises(RuntimeError, match="meta"):
+        vq.to("meta")
+
+
+def test_a_reference_state_dict_of_another_configuration_is_refused_by_name():
+    state = ReferenceLFQ(codebook_size=2**4).state_dict()  # its mask says 4 bits
+    with pytest.raises(ValueError, match="mask"):
+        lockstep.LFQ(codebook_size=2**5).load_reference_state_dict(state)
+    state = lockstep.FSQ(levels=[5, 5], dim=6).state_dict()
+    with pytest.raises(RuntimeError, match="project_in.weight"):
+        lockstep.FSQ(levels=[5, 5], dim=8).load_reference_state_dict(state)
+
+
+def test_positional_arguments_mean_what_they_mean_to_the_reference():
+    vq = lockstep.VectorQuantize(8, 16, 4)  # codebook_dim=4, not a seed
+    assert vq._codebook.embed.shape[-1] == 4
+    fsq = lockstep.FSQ([8, 5, 5, 5], 4, 1, True)  # keep_num_codebooks_dim=True
+    assert fsq(torch.randn(2, 3, 4))[1].shape == (2, 3, 1)
+
+
+def test_a_resumed_module_draws_on_from_where_it_stopped():
+    fsq = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5, seed=3)
+    x = torch.randn(2, 40, 3)
+    for _ in range(2):
+        fsq(x)
+    state = fsq.state_dict()
+    assert state["_extra_state"] == {"seed": 3, "step": 2}
+    resumed = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5)
+    resumed.load_state_dict(state)
+    fresh = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5, seed=3)
+    expected = fsq(x)[0]
+    assert torch.equal(resumed(x)[0], expected)  # the noise of step 2, not step 0's again
+    assert not torch.equal(fresh(x)[0], expected)
