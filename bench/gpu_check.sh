@@ -9,7 +9,9 @@
 #   cuda-tests    the CudaPaths and CudaTraining suites (device paths against the CPU kernels, NCCL on
 #                 one and two GPUs with a collective mismatch, every quantizer training on cuda:0 and
 #                 resuming on the CPU), none skipped except what needs more GPUs than there are
-#   unit-suite    the rest of the unit tests on this machine (not the CLI tests)
+#   python-cuda   the Python modules moved with .cuda() train as on the CPU (python/tests/cuda_check.py),
+#                 when the build made the Python package
+#   unit-suite    the rest of the unit tests on this machine (not the CLI or Python tests)
 #   bench         lockstep bench quantizers on the CPU (all cores) and on cuda:0, side by side
 #   train-cuda    the demo on cuda:0 beside the demo on the CPU: time and test PSNR
 #   nccl-train    (2+ GPUs) the demo on 2 ranks over NCCL (lockstep launch)
@@ -122,10 +124,19 @@ else
   fail cuda-tests "exit $rc; $(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/cuda-tests.log" | sed 's/^\[  FAILED  \] //' | xargs | cut -c1-200)"
 fi
 
-# --- the rest of the unit suite
+# --- the Python package on the GPU
+if ! compgen -G "$build/python/lockstep/_C*.so" > /dev/null; then
+  skip python-cuda "the build made no Python package (it needs Python's headers)"
+elif PYTHONPATH="$build/python" python3 "$src/python/tests/cuda_check.py" > "$logs/python-cuda.log" 2>&1; then
+  pass python-cuda "$(tail -1 "$logs/python-cuda.log")"
+else
+  fail python-cuda "$(grep -m2 -E '^FAIL|Error' "$logs/python-cuda.log" | xargs | cut -c1-200)"
+fi
+
+# --- the rest of the unit suite (the Python suite needs vector-quantize-pytorch, not installed there)
 if ((quick)); then
   skip unit-suite "--quick"
-elif ctest --test-dir "$build" -E '^cli\.' -j 8 --timeout 600 > "$logs/unit-suite.log" 2>&1; then
+elif ctest --test-dir "$build" -E '^(cli|python)\.' -j 8 --timeout 600 > "$logs/unit-suite.log" 2>&1; then
   pass unit-suite "$(grep -E 'tests passed' "$logs/unit-suite.log")"
 else
   fail unit-suite "$(grep -E 'tests passed|tests failed' "$logs/unit-suite.log" | xargs)"

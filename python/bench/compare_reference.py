@@ -24,7 +24,7 @@ def step(module, x, weights):
     result = module(x)
     loss = (result[0] * weights).sum()
     if len(result) > 2 and torch.is_tensor(result[2]):
-        loss = loss + result[2]
+        loss = loss + result[2].sum()  # per layer for the residual modules
     loss.backward()
 
 
@@ -49,6 +49,18 @@ CASES = [
      (16, 1024, 10)),
     ("LFQ", "16x1024, K 2^14", lambda: (vqp.LFQ(codebook_size=2**14), lockstep.LFQ(codebook_size=2**14)),
      (16, 1024, 14)),
+    ("VectorQuantize", "16x1024, d 64, K 512",
+     lambda: (vqp.VectorQuantize(dim=64, codebook_size=512), lockstep.VectorQuantize(dim=64, codebook_size=512)),
+     (16, 1024, 64)),
+    ("ResidualVQ", "16x1024, d 64, 4 x K 512",
+     lambda: (vqp.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4),
+              lockstep.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4)), (16, 1024, 64)),
+    ("ResidualFSQ", "16x1024, 4 x levels 8,5,5,5",
+     lambda: (vqp.ResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=4),
+              lockstep.ResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=4)), (16, 1024, 4)),
+    ("ResidualLFQ", "16x1024, 4 x K 2^10",
+     lambda: (vqp.ResidualLFQ(dim=10, codebook_size=2**10, num_quantizers=4),
+              lockstep.ResidualLFQ(dim=10, codebook_size=2**10, num_quantizers=4)), (16, 1024, 10)),
 ]
 
 
@@ -56,6 +68,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per case and module (default 1)")
+    parser.add_argument("--filter", default="", help="only the cases whose module name contains this")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -64,6 +77,8 @@ def main():
     print("| module | shape | vector-quantize-pytorch | lockstep | lockstep is |")
     print("| --- | --- | --- | --- | --- |")
     for name, shape_text, make, shape in CASES:
+        if args.filter not in name:
+            continue
         reference, ours = make()
         reference.train()
         ours.train()

@@ -1,6 +1,7 @@
 """What every lockstep module shares: the liblockstep quantizer it runs, whose parameters and
 buffers it registers as its own (the same tensors, so optimizers, state_dict() and .to() act on
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
+import copy
 import inspect
 import re
 
@@ -45,17 +46,58 @@ class LockstepQuantizer(nn.Module):
         self.step = 0
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
+        self._spec = (name, section, dict(options))  # rebuilds the quantizer for a copy (__setstate__)
+        # (liblockstep's name, the module's name, is a parameter, is persistent) of each tensor
+        self._core_names = [(dotted, rename(dotted), True, True) for dotted in self._core.parameters()]
+        self._core_names += [(dotted, rename(dotted), False, persistent(rename(dotted)))
+                             for dotted in self._core.buffers()]
+        self._adopt_core_tensors(copies=False)
+
+    def _adopt_core_tensors(self, copies):
+        """Registers liblockstep's tensors as the module's own. With `copies`, the module already holds
+        tensors of those names (a deep copy's, an unpickled module's): their values, devices and
+        gradients pass to liblockstep's tensors, which then take their places."""
+        held = {**self._core.parameters(), **self._core.buffers()}
         self._core_tensors = []  # (owner module, name, is parameter, tensor): what liblockstep computes with
-        for dotted, tensor in self._core.parameters().items():
-            tensor.__class__ = nn.Parameter  # the same tensor, now registrable as a parameter
-            owner, name = self._owner(rename(dotted))
-            owner.register_parameter(name, tensor)
-            self._core_tensors.append((owner, name, True, tensor))
-        for dotted, tensor in self._core.buffers().items():
-            renamed = rename(dotted)
+        for dotted, renamed, is_parameter, persistent in self._core_names:
+            tensor = held[dotted]
             owner, name = self._owner(renamed)
-            owner.register_buffer(name, tensor, persistent=persistent(renamed))
-            self._core_tensors.append((owner, name, False, tensor))
+            if copies:
+                prior = (owner._parameters if is_parameter else owner._buffers)[name]
+                with torch.no_grad():
+                    tensor.data = prior.data
+                if is_parameter:
+                    tensor.requires_grad_(prior.requires_grad)
+                    tensor.grad = prior.grad
+            if is_parameter:
+                tensor.__class__ = nn.Parameter  # the same tensor, now registrable as a parameter
+                owner._parameters[name] = tensor
+            else:
+                owner.register_buffer(name, tensor, persistent=persistent)
+            self._core_tensors.append((owner, name, is_parameter, tensor))
+
+    def __getstate__(self):
+        # liblockstep's quantizer is rebuilt from _spec, its checked group made anew when needed.
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        for key in ("_core", "_group", "_core_tensors"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._core = _C.Quantizer(*self._spec)
+        self._group = None
+        self._adopt_core_tensors(copies=True)
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy (an EMA of the weights, say): new tensors and quantizer; the same process group."""
+        if self._process_group is not None:
+            memo[id(self._process_group)] = self._process_group
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return copied
 
     def _apply(self, fn, recurse=True):
         """.to(), .cuda(), .bfloat16() and the like: liblockstep's tensors follow the device and keep

@@ -1,6 +1,8 @@
 """What every lockstep module does as a torch.nn.Module: its tensors stay the ones liblockstep
-computes with through .to() and casts, reference state dicts load through one helper, and the
-reference's positional arguments keep their meaning."""
+computes with through .to(), casts, deep copies and pickling; reference state dicts load through one
+helper; (seed, step) resume; the reference's positional arguments keep their meaning."""
+import copy
+
 import pytest
 import torch
 from vector_quantize_pytorch import LFQ as ReferenceLFQ
@@ -58,3 +60,30 @@ def test_a_resumed_module_draws_on_from_where_it_stopped():
     expected = fsq(x)[0]
     assert torch.equal(resumed(x)[0], expected)  # the noise of step 2, not step 0's again
     assert not torch.equal(fresh(x)[0], expected)
+
+
+@pytest.mark.parametrize("make", [lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True),
+                                  lambda: lockstep.ResidualFSQ(levels=[5, 5, 5], num_quantizers=2, dim=8),
+                                  lambda: lockstep.LFQ(dim=8, codebook_size=2**4)])
+def test_copies_are_whole_and_independent(make, tmp_path):
+    module = make()
+    x = torch.randn(2, 30, 8)
+    module(x)  # a training step: k-means and EMA move the codebook
+    copied = copy.deepcopy(module)  # an EMA of the weights starts this way
+    torch.save(module, tmp_path / "module.pt")
+    loaded = torch.load(tmp_path / "module.pt", weights_only=False)
+    for other in (copied, loaded):
+        assert other.state_dict().keys() == module.state_dict().keys()
+        for key, value in module.state_dict().items():
+            assert torch.equal(other.state_dict()[key], value) if torch.is_tensor(value) else \
+                other.state_dict()[key] == value, key
+        held = {**other._core.parameters(), **other._core.buffers()}
+        assert {t.data_ptr() for t in held.values()} == \
+            {t.data_ptr() for t in list(other.parameters()) + list(other.buffers())}  # liblockstep's own
+    expected = module(x)
+    assert torch.equal(copied(x)[0], expected[0]) and torch.equal(loaded(x)[0], expected[0])
+    with torch.no_grad():  # the copy's state is its own: the module still equals the other copy
+        for tensor in list(copied.parameters()) + list(copied.buffers()):
+            tensor.add_(1)
+    assert all(torch.equal(a, b) for a, b in zip(module.state_dict().values(), loaded.state_dict().values())
+               if torch.is_tensor(a))
