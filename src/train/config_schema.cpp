@@ -81,6 +81,18 @@ Schema build_schema() {
   s.add(K::integer("train.steps", 0, "Stop after this many optimizer steps; 0 runs all the epochs.").at_least(0));
   s.add(K::integer("train.batch_size", 64, "Training images per optimizer step.").in_range(1, 65536));
   s.add(K::floating("train.lr", 2e-3, "Learning rate of the optimizer.").greater_than(0).at_most(10));
+  s.add(K::integer("train.warmup_steps", 0,
+                   "Steps over which the learning rate rises linearly from lr / warmup_steps to lr; 0: none.")
+            .at_least(0));
+  s.add(K::string("train.lr_decay", "constant",
+                  "After the warm-up: constant, or cosine from lr down to lr x train.lr_final_ratio at the last step.")
+            .one_of({"constant", "cosine"}));
+  s.add(K::floating("train.lr_final_ratio", 0.1, "Cosine decay: the last step's learning rate as a fraction of lr.")
+            .in_range(0, 1));
+  s.add(K::floating("train.grad_clip", 0.0,
+                    "Clip the gradients to this global L2 norm (the same on every rank, after their mean); 0: no "
+                    "clipping.")
+            .in_range(0, 1e6));
   s.add(K::floating("train.weight_decay", 0.0, "Weight decay of the optimizer; 0 turns it off.").in_range(0, 10));
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));

@@ -51,7 +51,9 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
                       {"loss", report.loss},
                       {"images_per_s", report.images_per_s},
                       {"elapsed_s", report.elapsed_s},
-                      {"data_wait_s", window_wait_}}});
+                      {"data_wait_s", window_wait_},
+                      {"grad_norm", facts.grad_norm},
+                      {"lr", facts.lr}}});
     window_loss_ = 0;
     window_steps_ = 0;
     window_wait_ = 0;

@@ -20,6 +20,8 @@ struct StepFacts {
   double waited_s = 0;      // this rank's wait for the loader
   int64_t image_width = 0;  // the step's bucket
   int64_t image_height = 0;
+  double grad_norm = 0;  // the global gradient norm before clipping
+  double lr = 0;         // the step's learning rate
 };
 
 struct RunShape {

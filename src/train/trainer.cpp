@@ -21,7 +21,9 @@
 #include "lockstep/train/adam.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/grad_clip.h"
 #include "lockstep/train/grad_sync.h"
+#include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
@@ -105,6 +107,8 @@ struct Trainer::State {
   std::unique_ptr<TrainData> data;
   model::Autoencoder model{nullptr};
   std::unique_ptr<Adam> adam;
+  std::unique_ptr<LrSchedule> lr_schedule;  // the rate of each step, from the step alone
+  std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
   int64_t batch_size = 0;
@@ -242,11 +246,18 @@ struct Trainer::State {
     for (const auto& b : model->named_buffers(true)) {
       if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers.push_back(b.value());
     }
-    grad_sync =
-        std::make_unique<GradientSync>(group, model->parameters(true), config.get_int("train.grad_bucket_kb") * 1024);
+    trained_params = model->parameters(true);
+    grad_sync = std::make_unique<GradientSync>(group, trained_params, config.get_int("train.grad_bucket_kb") * 1024);
     adam = std::make_unique<Adam>(
         std::move(params),
         AdamOptions().lr(config.get_float("train.lr")).weight_decay(config.get_float("train.weight_decay")));
+    // A resumed run that extends train.steps stretches the decay over the new total from then on.
+    lr_schedule = std::make_unique<LrSchedule>(LrScheduleOptions()
+                                                   .lr(config.get_float("train.lr"))
+                                                   .warmup_steps(config.get_int("train.warmup_steps"))
+                                                   .decay(config.get_string("train.lr_decay"))
+                                                   .final_ratio(config.get_float("train.lr_final_ratio")),
+                                               total_steps);
   }
 
   // One optimizer step on this rank's part of the global batch of step `step` + 1. Sets `stop` when
@@ -295,6 +306,11 @@ struct Trainer::State {
         saved_step >= 0
             ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step, ", before the divergence")
             : std::string("No checkpoint was written yet"));
+    // The gradients are the same on every rank now, so are their norm and the clipping.
+    const double clip = config.get_float("train.grad_clip");
+    facts.grad_norm = clip > 0 ? clip_grad_norm(trained_params, clip) : global_grad_norm(trained_params);
+    facts.lr = lr_schedule->at(step + 1);
+    adam->set_lr(facts.lr);
     adam->step();
     sync_buffers();
     ++step;

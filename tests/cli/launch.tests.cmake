@@ -13,10 +13,12 @@ lockstep_cli_test(launch_reports_a_failed_rank EXIT 1
                   OUTPUT "\\[rank [01]/2\\] lockstep: error: .*dataset-fashion-mnist.*rank [01] of 2 failed with exit status 1"
                   TIMEOUT 60 ARGS launch -n 2 -- train --run-dir run --data nowhere)
 # G4 end to end: 3 ranks (24 images = 8 each) give the losses of one process on the whole batch,
-# with gradients sent in several 8 KiB buckets during backward; the run directory is written once,
-# by rank 0.
+# with gradients sent in several 8 KiB buckets during backward, a warm-up and cosine decay, and
+# gradients clipped to a norm below theirs (every rank clips the mean identically); the run
+# directory is written once, by rank 0.
+set(SCHEDULED "--set train.warmup_steps=3 --set train.lr_decay=cosine --set train.grad_clip=0.02")
 lockstep_cli_test(launch_three_ranks_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
-                  SETUP "${LS} train --run-dir one ${SMALL} > one.log && ${LS} launch -n 3 -- train --run-dir three ${SMALL} --set train.grad_bucket_kb=8 > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
+                  SETUP "${LS} train --run-dir one ${SMALL} ${SCHEDULED} > one.log && ${LS} launch -n 3 -- train --run-dir three ${SMALL} ${SCHEDULED} --set train.grad_bucket_kb=8 > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
                   ARGS eval three --limit 32)
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so

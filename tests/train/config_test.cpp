@@ -144,8 +144,8 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
                         "valid keys in [train]: batch_size, checkpoint_every, device, epochs, eval_every, "
-                        "grad_bucket_kb, log_every, lr, "
-                        "seed, steps, threads, weight_decay"});
+                        "grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, "
+                        "seed, steps, threads, warmup_steps, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2",
                    "valid keys in [quantizer.fsq]: bound_hard_clamp, dim, levels, noise_dropout, num_codebooks, "

@@ -15,6 +15,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/run_dir.h"
 
@@ -86,10 +87,12 @@ void expect_same_checkpoints(const std::string& a, const std::string& b) {
   }
 }
 
-// Each quantizer with the options that use randomness and statistics during training.
+// Each quantizer with the options that use randomness and statistics during training (and the
+// schedule and clipping, which depend on the step and on the gradients).
 struct QuantizerSetup {
   std::string name;
   std::vector<std::string> settings;
+  std::string label;  // the test's name when the quantizer's alone is taken
 };
 
 class TrainerResume : public ::testing::TestWithParam<QuantizerSetup> {};
@@ -132,8 +135,50 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantizerSetup{"vq",
                                      {"quantizer.vq.codebook_size=64", "quantizer.vq.kmeans_init=true",
                                       "quantizer.vq.kmeans_iters=2", "quantizer.vq.threshold_ema_dead_code=1"}},
-                      QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}}),
-    [](const ::testing::TestParamInfo<QuantizerSetup>& info) { return info.param.name; });
+                      QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}},
+                      QuantizerSetup{"fsq",
+                                     {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"},
+                                     "fsq_cosine_clipped"}),
+    [](const ::testing::TestParamInfo<QuantizerSetup>& info) {
+      return info.param.label.empty() ? info.param.name : info.param.label;
+    });
+
+// The metrics carry each logged step's learning rate (warm-up, then cosine) and gradient norm; a
+// limit below the norms clips every step, which changes the run.
+TEST(Trainer, TheScheduleAndTheClippingShowInTheMetricsAndTheRun) {
+  test_util::TempDir tmp;
+  Config c = small_config(20);
+  c.set_from_string("train.warmup_steps=5");
+  c.set_from_string("train.lr_decay=cosine");
+  c.set_from_string("train.lr_final_ratio=0.25");
+  Trainer::create(c, tmp.file("free"), one())->run({});
+  const LrSchedule schedule(
+      LrScheduleOptions().lr(c.get_float("train.lr")).warmup_steps(5).decay("cosine").final_ratio(0.25), 20);
+  auto value = [](const MetricsRecord& r, const std::string& name) -> double {
+    for (const auto& [key, v] : r.values) {
+      if (key == name) return v;
+    }
+    ADD_FAILURE() << "no " << name << " at step " << r.step;
+    return NAN;
+  };
+  double smallest_norm = INFINITY;
+  int logged = 0;
+  for (const auto& r : read_metrics(metrics_path(tmp.file("free")))) {
+    if (r.kind != "train") continue;
+    ++logged;
+    EXPECT_DOUBLE_EQ(value(r, "lr"), schedule.at(r.step)) << "step " << r.step;
+    EXPECT_TRUE(std::isfinite(value(r, "grad_norm")) && value(r, "grad_norm") > 0);
+    smallest_norm = std::min(smallest_norm, value(r, "grad_norm"));
+  }
+  EXPECT_EQ(logged, 4);
+  c.set("train.grad_clip", smallest_norm / 10);
+  Trainer::create(c, tmp.file("clipped"), one())->run({});
+  const Checkpoint free = load_checkpoint(checkpoint_path(tmp.file("free")));
+  const Checkpoint clipped = load_checkpoint(checkpoint_path(tmp.file("clipped")));
+  bool differs = false;
+  for (const auto& [name, t] : free.model) differs = differs || !torch::equal(t, clipped.model.at(name));
+  EXPECT_TRUE(differs) << "clipping every step to a tenth of the smallest norm changed nothing";
+}
 
 TEST(Trainer, CrashAfterACheckpointResumesFromItExactly) {
   test_util::TempDir tmp;
