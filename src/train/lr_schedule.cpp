@@ -14,8 +14,8 @@ LrSchedule::LrSchedule(LrScheduleOptions options, int64_t total_steps)
                      " must be >= 0");
   LOCKSTEP_CHECK_ARG(options_.decay_ == "constant" || options_.decay_ == "cosine", "lr schedule: decay '",
                      options_.decay_, "' is not one of constant, cosine");
-  LOCKSTEP_CHECK_ARG(options_.final_ratio_ >= 0 && options_.final_ratio_ <= 1, "lr schedule: final_ratio = ",
-                     options_.final_ratio_, " must lie in [0, 1]");
+  LOCKSTEP_CHECK_ARG(options_.final_ratio_ >= 0 && options_.final_ratio_ <= 1,
+                     "lr schedule: final_ratio = ", options_.final_ratio_, " must lie in [0, 1]");
   LOCKSTEP_CHECK_ARG(total_steps_ >= 1, "lr schedule: total_steps = ", total_steps_, " must be >= 1");
 }
 
