@@ -90,9 +90,9 @@ void announce_store_port(int port) {
 
 std::string format_eval(const train::EvalResult& r) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "mse %.5f  psnr %.2f dB  codes used %lld/%lld (%.1f%%)  perplexity %.1f", r.mse,
-                r.psnr_db, static_cast<long long>(r.codes_used), static_cast<long long>(r.codebook_size),
-                100.0 * r.code_usage, r.perplexity);
+  std::snprintf(buf, sizeof buf, "mse %.5f  psnr %.2f dB  codes used %lld/%lld (%.1f%%)  perplexity %.1f  ssim %.4f",
+                r.mse, r.psnr_db, static_cast<long long>(r.codes_used), static_cast<long long>(r.codebook_size),
+                100.0 * r.code_usage, r.perplexity, r.ssim);
   return buf;
 }
 

@@ -7,6 +7,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/train/ssim.h"
 
 namespace lockstep::train {
 namespace {
@@ -62,7 +63,7 @@ struct Evaluation::State {
   EvalOptions options;
   bool was_training = false;
   at::Tensor histogram;
-  double squared_error = 0;
+  double squared_error = 0, ssim_sum = 0;
   int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
   at::Device device{at::kCPU};  // the model's: images go there, results come back to the host
@@ -92,8 +93,10 @@ void Evaluation::add(const at::Tensor& images) {
     const at::Tensor x = images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0))).to(s.device);
     const model::AutoencoderOutput out = s.model.forward(x, quant::QuantizeContext{});
     // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
-    const at::Tensor diff = (out.reconstruction.clamp(-1, 1) - x) / 2;
+    const at::Tensor reconstruction = out.reconstruction.clamp(-1, 1);
+    const at::Tensor diff = (reconstruction - x) / 2;
     s.squared_error += diff.pow(2).sum().item<double>();
+    s.ssim_sum += ssim_per_image((x + 1) / 2, (reconstruction + 1) / 2).sum().item<double>();
     s.values += x.numel();
     s.images += x.size(0);
     s.histogram += torch::bincount(out.quant.indices.flatten(), {}, k).cpu();
@@ -112,6 +115,7 @@ EvalResult Evaluation::result() const {
   r.images = s.images;
   r.mse = s.squared_error / static_cast<double>(s.values);
   r.psnr_db = r.mse > 0 ? 10 * std::log10(1.0 / r.mse) : std::numeric_limits<double>::infinity();
+  r.ssim = s.ssim_sum / static_cast<double>(s.images);
   const at::Tensor p = s.histogram.to(torch::kFloat64) / s.histogram.sum().item<double>();
   r.codes_used = (s.histogram > 0).sum().item<int64_t>();
   r.codebook_size = s.histogram.size(0);

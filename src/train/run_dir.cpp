@@ -93,7 +93,7 @@ void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, 
     j["test"] = {{"images", test.images},         {"mse", test.mse},
                  {"psnr_db", test.psnr_db},       {"code_usage", test.code_usage},
                  {"codes_used", test.codes_used}, {"codebook_size", test.codebook_size},
-                 {"perplexity", test.perplexity}};
+                 {"perplexity", test.perplexity}, {"ssim", test.ssim}};
   }
   io::write_file_atomic(summary_path(run_dir), j.dump(2) + "\n");
 }

@@ -86,6 +86,7 @@ void RunReport::after_eval(int64_t step, const EvalResult& r) {
                    step,
                    {{"mse", r.mse},
                     {"psnr_db", r.psnr_db},
+                    {"ssim", r.ssim},
                     {"code_usage", r.code_usage},
                     {"perplexity", r.perplexity},
                     {"images", static_cast<double>(r.images)}}});

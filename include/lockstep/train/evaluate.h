@@ -30,6 +30,7 @@ struct EvalResult {
   int64_t images = 0;
   double mse = 0;         // mean squared error per pixel, pixels scaled to [0, 1]
   double psnr_db = 0;     // 10 log10(1 / mse)
+  double ssim = 0;        // mean structural similarity per image (train/ssim.h)
   double code_usage = 0;  // fraction of the codebook's codes used at least once
   double perplexity = 0;  // exp(entropy of the code histogram)
   int64_t codes_used = 0;
