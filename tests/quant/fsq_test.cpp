@@ -152,7 +152,10 @@ struct ReferenceFsq {
     this->levels = torch::tensor(levels, torch::kInt64).to(torch::kFloat32);
     basis = torch::tensor(b, torch::kInt64);
   }
-  at::Tensor squash(const at::Tensor& a) const { return hard_clamp ? a.clamp(-1, 1) : a.tanh(); }
+  // The clamp with torch 2's gradient, 0 from the ends on (LibTorch 1.13's clamp passes it at the ends).
+  at::Tensor squash(const at::Tensor& a) const {
+    return hard_clamp ? torch::where((a > -1) & (a < 1), a, a.clamp(-1, 1).detach()) : a.tanh();
+  }
   at::Tensor shift_of(const at::Tensor& ratio) const { return hard_clamp ? ratio : ratio.atanh(); }
   at::Tensor quantize_codes(const at::Tensor& z) const {
     auto round_ste = [](const at::Tensor& t) { return t + (t.round() - t).detach(); };
