@@ -57,11 +57,7 @@ class LockstepQuantizer(nn.Module):
         """Registers liblockstep's tensors as the module's own. With `copies`, the module already holds
         tensors of those names (a deep copy's, an unpickled module's): their values, devices and
         gradients pass to liblockstep's tensors, which then take their places."""
-        held = {**self._core.parameters(), **self._core.buffers()}
-        self._core_tensors = []  # (owner module, name, is parameter, tensor): what liblockstep computes with
-        for dotted, renamed, is_parameter, persistent in self._core_names:
-            tensor = held[dotted]
-            owner, name = self._owner(renamed)
+        for owner, name, is_parameter, persistent, tensor in self._core_entries():
             if copies:
                 prior = (owner._parameters if is_parameter else owner._buffers)[name]
                 with torch.no_grad():
@@ -74,13 +70,20 @@ class LockstepQuantizer(nn.Module):
                 owner._parameters[name] = tensor
             else:
                 owner.register_buffer(name, tensor, persistent=persistent)
-            self._core_tensors.append((owner, name, is_parameter, tensor))
+
+    def _core_entries(self):
+        """(owner module, name, is parameter, is persistent, liblockstep's tensor) of each tensor. Found
+        by name each time: a list of owners kept on the module would be a reference cycle, and the
+        module (with its checked group and heartbeat) would outlive its last use until a GC pass."""
+        held = {**self._core.parameters(), **self._core.buffers()}
+        for dotted, renamed, is_parameter, persistent in self._core_names:
+            yield (*self._owner(renamed), is_parameter, persistent, held[dotted])
 
     def __getstate__(self):
         # liblockstep's quantizer is rebuilt from _spec, its checked group made anew when needed.
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
         state = dict(state)
-        for key in ("_core", "_group", "_core_tensors"):
+        for key in ("_core", "_group"):
             state.pop(key, None)
         return state
 
@@ -103,16 +106,17 @@ class LockstepQuantizer(nn.Module):
         """.to(), .cuda(), .bfloat16() and the like: liblockstep's tensors follow the device and keep
         their dtype (quantization runs in float32), and stay the very tensors liblockstep holds;
         torch would replace buffers by copies, and cast them."""
-        for owner, name, is_parameter, _ in self._core_tensors:
+        entries = list(self._core_entries())
+        for owner, name, is_parameter, _, _ in entries:
             (owner._parameters if is_parameter else owner._buffers).pop(name)
         try:
             super()._apply(fn, recurse)
         finally:
-            for owner, name, is_parameter, tensor in self._core_tensors:
+            for owner, name, is_parameter, _, tensor in entries:
                 (owner._parameters if is_parameter else owner._buffers)[name] = tensor
         device = fn(torch.zeros(1)).device  # where fn sends a tensor
         with torch.no_grad():
-            for _, _, _, tensor in self._core_tensors:
+            for *_, tensor in entries:
                 if tensor.device != device:
                     moved = tensor.data.to(device)
                     if not torch._has_compatible_shallow_copy_type(tensor, moved):  # e.g. "meta"
@@ -139,12 +143,12 @@ class LockstepQuantizer(nn.Module):
         return self.load_state_dict(state_dict, strict=strict)
 
     def get_extra_state(self):
-        """(seed, step) travel in the state dict (as `_extra_state`): a resumed module draws on from
-        where it stopped."""
-        return {"seed": self.seed, "step": self.step}
+        """(seed, step) travel in the state dict as `_extra_state`, an int64 tensor (code that walks a
+        state dict's values expects tensors): a resumed module draws on from where it stopped."""
+        return torch.tensor([self.seed, self.step], dtype=torch.int64)
 
     def set_extra_state(self, state):
-        self.seed, self.step = int(state["seed"]), int(state["step"])
+        self.seed, self.step = (int(v) for v in state.tolist())
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         # A state dict without (seed, step), as the reference's, keeps the module's own.

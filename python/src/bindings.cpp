@@ -90,21 +90,30 @@ PYBIND11_MODULE(_C, m) {
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, uint64_t step,
              std::shared_ptr<lockstep::dist::Group> group) {
-            // Randomness is a pure function of (seed, step): the same on every rank, with no collective.
-            q.train(training);
-            lockstep::quant::QuantizeContext ctx;
-            ctx.generator = at::make_generator<at::CPUGeneratorImpl>(lockstep::derive_seed(seed, step, 2));
-            std::unique_ptr<lockstep::dist::GroupReducer> reducer;
-            if (group && training) {
-              // Statistics go through the checked channel; the global position of this rank's first
-              // item (for per-token randomness) comes from every rank's batch size, gathered there too.
-              reducer = std::make_unique<lockstep::dist::GroupReducer>(group);
-              ctx.reducer = reducer.get();
-              const auto sizes = group->all_gather(torch::tensor({x.size(0)}, torch::kInt64),
-                                                   LOCKSTEP_CALL_SITE("python.batch_sizes"));
-              for (int r = 0; r < group->rank(); ++r) ctx.first_item += sizes[static_cast<size_t>(r)].item<int64_t>();
+            lockstep::quant::QuantizerOutput out;
+            {
+              // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
+              // may need it (to free a Python object the job held) while holding the queue this
+              // thread's next collective waits for, and both would wait forever.
+              py::gil_scoped_release no_gil;
+              // Randomness is a pure function of (seed, step): the same on every rank, with no collective.
+              q.train(training);
+              lockstep::quant::QuantizeContext ctx;
+              ctx.generator = at::make_generator<at::CPUGeneratorImpl>(lockstep::derive_seed(seed, step, 2));
+              std::unique_ptr<lockstep::dist::GroupReducer> reducer;
+              if (group && training) {
+                // Statistics go through the checked channel; the global position of this rank's first
+                // item (for per-token randomness) comes from every rank's batch size, gathered there too.
+                reducer = std::make_unique<lockstep::dist::GroupReducer>(group);
+                ctx.reducer = reducer.get();
+                const auto sizes = group->all_gather(torch::tensor({x.size(0)}, torch::kInt64),
+                                                     LOCKSTEP_CALL_SITE("python.batch_sizes"));
+                for (int r = 0; r < group->rank(); ++r) {
+                  ctx.first_item += sizes[static_cast<size_t>(r)].item<int64_t>();
+                }
+              }
+              out = q.quantize(x, ctx);
             }
-            lockstep::quant::QuantizerOutput out = q.quantize(x, ctx);
             py::dict losses;
             for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
             return py::make_tuple(out.quantized, out.indices, losses);
@@ -112,8 +121,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); in training "
           "with `group`, the statistics are reduced over it.")
-      .def("encode", &Quantizer::encode, py::arg("x"))
-      .def("decode", &Quantizer::decode, py::arg("indices"))
+      .def("encode", &Quantizer::encode, py::arg("x"), py::call_guard<py::gil_scoped_release>())
+      .def("decode", &Quantizer::decode, py::arg("indices"), py::call_guard<py::gil_scoped_release>())
       .def(
           "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
           "The quantizer's parameters by dotted name, the same tensors.")
@@ -125,6 +134,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<lockstep::dist::Group, std::shared_ptr<lockstep::dist::Group>>(m, "Group")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
                        const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, double timeout_s) {
+             py::gil_scoped_release no_gil;  // the rendezvous waits for the other ranks
              lockstep::dist::ExistingGroupOptions options;
              options.prefix = prefix;
              options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));

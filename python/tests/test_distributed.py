@@ -1,42 +1,12 @@
 """The failure modes lockstep's Python package must rule out, on real processes (torch.distributed
 with Gloo on CPU, a file rendezvous, a hard time limit each)."""
-import datetime
-import os
-import tempfile
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-TIME_LIMIT = 120  # seconds per test: a rank that waits for another fails the test, it never hangs CI
-
-
-def run_ranks(world, target, *args):
-    """Runs target(rank, world, store_file, *args) on `world` processes; returns their results."""
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        results = mp.get_context("spawn").Manager().dict()
-        context = mp.start_processes(_entry, args=(world, store, results, target, args), nprocs=world, join=False,
-                                     start_method="spawn")
-        deadline = time.time() + TIME_LIMIT
-        while not context.join(timeout=max(0.1, deadline - time.time())):
-            if time.time() > deadline:
-                for p in context.processes:
-                    p.kill()
-                pytest.fail(f"ranks still running after {TIME_LIMIT} s: one is waiting for another")
-        return [results[r] for r in range(world)]
-
-
-def _entry(rank, world, store, results, target, args):
-    # A collective that waits longer than this is a failure of the test (a rank out of step).
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        results[rank] = target(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
+from ranks import run_ranks
 
 
 def _bucket_epochs(rank, world, bucket_ids, epochs):

@@ -53,7 +53,7 @@ def test_a_resumed_module_draws_on_from_where_it_stopped():
     for _ in range(2):
         fsq(x)
     state = fsq.state_dict()
-    assert state["_extra_state"] == {"seed": 3, "step": 2}
+    assert state["_extra_state"].tolist() == [3, 2]  # (seed, step)
     resumed = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5)
     resumed.load_state_dict(state)
     fresh = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5, seed=3)

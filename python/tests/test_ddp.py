@@ -1,0 +1,265 @@
+"""lockstep's modules in data-parallel training, on 2 real processes (torch.distributed with Gloo on CPU, a
+file rendezvous, a hard time limit each):
+- inside torch.nn.parallel.DistributedDataParallel, with and without its buffer broadcast, rank 0 validating
+  alone mid-training: every rank ends with the same parameters and buffers, those of one process trained on
+  the whole batches;
+- what DDP's own wrapper does when one rank evaluates through it (it broadcasts buffers: a collective), and
+  that lockstep's modules in evaluation issue none;
+- a rank with no tokens, and ranks with unequal batches, against one process;
+- modules that disagree between ranks: lockstep.CollectiveMismatch on every rank, naming both calls."""
+import datetime
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import lockstep
+from ranks import run_ranks
+
+TIMEOUT = 10.0  # collective_timeout: a rank left waiting by another fails its test in seconds, not minutes
+STEPS, EVALUATE_AT = 4, 2  # training steps; rank 0 alone validates before this one
+LR = 0.1
+
+QUANTIZERS = {
+    "VectorQuantize": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.9, collective_timeout=TIMEOUT),
+    "LFQ": lambda: lockstep.LFQ(dim=8, codebook_size=2**4, commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
+    "FSQ": lambda: lockstep.FSQ(levels=[5, 5, 5], dim=8, collective_timeout=TIMEOUT),
+    "ResidualVQ": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, decay=0.9,
+                                              collective_timeout=TIMEOUT),
+}
+
+
+class Tokenizer(nn.Module):
+    """A tiny tokenizer: linear encoder -> quantizer -> linear decoder; forward(x) -> (reconstruction, aux loss)."""
+
+    def __init__(self, quantizer):
+        super().__init__()
+        self.encoder = nn.Linear(6, 8)
+        self.quantizer = QUANTIZERS[quantizer]()
+        self.decoder = nn.Linear(8, 6)
+
+    def forward(self, x):
+        out = self.quantizer(self.encoder(x))
+        # FSQ has no loss; ResidualVQ returns one per layer
+        aux = out[2].sum() if len(out) == 3 else out[0].new_zeros(())
+        return self.decoder(out[0]), aux
+
+
+def _train_step(net, optimizer, x):
+    reconstruction, aux = net(x)
+    loss = nn.functional.mse_loss(reconstruction, x) + aux
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _state(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _train_in_ddp(rank, world, initial, data):
+    states = {}
+    for quantizer, start in initial.items():
+        for broadcast_buffers in (True, False):
+            model = Tokenizer(quantizer)
+            # The same start on every rank: DDP with broadcast_buffers=False does not sync buffers at construction.
+            model.load_state_dict(start)
+            ddp = DistributedDataParallel(model, broadcast_buffers=broadcast_buffers)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+            for step, batch in enumerate(data):
+                if rank == 0 and step == EVALUATE_AT:
+                    model.eval()  # rank 0 alone validates, through the module DDP wraps
+                    with torch.no_grad():
+                        model(batch)
+                    model.train()
+                _train_step(ddp, optimizer, batch.chunk(world)[rank])
+            states[quantizer, broadcast_buffers] = _state(model)
+    return states
+
+
+@pytest.fixture(scope="module")
+def trained_in_ddp():
+    """{quantizer: (initial state, one process's state after training on the whole batches, each rank's
+    {broadcast_buffers: state} after training in DDP on half of each batch)}: one run of the ranks for all."""
+    torch.manual_seed(0)
+    data = torch.randn(STEPS, 4, 5, 6)  # each step a batch of 4 sequences of 5 tokens; rank r takes 2
+    initial, one = {}, {}
+    for quantizer in QUANTIZERS:
+        model = Tokenizer(quantizer)
+        initial[quantizer] = _state(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        for batch in data:
+            _train_step(model, optimizer, batch)
+        one[quantizer] = _state(model)
+    ranks = run_ranks(2, _train_in_ddp, initial, data)
+    return {q: (initial[q], one[q], [{b: r[q, b] for b in (True, False)} for r in ranks]) for q in QUANTIZERS}
+
+
+@pytest.mark.parametrize("quantizer", list(QUANTIZERS))
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_quantizers_in_ddp_keep_ranks_identical_and_equal_to_one_process(trained_in_ddp, quantizer,
+                                                                          broadcast_buffers):
+    initial, one, ranks = trained_in_ddp[quantizer]
+    states = [r[broadcast_buffers] for r in ranks]
+    assert states[0].keys() == states[1].keys() == one.keys()
+    assert any(not torch.equal(one[k], initial[k]) for k in one if k.startswith("quantizer."))  # it learned
+    for key in one:
+        assert torch.equal(states[0][key], states[1][key]), f"{key} differs between the ranks"
+        # DDP averages the ranks' gradients and lockstep reduces the quantizer's statistics over them:
+        # two halves train as the whole batch does
+        torch.testing.assert_close(states[0][key], one[key], atol=1e-5, rtol=1e-5, msg=key)
+        # the buffers DDP broadcasts from rank 0 are the ones every rank already holds
+        torch.testing.assert_close(states[0][key], ranks[0][False][key], atol=1e-6, rtol=0, msg=key)
+
+
+def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
+    model = Tokenizer("VectorQuantize")
+    model.load_state_dict(initial)
+    ddp = DistributedDataParallel(model, broadcast_buffers=True)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    store = dist.distributed_c10d._get_default_store()
+    part = data.chunk(world, dim=1)[rank]
+    _train_step(ddp, optimizer, part[0])
+
+    # The module DDP wraps, in evaluation on rank 0 alone: rank 1 only waits for its word through the store.
+    if rank == 0:
+        model.eval()
+        with torch.no_grad():
+            model(part[1])
+        model.train()
+        store.set("module evaluated", "1")
+    else:
+        store.wait(["module evaluated"], datetime.timedelta(seconds=3 * TIMEOUT))
+    _train_step(ddp, optimizer, part[1])
+
+    # DDP's wrapper in evaluation on rank 0 alone. If rank 0 has not finished after 2 s, it waits for rank 1:
+    # rank 1 then makes the same call, which takes part in whatever collective rank 0 is in.
+    blocked = None
+    if rank == 0:
+        ddp.eval()
+        with torch.no_grad():
+            ddp(part[2])
+        ddp.train()
+        store.set("wrapper evaluated", "1")
+    else:
+        try:
+            store.wait(["wrapper evaluated"], datetime.timedelta(seconds=2))
+            blocked = False
+        except RuntimeError:  # the store's timeout
+            blocked = True
+            ddp.eval()
+            with torch.no_grad():
+                ddp(part[2])
+            ddp.train()
+            store.wait(["wrapper evaluated"], datetime.timedelta(seconds=3 * TIMEOUT))
+    _train_step(ddp, optimizer, part[2])
+    return blocked, _state(model)
+
+
+def test_evaluating_through_ddp_on_one_rank_is_a_collective_and_the_quantizer_alone_is_not():
+    torch.manual_seed(0)
+    initial = _state(Tokenizer("VectorQuantize"))
+    (_, state0), (blocked, state1) = run_ranks(2, _evaluate_through_ddp_on_rank0, initial, torch.randn(3, 4, 5, 6))
+    # torch's DDP (2.x) broadcasts buffers before a forward whenever the previous forward ran with gradients,
+    # in evaluation mode and under no_grad too: rank 0 could not finish alone. Evaluate on one rank through
+    # ddp.module, which reached the store above while rank 1 waited.
+    assert blocked is True
+    for key in state0:
+        assert torch.equal(state0[key], state1[key]), key
+
+
+def _zero_tokens_on_rank1(rank, world, quantizer, state, x):
+    module = QUANTIZERS[quantizer]()
+    module.load_state_dict(state)
+    part = (x if rank == 0 else x[:0]).clone().requires_grad_(True)
+    out, indices, loss = module(part)
+    (out.sum() + loss).backward()
+    gradients = [p.grad for p in module.parameters()]
+    return out.detach(), indices, _state(module), loss.item(), all(torch.isfinite(g).all() for g in gradients)
+
+
+@pytest.mark.parametrize("quantizer", ["VectorQuantize", "LFQ"])
+def test_a_rank_with_no_tokens_trains_with_the_others(quantizer):
+    one = QUANTIZERS[quantizer]()
+    state = _state(one)
+    x = torch.randn(2, 5, 8)
+    expected_out, expected_indices, _ = one(x)
+    ranks = run_ranks(2, _zero_tokens_on_rank1, quantizer, state, x)
+    assert ranks[1][0].shape == (0, 5, 8) and ranks[1][1].shape[0] == 0
+    # no NaN from a mean over no tokens, which DDP would average into the other ranks' gradients
+    assert all(math.isfinite(r[3]) and r[4] for r in ranks), [r[3:] for r in ranks]
+    # the step is one process's step on rank 0's batch, with the same seed and initial state
+    torch.testing.assert_close(ranks[0][0], expected_out.detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(ranks[0][1], expected_indices)
+    for key, value in _state(one).items():
+        assert torch.equal(ranks[0][2][key], ranks[1][2][key]), key
+        torch.testing.assert_close(ranks[0][2][key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+
+def _lfq_unequal_parts(rank, world, x, items_on_rank0):
+    # with and without the codebook entropy, to tell its gradient apart
+    modules = [lockstep.LFQ(codebook_size=2**6, commitment_loss_weight=0.25, diversity_gamma=gamma,
+                            collective_timeout=TIMEOUT) for gamma in (1.0, 0.0)]
+    parts = [(x[:items_on_rank0] if rank == 0 else x[items_on_rank0:]).clone().requires_grad_(True) for _ in modules]
+    outputs = [lfq(part) for lfq, part in zip(modules, parts)]
+    for _, _, aux in outputs:
+        aux.backward()
+    return [(out.detach(), indices, aux.item(), part.grad) for (out, indices, aux), part in zip(outputs, parts)]
+
+
+def test_lfq_on_unequal_batches_gives_one_process_s_rows_and_token_weighted_losses():
+    x = torch.randn(4, 30, 6)
+    one = []
+    for diversity_gamma in (1.0, 0.0):
+        whole = x.clone().requires_grad_(True)
+        out, indices, aux = lockstep.LFQ(codebook_size=2**6, commitment_loss_weight=0.25,
+                                         diversity_gamma=diversity_gamma)(whole)
+        aux.backward()
+        one.append((out.detach(), indices, aux.item(), whole.grad))
+    ranks = run_ranks(2, _lfq_unequal_parts, x, 3)  # rank 0: items 0-2, rank 1: item 3
+    rows, shares = [slice(0, 3), slice(3, 4)], [3 / 4, 1 / 4]
+    for (out, indices, aux, _), parts in zip(one, zip(*ranks)):
+        for r in range(2):
+            torch.testing.assert_close(parts[r][0], out[rows[r]])
+            assert torch.equal(parts[r][1], indices[rows[r]])
+        # A rank's loss holds the global batch's codebook entropy and the mean of the per-token terms over its
+        # own tokens: weighted by the ranks' shares of the tokens, the losses are one process's (docs/python.md).
+        weighted = sum(share * p[2] for share, p in zip(shares, parts))
+        assert weighted == pytest.approx(aux, rel=1e-5, abs=1e-6), [p[2] for p in parts]
+    # The input gradients: of the per-token terms, each rank's mean over its own tokens; of the codebook entropy,
+    # twice (the world size) one process's whatever the shares, so that DDP's average of the ranks' gradients
+    # gives one process's.
+    one_entropy = one[0][3] - one[1][3]
+    for r in range(2):
+        with_entropy, per_token = ranks[r][0][3], ranks[r][1][3]
+        torch.testing.assert_close(shares[r] * per_token, one[1][3][rows[r]], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(with_entropy - per_token, 2 * one_entropy[rows[r]], atol=1e-6, rtol=1e-5)
+
+
+def _disagreeing_vq(rank, world, rank0_options):
+    options = dict(dim=8, codebook_size=16, collective_timeout=TIMEOUT)
+    vq = lockstep.VectorQuantize(**(dict(options, **rank0_options) if rank == 0 else options))
+    try:
+        vq(torch.randn(2, 5, 8))
+    except lockstep.CollectiveMismatch as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("rank0_options, rank0_call, rank1_call", [
+    (dict(kmeans_init=True), "at vq.kmeans", "all_reduce(sum) of [float64 (16), float64 (16, 8)] at vq.ema"),
+    (dict(codebook_size=32), "all_reduce(sum) of [float64 (32), float64 (32, 8)] at vq.ema",
+     "all_reduce(sum) of [float64 (16), float64 (16, 8)] at vq.ema"),
+])
+def test_modules_that_disagree_raise_collective_mismatch_on_every_rank(rank0_options, rank0_call, rank1_call):
+    messages = run_ranks(2, _disagreeing_vq, rank0_options)
+    for rank, message in enumerate(messages):
+        assert message is not None, f"rank {rank} raised no CollectiveMismatch"
+        assert f"seen by rank {rank} of 2" in message, message
+        # both ranks' calls, with their call sites
+        rank0_part, rank1_part = message.split("; rank 0: ")[1].split("; rank 1: ")
+        assert rank0_call in rank0_part and "vq.cpp:" in rank0_part, message
+        assert rank1_call in rank1_part and "vq.cpp:" in rank1_part, message
