@@ -33,8 +33,8 @@ struct FsqOptions {
     return *this;
   }
   // Bound with clamp(., -1, 1) where the definition has tanh (the reference's bound_hard_clamp, for
-  // inputs already squashed into range, as residual FSQ's are): the gradient is 1 inside (-1, 1)
-  // and 0 elsewhere, as torch 2's clamp, and the default bound's shift is offset / half instead of atanh(offset / half).
+  // inputs already squashed into range, as residual FSQ's are): the gradient is 1 inside (-1, 1) and
+  // 0 elsewhere, as torch 2's clamp; the default bound's shift is offset / half, not its atanh.
   FsqOptions& bound_hard_clamp(bool on) {
     bound_hard_clamp_ = on;
     return *this;
