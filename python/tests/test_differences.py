@@ -1,0 +1,57 @@
+"""The deliberate differences from vector-quantize-pytorch that docs/python.md lists, each asserted
+beside the reference's behaviour on the same input."""
+import torch
+from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
+from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
+
+import lockstep
+
+
+def test_vq_runs_k_means_only_in_training():
+    x = torch.randn(2, 40, 8)
+    reference = ReferenceVQ(dim=8, codebook_size=16, kmeans_init=True).eval()
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True).eval()
+    reference(x)
+    ours(x)
+    assert bool(reference._codebook.initted)  # the reference initialises in evaluation too
+    assert not bool(ours._codebook.initted) and not ours._codebook.embed.any()  # lockstep waits for training
+    ours.train()(x)
+    assert bool(ours._codebook.initted) and ours._codebook.embed.any()
+
+
+def test_vq_reports_the_commitment_loss_in_evaluation():
+    x = torch.randn(2, 40, 8)
+    reference = ReferenceVQ(dim=8, codebook_size=16).eval()
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16).eval()
+    ours.load_state_dict(reference.state_dict())
+    out_ref, idx_ref, loss_ref = reference(x)
+    out, idx, loss = ours(x)
+    assert torch.equal(idx, idx_ref) and float(loss_ref) == 0.0
+    torch.testing.assert_close(loss, torch.nn.functional.mse_loss(x, out_ref))  # ||x - q||^2, the training value
+
+
+def test_random_draws_come_from_seed_and_step():
+    x = torch.randn(2, 40, 8)
+
+    def codebook_after_k_means(seed):
+        vq = lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True, seed=seed)
+        vq(x)
+        return vq._codebook.embed.clone()
+
+    torch.manual_seed(1)  # torch's global generator plays no part
+    first = codebook_after_k_means(seed=5)
+    torch.manual_seed(2)
+    assert torch.equal(codebook_after_k_means(seed=5), first)
+    assert not torch.equal(codebook_after_k_means(seed=6), first)
+
+
+def test_residual_quantize_dropout_also_under_no_grad_in_training():
+    options = dict(levels=[5, 5], num_quantizers=4, quantize_dropout=True, quantize_dropout_cutoff_index=0)
+    reference = ReferenceResidualFSQ(**options)
+    ours = lockstep.ResidualFSQ(**options)
+    x = torch.randn(2, 30, 2)
+    with torch.no_grad():
+        reference_dropped = [bool((reference(x)[1] == -1).any()) for _ in range(12)]
+        ours_dropped = [bool((ours(x)[1] == -1).any()) for _ in range(12)]
+    assert not any(reference_dropped)  # the reference drops layers only with gradients on
+    assert any(ours_dropped)  # lockstep whenever the module trains
