@@ -56,6 +56,14 @@ def _train_step(net, optimizer, x):
     optimizer.step()
 
 
+def _evaluate(module, x):
+    """An evaluation forward, as a validation loop runs it."""
+    module.eval()
+    with torch.no_grad():
+        module(x)
+    module.train()
+
+
 def _state(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
@@ -71,10 +79,7 @@ def _train_in_ddp(rank, world, initial, data):
             optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
             for step, batch in enumerate(data):
                 if rank == 0 and step == EVALUATE_AT:
-                    model.eval()  # rank 0 alone validates, through the module DDP wraps
-                    with torch.no_grad():
-                        model(batch)
-                    model.train()
+                    _evaluate(model, batch)  # rank 0 alone validates, through the module DDP wraps
                 _train_step(ddp, optimizer, batch.chunk(world)[rank])
             states[quantizer, broadcast_buffers] = _state(model)
     return states
@@ -126,10 +131,7 @@ def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
 
     # The module DDP wraps, in evaluation on rank 0 alone: rank 1 only waits for its word through the store.
     if rank == 0:
-        model.eval()
-        with torch.no_grad():
-            model(part[1])
-        model.train()
+        _evaluate(model, part[1])
         store.set("module evaluated", "1")
     else:
         store.wait(["module evaluated"], datetime.timedelta(seconds=3 * TIMEOUT))
@@ -139,10 +141,7 @@ def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
     # rank 1 then makes the same call, which takes part in whatever collective rank 0 is in.
     blocked = None
     if rank == 0:
-        ddp.eval()
-        with torch.no_grad():
-            ddp(part[2])
-        ddp.train()
+        _evaluate(ddp, part[2])
         store.set("wrapper evaluated", "1")
     else:
         try:
@@ -150,10 +149,7 @@ def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
             blocked = False
         except RuntimeError:  # the store's timeout
             blocked = True
-            ddp.eval()
-            with torch.no_grad():
-                ddp(part[2])
-            ddp.train()
+            _evaluate(ddp, part[2])
             store.wait(["wrapper evaluated"], datetime.timedelta(seconds=3 * TIMEOUT))
     _train_step(ddp, optimizer, part[2])
     return blocked, _state(model)

@@ -51,6 +51,18 @@ TEST(Residual, MoreLayersLeaveLessErrorAfterTraining) {
   EXPECT_LT(three, 0.5f * one) << three << " vs " << one;
 }
 
+// A residual FSQ over levels {5, 4} with two layers, each `layer`: layer 0 quantizes z, layer 1 the
+// residual scaled by levels^-1; `out` must hold their indices and the sum of their codes.
+void expect_two_fsq_layers(const QuantizerOutput& out, Fsq layer, const at::Tensor& z) {
+  const at::Tensor i0 = layer.encode(z);
+  const at::Tensor q0 = layer.decode(i0);
+  const at::Tensor scale1 = torch::tensor({1.0f / 5, 1.0f / 4});
+  const at::Tensor i1 = layer.encode((z - q0) / scale1);
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 0), i0));
+  EXPECT_TRUE(torch::equal(out.indices.select(2, 1), i1));
+  EXPECT_TRUE(torch::allclose(out.quantized, q0 + layer.decode(i1) * scale1, 1e-6, 1e-6));
+}
+
 TEST(Residual, FsqLayersSeeTheResidualScaledByLevelsToTheLayer) {
   auto rfsq = make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}));
   ASSERT_EQ(rfsq->dim(), 2);
@@ -59,14 +71,7 @@ TEST(Residual, FsqLayersSeeTheResidualScaledByLevelsToTheLayer) {
   torch::manual_seed(5);
   const at::Tensor x = torch::randn({1, 30, 2});
   const QuantizerOutput out = rfsq->quantize(x, {});
-  Fsq symmetric(FsqOptions({5, 4}).preserve_symmetry(true));
-  const at::Tensor i0 = symmetric.encode(x);
-  const at::Tensor q0 = symmetric.decode(i0);
-  const at::Tensor scale1 = torch::tensor({1.0f / 5, 1.0f / 4});
-  const at::Tensor i1 = symmetric.encode((x - q0) / scale1);
-  EXPECT_TRUE(torch::equal(out.indices.select(2, 0), i0));
-  EXPECT_TRUE(torch::equal(out.indices.select(2, 1), i1));
-  EXPECT_TRUE(torch::allclose(out.quantized, q0 + symmetric.decode(i1) * scale1, 1e-6, 1e-6));
+  expect_two_fsq_layers(out, Fsq(FsqOptions({5, 4}).preserve_symmetry(true)), x);
 }
 
 TEST(Residual, FsqWithHardClampedLayersSquashesTheInputFirst) {
@@ -79,14 +84,7 @@ TEST(Residual, FsqWithHardClampedLayersSquashesTheInputFirst) {
   const QuantizerOutput out = rfsq->quantize(x, {});
   const at::Tensor c = torch::tensor({1.0f + 1.0f / 4, 1.0f + 1.0f / 3});
   const at::Tensor z = (x / c).tanh() * c;
-  Fsq layer(FsqOptions({5, 4}).preserve_symmetry(true).bound_hard_clamp(true));
-  const at::Tensor i0 = layer.encode(z);
-  const at::Tensor q0 = layer.decode(i0);
-  const at::Tensor scale1 = torch::tensor({1.0f / 5, 1.0f / 4});
-  const at::Tensor i1 = layer.encode((z - q0) / scale1);
-  EXPECT_TRUE(torch::equal(out.indices.select(2, 0), i0));
-  EXPECT_TRUE(torch::equal(out.indices.select(2, 1), i1));
-  EXPECT_TRUE(torch::allclose(out.quantized, q0 + layer.decode(i1) * scale1, 1e-6, 1e-6));
+  expect_two_fsq_layers(out, Fsq(FsqOptions({5, 4}).preserve_symmetry(true).bound_hard_clamp(true)), z);
   EXPECT_TRUE(torch::equal(rfsq->encode(x), out.indices));
   // Without the option the input is not squashed: some token quantizes differently.
   auto plain = make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}));
