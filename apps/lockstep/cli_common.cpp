@@ -68,6 +68,11 @@ void add_threads_option(CLI::App& cmd, int& threads) {
   cmd.add_option("--threads", threads, kThreadsHelp)->check(kNonNegativeInt);
 }
 
+void add_weight_average_option(CLI::App& cmd, bool& weight_average) {
+  cmd.add_flag("--ema", weight_average,
+               "Use the moving average of the weights (kept by runs trained with train.ema_decay > 0)");
+}
+
 ThreadChoice apply_threads(int threads) {
   const ThreadChoice choice = choose_threads(threads);
   at::set_num_threads(choice.threads);

@@ -23,6 +23,8 @@ constexpr const char* kThreadsHelp =
 
 // Adds --threads; apply_threads() then sets torch's intra-op thread count (see choose_threads).
 void add_threads_option(CLI::App& cmd, int& threads);
+// --ema: use the moving average of the weights that a run with train.ema_decay > 0 keeps.
+void add_weight_average_option(CLI::App& cmd, bool& weight_average);
 ThreadChoice apply_threads(int threads);
 
 bool stdout_is_terminal();

@@ -30,6 +30,7 @@ struct DecodeArgs {
   std::string grid;
   int64_t batch_size = 500;
   int threads = 0;
+  bool weight_average = false;
 };
 
 // Token ids from a .npy file, checked to be integers of shape (images, h, w[, k]).
@@ -123,7 +124,7 @@ int run_decode(const DecodeArgs& args) {
   LOCKSTEP_CHECK_ARG(!args.output_dir.empty() || !args.grid.empty(),
                      "say where to write: --output DIR and/or --grid FILE.png");
   apply_threads(args.threads);
-  train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
   if (std::filesystem::is_directory(args.tokens)) return decode_folder(args, t);
   const std::vector<io::Image> images = decode_all(load_token_ids(args.tokens, t), t, args.batch_size);
   if (!args.output_dir.empty()) {
@@ -161,6 +162,7 @@ void add_decode_command(CLI::App& app, Runner& run) {
       ->check(kPositiveInt)
       ->capture_default_str();
   add_threads_option(*cmd, args->threads);
+  add_weight_average_option(*cmd, args->weight_average);
   cmd->callback([&run, args] { run = [args] { return run_decode(*args); }; });
 }
 

@@ -29,6 +29,7 @@ struct EncodeArgs {
   int64_t limit = 0;
   int64_t batch_size = 500;
   int threads = 0;
+  bool weight_average = false;
 };
 
 data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t) {
@@ -89,7 +90,7 @@ int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::str
 
 int run_encode(const EncodeArgs& args) {
   apply_threads(args.threads);
-  train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
   // The run's own data: its folder even when that folder has moved (the error then says so); other
   // data: a folder unless it holds Fashion-MNIST's files.
@@ -139,6 +140,7 @@ void add_encode_command(CLI::App& app, Runner& run) {
       ->check(kPositiveInt)
       ->capture_default_str();
   add_threads_option(*cmd, args->threads);
+  add_weight_average_option(*cmd, args->weight_average);
   cmd->callback([&run, args] { run = [args] { return run_encode(*args); }; });
 }
 

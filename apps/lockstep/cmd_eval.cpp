@@ -19,11 +19,12 @@ struct EvalArgs {
   int64_t batch_size = 500;
   std::string grid;
   int threads = 0;
+  bool weight_average = false;
 };
 
 int run_eval(const EvalArgs& args) {
   apply_threads(args.threads);
-  train::TrainedModel t = train::load_trained_model(args.checkpoint);
+  train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
   const bool folder_run = t.config.get_string("data.dataset") == "folder";
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
   const train::EvalOptions options =
@@ -82,6 +83,7 @@ void add_eval_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
   add_threads_option(*cmd, args->threads);
+  add_weight_average_option(*cmd, args->weight_average);
   cmd->callback([&run, args] { run = [args] { return run_eval(*args); }; });
 }
 

@@ -149,7 +149,10 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   callbacks.on_info = [&](const std::string& text) { progress.message(text); };
   callbacks.on_eval = [&](int64_t step, const train::EvalResult& r) {
     // The final evaluation is printed once, in the summary below.
-    if (step < total_steps) progress.message("eval at step " + std::to_string(step) + ": " + format_eval(r));
+    if (step < total_steps) {
+      progress.message("eval at step " + std::to_string(step) + (r.weight_average ? ", weight average" : "") + ": " +
+                       format_eval(r));
+    }
   };
   callbacks.stop_requested = &g_stop;
   std::signal(SIGINT, on_interrupt);
@@ -171,6 +174,9 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   }
   std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds) << "\n"
             << "test: " << format_eval(summary.test) << "\n"
+            << (summary.test_weight_average.images > 0
+                    ? "test, weight average: " + format_eval(summary.test_weight_average) + "\n"
+                    : std::string())
             << "run directory: " << summary.run_dir << " (config.toml, metrics.jsonl, checkpoint.safetensors, "
             << "reconstructions.png, summary.json)\n";
   return kExitOk;

@@ -15,6 +15,7 @@ namespace {
 constexpr const char* kFormat = "lockstep-checkpoint-1";
 constexpr const char* kModelPrefix = "model/";
 constexpr const char* kOptimizerPrefix = "optim/";
+constexpr const char* kEmaPrefix = "ema/";
 constexpr const char* kRngKey = "rng/torch_cpu";
 
 int64_t parse_int(const io::SafetensorsData& data, const std::string& key) {
@@ -40,6 +41,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   io::SafetensorsData data;
   for (const auto& [name, t] : c.model) data.tensors[kModelPrefix + name] = io::to_raw(t);
   for (const auto& [name, t] : c.optimizer) data.tensors[kOptimizerPrefix + name] = io::to_raw(t);
+  for (const auto& [name, t] : c.ema) data.tensors[kEmaPrefix + name] = io::to_raw(t);
   if (c.torch_rng.defined()) data.tensors[kRngKey] = io::to_raw(c.torch_rng);
   data.metadata = {{"format", kFormat},
                    {"lockstep_version", LOCKSTEP_VERSION},
@@ -66,6 +68,8 @@ Checkpoint load_checkpoint(const std::string& path) {
       c.model[name.substr(std::strlen(kModelPrefix))] = io::from_raw(raw);
     } else if (starts_with(name, kOptimizerPrefix)) {
       c.optimizer[name.substr(std::strlen(kOptimizerPrefix))] = io::from_raw(raw);
+    } else if (starts_with(name, kEmaPrefix)) {
+      c.ema[name.substr(std::strlen(kEmaPrefix))] = io::from_raw(raw);
     } else if (name == kRngKey) {
       c.torch_rng = io::from_raw(raw);
     } else {

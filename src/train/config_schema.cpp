@@ -93,6 +93,11 @@ Schema build_schema() {
                     "Clip the gradients to this global L2 norm (the same on every rank, after their mean); 0: no "
                     "clipping.")
             .in_range(0, 1e6));
+  s.add(K::floating("train.ema_decay", 0.0,
+                    "Keep a moving average of the weights (a <- decay a + (1 - decay) w after each step), saved and "
+                    "evaluated beside them; 0: none.")
+            .at_least(0)
+            .less_than(1));
   s.add(K::floating("train.weight_decay", 0.0, "Weight decay of the optimizer; 0 turns it off.").in_range(0, 10));
   s.add(K::integer("train.seed", 0, "Seed for weight initialisation and data shuffling; same seed, same run.")
             .at_least(0));

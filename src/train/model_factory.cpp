@@ -32,7 +32,7 @@ model::Autoencoder build_model(const Config& config, int64_t in_channels) {
 
 namespace lockstep::train {
 
-TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir) {
+TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir, bool weight_average) {
   namespace fs = std::filesystem;
   std::string path = checkpoint_or_run_dir;
   if (fs::is_directory(path)) path = checkpoint_path(path);
@@ -46,7 +46,9 @@ TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir) {
   LOCKSTEP_THROW_IF_NOT(first != c.model.end() && first->second.dim() == 4, CorruptInput, path,
                         ": checkpoint has no encoder.0.weight of shape (out, in, kh, kw)");
   t.model = build_model(t.config, first->second.size(1));
-  load_module_state(*t.model, c.model, path);
+  LOCKSTEP_CHECK_ARG(!weight_average || !c.ema.empty(), path,
+                     " holds no moving average of the weights: its run had train.ema_decay = 0");
+  load_module_state(*t.model, weight_average ? c.ema : c.model, weight_average ? path + " (weight average)" : path);
   t.model->eval();
   t.step = c.step;
   t.checkpoint = path;

@@ -83,17 +83,21 @@ std::vector<std::string> remove_stale_temporaries(const std::string& run_dir) {
   return removed;
 }
 
-void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds,
-                   const EvalResult& test) {
+void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test,
+                   const EvalResult* test_weight_average) {
+  const auto evaluation = [](const EvalResult& r) {
+    return nlohmann::json{{"images", r.images},         {"mse", r.mse},
+                          {"psnr_db", r.psnr_db},       {"code_usage", r.code_usage},
+                          {"codes_used", r.codes_used}, {"codebook_size", r.codebook_size},
+                          {"perplexity", r.perplexity}, {"ssim", r.ssim}};
+  };
   nlohmann::json j;
   j["steps"] = steps;
   j["interrupted"] = interrupted;
   j["seconds"] = seconds;
   if (!interrupted) {
-    j["test"] = {{"images", test.images},         {"mse", test.mse},
-                 {"psnr_db", test.psnr_db},       {"code_usage", test.code_usage},
-                 {"codes_used", test.codes_used}, {"codebook_size", test.codebook_size},
-                 {"perplexity", test.perplexity}, {"ssim", test.ssim}};
+    j["test"] = evaluation(test);
+    if (test_weight_average) j["test_ema"] = evaluation(*test_weight_average);
   }
   io::write_file_atomic(summary_path(run_dir), j.dump(2) + "\n");
 }

@@ -82,7 +82,7 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
 
 void RunReport::after_eval(int64_t step, const EvalResult& r) {
   if (!metrics_) return;  // only rank 0 evaluates
-  metrics_->write({"eval",
+  metrics_->write({r.weight_average ? "eval_ema" : "eval",
                    step,
                    {{"mse", r.mse},
                     {"psnr_db", r.psnr_db},

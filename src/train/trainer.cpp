@@ -27,6 +27,7 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
+#include "lockstep/train/weight_ema.h"
 #include "run_report.h"
 #include "train_data.h"
 
@@ -107,6 +108,7 @@ struct Trainer::State {
   std::unique_ptr<TrainData> data;
   model::Autoencoder model{nullptr};
   std::unique_ptr<Adam> adam;
+  model::Autoencoder ema_model{nullptr};    // the weights' moving average, with train.ema_decay > 0
   std::unique_ptr<LrSchedule> lr_schedule;  // the rate of each step, from the step alone
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
@@ -223,6 +225,16 @@ struct Trainer::State {
 
     model = build_model(config, data->channels());  // on the CPU: the same initial weights on any device
     model->to(device);
+    if (config.get_float("train.ema_decay") > 0) {
+      // Its initial weights are replaced by the model's: built without drawing from torch's generator,
+      // so a run with an average trains exactly as one without.
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      const at::Tensor before = generator.get_state();
+      ema_model = build_model(config, data->channels());
+      generator.set_state(before);
+      ema_model->to(device);
+      ema_model->eval();
+    }
     const int64_t f = model->options().downsampling();
     for (const auto& size : data->image_sizes()) {
       LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
@@ -313,6 +325,7 @@ struct Trainer::State {
     adam->set_lr(facts.lr);
     adam->step();
     sync_buffers();
+    if (ema_model) update_weight_ema(*ema_model, *model, config.get_float("train.ema_decay"));
     ++step;
     *stop = all.stop;
     return facts;
@@ -364,6 +377,7 @@ struct Trainer::State {
     Checkpoint c;
     c.model = module_state(*model);
     c.optimizer = adam->state();
+    if (ema_model) c.ema = module_state(*ema_model);
     c.torch_rng = at::detail::getDefaultCPUGenerator().get_state();
     c.step = step;
     c.optimizer_steps = adam->steps();
@@ -372,11 +386,18 @@ struct Trainer::State {
     saved_step = step;
   }
 
-  // The trainer runs the model over the images the data layer holds for evaluation.
-  EvalResult evaluate_test() {
-    return evaluate(
-        *model, data->evaluation_images(),
+  // The trainer runs the model (or its weight average) over the images the data layer holds for evaluation.
+  EvalResult evaluate_test(bool weight_average = false) {
+    EvalResult r = evaluate(
+        weight_average ? *ema_model : *model, data->evaluation_images(),
         EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
+    r.weight_average = weight_average;
+    return r;
+  }
+
+  // The average starts as the model, on every rank after the model's broadcast.
+  void start_weight_average() {
+    if (ema_model) load_module_state(*ema_model, module_state(*model), "the model");
   }
 };
 
@@ -397,6 +418,7 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
   s->build(/*resuming=*/false, on_info);
   s->check_same_config();
   s->sync_model();
+  s->start_weight_average();
   if (s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
@@ -440,6 +462,10 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   }
   s->build(/*resuming=*/true, on_info);
   load_module_state(*s->model, c.model, path);
+  LOCKSTEP_THROW_IF_NOT(c.ema.empty() == !s->ema_model, CorruptInput, path, ": ",
+                        c.ema.empty() ? "holds no weight average" : "holds a weight average",
+                        ", but its run has train.ema_decay = ", s->config.get_float("train.ema_decay"));
+  if (s->ema_model) load_module_state(*s->ema_model, c.ema, path + " (weight average)");
   s->adam->load_state(c.optimizer, c.optimizer_steps);
   LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
@@ -489,6 +515,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3).
     if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) {
       report.after_eval(s.step, s.evaluate_test());
+      if (s.ema_model) report.after_eval(s.step, s.evaluate_test(/*weight_average=*/true));
     }
     if (summary.interrupted) break;
   }
@@ -500,9 +527,14 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
       summary.test = s.evaluate_test();
       report.after_eval(s.step, summary.test);
       if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
+      if (s.ema_model) {
+        summary.test_weight_average = s.evaluate_test(/*weight_average=*/true);
+        report.after_eval(s.step, summary.test_weight_average);
+      }
     }
     summary.seconds = report.elapsed_s();
-    write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test);
+    write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test,
+                  s.ema_model ? &summary.test_weight_average : nullptr);
   }
   // Every rank ends together: a rank 0 that failed while saving or evaluating fails them all.
   s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));

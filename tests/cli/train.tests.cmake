@@ -47,6 +47,16 @@ lockstep_cli_test(eval_run EXIT 0 OUTPUT "step 4.*mse [0-9.]+  psnr" TIMEOUT 120
 lockstep_cli_test(eval_corrupt_checkpoint EXIT 1 OUTPUT "bad.safetensors"
                   SETUP "head -c 300 /dev/urandom > bad.safetensors" ARGS eval bad.safetensors)
 lockstep_cli_test(eval_missing_checkpoint EXIT 1 OUTPUT "no checkpoint at nowhere" ARGS eval nowhere)
+# A run keeping a moving average of its weights reports both; eval, encode and decode take it with --ema.
+lockstep_cli_test(train_weight_average EXIT 0
+                  OUTPUT "test: mse [0-9.]+ .*test, weight average: mse [0-9.]+  psnr" TIMEOUT 120
+                  ARGS train --run-dir run --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64
+                  --set data.test_subset=32 --set model.channels=[8,8] --set train.ema_decay=0.9)
+lockstep_cli_test(eval_weight_average EXIT 0 OUTPUT "step 4.*mse [0-9.]+  psnr" TIMEOUT 120
+                  SETUP "${TINY_RUN} --set train.ema_decay=0.9" ARGS eval run --ema --limit 32)
+lockstep_cli_test(eval_weight_average_of_a_run_without_one EXIT 1
+                  OUTPUT "holds no moving average of the weights: its run had train.ema_decay = 0" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS eval run --ema --limit 32)
 lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out" TIMEOUT 120
                   SETUP "${TINY_RUN} && ${LS} encode run --limit 10 -o tokens.npy | grep -q 'tokens of shape \\[10, 14, 14\\]'"
                   ARGS decode run --tokens tokens.npy -o out --grid grid.png)

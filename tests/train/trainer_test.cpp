@@ -17,6 +17,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/metrics.h"
+#include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
 
 namespace lockstep::train {
@@ -85,6 +86,10 @@ void expect_same_checkpoints(const std::string& a, const std::string& b) {
   for (const auto& [name, t] : ca.optimizer) {
     EXPECT_TRUE(torch::equal(t, cb.optimizer.at(name))) << "optimizer tensor " << name << " differs";
   }
+  ASSERT_EQ(ca.ema.size(), cb.ema.size());
+  for (const auto& [name, t] : ca.ema) {
+    EXPECT_TRUE(torch::equal(t, cb.ema.at(name))) << "weight-average tensor " << name << " differs";
+  }
 }
 
 // Each quantizer with the options that use randomness and statistics during training (and the
@@ -131,14 +136,15 @@ TEST_P(TrainerResume, InterruptedAndResumedRunIsBitwiseTheUninterruptedOne) {
 
 INSTANTIATE_TEST_SUITE_P(
     Quantizers, TrainerResume,
-    ::testing::Values(QuantizerSetup{"fsq", {}},
-                      QuantizerSetup{"vq",
-                                     {"quantizer.vq.codebook_size=64", "quantizer.vq.kmeans_init=true",
-                                      "quantizer.vq.kmeans_iters=2", "quantizer.vq.threshold_ema_dead_code=1"}},
-                      QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}},
-                      QuantizerSetup{"fsq",
-                                     {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"},
-                                     "fsq_cosine_clipped"}),
+    ::testing::Values(
+        QuantizerSetup{"fsq", {}},
+        QuantizerSetup{"vq",
+                       {"quantizer.vq.codebook_size=64", "quantizer.vq.kmeans_init=true", "quantizer.vq.kmeans_iters=2",
+                        "quantizer.vq.threshold_ema_dead_code=1"}},
+        QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}},
+        QuantizerSetup{
+            "fsq", {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"}, "fsq_cosine_clipped"},
+        QuantizerSetup{"vq", {"quantizer.vq.codebook_size=64", "train.ema_decay=0.9"}, "vq_weight_average"}),
     [](const ::testing::TestParamInfo<QuantizerSetup>& info) {
       return info.param.label.empty() ? info.param.name : info.param.label;
     });
@@ -178,6 +184,38 @@ TEST(Trainer, TheScheduleAndTheClippingShowInTheMetricsAndTheRun) {
   bool differs = false;
   for (const auto& [name, t] : free.model) differs = differs || !torch::equal(t, clipped.model.at(name));
   EXPECT_TRUE(differs) << "clipping every step to a tenth of the smallest norm changed nothing";
+}
+
+// A weight average is kept, saved, evaluated and loadable, and does not change the training itself.
+TEST(Trainer, TheWeightAverageIsSavedAndEvaluatedBesideTheWeights) {
+  test_util::TempDir tmp;
+  Config c = small_config(12);
+  const TrainSummary plain = Trainer::create(c, tmp.file("plain"), one())->run({});
+  c.set_from_string("train.ema_decay=0.8");
+  const TrainSummary averaged = Trainer::create(c, tmp.file("averaged"), one())->run({});
+  const Checkpoint a = load_checkpoint(checkpoint_path(tmp.file("plain")));
+  const Checkpoint b = load_checkpoint(checkpoint_path(tmp.file("averaged")));
+  EXPECT_TRUE(a.ema.empty());
+  ASSERT_EQ(b.ema.size(), b.model.size());
+  bool averaged_differs = false;
+  for (const auto& [name, t] : b.model) {
+    EXPECT_TRUE(torch::equal(t, a.model.at(name))) << "keeping an average changed the training: " << name;
+    averaged_differs = averaged_differs || !torch::equal(t, b.ema.at(name));
+  }
+  EXPECT_TRUE(averaged_differs);
+  EXPECT_EQ(plain.test_weight_average.images, 0);
+  EXPECT_EQ(averaged.test_weight_average.images, averaged.test.images);
+  EXPECT_TRUE(averaged.test_weight_average.weight_average && !averaged.test.weight_average);
+  EXPECT_NE(averaged.test_weight_average.mse, averaged.test.mse);
+  const std::string summary = io::read_file(summary_path(tmp.file("averaged")));
+  EXPECT_NE(summary.find("\"test_ema\""), std::string::npos) << summary;
+  bool logged = false;
+  for (const auto& r : read_metrics(metrics_path(tmp.file("averaged")))) logged = logged || r.kind == "eval_ema";
+  EXPECT_TRUE(logged);
+  // Loading the average gives the model the evaluation just reported.
+  const TrainedModel loaded = load_trained_model(tmp.file("averaged"), /*weight_average=*/true);
+  for (const auto& [name, t] : module_state(*loaded.model)) EXPECT_TRUE(torch::equal(t, b.ema.at(name))) << name;
+  EXPECT_THROW(load_trained_model(tmp.file("plain"), /*weight_average=*/true), InvalidArgument);
 }
 
 TEST(Trainer, CrashAfterACheckpointResumesFromItExactly) {

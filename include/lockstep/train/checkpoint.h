@@ -17,6 +17,7 @@ namespace lockstep::train {
 struct Checkpoint {
   std::map<std::string, at::Tensor> model;      // parameters and buffers by module path
   std::map<std::string, at::Tensor> optimizer;  // Adam::state()
+  std::map<std::string, at::Tensor> ema;        // the weights' moving average (train.ema_decay > 0), else empty
   at::Tensor torch_rng;                         // torch's default CPU generator state (uint8)
   int64_t step = 0;                             // training steps completed
   int64_t optimizer_steps = 0;

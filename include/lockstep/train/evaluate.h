@@ -35,7 +35,8 @@ struct EvalResult {
   double perplexity = 0;  // exp(entropy of the code histogram)
   int64_t codes_used = 0;
   int64_t codebook_size = 0;
-  io::Image grid;  // originals above their reconstructions, grid_images of each
+  bool weight_average = false;  // the trainer's: whether the weights' moving average was evaluated
+  io::Image grid;               // originals above their reconstructions, grid_images of each
 };
 
 // An evaluation fed batch by batch (batches may differ in size, e.g. one bucket after another):

@@ -24,8 +24,9 @@ struct TrainedModel {
   std::string checkpoint;  // the file it came from
 };
 
-// Rebuilds the model from the configuration embedded in the checkpoint and loads its weights.
-// Throws IoError when neither a file nor a run directory with a checkpoint is found.
-TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir);
+// Rebuilds the model from the configuration embedded in the checkpoint and loads its weights, or
+// with `weight_average` their moving average (InvalidArgument when the run kept none). Throws
+// IoError when neither a file nor a run directory with a checkpoint is found.
+TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir, bool weight_average = false);
 
 }  // namespace lockstep::train

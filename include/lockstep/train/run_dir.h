@@ -42,7 +42,9 @@ std::unique_ptr<RunDirLock> prepare_new_run_dir(const std::string& run_dir);
 // `run_dir`; call it while holding the directory's lock. Returns the names removed.
 std::vector<std::string> remove_stale_temporaries(const std::string& run_dir);
 
-// summary.json: steps, wall time and the final test evaluation.
-void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test);
+// summary.json: steps, wall time and the final test evaluation ("test"), and that of the weights'
+// moving average ("test_ema") when there is one.
+void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test,
+                   const EvalResult* test_weight_average = nullptr);
 
 }  // namespace lockstep::train
