@@ -11,13 +11,35 @@
 
 namespace lockstep::data {
 namespace {
-constexpr uint64_t kReplacement = 13;  // derive_seed purpose for bad-image replacements
+constexpr uint64_t kReplacement = 13;   // derive_seed purpose for bad-image replacements
+constexpr uint64_t kAugmentation = 17;  // and for crops and flips
+
+double uniform(SplitMix64& rng) { return static_cast<double>(rng.next() >> 11) * 0x1p-53; }
 constexpr int kMaxReplacementTries = 16;
 }  // namespace
 
+FitPlacement Augmentation::draw(uint64_t seed, int64_t epoch, int64_t step, int64_t slot) const {
+  SplitMix64 rng(derive_seed(seed, static_cast<uint64_t>(epoch * 1000003 + step),
+                             kAugmentation * 1000003 + static_cast<uint64_t>(slot)));
+  FitPlacement p;
+  if (max_zoom > 1) {
+    p.zoom = 1 + (max_zoom - 1) * uniform(rng);
+    p.x = uniform(rng);
+    p.y = uniform(rng);
+  }
+  if (flip) p.flip = rng.next() >> 63;
+  return p;
+}
+
 FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan,
-                             const std::vector<int64_t>& excluded)
-    : manifest_(std::move(manifest)), table_(std::move(table)), channels_(channels), plan_options_(plan) {
+                             const std::vector<int64_t>& excluded, Augmentation augmentation)
+    : manifest_(std::move(manifest)),
+      table_(std::move(table)),
+      channels_(channels),
+      plan_options_(plan),
+      augmentation_(augmentation) {
+  LOCKSTEP_CHECK_ARG(augmentation_.max_zoom >= 1 && augmentation_.max_zoom <= 16, "image folder: the largest zoom, ",
+                     augmentation_.max_zoom, ", must lie in [1, 16]");
   LOCKSTEP_CHECK_ARG(channels_ == 1 || channels_ == 3, "image folder: channels = ", channels_, " must be 1 or 3");
   LOCKSTEP_CHECK_ARG(manifest_.readable_count() > 0, "image folder ", manifest_.root, " holds no readable image (",
                      manifest_.entries.size(), " image files listed, none decodable)");
@@ -91,9 +113,11 @@ void FolderDataset::merge_small_buckets() {
   }
 }
 
-io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels) {
+io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels,
+                      const FitPlacement& placement) {
   const auto& entry = manifest.entries.at(static_cast<size_t>(id));
-  return fit_to_bucket(io::decode_image((std::filesystem::path(manifest.root) / entry.path).string(), channels), size);
+  return fit_to_bucket(io::decode_image((std::filesystem::path(manifest.root) / entry.path).string(), channels), size,
+                       placement);
 }
 
 int64_t FolderDataset::training_images() const {
@@ -118,9 +142,13 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
     const std::string& original = manifest_.entries[static_cast<size_t>(id)].path;
     SplitMix64 rng(derive_seed(plan_options_.seed, static_cast<uint64_t>(epoch * 1000003 + step),
                                kReplacement * 1000003 + static_cast<uint64_t>(first_slot) + i));
+    // A replacement image takes the placement drawn for its slot.
+    const FitPlacement placement = augmentation_.active() ? augmentation_.draw(plan_options_.seed, epoch, step,
+                                                                               first_slot + static_cast<int64_t>(i))
+                                                          : FitPlacement{};
     for (int attempt = 0;; ++attempt) {
       try {
-        out.images.push_back(load_fitted(manifest_, id, out.size, channels_));
+        out.images.push_back(load_fitted(manifest_, id, out.size, channels_, placement));
         break;
       } catch (const Error& e) {
         // Unreadable or undecodable files only: a bad bucket size is not the image's fault.

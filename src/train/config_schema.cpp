@@ -45,6 +45,13 @@ Schema build_schema() {
   s.add(K::string("data.buckets", "256x256,288x224,224x288,320x224,224x320,384x192,192x384",
                   "Image folders: the bucket sizes WIDTHxHEIGHT; each image goes to the bucket nearest its aspect "
                   "ratio, resized to cover it and centre-cropped."));
+  s.add(K::boolean("data.random_flip", false,
+                   "Image folders: mirror each training image left to right with probability 1/2 (drawn per image "
+                   "from the seed, epoch, step and its place in the global batch)."));
+  s.add(K::floating("data.random_zoom", 1.0,
+                    "Image folders: scale each training image to cover its bucket up to this many times over (uniform "
+                    "from 1) and crop a window placed at random; 1: the centre crop.")
+            .in_range(1, 16));
   s.add(K::string("data.remainder", "drop",
                   "A bucket's last partial global batch in an epoch is dropped (each epoch drops "
                   "others) or padded with the bucket's first images.")

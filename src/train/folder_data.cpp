@@ -23,6 +23,7 @@ struct FolderSettings {
   int rank = 0, world_size = 1;
   int workers = 2, prefetch = 4;
   std::string manifest_file;  // for messages
+  data::Augmentation augmentation;
 };
 
 // "a.jpg: not an image; b.png: truncated" for the first `most` unreadable files, "... and N more".
@@ -46,7 +47,7 @@ class FolderData final : public TrainData {
       : settings_(settings) {
     held_out_ = settings.split.held_out;
     dataset_ = std::make_unique<data::FolderDataset>(std::move(manifest), std::move(table), channels, plan,
-                                                     settings.split.excluded);
+                                                     settings.split.excluded, settings.augmentation);
     steps_per_epoch_ = dataset_->plan(0).steps();
     if (settings.rank == 0) eval_sets_ = decode_held_out();
   }
@@ -193,6 +194,8 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   s.workers = static_cast<int>(config.get_int("data.workers"));
   s.prefetch = static_cast<int>(config.get_int("data.prefetch"));
   s.manifest_file = saved_path;
+  s.augmentation.flip = config.get_bool("data.random_flip");
+  s.augmentation.max_zoom = config.get_float("data.random_zoom");
   return std::make_unique<FolderData>(std::move(manifest), table, channels, plan_options(config), s);
 }
 

@@ -104,6 +104,11 @@ std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& co
     config.set("data.dataset", std::string(folder ? "folder" : "fashion-mnist"));
   }
   if (config.get_string("data.dataset") == "folder") return open_image_folder(config, context);
+  // Fashion-MNIST's 28x28 images are used as they are.
+  LOCKSTEP_CHECK_ARG(!config.get_bool("data.random_flip") && config.get_float("data.random_zoom") == 1.0,
+                     "data.random_flip and data.random_zoom apply to image folders; this run trains on Fashion-MNIST "
+                     "(data.dir = ",
+                     config.get_string("data.dir"), ")");
   return open_fashion_mnist(config, context);
 }
 

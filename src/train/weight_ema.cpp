@@ -34,11 +34,10 @@ void update_weight_ema(torch::nn::Module& average, const torch::nn::Module& mode
     check_same("buffer", item.key(), item.value(), *b);
     item.value().copy_(*b);
   }
-  LOCKSTEP_CHECK_ARG(params.size() == average.named_parameters(true).size() &&
-                         buffers.size() == average.named_buffers(true).size(),
-                     "weight EMA: the model has ", params.size(), " parameters and ", buffers.size(),
-                     " buffers, the average ", average.named_parameters(true).size(), " and ",
-                     average.named_buffers(true).size());
+  LOCKSTEP_CHECK_ARG(
+      params.size() == average.named_parameters(true).size() && buffers.size() == average.named_buffers(true).size(),
+      "weight EMA: the model has ", params.size(), " parameters and ", buffers.size(), " buffers, the average ",
+      average.named_parameters(true).size(), " and ", average.named_buffers(true).size());
 }
 
 }  // namespace lockstep::train

@@ -14,12 +14,14 @@ set(IMAGES "bash ${CMAKE_CURRENT_LIST_DIR}/fetch_opencv_images.sh ${OPENCV_IMAGE
 set(FOLDER "--buckets 64x64,80x64,64x80 --global-batch 8 --threads 1 --set data.eval_images=8 --set model.channels=[8,16] --set train.log_every=2")
 separate_arguments(FOLDER_ARGS UNIX_COMMAND "${FOLDER}")
 
-# G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets) give the losses of one process on the
-# whole batch; each epoch's report counts the file that is not an image; `eval` of the run repeats
-# the figures of its final evaluation on the held-out images.
+# G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets), with random crops
+# and flips, give the losses of one process on the whole batch (each image's draw belongs to its
+# slot of the global batch); each epoch's report counts the file that is not an image; `eval` of
+# the run repeats the figures of its final evaluation on the held-out images (never augmented).
+set(AUGMENT "--set data.random_flip=true --set data.random_zoom=1.3")
 lockstep_cli_test(folder_two_ranks_match_one_process_three_epochs EXIT 0
                   OUTPUT "image folder images, held-out images, 8 images.*mse [0-9.]+  psnr" TIMEOUT 300
-                  SETUP "${IMAGES} && ${LS} train --data images --epochs 3 --run-dir one ${FOLDER} > one.log && ${LS} launch -n 2 -- train --data images --epochs 3 --run-dir two ${FOLDER} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && grep -q 'rank 0/2. epoch 3 of 3 ended at step [0-9]*: 0 images replaced (failed to decode), 1 unreadable files left out' two.log && grep -q 'not-really.jpg' two/manifest.json && ${LS} eval two > eval.log && diff <(grep -o 'mse .*' two.log | tail -1) <(tail -1 eval.log)"
+                  SETUP "${IMAGES} && ${LS} train --data images --epochs 3 --run-dir one ${FOLDER} ${AUGMENT} > one.log && ${LS} launch -n 2 -- train --data images --epochs 3 --run-dir two ${FOLDER} ${AUGMENT} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && grep -q 'rank 0/2. epoch 3 of 3 ended at step [0-9]*: 0 images replaced (failed to decode), 1 unreadable files left out' two.log && grep -q 'not-really.jpg' two/manifest.json && ${LS} eval two > eval.log && diff <(grep -o 'mse .*' two.log | tail -1) <(tail -1 eval.log)"
                   ARGS eval two)
 # Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 ranks (3, 3 and 2 images)
 # continue the one-process sequence across the epoch boundary (10 steps per epoch).

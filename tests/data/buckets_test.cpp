@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
 
@@ -87,6 +89,39 @@ TEST(Buckets, FittingCoversTheBucketAndCropsTheCentre) {
   EXPECT_EQ(up.width, 64);
   EXPECT_EQ(up.height, 64);
   EXPECT_THROW(fit_to_bucket(io::Image{}, {8, 8}), InvalidArgument);
+}
+
+TEST(Buckets, APlacementMovesZoomsAndMirrorsTheWindow) {
+  // 20x10 image whose column x holds 10 x: a 10x10 bucket needs no scaling, so windows are exact.
+  io::Image img;
+  img.width = 20;
+  img.height = 10;
+  img.channels = 1;
+  for (int y = 0; y < 10; ++y) {
+    for (int x = 0; x < 20; ++x) img.pixels.push_back(static_cast<uint8_t>(10 * x));
+  }
+  auto first_row = [](const io::Image& out) { return std::vector<int>(out.pixels.begin(), out.pixels.begin() + 10); };
+  const std::vector<int> centre{50, 60, 70, 80, 90, 100, 110, 120, 130, 140};
+  EXPECT_EQ(first_row(fit_to_bucket(img, {10, 10})), centre);
+  FitPlacement left;
+  left.x = 0;
+  EXPECT_EQ(first_row(fit_to_bucket(img, {10, 10}, left)), (std::vector<int>{0, 10, 20, 30, 40, 50, 60, 70, 80, 90}));
+  FitPlacement right_mirrored;
+  right_mirrored.x = 1;
+  right_mirrored.flip = true;
+  EXPECT_EQ(first_row(fit_to_bucket(img, {10, 10}, right_mirrored)),
+            (std::vector<int>{190, 180, 170, 160, 150, 140, 130, 120, 110, 100}));
+  // Zoom 2 at the top left: the window covers about the first 5 columns of the original.
+  FitPlacement zoomed;
+  zoomed.zoom = 2;
+  zoomed.x = 0;
+  zoomed.y = 0;
+  const io::Image z = fit_to_bucket(img, {10, 10}, zoomed);
+  ASSERT_EQ(z.width, 10);
+  EXPECT_LE(*std::max_element(z.pixels.begin(), z.pixels.end()), 50);
+  FitPlacement bad;
+  bad.zoom = 0.5;
+  EXPECT_THROW(fit_to_bucket(img, {10, 10}, bad), InvalidArgument);
 }
 #endif
 

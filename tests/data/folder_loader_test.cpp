@@ -170,6 +170,44 @@ TEST(FolderLoader, ABucketThatCannotFillABatchJoinsTheNearestFullOne) {
   EXPECT_EQ(three.buckets()[1].size(), 9u);
 }
 
+// Crops and flips are drawn per slot of the global batch: 1 rank and 2 ranks load the same images,
+// a second load of the step repeats them, and another epoch draws anew.
+TEST(FolderLoader, AugmentationIsDrawnPerSlotTheSameOnAnyNumberOfRanks) {
+  test_util::TempDir tmp;
+  const std::string root = tmp.file("textured");
+  std::filesystem::create_directories(root);
+  for (int i = 0; i < 8; ++i) {
+    cv::Mat m(32, 48, CV_8UC1);
+    for (int y = 0; y < 32; ++y) {
+      for (int x = 0; x < 48; ++x) m.at<uint8_t>(y, x) = static_cast<uint8_t>(5 * x + y + i);
+    }
+    cv::imwrite(root + "/t" + std::to_string(i) + ".png", m);
+  }
+  Augmentation augmentation;
+  augmentation.flip = true;
+  augmentation.max_zoom = 1.5;
+  const FolderDataset plain(scan_image_folder(root), {{24, 24}}, 1, plan_options(4));
+  const FolderDataset augmented(scan_image_folder(root), {{24, 24}}, 1, plan_options(4), {}, augmentation);
+  const EpochPlan plan = augmented.plan(0);
+  const FolderBatch whole = augmented.load(plan, 0, 0, 1, 0);
+  std::vector<io::Image> parts = augmented.load(plan, 0, 0, 2, 0).images;
+  for (const auto& image : augmented.load(plan, 0, 0, 2, 1).images) parts.push_back(image);
+  ASSERT_EQ(parts.size(), whole.images.size());
+  int changed = 0;
+  const FolderBatch centred = plain.load(plain.plan(0), 0, 0, 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].pixels, whole.images[i].pixels) << "slot " << i;
+    EXPECT_EQ(augmented.load(plan, 0, 0, 1, 0).images[i].pixels, whole.images[i].pixels) << "slot " << i;
+    changed += whole.images[i].pixels != centred.images[i].pixels;
+  }
+  EXPECT_GT(changed, 0);
+  EXPECT_NE(augmentation.draw(1, 0, 0, 0).x, augmentation.draw(1, 1, 0, 0).x);  // another epoch, another draw
+  int flipped = 0;
+  for (int64_t slot = 0; slot < 200; ++slot) flipped += augmentation.draw(1, 0, 0, slot).flip;
+  EXPECT_GT(flipped, 70);
+  EXPECT_LT(flipped, 130);
+}
+
 TEST(FolderLoader, ExcludedImagesAreNeverLoadedNorUsedAsReplacements) {
   test_util::TempDir tmp;
   const std::string root = make_folder(tmp);

@@ -36,7 +36,15 @@ int64_t nearest_bucket(const std::vector<BucketSize>& table, double width, doubl
 // Manifest entry indices per bucket (readable entries only; ties go to the earlier bucket).
 std::vector<std::vector<int64_t>> assign_buckets(const Manifest& manifest, const std::vector<BucketSize>& table);
 
-// Scales `image` so it covers width x height (area filter when shrinking), then crops the centre.
-io::Image fit_to_bucket(const io::Image& image, BucketSize size);
+// Where fit_to_bucket takes its window (training augmentation; the default is the plain fit).
+struct FitPlacement {
+  double zoom = 1.0;        // >= 1: the image is scaled to cover the bucket zoom times over first
+  double x = 0.5, y = 0.5;  // the window's position in the scaled image: 0 left/top .. 1 right/bottom
+  bool flip = false;        // mirrored left to right
+};
+
+// Scales `image` so it covers width x height (times placement.zoom; area filter when shrinking),
+// then crops the window placement puts there (the centre by default), mirrored when it says so.
+io::Image fit_to_bucket(const io::Image& image, BucketSize size, const FitPlacement& placement = {});
 
 }  // namespace lockstep::data

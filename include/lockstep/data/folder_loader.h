@@ -27,9 +27,20 @@ struct FolderBatch {
   int64_t replaced = 0;           // images that failed to decode and were replaced
 };
 
-// Entry `id` of `manifest` decoded to `channels` and fitted to `size`, as training sees it. Throws
-// CorruptInput or IoError naming the file when it cannot be decoded.
-io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels);
+// Entry `id` of `manifest` decoded to `channels` and fitted to `size` (at `placement`), as training
+// sees it. Throws CorruptInput or IoError naming the file when it cannot be decoded.
+io::Image load_fitted(const Manifest& manifest, int64_t id, BucketSize size, int channels,
+                      const FitPlacement& placement = {});
+
+// Random crops and flips of training images. Each image's draw comes from (seed, epoch, step, its
+// slot in the global batch): the same on any number of ranks and after a resume.
+struct Augmentation {
+  bool flip = false;    // mirror left to right with probability 1/2
+  double max_zoom = 1;  // > 1: zoom uniform in [1, max_zoom], window placed uniformly
+  bool active() const { return flip || max_zoom > 1; }
+  // The placement of the image in `slot` of global batch `step` of `epoch`.
+  FitPlacement draw(uint64_t seed, int64_t epoch, int64_t step, int64_t slot) const;
+};
 
 // Which readable entries are held out for evaluation (held_out_entries) and which the training set
 // leaves out: the held-out ones, and with `train_subset` > 0 every other one after the first
@@ -53,8 +64,9 @@ class FolderDataset {
   // A bucket with fewer images than one global batch hands them to the bucket nearest its aspect
   // ratio that has enough (see merged()). Throws InvalidArgument before any training: no readable
   // image, an empty table, or a global batch that no bucket can fill.
+  // Training images are fitted at placements `augmentation` draws (the plain fit by default).
   FolderDataset(Manifest manifest, std::vector<BucketSize> table, int channels, PlanOptions plan,
-                const std::vector<int64_t>& excluded = {});
+                const std::vector<int64_t>& excluded = {}, Augmentation augmentation = {});
 
   EpochPlan plan(int64_t epoch) const { return EpochPlan(buckets_, plan_options_, epoch); }
   // Decodes this rank's part of `step`; an image that fails to decode is replaced by the first
@@ -81,6 +93,7 @@ class FolderDataset {
   std::vector<BucketSize> table_;
   int channels_;
   PlanOptions plan_options_;
+  Augmentation augmentation_;
   std::vector<std::vector<int64_t>> buckets_;
   std::vector<MergedBucket> merged_;
   std::vector<int64_t> table_bucket_;  // per manifest entry: its bucket in the table, -1 if unreadable
