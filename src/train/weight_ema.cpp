@@ -16,28 +16,29 @@ void check_same(const std::string& what, const std::string& name, const at::Tens
 void update_weight_ema(torch::nn::Module& average, const torch::nn::Module& model, double decay) {
   LOCKSTEP_CHECK_ARG(decay >= 0 && decay < 1, "weight EMA: decay = ", decay, " must lie in [0, 1)");
   torch::NoGradGuard no_grad;
-  const auto params = model.named_parameters(true);
-  const auto buffers = model.named_buffers(true);
-  for (auto& item : average.named_parameters(true)) {
-    const at::Tensor* p = params.find(item.key());
-    LOCKSTEP_CHECK_ARG(p != nullptr, "weight EMA: parameter '", item.key(), "' of the average is not in the model");
-    check_same("parameter", item.key(), item.value(), *p);
-    if (item.value().is_floating_point()) {
-      item.value().mul_(decay).add_(*p, 1 - decay);
-    } else {
-      item.value().copy_(*p);
+  const auto params = model.named_parameters(true), averaged = average.named_parameters(true);
+  const auto buffers = model.named_buffers(true), copies = average.named_buffers(true);
+  LOCKSTEP_CHECK_ARG(params.size() == averaged.size() && buffers.size() == copies.size(), "weight EMA: the model has ",
+                     params.size(), " parameters and ", buffers.size(), " buffers, the average ", averaged.size(),
+                     " and ", copies.size());
+  // Every pair is checked before anything changes: a mismatch leaves the average as it was.
+  for (const auto* pairs : {&averaged, &copies}) {
+    const auto& sources = pairs == &averaged ? params : buffers;
+    for (const auto& item : *pairs) {
+      const at::Tensor* source = sources.find(item.key());
+      LOCKSTEP_CHECK_ARG(source != nullptr, "weight EMA: '", item.key(), "' of the average is not in the model");
+      check_same(pairs == &averaged ? "parameter" : "buffer", item.key(), item.value(), *source);
     }
   }
-  for (auto& item : average.named_buffers(true)) {
-    const at::Tensor* b = buffers.find(item.key());
-    LOCKSTEP_CHECK_ARG(b != nullptr, "weight EMA: buffer '", item.key(), "' of the average is not in the model");
-    check_same("buffer", item.key(), item.value(), *b);
-    item.value().copy_(*b);
+  for (const auto& item : averaged) {
+    const at::Tensor& p = params[item.key()];
+    if (item.value().is_floating_point()) {
+      item.value().mul_(decay).add_(p, 1 - decay);
+    } else {
+      item.value().copy_(p);
+    }
   }
-  LOCKSTEP_CHECK_ARG(
-      params.size() == average.named_parameters(true).size() && buffers.size() == average.named_buffers(true).size(),
-      "weight EMA: the model has ", params.size(), " parameters and ", buffers.size(), " buffers, the average ",
-      average.named_parameters(true).size(), " and ", average.named_buffers(true).size());
+  for (const auto& item : copies) item.value().copy_(buffers[item.key()]);
 }
 
 }  // namespace lockstep::train
