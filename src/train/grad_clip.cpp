@@ -10,9 +10,9 @@ namespace lockstep::train {
 
 double global_grad_norm(const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> squares;  // per tensor on its device, then one sum: one sync, not one per tensor
+  std::vector<at::Tensor> squares;  // on the gradients' device, then one sum: one sync, not one per tensor
   for (const at::Tensor& p : params) {
-    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kFloat64).square().sum().cpu());
+    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kFloat64).square().sum());
   }
   return squares.empty() ? 0.0 : std::sqrt(torch::stack(squares).sum().item<double>());
 }

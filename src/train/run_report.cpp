@@ -44,7 +44,7 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
                     facts.image_width,
                     facts.image_height};
   if (callbacks_.on_step) callbacks_.on_step(report);
-  if (metrics_ && (step % shape_.log_every == 0 || step == shape_.total_steps)) {
+  if (metrics_ && logs(step)) {
     metrics_->write({"train",
                      step,
                      {{"epoch", static_cast<double>(report.epoch)},

@@ -20,7 +20,7 @@ struct StepFacts {
   double waited_s = 0;      // this rank's wait for the loader
   int64_t image_width = 0;  // the step's bucket
   int64_t image_height = 0;
-  double grad_norm = 0;  // the global gradient norm before clipping
+  double grad_norm = 0;  // the global gradient norm before clipping (on logged steps, or when clipping)
   double lr = 0;         // the step's learning rate
 };
 
@@ -42,6 +42,8 @@ class RunReport {
   void after_step(int64_t step, const StepFacts& facts, int64_t unreadable);
   void after_eval(int64_t step, const EvalResult& result);
   double elapsed_s() const;
+  // Whether step `step` (1-based) gets a line of training metrics.
+  bool logs(int64_t step) const { return step % shape_.log_every == 0 || step == shape_.total_steps; }
 
  private:
   using Clock = std::chrono::steady_clock;

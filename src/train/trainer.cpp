@@ -273,8 +273,9 @@ struct Trainer::State {
   }
 
   // One optimizer step on this rank's part of the global batch of step `step` + 1. Sets `stop` when
-  // any rank was asked to stop during it (every rank sees the same).
-  StepFacts take_step(const TrainCallbacks& cb, bool* stop) {
+  // any rank was asked to stop during it (every rank sees the same). `logged`: the step's metrics are
+  // written, so its gradient norm is wanted even without clipping.
+  StepFacts take_step(const TrainCallbacks& cb, bool logged, bool* stop) {
     // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
     // running a training-mode forward to validate) cannot pair with this step's.
     const dist::PhaseScope phase(*group, dist::Phase::train_step(step + 1));
@@ -320,7 +321,11 @@ struct Trainer::State {
             : std::string("No checkpoint was written yet"));
     // The gradients are the same on every rank now, so are their norm and the clipping.
     const double clip = config.get_float("train.grad_clip");
-    facts.grad_norm = clip > 0 ? clip_grad_norm(trained_params, clip) : global_grad_norm(trained_params);
+    if (clip > 0) {
+      facts.grad_norm = clip_grad_norm(trained_params, clip);
+    } else if (logged) {
+      facts.grad_norm = global_grad_norm(trained_params);
+    }
     facts.lr = lr_schedule->at(step + 1);
     adam->set_lr(facts.lr);
     adam->step();
@@ -505,7 +510,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   s.model->train();
   while (s.step < s.total_steps) {
     bool stop = false;
-    const StepFacts facts = s.take_step(cb, &stop);
+    const StepFacts facts = s.take_step(cb, report.logs(s.step + 1), &stop);
     report.after_step(s.step, facts, s.data->unreadable());
     if (stop) summary.interrupted = true;
     if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {

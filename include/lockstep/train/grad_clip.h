@@ -9,7 +9,8 @@
 
 namespace lockstep::train {
 
-// The global L2 norm of the gradients of `params` (those without one count as zero).
+// The global L2 norm of the gradients of `params` (those without one count as zero; all gradients on
+// one device, as the trainer's are).
 double global_grad_norm(const std::vector<at::Tensor>& params);
 // Scales every gradient by max_norm / norm when the global norm exceeds max_norm (> 0); returns the
 // norm before clipping. A non-finite norm leaves the gradients as they are (the loss check reports it).
