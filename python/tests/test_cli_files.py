@@ -54,5 +54,5 @@ def test_tokens_load_with_numpy(run):
     array = np.load(tokens)
     assert array.dtype == np.int32 and array.shape[0] == 20 and array.ndim == 3
     assert array.min() >= 0 and array.max() < 64
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary  # the run's summary is plain JSON
+    summary = json.loads((run_dir / "summary.json").read_text())  # plain JSON, with the final evaluation
+    assert summary["steps"] == 3 and summary["test"]["images"] == 32 and 0 < summary["test"]["ssim"] <= 1
