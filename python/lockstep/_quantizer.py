@@ -18,6 +18,13 @@ def refuse(module_name, name, value, supported):
                     "see docs/python.md for the options and deliberate differences")
 
 
+def refuse_forward_options(module_name, **given):
+    """TypeError naming a forward option given another value than its default (None or False)."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep")
+
+
 def only_defaults(module_name, function, given, names):
     """For reference options lockstep implements only at their default: TypeError naming the first of
     `names` that `given` (the caller's locals()) sets to another value than `function`'s signature."""

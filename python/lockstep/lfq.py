@@ -4,7 +4,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse
+from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 
@@ -54,10 +54,7 @@ def check_forward_options(module_name, made_with, inv_temperature=None, return_l
     if inv_temperature is not None and float(inv_temperature) != made_with:
         raise TypeError(f"{module_name}: inv_temperature={inv_temperature} at forward; lockstep sets it when the "
                         f"module is made (inv_temperature={made_with})")
-    if return_loss_breakdown:
-        raise TypeError(f"{module_name}: option return_loss_breakdown=True is not supported by lockstep")
-    if mask is not None:
-        raise TypeError(f"{module_name}: option mask is not supported by lockstep")
+    refuse_forward_options(module_name, return_loss_breakdown=return_loss_breakdown, mask=mask)
 
 
 class LFQ(LockstepQuantizer):

@@ -4,17 +4,10 @@ import re
 
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse
+from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options
 from .vq import vq_options
-
-
-def refuse_forward_options(module_name, **given):
-    """TypeError naming a forward option given another value than its default (None or False)."""
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep")
 
 
 class _Residual(LockstepQuantizer):

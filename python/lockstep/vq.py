@@ -2,7 +2,7 @@
 and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse
+from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -72,14 +72,11 @@ class VectorQuantize(LockstepQuantizer):
         return embed if embed.shape[0] > 1 else embed[0]
 
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
-                  return_loss_breakdown=False, codebook_transform_fn=None):
-        for name, value, default in (("indices", indices, None), ("mask", mask, None), ("lens", lens, None),
-                                       ("sample_codebook_temp", sample_codebook_temp, None),
-                                       ("freeze_codebook", freeze_codebook, None),
-                                       ("return_loss_breakdown", return_loss_breakdown, False),
-                                       ("codebook_transform_fn", codebook_transform_fn, None)):
-            if value is not default and not (default is False and value is False):
-                  raise TypeError(f"lockstep.VectorQuantize: forward option {name} is not supported by lockstep")
+                return_loss_breakdown=False, codebook_transform_fn=None):
+        refuse_forward_options("lockstep.VectorQuantize", indices=indices, mask=mask, lens=lens,
+                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
+                               return_loss_breakdown=return_loss_breakdown,
+                               codebook_transform_fn=codebook_transform_fn)
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, False, self.heads)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         return out, idx, loss
