@@ -88,8 +88,7 @@ class LockstepQuantizer(nn.Module):
 
     def __getstate__(self):
         # liblockstep's quantizer is rebuilt from _spec, its checked group made anew when needed.
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        state = dict(state)
+        state = dict(self.__dict__)
         for key in ("_core", "_group"):
             state.pop(key, None)
         return state
