@@ -98,7 +98,12 @@ std::string format_eval(const train::EvalResult& r) {
   std::snprintf(buf, sizeof buf, "mse %.5f  psnr %.2f dB  codes used %lld/%lld (%.1f%%)  perplexity %.1f  ssim %.4f",
                 r.mse, r.psnr_db, static_cast<long long>(r.codes_used), static_cast<long long>(r.codebook_size),
                 100.0 * r.code_usage, r.perplexity, r.ssim);
-  return buf;
+  std::string line = buf;
+  if (r.lpips) {
+    std::snprintf(buf, sizeof buf, "  lpips %.4f", *r.lpips);
+    line += buf;
+  }
+  return line;
 }
 
 std::string fixed(double v, int digits) {

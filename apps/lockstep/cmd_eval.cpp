@@ -6,6 +6,7 @@
 #include "folder_input.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/io/image.h"
+#include "lockstep/train/lpips_weights.h"
 #include "lockstep/train/model_factory.h"
 
 namespace lockstep::cli {
@@ -20,6 +21,7 @@ struct EvalArgs {
   std::string grid;
   int threads = 0;
   bool weight_average = false;
+  std::string lpips;  // LPIPS-VGG weights; empty: the run's loss.lpips_weights, when set
 };
 
 int run_eval(const EvalArgs& args) {
@@ -27,8 +29,13 @@ int run_eval(const EvalArgs& args) {
   train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
   const bool folder_run = t.config.get_string("data.dataset") == "folder";
   const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
-  const train::EvalOptions options =
-      train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16);
+  train::EvalOptions options = train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16);
+  const std::string lpips_path = args.lpips.empty() ? t.config.get_string("loss.lpips_weights") : args.lpips;
+  if (!lpips_path.empty()) {
+    model::Lpips lpips = train::load_lpips(lpips_path, args.lpips.empty() ? "the run's loss.lpips_weights" : "--lpips");
+    lpips->to(t.model->parameters().front().device());
+    options.lpips(lpips.ptr());
+  }
   train::EvalResult r;
   std::string what;
   if ((args.data_dir.empty() && folder_run) || (!args.data_dir.empty() && is_image_folder(dir))) {
@@ -67,7 +74,8 @@ void add_eval_command(CLI::App& app, Runner& run) {
   CLI::App* cmd = app.add_subcommand("eval", "Measure a trained tokenizer on Fashion-MNIST or an image folder");
   cmd->footer(
       "Prints the MSE and PSNR of the reconstructions (pixels in [0, 1]), the fraction of codes used, and the "
-      "perplexity of the code histogram. A run trained on an image folder is measured on its held-out "
+      "perplexity of the code histogram, the mean SSIM, and the mean LPIPS distance when LPIPS weights are "
+      "given (--lpips, or the run's loss.lpips_weights). A run trained on an image folder is measured on its held-out "
       "images (--split test) or its training images (--split train); --data FOLDER measures every image "
       "of another folder, each fitted to the run's buckets.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
@@ -82,6 +90,9 @@ void add_eval_command(CLI::App& app, Runner& run) {
       ->check(kPositiveInt)
       ->capture_default_str();
   cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
+  cmd->add_option("--lpips", args->lpips,
+                  "LPIPS-VGG weights (a safetensors file, docs/losses.md) for an LPIPS figure (default: the run's "
+                  "loss.lpips_weights)");
   add_threads_option(*cmd, args->threads);
   add_weight_average_option(*cmd, args->weight_average);
   cmd->callback([&run, args] { run = [args] { return run_eval(*args); }; });

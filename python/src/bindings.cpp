@@ -19,6 +19,7 @@
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
+#include "lockstep/train/lpips_weights.h"
 
 namespace py = pybind11;
 using lockstep::quant::OptionValue;
@@ -181,4 +182,13 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
+  m.def(
+      "_lpips_distance",
+      [](const std::string& weights, const at::Tensor& x, const at::Tensor& y) {
+        py::gil_scoped_release release;
+        torch::NoGradGuard no_grad;
+        return lockstep::train::load_lpips(weights, "weights")->forward(x, y);
+      },
+      py::arg("weights"), py::arg("x"), py::arg("y"),
+      "LPIPS distances of two image batches in [-1, 1], as `lockstep train` computes them (for tests).");
 }

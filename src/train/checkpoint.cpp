@@ -16,6 +16,8 @@ constexpr const char* kFormat = "lockstep-checkpoint-1";
 constexpr const char* kModelPrefix = "model/";
 constexpr const char* kOptimizerPrefix = "optim/";
 constexpr const char* kEmaPrefix = "ema/";
+constexpr const char* kDiscPrefix = "disc/";
+constexpr const char* kDiscOptimizerPrefix = "disc_optim/";
 constexpr const char* kRngKey = "rng/torch_cpu";
 
 int64_t parse_int(const io::SafetensorsData& data, const std::string& key) {
@@ -42,12 +44,15 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   for (const auto& [name, t] : c.model) data.tensors[kModelPrefix + name] = io::to_raw(t);
   for (const auto& [name, t] : c.optimizer) data.tensors[kOptimizerPrefix + name] = io::to_raw(t);
   for (const auto& [name, t] : c.ema) data.tensors[kEmaPrefix + name] = io::to_raw(t);
+  for (const auto& [name, t] : c.discriminator) data.tensors[kDiscPrefix + name] = io::to_raw(t);
+  for (const auto& [name, t] : c.disc_optimizer) data.tensors[kDiscOptimizerPrefix + name] = io::to_raw(t);
   if (c.torch_rng.defined()) data.tensors[kRngKey] = io::to_raw(c.torch_rng);
   data.metadata = {{"format", kFormat},
                    {"lockstep_version", LOCKSTEP_VERSION},
                    {"step", std::to_string(c.step)},
                    {"optimizer_steps", std::to_string(c.optimizer_steps)},
                    {"config", c.config_toml}};
+  if (!c.discriminator.empty()) data.metadata["disc_optimizer_steps"] = std::to_string(c.disc_optimizer_steps);
   io::save_safetensors(path, data);
 }
 
@@ -70,6 +75,10 @@ Checkpoint load_checkpoint(const std::string& path) {
       c.optimizer[name.substr(std::strlen(kOptimizerPrefix))] = io::from_raw(raw);
     } else if (starts_with(name, kEmaPrefix)) {
       c.ema[name.substr(std::strlen(kEmaPrefix))] = io::from_raw(raw);
+    } else if (starts_with(name, kDiscPrefix)) {
+      c.discriminator[name.substr(std::strlen(kDiscPrefix))] = io::from_raw(raw);
+    } else if (starts_with(name, kDiscOptimizerPrefix)) {
+      c.disc_optimizer[name.substr(std::strlen(kDiscOptimizerPrefix))] = io::from_raw(raw);
     } else if (name == kRngKey) {
       c.torch_rng = io::from_raw(raw);
     } else {
@@ -77,6 +86,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     }
   }
   LOCKSTEP_THROW_IF_NOT(!c.model.empty(), CorruptInput, path, ": checkpoint holds no model tensors");
+  if (!c.discriminator.empty()) c.disc_optimizer_steps = parse_int(data, "disc_optimizer_steps");
   return c;
 }
 

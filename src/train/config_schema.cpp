@@ -125,6 +125,41 @@ Schema build_schema() {
   s.add(K::integer("train.eval_every", 0, "Steps between test-set evaluations; 0 evaluates only at the end.")
             .at_least(0));
 
+  s.add(K::floating("loss.l2", 1.0, "Weight of the mean squared error between image and reconstruction.")
+            .in_range(0, 1e6));
+  s.add(K::floating("loss.l1", 0.0, "Weight of the mean absolute error between image and reconstruction.")
+            .in_range(0, 1e6));
+  s.add(K::floating("loss.perceptual", 0.0,
+                    "Weight of the LPIPS distance between image and reconstruction (needs loss.lpips_weights); 0: "
+                    "none.")
+            .in_range(0, 1e6));
+  s.add(K::string("loss.lpips_weights", "",
+                  "LPIPS-VGG weights as a safetensors file (docs/losses.md): the perceptual loss's network, and "
+                  "an LPIPS figure in every evaluation; empty: none."));
+  s.add(K::floating("loss.adversarial", 0.0,
+                    "Weight of the adversarial loss from a PatchGAN discriminator trained beside the model; 0: "
+                    "no discriminator.")
+            .in_range(0, 1e6));
+  s.add(K::string("loss.gan_loss", "hinge", "The adversarial objective: hinge or non_saturating.")
+            .one_of({"hinge", "non_saturating"}));
+  s.add(K::integer("loss.gan_start_step", 0,
+                   "The discriminator trains, and the adversarial loss counts, from this step on.")
+            .at_least(0));
+  s.add(K::boolean("loss.adaptive_weight", true,
+                   "Scale the adversarial loss by |grad of the reconstruction losses| / |grad of the adversarial "
+                   "loss| at the decoder's last layer (over the global batch), as VQGAN does."));
+  s.add(K::floating("loss.lecam", 0.0,
+                    "Weight of LeCam regularisation of the discriminator (its outputs kept near moving averages of "
+                    "the other side's); 0: none.")
+            .in_range(0, 1e6));
+  s.add(K::floating("loss.disc_lr", 0.0, "Learning rate of the discriminator's optimizer; 0: train.lr.")
+            .in_range(0, 10));
+  s.add(K::integer("loss.disc_channels", 64, "Channels of the discriminator's first layer (doubling per layer, "
+                   "at most 8x).")
+            .in_range(1, 1024));
+  s.add(K::integer("loss.disc_layers", 3,
+                   "Stride-2 layers of the PatchGAN discriminator; each output judges a patch of the image.")
+            .in_range(1, 6));
   s.add(K::integer("eval.batch_size", 500, "Test images per batch when evaluating.").in_range(1, 65536));
   s.add(K::integer("eval.grid_images", 16, "Test images shown beside their reconstructions in the PNG grid.")
             .in_range(1, 256));

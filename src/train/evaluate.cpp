@@ -14,6 +14,7 @@ namespace {
 // Tiles at least this many pixels on their shorter side, so that a 28x28 image can be looked at.
 constexpr int64_t kMinTileSide = 96;
 constexpr int64_t kMostTileScale = 8;
+constexpr int64_t kLpipsChunk = 16;
 
 // Each pixel as a factor x factor block (nearest neighbour: the pixels stay visible as they are).
 io::Image scaled_up(const io::Image& in, int64_t factor) {
@@ -63,7 +64,7 @@ struct Evaluation::State {
   EvalOptions options;
   bool was_training = false;
   at::Tensor histogram;
-  double squared_error = 0, ssim_sum = 0;
+  double squared_error = 0, ssim_sum = 0, lpips_sum = 0;
   int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
   at::Device device{at::kCPU};  // the model's: images go there, results come back to the host
@@ -97,6 +98,12 @@ void Evaluation::add(const at::Tensor& images) {
     const at::Tensor diff = (reconstruction - x) / 2;
     s.squared_error += diff.pow(2).sum().item<double>();
     s.ssim_sum += ssim_per_image((x + 1) / 2, (reconstruction + 1) / 2).sum().item<double>();
+    if (s.options.lpips_) {  // a few images at a time: VGG16's activations are 64 channels at full size
+      for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
+        const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
+        s.lpips_sum += s.options.lpips_->forward(reconstruction.narrow(0, i, n), x.narrow(0, i, n)).sum().item<double>();
+      }
+    }
     s.values += x.numel();
     s.images += x.size(0);
     s.histogram += torch::bincount(out.quant.indices.flatten(), {}, k).cpu();
@@ -116,6 +123,7 @@ EvalResult Evaluation::result() const {
   r.mse = s.squared_error / static_cast<double>(s.values);
   r.psnr_db = r.mse > 0 ? 10 * std::log10(1.0 / r.mse) : std::numeric_limits<double>::infinity();
   r.ssim = s.ssim_sum / static_cast<double>(s.images);
+  if (s.options.lpips_) r.lpips = s.lpips_sum / static_cast<double>(s.images);
   const at::Tensor p = s.histogram.to(torch::kFloat64) / s.histogram.sum().item<double>();
   r.codes_used = (s.histogram > 0).sum().item<int64_t>();
   r.codebook_size = s.histogram.size(0);

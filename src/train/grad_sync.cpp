@@ -49,7 +49,8 @@ struct GradientSync::Impl {
   }
 };
 
-GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters, int64_t bucket_bytes)
+GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters, int64_t bucket_bytes,
+                           const std::string& tag)
     : impl_(std::make_shared<Impl>()) {
   LOCKSTEP_CHECK_ARG(bucket_bytes >= 1, "gradient sync: bucket size ", bucket_bytes, " bytes must be >= 1");
   Impl& m = *impl_;
@@ -81,7 +82,7 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
     m.bucket_of[k] = m.buckets.size() - 1;
   }
   for (size_t i = 0; i < m.buckets.size(); ++i) {
-    m.buckets[i].tag = "train.grads.bucket" + std::to_string(i);
+    m.buckets[i].tag = tag + ".bucket" + std::to_string(i);
     m.buckets[i].flat = torch::zeros({sizes[i] / 4}, m.on);
   }
   for (size_t k = 0; k < m.parameters.size(); ++k) {

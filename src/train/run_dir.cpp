@@ -86,10 +86,12 @@ std::vector<std::string> remove_stale_temporaries(const std::string& run_dir) {
 void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test,
                    const EvalResult* test_weight_average) {
   const auto evaluation = [](const EvalResult& r) {
-    return nlohmann::json{{"images", r.images},         {"mse", r.mse},
+    nlohmann::json j{{"images", r.images},         {"mse", r.mse},
                           {"psnr_db", r.psnr_db},       {"code_usage", r.code_usage},
                           {"codes_used", r.codes_used}, {"codebook_size", r.codebook_size},
                           {"perplexity", r.perplexity}, {"ssim", r.ssim}};
+    if (r.lpips) j["lpips"] = *r.lpips;
+    return j;
   };
   nlohmann::json j;
   j["steps"] = steps;

@@ -45,15 +45,20 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
                     facts.image_height};
   if (callbacks_.on_step) callbacks_.on_step(report);
   if (metrics_ && logs(step)) {
-    metrics_->write({"train",
-                     step,
-                     {{"epoch", static_cast<double>(report.epoch)},
-                      {"loss", report.loss},
-                      {"images_per_s", report.images_per_s},
-                      {"elapsed_s", report.elapsed_s},
-                      {"data_wait_s", window_wait_},
-                      {"grad_norm", facts.grad_norm},
-                      {"lr", facts.lr}}});
+    MetricsRecord record{"train",
+                         step,
+                         {{"epoch", static_cast<double>(report.epoch)},
+                          {"loss", report.loss},
+                          {"images_per_s", report.images_per_s},
+                          {"elapsed_s", report.elapsed_s},
+                          {"data_wait_s", window_wait_},
+                          {"grad_norm", facts.grad_norm},
+                          {"lr", facts.lr}}};
+    if (facts.adversary) {
+      record.values.emplace_back("disc_loss", facts.disc_loss);
+      record.values.emplace_back("adversarial_factor", facts.adversarial_factor);
+    }
+    metrics_->write(record);
     window_loss_ = 0;
     window_steps_ = 0;
     window_wait_ = 0;
@@ -82,14 +87,16 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
 
 void RunReport::after_eval(int64_t step, const EvalResult& r) {
   if (!metrics_) return;  // only rank 0 evaluates
-  metrics_->write({r.weight_average ? "eval_ema" : "eval",
-                   step,
-                   {{"mse", r.mse},
-                    {"psnr_db", r.psnr_db},
-                    {"ssim", r.ssim},
-                    {"code_usage", r.code_usage},
-                    {"perplexity", r.perplexity},
-                    {"images", static_cast<double>(r.images)}}});
+  MetricsRecord record{r.weight_average ? "eval_ema" : "eval",
+                       step,
+                       {{"mse", r.mse},
+                        {"psnr_db", r.psnr_db},
+                        {"ssim", r.ssim},
+                        {"code_usage", r.code_usage},
+                        {"perplexity", r.perplexity},
+                        {"images", static_cast<double>(r.images)}}};
+  if (r.lpips) record.values.emplace_back("lpips", *r.lpips);
+  metrics_->write(record);
   if (callbacks_.on_eval) callbacks_.on_eval(step, r);
 }
 

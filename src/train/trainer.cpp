@@ -19,10 +19,13 @@
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/adam.h"
+#include "lockstep/train/adversary.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
 #include "lockstep/train/grad_clip.h"
 #include "lockstep/train/grad_sync.h"
+#include "lockstep/train/losses.h"
+#include "lockstep/train/lpips_weights.h"
 #include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
@@ -48,10 +51,12 @@ const std::vector<std::string> kResumableKeys = {"train.epochs",
                                                  "data.workers",
                                                  "data.prefetch",
                                                  "train.threads",
-                                                 "train.device"};
+                                                 "train.device",
+                                                 "loss.lpips_weights"};
 // Keys each rank may set for itself: where its copy of the data is, how it uses its cores, its device.
-const std::vector<std::string> kPerRankKeys = {"data.dir", "train.threads", "data.workers", "data.prefetch",
-                                               "train.device"};
+// The LPIPS file's path may differ too; its contents are compared (check_same_config).
+const std::vector<std::string> kPerRankKeys = {"data.dir",      "train.threads", "data.workers",
+                                               "data.prefetch", "train.device",  "loss.lpips_weights"};
 
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
@@ -110,6 +115,11 @@ struct Trainer::State {
   std::unique_ptr<Adam> adam;
   model::Autoencoder ema_model{nullptr};    // the weights' moving average, with train.ema_decay > 0
   std::unique_ptr<LrSchedule> lr_schedule;  // the rate of each step, from the step alone
+  ReconstructionLossOptions reconstruction;
+  model::Lpips lpips{nullptr};             // loss.lpips_weights: the perceptual loss's and evaluation's network
+  int64_t lpips_hash = 0;                  // of its file, compared across ranks
+  std::unique_ptr<Adversary> adversary;    // loss.adversarial > 0
+  at::Tensor decoder_last_weight;          // where the adaptive weight compares gradients
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
@@ -150,8 +160,10 @@ struct Trainer::State {
   void check_replicas(const char* when) {
     if (!distributed()) return;  // one replica: nothing to compare, and the checksums cost a pass over the model
     std::vector<at::Tensor> params, buffers;
-    for (const auto& p : model->named_parameters(true)) params.push_back(p.value());
-    for (const auto& b : model->named_buffers(true)) buffers.push_back(b.value());
+    for (const torch::nn::Module* m : replicated_modules()) {
+      for (const auto& p : m->named_parameters(true)) params.push_back(p.value());
+      for (const auto& b : m->named_buffers(true)) buffers.push_back(b.value());
+    }
     const RankValues all =
         gather_from_ranks(*group, {checksum(params), checksum(buffers)}, LOCKSTEP_CALL_SITE("train.replica_check"));
     if (all.differ.empty()) return;
@@ -173,20 +185,35 @@ struct Trainer::State {
     Config shared = config;
     for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
     const std::string text = shared.to_toml();
-    const RankValues all = gather_from_ranks(*group, {static_cast<int64_t>(fnv1a(text.data(), text.size()))},
-                                             LOCKSTEP_CALL_SITE("train.config_check"));
-    LOCKSTEP_THROW_IF_NOT(all.differ.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
-                          ": the configuration of rank(s) ", join_ranks(all.differ),
+    const RankValues all =
+        gather_from_ranks(*group, {static_cast<int64_t>(fnv1a(text.data(), text.size())), lpips_hash},
+                          LOCKSTEP_CALL_SITE("train.config_check"));
+    std::vector<int> config_differs, lpips_differs;
+    for (int r : all.differ) (all.values[r][0] != all.values[0][0] ? config_differs : lpips_differs).push_back(r);
+    LOCKSTEP_THROW_IF_NOT(config_differs.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
+                          ": the configuration of rank(s) ", join_ranks(config_differs),
                           " differs from rank 0's (compare `lockstep train --print-config` with each rank's flags); "
                           "every rank must be started with the same settings");
+    LOCKSTEP_THROW_IF_NOT(lpips_differs.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
+                          ": the file loss.lpips_weights names on rank(s) ", join_ranks(lpips_differs),
+                          " holds other bytes than rank 0's; every rank must read the same LPIPS weights");
+  }
+
+  // What every rank holds a copy of: the model, and the discriminator when there is one.
+  std::vector<const torch::nn::Module*> replicated_modules() const {
+    std::vector<const torch::nn::Module*> modules = {model.get()};
+    if (adversary) modules.push_back(&adversary->discriminator());
+    return modules;
   }
 
   // Every rank starts from rank 0's parameters and buffers (one checked broadcast).
   void sync_model() {
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> tensors;
-    for (const auto& p : model->named_parameters(true)) tensors.push_back(p.value());
-    for (const auto& b : model->named_buffers(true)) tensors.push_back(b.value());
+    for (const torch::nn::Module* m : replicated_modules()) {
+      for (const auto& p : m->named_parameters(true)) tensors.push_back(p.value());
+      for (const auto& b : m->named_buffers(true)) tensors.push_back(b.value());
+    }
     group->broadcast(tensors, 0, LOCKSTEP_CALL_SITE("train.model.init"));
     check_replicas("at start");
   }
@@ -270,6 +297,53 @@ struct Trainer::State {
                                                    .decay(config.get_string("train.lr_decay"))
                                                    .final_ratio(config.get_float("train.lr_final_ratio")),
                                                total_steps);
+    build_losses(data->channels());
+  }
+
+  // The reconstruction terms, the LPIPS network and the adversary, from the loss.* keys.
+  void build_losses(int64_t channels) {
+    reconstruction.l2(config.get_float("loss.l2"))
+        .l1(config.get_float("loss.l1"))
+        .perceptual(config.get_float("loss.perceptual"));
+    const std::string lpips_path = config.get_string("loss.lpips_weights");
+    LOCKSTEP_CHECK_ARG(reconstruction.perceptual_ == 0 || !lpips_path.empty(), "loss.perceptual = ",
+                       reconstruction.perceptual_, " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
+    if (!lpips_path.empty()) {
+      lpips = load_lpips(lpips_path, "loss.lpips_weights");
+      lpips->to(device);
+      lpips->eval();
+      lpips_hash = Trainer::State::checksum(module_state_tensors(*lpips));
+    }
+    const double adversarial = config.get_float("loss.adversarial");
+    if (adversarial <= 0) return;
+    const bool adaptive = config.get_bool("loss.adaptive_weight");
+    LOCKSTEP_CHECK_ARG(!adaptive || reconstruction.l2_ + reconstruction.l1_ + reconstruction.perceptual_ > 0,
+                       "loss.adaptive_weight compares the adversarial loss's gradient with the reconstruction "
+                       "losses', but loss.l2, loss.l1 and loss.perceptual are all 0");
+    const double disc_lr = config.get_float("loss.disc_lr");
+    AdversaryOptions options;
+    options.weight = adversarial;
+    options.objective = config.get_string("loss.gan_loss");
+    options.start_step = config.get_int("loss.gan_start_step");
+    options.adaptive_weight = adaptive;
+    options.lecam = config.get_float("loss.lecam");
+    options.lr = disc_lr > 0 ? disc_lr : config.get_float("train.lr");
+    options.channels = config.get_int("loss.disc_channels");
+    options.layers = config.get_int("loss.disc_layers");
+    options.bucket_bytes = config.get_int("train.grad_bucket_kb") * 1024;
+    adversary = std::make_unique<Adversary>(options, channels, group, device);
+    for (const auto& size : data->image_sizes()) adversary->discriminator().check_image_size(size.height, size.width);
+    // The decoder's output convolution: its weight is the last 4-D parameter registered under decoder.
+    for (const auto& p : model->named_parameters(true)) {
+      if (p.key().rfind("decoder.", 0) == 0 && p.value().dim() == 4) decoder_last_weight = p.value();
+    }
+    LOCKSTEP_CHECK_ARG(decoder_last_weight.defined(), "loss.adaptive_weight: the model has no decoder convolution");
+  }
+
+  static std::vector<at::Tensor> module_state_tensors(const torch::nn::Module& m) {
+    std::vector<at::Tensor> out;
+    for (const auto& b : m.named_buffers(true)) out.push_back(b.value());
+    return out;
   }
 
   // One optimizer step on this rank's part of the global batch of step `step` + 1. Sets `stop` when
@@ -294,7 +368,16 @@ struct Trainer::State {
     // The loss is weighted so that averaging gradients over ranks gives exactly the gradient of the
     // global batch's loss (G4).
     const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
-    const at::Tensor loss = (torch::mse_loss(out.reconstruction, x) + out.quant.total_loss()) * weight;
+    const at::Tensor nll = reconstruction_loss(out.reconstruction, x, reconstruction, lpips.is_empty() ? nullptr : lpips.get());
+    at::Tensor loss = nll + out.quant.total_loss();
+    const bool adversarial = adversary && adversary->active(step + 1);
+    StepFacts facts;
+    if (adversarial) {
+      const at::Tensor g_loss = adversary->generator_loss(out.reconstruction);
+      facts.adversarial_factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
+      loss = loss + g_loss * facts.adversarial_factor;
+    }
+    loss = loss * weight;
     // This rank's loss, stop request and replaced images travel summed with the last gradient
     // bucket, so every rank stops after the same step, whichever rank was asked.
     StepControl here;
@@ -305,7 +388,6 @@ struct Trainer::State {
     adam->zero_grad();
     loss.backward();
     const StepControl all = StepControl::unpack(grad_sync->finish());  // gradients now the mean over ranks
-    StepFacts facts;
     facts.loss = all.loss / group->size();
     facts.replaced = all.replaced;
     facts.waited_s = batch.waited_s;
@@ -331,6 +413,8 @@ struct Trainer::State {
     adam->step();
     sync_buffers();
     if (ema_model) update_weight_ema(*ema_model, *model, config.get_float("train.ema_decay"));
+    if (adversarial) facts.disc_loss = adversary->train_step(x, out.reconstruction.detach(), weight);
+    facts.adversary = adversary != nullptr;
     ++step;
     *stop = all.stop;
     return facts;
@@ -383,6 +467,11 @@ struct Trainer::State {
     c.model = module_state(*model);
     c.optimizer = adam->state();
     if (ema_model) c.ema = module_state(*ema_model);
+    if (adversary) {
+      c.discriminator = module_state(adversary->discriminator());
+      c.disc_optimizer = adversary->optimizer().state();
+      c.disc_optimizer_steps = adversary->optimizer().steps();
+    }
     c.torch_rng = at::detail::getDefaultCPUGenerator().get_state();
     c.step = step;
     c.optimizer_steps = adam->steps();
@@ -395,7 +484,10 @@ struct Trainer::State {
   EvalResult evaluate_test(bool weight_average = false) {
     EvalResult r = evaluate(
         weight_average ? *ema_model : *model, data->evaluation_images(),
-        EvalOptions().batch_size(config.get_int("eval.batch_size")).grid_images(config.get_int("eval.grid_images")));
+        EvalOptions()
+            .batch_size(config.get_int("eval.batch_size"))
+            .grid_images(config.get_int("eval.grid_images"))
+            .lpips(lpips.is_empty() ? nullptr : lpips.ptr()));
     r.weight_average = weight_average;
     return r;
   }
@@ -471,6 +563,13 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
                         c.ema.empty() ? "holds no weight average" : "holds a weight average",
                         ", but its run has train.ema_decay = ", s->config.get_float("train.ema_decay"));
   if (s->ema_model) load_module_state(*s->ema_model, c.ema, path + " (weight average)");
+  LOCKSTEP_THROW_IF_NOT(c.discriminator.empty() == !s->adversary, CorruptInput, path, ": ",
+                        c.discriminator.empty() ? "holds no discriminator" : "holds a discriminator",
+                        ", but its run has loss.adversarial = ", s->config.get_float("loss.adversarial"));
+  if (s->adversary) {
+    load_module_state(s->adversary->discriminator(), c.discriminator, path + " (discriminator)");
+    s->adversary->optimizer().load_state(c.disc_optimizer, c.disc_optimizer_steps);
+  }
   s->adam->load_state(c.optimizer, c.optimizer_steps);
   LOCKSTEP_THROW_IF_NOT(c.torch_rng.defined(), CorruptInput, path, ": checkpoint has no RNG state");
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();

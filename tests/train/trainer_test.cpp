@@ -19,6 +19,7 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
+#include "model/random_lpips.h"
 
 namespace lockstep::train {
 namespace {
@@ -90,6 +91,15 @@ void expect_same_checkpoints(const std::string& a, const std::string& b) {
   for (const auto& [name, t] : ca.ema) {
     EXPECT_TRUE(torch::equal(t, cb.ema.at(name))) << "weight-average tensor " << name << " differs";
   }
+  EXPECT_EQ(ca.disc_optimizer_steps, cb.disc_optimizer_steps);
+  ASSERT_EQ(ca.discriminator.size(), cb.discriminator.size());
+  for (const auto& [name, t] : ca.discriminator) {
+    EXPECT_TRUE(torch::equal(t, cb.discriminator.at(name))) << "discriminator tensor " << name << " differs";
+  }
+  ASSERT_EQ(ca.disc_optimizer.size(), cb.disc_optimizer.size());
+  for (const auto& [name, t] : ca.disc_optimizer) {
+    EXPECT_TRUE(torch::equal(t, cb.disc_optimizer.at(name))) << "discriminator optimizer tensor " << name << " differs";
+  }
 }
 
 // Each quantizer with the options that use randomness and statistics during training (and the
@@ -144,7 +154,12 @@ INSTANTIATE_TEST_SUITE_P(
         QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64"}},
         QuantizerSetup{
             "fsq", {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"}, "fsq_cosine_clipped"},
-        QuantizerSetup{"vq", {"quantizer.vq.codebook_size=64", "train.ema_decay=0.9"}, "vq_weight_average"}),
+        QuantizerSetup{"vq", {"quantizer.vq.codebook_size=64", "train.ema_decay=0.9"}, "vq_weight_average"},
+        // The discriminator starts mid-run (before the interruption) with LeCam's averages.
+        QuantizerSetup{"fsq",
+                       {"loss.l1=1", "loss.adversarial=0.5", "loss.gan_start_step=8", "loss.lecam=0.1",
+                        "loss.disc_channels=8", "loss.disc_layers=2"},
+                       "fsq_adversarial"}),
     [](const ::testing::TestParamInfo<QuantizerSetup>& info) {
       return info.param.label.empty() ? info.param.name : info.param.label;
     });
@@ -359,6 +374,96 @@ TEST(Trainer, ADivergingRunStopsAtTheFirstNonFiniteLossAndKeepsItsLastCheckpoint
   EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, 2);
   for (const auto& r : read_metrics(metrics_path(run))) {
     for (const auto& [k, v] : r.values) EXPECT_TRUE(std::isfinite(v)) << r.kind << " " << k << " at step " << r.step;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::train
+
+namespace lockstep::train {
+namespace {
+
+double value_of(const MetricsRecord& r, const std::string& name) {
+  for (const auto& [key, v] : r.values) {
+    if (key == name) return v;
+  }
+  return NAN;
+}
+
+// The perceptual loss trains the model (the run differs from one without), and every evaluation
+// reports LPIPS: console figures, metrics.jsonl and summary.json.
+TEST(Trainer, APerceptualLossTrainsAndLpipsIsEvaluated) {
+  test_util::TempDir tmp;
+  test_util::write_random_lpips_weights(tmp.file("lpips.safetensors"), 7);
+  auto config = [&](bool perceptual) {
+    Config c = small_config(3);
+    c.set_from_string("data.train_subset=48");
+    c.set_from_string("data.test_subset=16");
+    c.set_from_string("train.batch_size=16");
+    c.set("loss.lpips_weights", tmp.file("lpips.safetensors"));
+    if (perceptual) c.set_from_string("loss.perceptual=1");
+    return c;
+  };
+  const TrainSummary with = Trainer::create(config(true), tmp.file("with"), one())->run({});
+  const TrainSummary without = Trainer::create(config(false), tmp.file("without"), one())->run({});
+  ASSERT_TRUE(with.test.lpips.has_value());
+  EXPECT_GT(*with.test.lpips, 0);
+  ASSERT_TRUE(without.test.lpips.has_value());  // the weights alone give the figure
+  EXPECT_NE(*with.test.lpips, *without.test.lpips);
+  const Checkpoint a = load_checkpoint(checkpoint_path(tmp.file("with")));
+  const Checkpoint b = load_checkpoint(checkpoint_path(tmp.file("without")));
+  EXPECT_FALSE(torch::equal(a.model.at("encoder.0.weight"), b.model.at("encoder.0.weight")));
+  bool logged = false;
+  for (const auto& r : read_metrics(metrics_path(tmp.file("with")))) {
+    if (r.kind == "eval") logged = std::abs(value_of(r, "lpips") - *with.test.lpips) < 1e-9;
+  }
+  EXPECT_TRUE(logged);
+  EXPECT_NE(io::read_file(summary_path(tmp.file("with"))).find("\"lpips\""), std::string::npos);
+
+  Config no_weights = small_config(1);
+  no_weights.set_from_string("loss.perceptual=0.5");
+  try {
+    Trainer::create(no_weights, tmp.file("refused"), one());
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("loss.perceptual = 0.5 needs loss.lpips_weights"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Before loss.gan_start_step the discriminator rests; from it on, its loss and the adversarial
+// factor are logged, and the adaptive factor follows the gradients (not the fixed weight).
+TEST(Trainer, TheAdversaryStartsAtItsStepAndIsLogged) {
+  test_util::TempDir tmp;
+  Config c = small_config(10);
+  for (const char* s : {"loss.adversarial=0.5", "loss.gan_start_step=6", "loss.disc_channels=8", "loss.disc_layers=2"}) {
+    c.set_from_string(s);
+  }
+  Trainer::create(c, tmp.file("run"), one())->run({});
+  int logged = 0;
+  for (const auto& r : read_metrics(metrics_path(tmp.file("run")))) {
+    if (r.kind != "train") continue;
+    ++logged;
+    if (r.step < 6) {
+      EXPECT_EQ(value_of(r, "disc_loss"), 0) << r.step;
+      EXPECT_EQ(value_of(r, "adversarial_factor"), 0) << r.step;
+    } else {
+      EXPECT_GT(value_of(r, "disc_loss"), 0) << r.step;
+      EXPECT_GT(value_of(r, "adversarial_factor"), 0) << r.step;
+      EXPECT_NE(value_of(r, "adversarial_factor"), 0.5) << r.step;
+    }
+  }
+  EXPECT_EQ(logged, 2);
+  EXPECT_EQ(load_checkpoint(checkpoint_path(tmp.file("run"))).disc_optimizer_steps, 5);
+
+  Config nothing = small_config(1);
+  for (const char* s : {"loss.adversarial=0.5", "loss.l2=0"}) nothing.set_from_string(s);
+  try {
+    Trainer::create(nothing, tmp.file("refused"), one());
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("loss.l2, loss.l1 and loss.perceptual are all 0"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "lockstep/data/image_set.h"
 #include "lockstep/io/image.h"
 #include "lockstep/model/autoencoder.h"
+#include "lockstep/model/lpips.h"
 
 namespace lockstep::train {
 
@@ -22,8 +24,14 @@ struct EvalOptions {
     grid_images_ = n;
     return *this;
   }
+  // Adds the mean LPIPS distance to the result (loss.lpips_weights).
+  EvalOptions& lpips(std::shared_ptr<model::LpipsImpl> network) {
+    lpips_ = std::move(network);
+    return *this;
+  }
   int64_t batch_size_ = 500;
-  int64_t grid_images_ = 16;  // the first N images and their reconstructions, for a PNG grid
+  int64_t grid_images_ = 16;
+  std::shared_ptr<model::LpipsImpl> lpips_;  // the first N images and their reconstructions, for a PNG grid
 };
 
 struct EvalResult {
@@ -31,6 +39,7 @@ struct EvalResult {
   double mse = 0;         // mean squared error per pixel, pixels scaled to [0, 1]
   double psnr_db = 0;     // 10 log10(1 / mse)
   double ssim = 0;        // mean structural similarity per image (train/ssim.h)
+  std::optional<double> lpips;  // mean LPIPS distance per image, when EvalOptions::lpips was given
   double code_usage = 0;  // fraction of the codebook's codes used at least once
   double perplexity = 0;  // exp(entropy of the code histogram)
   int64_t codes_used = 0;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lockstep/dist/group.h"
@@ -16,7 +17,9 @@ class GradientSync {
  public:
   // Buckets of at most `bucket_bytes` (one parameter may exceed it alone), filled in reverse
   // parameter order, the order backward produces gradients in. Registers a hook on each parameter.
-  GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters, int64_t bucket_bytes);
+  // `tag` names the buckets' collectives ("<tag>.bucketN"), so two models' syncs never pair.
+  GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::Tensor> parameters, int64_t bucket_bytes,
+               const std::string& tag = "train.grads");
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;

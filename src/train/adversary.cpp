@@ -1,0 +1,88 @@
+#include "lockstep/train/adversary.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "lockstep/core/error.h"
+
+namespace lockstep::train {
+namespace {
+constexpr double kLecamDecay = 0.999;  // of the logit averages, as in LeCam GAN (Tseng et al. 2021)
+constexpr double kMostFactor = 1e4;    // VQGAN's clamp of the adaptive weight
+}  // namespace
+
+Adversary::Adversary(const AdversaryOptions& options, int64_t in_channels, std::shared_ptr<dist::Group> group,
+                     at::Device device)
+    : options_(options), group_(std::move(group)) {
+  LOCKSTEP_CHECK_ARG(options_.objective == "hinge" || options_.objective == "non_saturating",
+                     "adversary: objective '", options_.objective, "' is neither hinge nor non_saturating");
+  LOCKSTEP_CHECK_ARG(options_.weight > 0 && options_.lr > 0 && options_.lecam >= 0, "adversary: weight ",
+                     options_.weight, " and lr ", options_.lr, " must be > 0, lecam ", options_.lecam, " >= 0");
+  discriminator_ = model::Discriminator(
+      model::DiscriminatorOptions(in_channels).channels(options_.channels).layers(options_.layers));
+  discriminator_->to(device);
+  discriminator_->train();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : discriminator_->named_parameters(true)) named.emplace_back(p.key(), p.value());
+  // The betas VQGAN's discriminator trains with.
+  adam_ = std::make_unique<Adam>(named, AdamOptions().lr(options_.lr).betas(0.5, 0.9));
+  sync_ = std::make_unique<GradientSync>(group_, discriminator_->parameters(true), options_.bucket_bytes,
+                                         "train.disc.grads");
+}
+
+Adversary::~Adversary() = default;
+
+at::Tensor Adversary::generator_loss(const at::Tensor& reconstruction) {
+  // Held fixed: the model's backward must not reach the discriminator (nor its gradient hooks).
+  for (auto& p : discriminator_->parameters()) p.requires_grad_(false);
+  const at::Tensor logits = discriminator_->forward(reconstruction);
+  for (auto& p : discriminator_->parameters()) p.requires_grad_(true);
+  return options_.objective == "hinge" ? -logits.mean() : torch::softplus(-logits).mean();
+}
+
+double Adversary::factor(const at::Tensor& nll, const at::Tensor& adv, const at::Tensor& last_layer) {
+  if (!options_.adaptive_weight) return options_.weight;
+  const at::Tensor g_nll = torch::autograd::grad({nll}, {last_layer}, {}, /*retain_graph=*/true)[0];
+  const at::Tensor g_adv = torch::autograd::grad({adv}, {last_layer}, {}, /*retain_graph=*/true)[0];
+  // Summed over ranks, the weighted gradients are W times the global batch's: the ratio is the same.
+  std::vector<at::Tensor> both = {torch::stack({g_nll, g_adv}).detach()};
+  group_->all_reduce(both, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.adversarial.adaptive_weight"));
+  const double scale = 1.0 / group_->size();
+  const double n_nll = both[0][0].norm().item<double>() * scale;
+  const double n_adv = both[0][1].norm().item<double>() * scale;
+  return options_.weight * std::clamp(n_nll / (n_adv + 1e-4), 0.0, kMostFactor);
+}
+
+double Adversary::train_step(const at::Tensor& real, const at::Tensor& fake, double rank_weight) {
+  model::DiscriminatorImpl& d = *discriminator_;
+  const at::Tensor logits_real = d.forward(real);
+  const at::Tensor logits_fake = d.forward(fake.detach());
+  at::Tensor loss = options_.objective == "hinge"
+                        ? (torch::relu(1 - logits_real).mean() + torch::relu(1 + logits_fake).mean()) * 0.5
+                        : (torch::softplus(-logits_real).mean() + torch::softplus(logits_fake).mean()) * 0.5;
+  if (options_.lecam > 0) {
+    // Per logit, so that the ranks' weighted terms average to the global batch's.
+    const at::Tensor reg = torch::relu(logits_real - d.lecam_fake).pow(2).mean() +
+                           torch::relu(d.lecam_real - logits_fake).pow(2).mean();
+    loss = loss + reg * options_.lecam;
+  }
+  loss = loss * rank_weight;
+  // The loss and the mean logits (for LeCam's averages) travel summed with the last bucket.
+  const at::Tensor control =
+      torch::stack({loss.detach(), logits_real.detach().mean() * rank_weight, logits_fake.detach().mean() * rank_weight})
+          .to(at::kCPU, at::kFloat);
+  sync_->begin(control);
+  adam_->zero_grad();
+  loss.backward();
+  const at::Tensor summed = sync_->finish() / group_->size();
+  adam_->step();
+  if (options_.lecam > 0) {
+    torch::NoGradGuard no_grad;
+    d.lecam_real.mul_(kLecamDecay).add_(summed[1].item<double>() * (1 - kLecamDecay));
+    d.lecam_fake.mul_(kLecamDecay).add_(summed[2].item<double>() * (1 - kLecamDecay));
+  }
+  return summed[0].item<double>();
+}
+
+}  // namespace lockstep::train
