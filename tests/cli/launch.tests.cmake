@@ -20,6 +20,13 @@ set(SCHEDULED "--set train.warmup_steps=3 --set train.lr_decay=cosine --set trai
 lockstep_cli_test(launch_three_ranks_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} ${SCHEDULED} > one.log && ${LS} launch -n 3 -- train --run-dir three ${SMALL} ${SCHEDULED} --set train.grad_bucket_kb=8 > three.log && grep -q 'rank 2/3. trained 12 steps' three.log && python3 ${COMPARE} one/metrics.jsonl three/metrics.jsonl 1e-4"
                   ARGS eval three --limit 32)
+# The adversarial side keeps G4: a discriminator (GroupNorm, so nothing per rank), VQGAN's adaptive
+# weight from gradients summed over the ranks, and LeCam averages that follow global means give 2
+# ranks the losses, discriminator losses included, of one process.
+set(ADVERSARIAL "--set loss.l1=1 --set loss.adversarial=0.5 --set loss.gan_start_step=4 --set loss.lecam=0.1 --set loss.disc_channels=8 --set loss.disc_layers=2")
+lockstep_cli_test(launch_two_ranks_adversarial_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} ${ADVERSARIAL} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${ADVERSARIAL} --set train.grad_bucket_kb=8 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 loss disc_loss adversarial_factor"
+                  ARGS eval two --limit 32)
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so
 # after 12 steps the losses agree to ~1e-6 most steps and 3e-4 at worst (measured): tolerance 1e-3.
