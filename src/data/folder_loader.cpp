@@ -134,18 +134,17 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
   out.size = table_[static_cast<size_t>(out.bucket)];
   const auto& members = buckets_[static_cast<size_t>(out.bucket)];
   const std::vector<int64_t> mine = plan.rank_part(step, world_size, rank);
-  // The slot of this rank's first sample in the global batch, so replacements depend on the slot.
-  const int64_t total = plan_options_.global_batch, base = total / world_size, extra = total % world_size;
-  const int64_t first_slot = rank * base + std::min<int64_t>(rank, extra);
+  // Each sample's slot in the global batch: replacements and augmentation depend on the slot.
+  const std::vector<int64_t> slots =
+      EpochPlan::rank_slots(plan_options_.global_batch, plan_options_.micro_batches, world_size, rank);
   for (size_t i = 0; i < mine.size(); ++i) {
     int64_t id = mine[i];
     const std::string& original = manifest_.entries[static_cast<size_t>(id)].path;
     SplitMix64 rng(derive_seed(plan_options_.seed, static_cast<uint64_t>(epoch * 1000003 + step),
-                               kReplacement * 1000003 + static_cast<uint64_t>(first_slot) + i));
+                               kReplacement * 1000003 + static_cast<uint64_t>(slots[i])));
     // A replacement image takes the placement drawn for its slot.
-    const FitPlacement placement = augmentation_.active() ? augmentation_.draw(plan_options_.seed, epoch, step,
-                                                                               first_slot + static_cast<int64_t>(i))
-                                                          : FitPlacement{};
+    const FitPlacement placement =
+        augmentation_.active() ? augmentation_.draw(plan_options_.seed, epoch, step, slots[i]) : FitPlacement{};
     for (int attempt = 0;; ++attempt) {
       try {
         out.images.push_back(load_fitted(manifest_, id, out.size, channels_, placement));

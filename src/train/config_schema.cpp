@@ -100,6 +100,10 @@ Schema build_schema() {
                     "Clip the gradients to this global L2 norm (the same on every rank, after their mean); 0: no "
                     "clipping.")
             .in_range(0, 1e6));
+  s.add(K::integer("train.grad_accum", 1,
+                   "Gradient accumulation: each step's global batch is cut into this many micro-batches, run "
+                   "forward and backward one after the other (memory for one); it must divide train.batch_size.")
+            .in_range(1, 4096));
   s.add(K::floating("train.ema_decay", 0.0,
                     "Keep a moving average of the weights (a <- decay a + (1 - decay) w after each step), saved and "
                     "evaluated beside them; 0: none.")

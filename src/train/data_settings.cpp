@@ -14,6 +14,7 @@ data::PlanOptions plan_options(const Config& config) {
   o.global_batch = config.get_int("train.batch_size");
   o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
   o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
+  o.micro_batches = config.get_int("train.grad_accum");
   return o;
 }
 

@@ -23,7 +23,9 @@ struct GradientSync::Impl {
   std::vector<at::Tensor> parameters;
   std::vector<size_t> bucket_of;  // per parameter
   std::vector<size_t> slot_of;    // per parameter: its place in the bucket's members
-  std::vector<bool> arrived;      // per parameter, this step
+  std::vector<int64_t> arrived;   // per parameter: gradients received this step
+  int64_t passes = 1;             // backward passes this step (gradient accumulation)
+  bool control_set = false;
   std::vector<Bucket> buckets;
   at::Tensor control;
   int64_t control_offset = 0;                            // in the last bucket
@@ -31,21 +33,27 @@ struct GradientSync::Impl {
   bool active = false;
 
   void launch(Bucket& b) {
-    if (&b == &buckets.back()) b.flat.narrow(0, control_offset, control.numel()).copy_(control);
+    if (&b == &buckets.back()) {
+      LOCKSTEP_THROW_IF_NOT(control_set, InternalError,
+                            "gradient sync: the last bucket is complete before set_control(); call it before the "
+                            "step's last backward pass");
+      b.flat.narrow(0, control_offset, control.numel()).copy_(control);
+    }
     b.send = {b.flat};
     b.pending = group->all_reduce_async(b.send, dist::ReduceOp::Sum, dist::CallSite{b.tag.c_str(), __FILE__, __LINE__});
   }
 
   void on_gradient(size_t index, const at::Tensor& grad) {
     if (!active) return;  // a backward outside a training step (none today): not synchronised
-    // A leaf's hook sees its whole gradient once per backward (shared uses are summed first), so a
-    // second call means a second backward in one step, whose gradient would miss the buckets.
-    LOCKSTEP_THROW_IF_NOT(!arrived[index], InvalidArgument, "gradient sync: parameter ", index,
-                          " received a second gradient in one step; run one backward between begin() and finish()");
-    arrived[index] = true;
+    // A leaf's hook sees its whole gradient once per backward (shared uses are summed first), so
+    // one call more than the step's passes means an extra backward, whose gradient would miss the buckets.
+    LOCKSTEP_THROW_IF_NOT(arrived[index] < passes, InvalidArgument, "gradient sync: parameter ", index,
+                          " received gradient ", arrived[index] + 1, " in a step of ", passes,
+                          " backward pass(es); run exactly that many between begin() and finish()");
     Bucket& b = buckets[bucket_of[index]];
-    b.flat.narrow(0, b.offsets[slot_of[index]], grad.numel()).copy_(grad.reshape({-1}));
-    if (++b.ready == static_cast<int64_t>(b.members.size())) launch(b);
+    // Accumulated micro-batch by micro-batch; the bucket goes out with the last pass's gradient.
+    b.flat.narrow(0, b.offsets[slot_of[index]], grad.numel()).add_(grad.reshape({-1}));
+    if (++arrived[index] == passes && ++b.ready == static_cast<int64_t>(b.members.size())) launch(b);
   }
 };
 
@@ -58,7 +66,7 @@ GradientSync::GradientSync(std::shared_ptr<dist::Group> group, std::vector<at::T
   m.parameters = std::move(parameters);
   m.bucket_of.resize(m.parameters.size());
   m.slot_of.resize(m.parameters.size());
-  m.arrived.assign(m.parameters.size(), false);
+  m.arrived.assign(m.parameters.size(), 0);
   // Reverse order: the last layers' gradients come first in backward.
   std::vector<int64_t> sizes;
   for (size_t k = m.parameters.size(); k-- > 0;) {
@@ -99,28 +107,45 @@ GradientSync::~GradientSync() = default;
 int64_t GradientSync::buckets() const { return static_cast<int64_t>(impl_->buckets.size()); }
 
 void GradientSync::begin(const at::Tensor& control) {
+  begin_accumulation(1);
+  set_control(control);
+}
+
+void GradientSync::begin_accumulation(int64_t backward_passes) {
   Impl& m = *impl_;
-  LOCKSTEP_CHECK_ARG(control.dim() == 1 && control.scalar_type() == at::kFloat,
-                     "gradient sync: the control tensor must be 1-D float32, got ", control.sizes());
-  if (!m.control.defined() || m.control.numel() != control.numel()) {
-    // The last bucket carries the control values after its gradients.
-    Impl::Bucket& last = m.buckets.back();
-    m.control_offset = last.flat.numel() - (m.control.defined() ? m.control.numel() : 0);
-    last.flat = torch::zeros({m.control_offset + control.numel()}, m.on);
-  }
-  m.control = control.clone();
+  LOCKSTEP_CHECK_ARG(backward_passes >= 1, "gradient sync: ", backward_passes, " backward passes; at least 1");
   for (auto& b : m.buckets) {
     b.ready = 0;
     b.pending.reset();
     b.flat.zero_();
   }
-  std::fill(m.arrived.begin(), m.arrived.end(), false);
+  std::fill(m.arrived.begin(), m.arrived.end(), 0);
+  m.passes = backward_passes;
+  m.control_set = false;
   m.active = true;
+}
+
+void GradientSync::set_control(const at::Tensor& control) {
+  Impl& m = *impl_;
+  LOCKSTEP_CHECK_ARG(m.active, "gradient sync: set_control() outside a step (begin ... finish)");
+  LOCKSTEP_CHECK_ARG(control.dim() == 1 && control.scalar_type() == at::kFloat,
+                     "gradient sync: the control tensor must be 1-D float32, got ", control.sizes());
+  if (!m.control.defined() || m.control.numel() != control.numel()) {
+    // The last bucket carries the control values after its gradients (kept: earlier passes' sums).
+    Impl::Bucket& last = m.buckets.back();
+    m.control_offset = last.flat.numel() - (m.control.defined() ? m.control.numel() : 0);
+    at::Tensor grown = torch::zeros({m.control_offset + control.numel()}, m.on);
+    grown.narrow(0, 0, m.control_offset).copy_(last.flat.narrow(0, 0, m.control_offset));
+    last.flat = grown;
+  }
+  m.control = control.clone();
+  m.control_set = true;
 }
 
 at::Tensor GradientSync::finish() {
   Impl& m = *impl_;
   LOCKSTEP_THROW_IF_NOT(m.active, InvalidArgument, "gradient sync: finish() without begin()");
+  LOCKSTEP_THROW_IF_NOT(m.control_set, InvalidArgument, "gradient sync: finish() without set_control()");
   m.active = false;
   // Buckets with parameters that got no gradient (the same on every rank: the graph is) go now, in
   // bucket order, with zeros for the missing ones.

@@ -90,10 +90,13 @@ std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataCo
 }
 
 std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context) {
-  LOCKSTEP_CHECK_ARG(config.get_int("train.batch_size") >= context.world_size,
-                     "train.batch_size = ", config.get_int("train.batch_size"),
-                     " is the global batch: it needs at least one image for each ", "of the ", context.world_size,
-                     " ranks");
+  const int64_t batch = config.get_int("train.batch_size"), micro = config.get_int("train.grad_accum");
+  LOCKSTEP_CHECK_ARG(batch % micro == 0, "train.grad_accum = ", micro, " must divide train.batch_size = ", batch,
+                     " (each step's global batch is cut into micro-batches of equal size)");
+  LOCKSTEP_CHECK_ARG(batch / micro >= context.world_size, "train.batch_size = ", batch, " is the global batch",
+                     micro > 1 ? detail::concat(", cut into ", micro, " micro-batches of ", batch / micro) : "",
+                     ": it needs at least one image for each of the ", context.world_size, " ranks",
+                     micro > 1 ? " in each micro-batch" : "");
   if (config.get_string("data.dataset") == "auto") {
     const std::string dir = config.get_string("data.dir");
     // Without throwing for a name the system refuses (too long): the loader then says what is wrong.

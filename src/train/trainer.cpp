@@ -271,13 +271,16 @@ struct Trainer::State {
                          "use fewer model.channels entries)");
     }
     if (device.is_cpu()) {  // a step that cannot fit is named now, not by a failed allocation later
-      const int64_t per_rank = (batch_size + group->size() - 1) / group->size();
+      const int64_t micro = batch_size / config.get_int("train.grad_accum");
+      const int64_t per_rank = (micro + group->size() - 1) / group->size();
       for (const auto& size : data->image_sizes()) {
         check_fits_in_memory(
             4.0 * static_cast<double>(per_rank) *
                 static_cast<double>(model->activation_floats_per_image(size.height, size.width)),
             detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
-                           " per rank (train.batch_size = ", batch_size, "; lower it, or the image size)"));
+                           " per rank (train.batch_size = ", batch_size, ", train.grad_accum = ",
+                           config.get_int("train.grad_accum"),
+                           "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
       }
     }
     std::vector<std::pair<std::string, at::Tensor>> params;
@@ -316,6 +319,9 @@ struct Trainer::State {
     }
     const double adversarial = config.get_float("loss.adversarial");
     if (adversarial <= 0) return;
+    LOCKSTEP_CHECK_ARG(config.get_int("train.grad_accum") == 1, "loss.adversarial = ", adversarial,
+                       " with train.grad_accum = ", config.get_int("train.grad_accum"),
+                       ": the discriminator does not accumulate gradients yet; use train.grad_accum = 1");
     const bool adaptive = config.get_bool("loss.adaptive_weight");
     LOCKSTEP_CHECK_ARG(!adaptive || reconstruction.l2_ + reconstruction.l1_ + reconstruction.perceptual_ > 0,
                        "loss.adaptive_weight compares the adversarial loss's gradient with the reconstruction "
@@ -356,43 +362,61 @@ struct Trainer::State {
     group->set_progress(detail::concat("step ", step + 1, " of ", total_steps));
     check_plan(step / steps_per_epoch);
     const StepBatch batch = data->batch(step);
-    const at::Tensor x = batch.images.to(device);
-    // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
-    // function of (seed, step): the same on every rank and after a resume, with no collective.
-    quant::QuantizeContext ctx;
-    ctx.reducer = reducer.get();
-    ctx.first_item = data::EpochPlan::rank_offset(batch_size, group->size(), group->rank());
-    ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-        derive_seed(static_cast<uint64_t>(config.get_int("train.seed")), static_cast<uint64_t>(step), /*purpose=*/2));
-    const model::AutoencoderOutput out = model->forward(x, ctx);
-    // The loss is weighted so that averaging gradients over ranks gives exactly the gradient of the
-    // global batch's loss (G4).
-    const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
-    const at::Tensor nll = reconstruction_loss(out.reconstruction, x, reconstruction, lpips.is_empty() ? nullptr : lpips.get());
-    at::Tensor loss = nll + out.quant.total_loss();
+    const at::Tensor images = batch.images.to(device);
+    // Gradient accumulation: micro-batch j is the same images on any number of ranks (the plan
+    // gives each rank its part of each), so each forward's statistics are a global micro-batch's.
+    const int64_t micro_batches = config.get_int("train.grad_accum");
+    const std::vector<int64_t> counts =
+        data::EpochPlan::rank_micro_counts(batch_size, micro_batches, group->size(), group->rank());
     const bool adversarial = adversary && adversary->active(step + 1);
     StepFacts facts;
-    if (adversarial) {
-      const at::Tensor g_loss = adversary->generator_loss(out.reconstruction);
-      facts.adversarial_factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
-      loss = loss + g_loss * facts.adversarial_factor;
-    }
-    loss = loss * weight;
     // This rank's loss, stop request and replaced images travel summed with the last gradient
     // bucket, so every rank stops after the same step, whichever rank was asked.
     StepControl here;
-    here.loss = loss.item<double>();
     here.stop = cb.stop_requested && cb.stop_requested->load();
     here.replaced = batch.replaced;
-    grad_sync->begin(here.pack());
-    adam->zero_grad();
-    loss.backward();
+    at::Tensor x, reconstruction;  // the last micro-batch's, for the discriminator
+    int64_t first = 0;
+    for (int64_t j = 0; j < micro_batches; ++j) {
+      x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
+      first += x.size(0);
+      // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
+      // function of (seed, step, micro-batch): the same on every rank and after a resume, with no collective.
+      quant::QuantizeContext ctx;
+      ctx.reducer = reducer.get();
+      ctx.first_item = data::EpochPlan::rank_offset(batch_size / micro_batches, group->size(), group->rank());
+      ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+          derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
+                      static_cast<uint64_t>(step * micro_batches + j), /*purpose=*/2));
+      const model::AutoencoderOutput out = model->forward(x, ctx);
+      reconstruction = out.reconstruction;
+      // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
+      // gives exactly the gradient of the global batch's loss (G4).
+      const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
+      const at::Tensor nll =
+          reconstruction_loss(out.reconstruction, x, this->reconstruction, lpips.is_empty() ? nullptr : lpips.get());
+      at::Tensor loss = nll + out.quant.total_loss();
+      if (adversarial) {  // build_losses refuses accumulation with an adversary: one micro-batch here
+        const at::Tensor g_loss = adversary->generator_loss(out.reconstruction);
+        facts.adversarial_factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
+        loss = loss + g_loss * facts.adversarial_factor;
+      }
+      loss = loss * weight;
+      here.loss += loss.item<double>();
+      // Begun only now: the adaptive weight's gradients (autograd::grad) must not count as a pass.
+      if (j == 0) {
+        grad_sync->begin_accumulation(micro_batches);
+        adam->zero_grad();
+      }
+      if (j == micro_batches - 1) grad_sync->set_control(here.pack());
+      loss.backward();
+    }
     const StepControl all = StepControl::unpack(grad_sync->finish());  // gradients now the mean over ranks
     facts.loss = all.loss / group->size();
     facts.replaced = all.replaced;
     facts.waited_s = batch.waited_s;
-    facts.image_width = x.size(3);
-    facts.image_height = x.size(2);
+    facts.image_width = images.size(3);
+    facts.image_height = images.size(2);
     // Every rank sees the same summed loss, so every rank stops here together; nothing of this
     // step reaches the parameters or the checkpoint.
     LOCKSTEP_THROW_IF_NOT(
@@ -413,7 +437,10 @@ struct Trainer::State {
     adam->step();
     sync_buffers();
     if (ema_model) update_weight_ema(*ema_model, *model, config.get_float("train.ema_decay"));
-    if (adversarial) facts.disc_loss = adversary->train_step(x, out.reconstruction.detach(), weight);
+    if (adversarial) {
+      const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
+      facts.disc_loss = adversary->train_step(x, reconstruction.detach(), weight);
+    }
     facts.adversary = adversary != nullptr;
     ++step;
     *stop = all.stop;

@@ -62,7 +62,7 @@ lockstep_cli_test(folder_run_whose_folder_moved EXIT 1
 # A step that cannot fit in memory (8 images of 8192x8192 per rank: hundreds of GiB of activations)
 # is named before training, with the figures, instead of failing in LibTorch's allocator.
 lockstep_cli_test(folder_step_too_big_for_memory EXIT 1
-                  OUTPUT "a training step on 8 images of 8192x8192 per rank \\(train.batch_size = 8; lower it, or the image size\\) needs [0-9.]+ GiB, more than the [0-9.]+ GiB of memory this machine has available"
+                  OUTPUT "a training step on 8 images of 8192x8192 per rank \\(train.batch_size = 8, train.grad_accum = 1; lower the batch, accumulate over more micro-batches, or lower the image size\\) needs [0-9.]+ GiB, more than the [0-9.]+ GiB of memory this machine has available"
                   TIMEOUT 120
                   SETUP "${IMAGES}"
                   ARGS train --data images --steps 1 --run-dir run --buckets 8192x8192 --global-batch 8 --threads 1)

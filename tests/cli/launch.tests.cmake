@@ -27,6 +27,11 @@ set(ADVERSARIAL "--set loss.l1=1 --set loss.adversarial=0.5 --set loss.gan_start
 lockstep_cli_test(launch_two_ranks_adversarial_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} ${ADVERSARIAL} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${ADVERSARIAL} --set train.grad_bucket_kb=8 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 loss disc_loss adversarial_factor"
                   ARGS eval two --limit 32)
+# Gradient accumulation keeps G4 for a quantizer whose statistics are the batch's (LFQ's entropy):
+# each micro-batch is the same 8 images on 1 rank or 2 (4 each), so the losses match.
+lockstep_cli_test(launch_two_ranks_accumulating_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} --quantizer lfq --set quantizer.lfq.codebook_size=64 --set train.grad_accum=3 > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} --quantizer lfq --set quantizer.lfq.codebook_size=64 --set train.grad_accum=3 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4"
+                  ARGS eval two --limit 32)
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so
 # after 12 steps the losses agree to ~1e-6 most steps and 3e-4 at worst (measured): tolerance 1e-3.

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "lockstep/core/error.h"
 
@@ -121,6 +122,35 @@ TEST(Plan, ResumeAtAnyStepAndOntoAnotherWorldSizeContinuesTheSameSequence) {
   }
   before.insert(before.end(), after.begin(), after.end());
   EXPECT_EQ(before, whole) << "a sample skipped or repeated across the resume";
+}
+
+// Each rank takes its part of each micro-batch: micro-batch j is the same samples on any number of
+// ranks, and one process's part is the whole batch in order.
+TEST(Plan, MicroBatchesAreSlicedForEachRank) {
+  EXPECT_EQ(EpochPlan::rank_slots(8, 2, 2, 0), (std::vector<int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(EpochPlan::rank_slots(8, 2, 2, 1), (std::vector<int64_t>{2, 3, 6, 7}));
+  EXPECT_EQ(EpochPlan::rank_slots(10, 2, 3, 0), (std::vector<int64_t>{0, 1, 5, 6}));
+  EXPECT_EQ(EpochPlan::rank_slots(10, 2, 3, 2), (std::vector<int64_t>{4, 9}));
+  EXPECT_EQ(EpochPlan::rank_micro_counts(10, 2, 3, 2), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(EpochPlan::rank_slots(6, 3, 1, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(EpochPlan::rank_slots(7, 1, 3, 1), (std::vector<int64_t>{3, 4}));  // no accumulation: as before
+  PlanOptions o;
+  o.global_batch = 8;
+  o.micro_batches = 2;
+  const EpochPlan plan({{10, 11, 12, 13, 14, 15, 16, 17}}, o, 0);
+  const PlannedBatch all = plan.batch(0);
+  EXPECT_EQ(plan.rank_part(0, 2, 1), (std::vector<int64_t>{all.samples[2], all.samples[3], all.samples[6], all.samples[7]}));
+  for (const auto& [batch, micro, world] : {std::tuple{8, 3, 1}, std::tuple{8, 4, 3}}) {
+    try {
+      EpochPlan::rank_slots(batch, micro, world, 0);
+      ADD_FAILURE() << batch << " " << micro << " " << world;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(micro == 3 ? "cannot be cut into 3 micro-batches"
+                                                      : "a micro-batch of 2 cannot give each of 3 ranks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Plan, ImpossibleBatchesAreClearErrorsBeforeTraining) {

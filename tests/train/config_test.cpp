@@ -144,7 +144,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
                         "valid keys in [train]: batch_size, checkpoint_every, device, ema_decay, epochs, eval_every, "
-                        "grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, "
+                        "grad_accum, grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, "
                         "seed, steps, threads, warmup_steps, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2",
@@ -399,10 +399,10 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
 TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
   EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
-                                                    "quantizer.vq", "quantizer.residual", "train", "eval"}));
+                                                    "quantizer.vq", "quantizer.residual", "train", "loss", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
   EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "residual", "vq"}));
-  EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "model", "quantizer", "train"}));
+  EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "loss", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
   EXPECT_FALSE(s.is_section("quantizer.fs"));
   EXPECT_FALSE(s.is_section("train.lr"));

@@ -85,12 +85,64 @@ TEST(GradientSync, SharedParametersAreSummedButASecondBackwardIsAnError) {
       loss.backward();
       ADD_FAILURE() << "rank " << r << " accepted a second backward";
     } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("run one backward between begin() and finish()"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("received gradient 2 in a step of 1 backward pass(es)"), std::string::npos)
           << e.what();
     }
     sync.finish();
   });
   for (const auto& e : errors) EXPECT_FALSE(e) << dist::test_util::message_of<std::exception>(e);
+}
+
+// Gradient accumulation: k backward passes per step sum into the buckets, which go out during the
+// last; the result is the mean over ranks of each rank's summed gradients.
+TEST(GradientSync, AccumulatedPassesAreSummedThenAveraged) {
+  constexpr int kRanks = 2, kPasses = 3;
+  std::vector<torch::nn::Sequential> nets;
+  for (int r = 0; r < kRanks; ++r) nets.push_back(make_net());
+  auto input = [](int r, int pass) {
+    return torch::empty({4, 6}).normal_(0, 1, at::detail::createCPUGenerator(10 * r + pass));
+  };
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < kRanks; ++r) {
+    auto net = make_net();
+    for (int pass = 0; pass < kPasses; ++pass) net->forward(input(r, pass)).pow(2).sum().backward();
+    for (size_t k = 0; k < net->parameters().size(); ++k) {
+      const at::Tensor g = net->parameters()[k].grad() / kRanks;
+      if (r == 0)
+        expected.push_back(g.clone());
+      else
+        expected[k] += g;
+    }
+  }
+  std::vector<at::Tensor> controls(kRanks);
+  const auto errors = dist::test_util::run_ranks(kRanks, [&](dist::Group& g, int r) {
+    auto& net = nets[r];
+    GradientSync sync(std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}), net->parameters(), 600);
+    sync.begin_accumulation(kPasses);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      if (pass == kPasses - 1) sync.set_control(torch::tensor({float(r + 1)}));
+      net->forward(input(r, pass)).pow(2).sum().backward();
+    }
+    controls[r] = sync.finish();
+    for (size_t k = 0; k < net->parameters().size(); ++k) {
+      EXPECT_TRUE(torch::allclose(net->parameters()[k].grad(), expected[k], 1e-5, 1e-6)) << "rank " << r << " parameter " << k;
+    }
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+    EXPECT_TRUE(torch::equal(controls[r], torch::tensor({3.0f})));
+  }
+  // The control must be in place before the last pass sends the last bucket.
+  auto net = make_net();
+  GradientSync sync(dist::make_single_process_group(), net->parameters(), 1 << 20);
+  sync.begin_accumulation(2);
+  net->forward(input(0, 0)).sum().backward();
+  try {
+    net->forward(input(0, 1)).sum().backward();
+    ADD_FAILURE() << "the last bucket went out without a control tensor";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("before set_control()"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

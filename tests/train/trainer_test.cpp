@@ -155,6 +155,7 @@ INSTANTIATE_TEST_SUITE_P(
         QuantizerSetup{
             "fsq", {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"}, "fsq_cosine_clipped"},
         QuantizerSetup{"vq", {"quantizer.vq.codebook_size=64", "train.ema_decay=0.9"}, "vq_weight_average"},
+        QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64", "train.grad_accum=4"}, "lfq_accumulated"},
         // The discriminator starts mid-run (before the interruption) with LeCam's averages.
         QuantizerSetup{"fsq",
                        {"loss.l1=1", "loss.adversarial=0.5", "loss.gan_start_step=8", "loss.lecam=0.1",
@@ -463,6 +464,35 @@ TEST(Trainer, TheAdversaryStartsAtItsStepAndIsLogged) {
     ADD_FAILURE() << "no error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("loss.l2, loss.l1 and loss.perceptual are all 0"), std::string::npos)
+        << e.what();
+  }
+}
+
+// With a model and quantizer free of batch statistics (FSQ, no BatchNorm), accumulating four
+// micro-batches is the same gradient as the whole batch: the same run up to float rounding.
+TEST(Trainer, AccumulatedMicroBatchesTrainAsTheWholeBatch) {
+  test_util::TempDir tmp;
+  Config whole = small_config(8);
+  Config accumulated = small_config(8);
+  accumulated.set_from_string("train.grad_accum=4");
+  Trainer::create(whole, tmp.file("whole"), one())->run({});
+  Trainer::create(accumulated, tmp.file("accumulated"), one())->run({});
+  const Checkpoint a = load_checkpoint(checkpoint_path(tmp.file("whole")));
+  const Checkpoint b = load_checkpoint(checkpoint_path(tmp.file("accumulated")));
+  bool all_equal = true;
+  for (const auto& [name, t] : a.model) {
+    EXPECT_TRUE(torch::allclose(t, b.model.at(name), 1e-4, 1e-5)) << name;
+    all_equal &= torch::equal(t, b.model.at(name));
+  }
+  EXPECT_FALSE(all_equal) << "summed in another order, some weight should differ in its last bits";
+
+  Config refused = small_config(1);
+  refused.set_from_string("train.grad_accum=3");  // 32 images do not cut into 3
+  try {
+    Trainer::create(refused, tmp.file("refused"), one());
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.grad_accum = 3 must divide train.batch_size = 32"), std::string::npos)
         << e.what();
   }
 }

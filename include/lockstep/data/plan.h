@@ -25,6 +25,10 @@ struct PlanOptions {
   int64_t global_batch = 64;
   uint64_t seed = 0;
   Remainder remainder = Remainder::Drop;
+  // Gradient accumulation: each global batch is cut into this many consecutive micro-batches of
+  // equal size, and each rank takes its part of each one, so that micro-batch j is the same
+  // samples on any number of ranks. 1: the global batch is one micro-batch.
+  int64_t micro_batches = 1;
 };
 
 struct PlannedBatch {
@@ -42,11 +46,18 @@ class EpochPlan {
   int64_t steps() const { return static_cast<int64_t>(order_.size()); }
   // Global batch `step` of the epoch (0 <= step < steps()).
   PlannedBatch batch(int64_t step) const;
-  // This rank's part of global batch `step`: contiguous, in rank order, the first
-  // global_batch % world ranks holding one sample more (the trainer's split).
+  // This rank's part of global batch `step`: the samples at rank_slots(), micro-batch by micro-batch.
   std::vector<int64_t> rank_part(int64_t step, int world_size, int rank) const;
   // Where `rank`'s part starts in a global batch of `global_batch` split over `world_size` ranks.
   static int64_t rank_offset(int64_t global_batch, int world_size, int rank);
+  // The positions in the global batch of `rank`'s samples: of each micro-batch (consecutive
+  // global_batch / micro_batches positions) a contiguous part, in rank order, the first
+  // (micro-batch size) % world ranks holding one sample more (the trainer's split). Throws
+  // InvalidArgument when micro_batches does not divide global_batch or a micro-batch would leave
+  // a rank without a sample.
+  static std::vector<int64_t> rank_slots(int64_t global_batch, int64_t micro_batches, int world_size, int rank);
+  // How many of `rank`'s samples fall in each micro-batch.
+  static std::vector<int64_t> rank_micro_counts(int64_t global_batch, int64_t micro_batches, int world_size, int rank);
   // A hash of the whole epoch's sequence (buckets and samples), for ranks to compare at the start
   // of each epoch and for pinned-value tests.
   uint64_t hash() const;

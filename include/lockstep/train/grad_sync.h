@@ -26,6 +26,10 @@ class GradientSync {
 
   // Call before backward: `control` (float32, 1-D) travels summed over ranks in the last bucket.
   void begin(const at::Tensor& control);
+  // Gradient accumulation: `backward_passes` backwards before finish(), their gradients summed;
+  // buckets go out during the last one. set_control() must come before that last pass.
+  void begin_accumulation(int64_t backward_passes);
+  void set_control(const at::Tensor& control);
   // Call after backward: sends what has not gone yet (parameters that got no gradient count as
   // zero on this rank), waits, and leaves every parameter's .grad the mean over ranks. Returns the
   // control tensor summed over ranks.
