@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "lockstep/core/error.h"
+#include "model/vqgan_blocks.h"
 
 namespace lockstep::model {
 namespace {
@@ -40,7 +41,19 @@ nn::Functional silu() {
 nn::ConvTranspose2d upsample(int64_t in, int64_t out) {
   return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(2).padding(1));
 }
+
+std::string as_list(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "[" + out + "]";
+}
 }  // namespace
+
+Architecture parse_architecture(const std::string& name) {
+  if (name == "conv") return Architecture::Conv;
+  if (name == "vqgan") return Architecture::Vqgan;
+  throw InvalidArgument(detail::concat("model: unknown architecture '", name, "'; choose one of: conv, vqgan"));
+}
 
 void AutoencoderOptions::validate() const {
   LOCKSTEP_CHECK_ARG(in_channels_ >= 1, "model: in_channels = ", in_channels_, " must be >= 1");
@@ -50,6 +63,31 @@ void AutoencoderOptions::validate() const {
     LOCKSTEP_CHECK_ARG(channels_[i] >= 1, "model: channels[", i, "] = ", channels_[i], " must be >= 1");
   }
   LOCKSTEP_CHECK_ARG(res_blocks_ >= 0, "model: res_blocks = ", res_blocks_, " must be >= 0");
+  if (architecture_ == Architecture::Conv) {
+    LOCKSTEP_CHECK_ARG(attention_levels_.empty(), "model: attention_levels = ", as_list(attention_levels_),
+                       " needs architecture vqgan; the conv architecture has no attention");
+    return;
+  }
+  LOCKSTEP_CHECK_ARG(!batch_norm_, "model: batch_norm = true cannot be used with architecture vqgan, which normalises",
+                     " with GroupNorm; set batch_norm = false");
+  LOCKSTEP_CHECK_ARG(res_blocks_ >= 1, "model: res_blocks = ", res_blocks_, " must be >= 1 with architecture vqgan",
+                     " (the first block of each level changes its channel count)");
+  LOCKSTEP_CHECK_ARG(norm_groups_ >= 1, "model: norm_groups = ", norm_groups_, " must be >= 1");
+  for (size_t i = 0; i < channels_.size(); ++i) {
+    LOCKSTEP_CHECK_ARG(channels_[i] % norm_groups_ == 0, "model: level ", i, " has ", channels_[i],
+                       " channels, which norm_groups = ", norm_groups_, " does not divide (GroupNorm splits each",
+                       " level's channels into norm_groups groups)");
+  }
+  const auto levels = static_cast<int64_t>(channels_.size());
+  for (size_t j = 0; j < attention_levels_.size(); ++j) {
+    const int64_t level = attention_levels_[j];
+    LOCKSTEP_CHECK_ARG(level >= 0 && level < levels, "model: attention_levels = ", as_list(attention_levels_),
+                       " holds level ", level, ", but the model has ", levels, " levels (0 to ", levels - 1, ")");
+    for (size_t k = 0; k < j; ++k) {
+      LOCKSTEP_CHECK_ARG(attention_levels_[k] != level, "model: attention_levels = ", as_list(attention_levels_),
+                         " lists level ", level, " twice");
+    }
+  }
 }
 
 void AutoencoderOptions::check_image_size(int64_t height, int64_t width) const {
@@ -63,6 +101,26 @@ AutoencoderImpl::AutoencoderImpl(AutoencoderOptions options, std::shared_ptr<qua
     : options_(std::move(options)), quantizer_(std::move(quantizer)) {
   options_.validate();
   LOCKSTEP_CHECK_ARG(quantizer_ != nullptr, "model: no quantizer given");
+  if (options_.architecture() == Architecture::Vqgan) {
+    build_vqgan();
+  } else {
+    build_conv();
+  }
+}
+
+// taming's VQGAN; its quant_conv and post_quant_conv (1x1) are left out: next to the 3x3
+// convolutions to and from the latent they would add nothing a 3x3 convolution cannot express.
+void AutoencoderImpl::build_vqgan() {
+  const auto& ch = options_.channels();
+  const int64_t latent = quantizer_->dim();
+  encoder_ = register_module("encoder", vqgan::build(vqgan::encoder_layers(options_), options_.norm_groups()));
+  to_latent_ = register_module("to_latent", nn::Conv2d(nn::Conv2dOptions(ch.back(), latent, 3).padding(1)));
+  register_module("quantizer", quantizer_);
+  from_latent_ = register_module("from_latent", nn::Conv2d(nn::Conv2dOptions(latent, ch.back(), 3).padding(1)));
+  decoder_ = register_module("decoder", vqgan::build(vqgan::decoder_layers(options_), options_.norm_groups()));
+}
+
+void AutoencoderImpl::build_conv() {
   const auto& ch = options_.channels();
   const int64_t levels = static_cast<int64_t>(ch.size());
   const int64_t latent = quantizer_->dim();
@@ -98,6 +156,10 @@ int64_t AutoencoderImpl::activation_floats_per_image(int64_t h, int64_t w) const
   const auto levels = static_cast<int64_t>(ch.size());
   const auto area = [&](int64_t level) { return (h >> level) * (w >> level); };
   const int64_t deepest = ch.back() * area(levels - 1);
+  if (options_.architecture() == Architecture::Vqgan) {  // as for conv around the quantizer
+    return vqgan::activation_floats(vqgan::encoder_layers(options_), h, w) + 4 * quantizer_->dim() * area(levels - 1) +
+           deepest + vqgan::activation_floats(vqgan::decoder_layers(options_), h, w);
+  }
   const int64_t residual = 5 * deepest * options_.res_blocks();
   int64_t floats = ch[0] * area(0);                                                          // the first conv
   for (int64_t i = 1; i < levels; ++i) floats += ch[i - 1] * area(i - 1) + ch[i] * area(i);  // SiLU, conv
@@ -110,6 +172,11 @@ int64_t AutoencoderImpl::activation_floats_per_image(int64_t h, int64_t w) const
 }
 
 int64_t AutoencoderImpl::inference_floats_per_image(int64_t h, int64_t w) const {
+  if (options_.architecture() == Architecture::Vqgan) {
+    return std::max(vqgan::inference_floats(vqgan::encoder_layers(options_), h, w),
+                    vqgan::inference_floats(vqgan::decoder_layers(options_), h, w)) +
+           options_.in_channels() * h * w;
+  }
   const auto& ch = options_.channels();
   int64_t widest = 0;
   for (size_t level = 0; level < ch.size(); ++level) {

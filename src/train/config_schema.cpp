@@ -66,16 +66,32 @@ Schema build_schema() {
             .in_range(1, 64));
   s.add(K::integer("data.prefetch", 4, "Image folders: steps the loader may decode ahead.").in_range(1, 1024));
 
+  s.add(K::string("model.architecture", "conv",
+                  "conv: strided convolutions with residual blocks at the lowest resolution; vqgan: taming-"
+                  "transformers' VQGAN encoder and decoder (GroupNorm residual blocks at every level, "
+                  "self-attention), see docs/models.md.")
+            .one_of({"conv", "vqgan"}));
   s.add(K::int_list("model.channels", {16, 32, 64},
                     "Channels at each resolution level; each level after the first halves the image size.")
             .in_range(1, 1024)
             .length(1, 5));
-  s.add(
-      K::integer("model.res_blocks", 1, "Residual blocks at the lowest resolution, in the encoder and in the decoder.")
-          .in_range(0, 8));
+  s.add(K::integer("model.res_blocks", 1,
+                   "conv: residual blocks at the lowest resolution, in the encoder and in the decoder. vqgan: "
+                   "residual blocks per level in the encoder (at least 1), one more per level in the decoder.")
+            .in_range(0, 8));
   s.add(K::boolean("model.batch_norm", false,
-                   "BatchNorm in the residual blocks. On several ranks each normalises with its own batch's "
-                   "statistics and the running estimates are averaged over ranks after every step."));
+                   "conv only: BatchNorm in the residual blocks. On several ranks each normalises with its own "
+                   "batch's statistics and the running estimates are averaged over ranks after every step."));
+  s.add(K::int_list("model.attention_levels", {},
+                    "vqgan only: levels (0 = full resolution, len(channels) - 1 = the lowest) with single-head "
+                    "self-attention after each residual block; its cost grows with (h*w)^2 at that level.")
+            .in_range(0, 4)
+            .length(0, 5));
+  s.add(K::boolean("model.mid_attention", true,
+                   "vqgan only: self-attention between the two middle residual blocks at the lowest resolution."));
+  s.add(K::integer("model.norm_groups", 32,
+                   "vqgan only: GroupNorm groups; every entry of model.channels must be a multiple of it.")
+            .in_range(1, 1024));
 
   s.add(K::string("quantizer.name", "fsq", "Which quantizer turns the encoder's output into tokens.")
             .one_of(kQuantizers));

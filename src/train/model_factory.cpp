@@ -19,7 +19,12 @@ model::Autoencoder build_model(const Config& config, int64_t in_channels) {
   const std::string name = config.get_string("quantizer.name");
   auto quantizer = quant::make_quantizer(name, quantizer_options(config, name));
   model::AutoencoderOptions options(in_channels, config.get_int_list("model.channels"));
-  options.res_blocks(config.get_int("model.res_blocks")).batch_norm(config.get_bool("model.batch_norm"));
+  options.architecture(model::parse_architecture(config.get_string("model.architecture")))
+      .res_blocks(config.get_int("model.res_blocks"))
+      .batch_norm(config.get_bool("model.batch_norm"))
+      .attention_levels(config.get_int_list("model.attention_levels"))
+      .mid_attention(config.get_bool("model.mid_attention"))
+      .norm_groups(config.get_int("model.norm_groups"));
   return model::Autoencoder(options, quantizer);
 }
 

@@ -75,6 +75,32 @@ TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
   EXPECT_NE(c.config_toml.find("dataset = \"fashion-mnist\""), std::string::npos);
 }
 
+// The vqgan architecture (GroupNorm, attention at 14x14 and in the middle) trains through the same
+// trainer: the loss falls, and the run's checkpoint rebuilds the model it trained.
+TEST(Trainer, TheVqganModelTrainsAndItsLossFalls) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  Config c = small_config(30);
+  for (const char* setting : {"model.architecture=vqgan", "model.norm_groups=4", "model.attention_levels=1"}) {
+    c.set_from_string(setting);
+  }
+  const TrainSummary s = Trainer::create(c, run, one())->run({});
+  EXPECT_EQ(s.steps, 30);
+  std::vector<double> losses;
+  for (const auto& r : read_metrics(metrics_path(run))) {
+    for (const auto& [k, v] : r.values) {
+      if (r.kind == "train" && k == "loss") losses.push_back(v);
+    }
+  }
+  ASSERT_EQ(losses.size(), 6u);
+  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
+  EXPECT_GT(s.test.psnr_db, 10.0);
+  const TrainedModel trained = load_trained_model(run);
+  EXPECT_EQ(trained.model->options().architecture(), model::Architecture::Vqgan);
+  EXPECT_EQ(trained.model->options().attention_levels(), std::vector<int64_t>{1});
+}
+
 void expect_same_checkpoints(const std::string& a, const std::string& b) {
   const Checkpoint ca = load_checkpoint(a), cb = load_checkpoint(b);
   EXPECT_EQ(ca.step, cb.step);
@@ -160,7 +186,11 @@ INSTANTIATE_TEST_SUITE_P(
         QuantizerSetup{"fsq",
                        {"loss.l1=1", "loss.adversarial=0.5", "loss.gan_start_step=8", "loss.lecam=0.1",
                         "loss.disc_channels=8", "loss.disc_layers=2"},
-                       "fsq_adversarial"}),
+                       "fsq_adversarial"},
+        QuantizerSetup{"vq",
+                       {"quantizer.vq.codebook_size=64", "model.architecture=vqgan", "model.norm_groups=4",
+                        "model.attention_levels=1"},
+                       "vq_vqgan"}),
     [](const ::testing::TestParamInfo<QuantizerSetup>& info) {
       return info.param.label.empty() ? info.param.name : info.param.label;
     });
