@@ -195,6 +195,12 @@ at::Tensor AutoencoderImpl::latent_tokens(const at::Tensor& x, int64_t* h, int64
   return quant::image_to_tokens(z);
 }
 
+at::Tensor AutoencoderImpl::output_weight() const {
+  const auto* last = decoder_->ptr(decoder_->size() - 1)->as<nn::Conv2dImpl>();
+  LOCKSTEP_THROW_IF_NOT(last != nullptr, InternalError, "model: the decoder does not end in a convolution");
+  return last->weight;
+}
+
 at::Tensor AutoencoderImpl::decode_tokens(const at::Tensor& tokens, int64_t h, int64_t w) {
   return decoder_->forward(from_latent_(quant::tokens_to_image(tokens, h, w)));
 }

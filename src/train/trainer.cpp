@@ -339,11 +339,7 @@ struct Trainer::State {
     options.bucket_bytes = config.get_int("train.grad_bucket_kb") * 1024;
     adversary = std::make_unique<Adversary>(options, channels, group, device);
     for (const auto& size : data->image_sizes()) adversary->discriminator().check_image_size(size.height, size.width);
-    // The decoder's output convolution: its weight is the last 4-D parameter registered under decoder.
-    for (const auto& p : model->named_parameters(true)) {
-      if (p.key().rfind("decoder.", 0) == 0 && p.value().dim() == 4) decoder_last_weight = p.value();
-    }
-    LOCKSTEP_CHECK_ARG(decoder_last_weight.defined(), "loss.adaptive_weight: the model has no decoder convolution");
+    decoder_last_weight = model->output_weight();
   }
 
   static std::vector<at::Tensor> module_state_tensors(const torch::nn::Module& m) {

@@ -67,6 +67,31 @@ TEST(Autoencoder, CountsTheActivationsAStepKeepsPerImage) {
   EXPECT_EQ(m->inference_floats_per_image(28, 28), 33 * 784);
 }
 
+// The output convolution is the decoder's last layer in both architectures: changing its weight
+// changes the image, and it is the model's own parameter (the adaptive weight differentiates it).
+TEST(Autoencoder, TheOutputWeightWritesTheImage) {
+  for (const Architecture a : {Architecture::Conv, Architecture::Vqgan}) {
+    Autoencoder m(AutoencoderOptions(3, {8, 16}).architecture(a).norm_groups(4),
+                  std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
+    const at::Tensor w = m->output_weight();
+    EXPECT_EQ(w.sizes(), at::IntArrayRef({3, 8, 3, 3}));
+    bool own = false;
+    for (const auto& p : m->parameters()) own |= p.is_same(w);
+    EXPECT_TRUE(own);
+    m->eval();
+    const at::Tensor x = torch::rand({1, 3, 8, 8}) * 2 - 1;
+    const at::Tensor before = m->forward(x, quant::QuantizeContext{}).reconstruction;
+    {
+      torch::NoGradGuard no_grad;
+      w.zero_();
+    }
+    // A zero output convolution leaves only its bias: the same value at every pixel of a channel.
+    const at::Tensor after = m->forward(x, quant::QuantizeContext{}).reconstruction;
+    EXPECT_FALSE(torch::allclose(before, after));
+    EXPECT_LT((after - after.mean({2, 3}, true)).abs().max().item<double>(), 1e-6);
+  }
+}
+
 TEST(Autoencoder, ImpossibleShapesAreNamedErrors) {
   EXPECT_THROW(make({}), InvalidArgument);
   EXPECT_THROW(make({8, 0}), InvalidArgument);

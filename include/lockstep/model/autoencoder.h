@@ -103,6 +103,9 @@ class AutoencoderImpl : public torch::nn::Module {
   at::Tensor decode(const at::Tensor& indices);
 
   const AutoencoderOptions& options() const { return options_; }
+  // The weight of the decoder's last convolution, the one that writes the image (where VQGAN's
+  // adaptive weight compares gradients).
+  at::Tensor output_weight() const;
   quant::Quantizer& quantizer() { return *quantizer_; }
 
   // Floats a training step keeps alive per image of h x w (every module's output, which autograd
