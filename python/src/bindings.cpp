@@ -17,6 +17,7 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
+#include "lockstep/quant/autocast.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/train/lpips_weights.h"
@@ -113,7 +114,9 @@ PYBIND11_MODULE(_C, m) {
                   ctx.first_item += sizes[static_cast<size_t>(r)].item<int64_t>();
                 }
               }
-              out = q.quantize(x, ctx);
+              // In float32 whatever torch.autocast says (quant/autocast.h).
+              const lockstep::quant::NoAutocast fp32;
+              out = q.quantize(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
             }
             py::dict losses;
             for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
@@ -122,8 +125,20 @@ PYBIND11_MODULE(_C, m) {
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); in training "
           "with `group`, the statistics are reduced over it.")
-      .def("encode", &Quantizer::encode, py::arg("x"), py::call_guard<py::gil_scoped_release>())
-      .def("decode", &Quantizer::decode, py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "encode",
+          [](Quantizer& q, const at::Tensor& x) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.encode(x.is_floating_point() ? x.to(at::kFloat) : x);
+          },
+          py::arg("x"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "decode",
+          [](Quantizer& q, const at::Tensor& indices) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.decode(indices);
+          },
+          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
       .def(
           "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
           "The quantizer's parameters by dotted name, the same tensors.")

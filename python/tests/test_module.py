@@ -87,3 +87,20 @@ def test_copies_are_whole_and_independent(make, tmp_path):
             tensor.add_(1)
     assert all(torch.equal(a, b) for a, b in zip(module.state_dict().values(), loaded.state_dict().values())
                if torch.is_tensor(a))
+
+
+def test_autocast_leaves_the_quantizer_in_float32():
+    # Under torch.autocast to bfloat16 the quantizer still chooses codes from float32 distances: the
+    # same indices and output as without autocast, for bfloat16 input as well.
+    torch.manual_seed(0)
+    vq = lockstep.VectorQuantize(dim=16, codebook_size=256).eval()
+    x = torch.randn(4, 512, 16)
+    with torch.no_grad():
+        plain, plain_indices, _ = vq(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed, mixed_indices, _ = vq(x)
+            from_bf16, bf16_indices, _ = vq(x.bfloat16())
+    assert mixed.dtype == torch.float32
+    assert torch.equal(mixed_indices, plain_indices)
+    assert torch.equal(mixed, plain)
+    assert torch.equal(bf16_indices, vq(x.bfloat16().float())[1])

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/autocast.h"
 #include "model/vqgan_blocks.h"
 
 namespace lockstep::model {
@@ -215,7 +216,11 @@ AutoencoderOutput AutoencoderImpl::forward(const at::Tensor& x, const quant::Qua
   int64_t h = 0, w = 0;
   const at::Tensor tokens = latent_tokens(x, &h, &w);
   AutoencoderOutput out;
-  out.quant = quantizer_->quantize(tokens, ctx);
+  {
+    // The quantizer computes in float32 even inside an autocast region (train.precision = bf16).
+    const quant::NoAutocast fp32;
+    out.quant = quantizer_->quantize(tokens.to(at::kFloat), ctx);
+  }
   out.quant.indices = indices_as_grid(out.quant.indices, x.size(0), h, w);
   out.reconstruction = decode_tokens(out.quant.quantized, h, w);
   return out;
@@ -225,7 +230,8 @@ at::Tensor AutoencoderImpl::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
   int64_t h = 0, w = 0;
   const at::Tensor tokens = latent_tokens(x, &h, &w);
-  return indices_as_grid(quantizer_->encode(tokens), x.size(0), h, w);
+  const quant::NoAutocast fp32;
+  return indices_as_grid(quantizer_->encode(tokens.to(at::kFloat)), x.size(0), h, w);
 }
 
 at::Tensor AutoencoderImpl::decode(const at::Tensor& indices) {
@@ -235,7 +241,12 @@ at::Tensor AutoencoderImpl::decode(const at::Tensor& indices) {
                      "), got ", indices.sizes());
   const int64_t b = indices.size(0), h = indices.size(1), w = indices.size(2);
   const at::Tensor flat = multi ? indices.reshape({b, h * w, indices.size(3)}) : indices.reshape({b, h * w});
-  return decode_tokens(quantizer_->decode(flat), h, w);
+  at::Tensor vectors;
+  {
+    const quant::NoAutocast fp32;
+    vectors = quantizer_->decode(flat);
+  }
+  return decode_tokens(vectors, h, w);
 }
 
 }  // namespace lockstep::model

@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/autocast.h"
 
 namespace lockstep::train {
 namespace {
@@ -14,7 +16,7 @@ constexpr double kMostFactor = 1e4;    // VQGAN's clamp of the adaptive weight
 
 Adversary::Adversary(const AdversaryOptions& options, int64_t in_channels, std::shared_ptr<dist::Group> group,
                      at::Device device)
-    : options_(options), group_(std::move(group)) {
+    : options_(options), group_(std::move(group)), device_type_(device.type()) {
   LOCKSTEP_CHECK_ARG(options_.objective == "hinge" || options_.objective == "non_saturating",
                      "adversary: objective '", options_.objective, "' is neither hinge nor non_saturating");
   LOCKSTEP_CHECK_ARG(options_.weight > 0 && options_.lr > 0 && options_.lecam >= 0, "adversary: weight ",
@@ -36,7 +38,12 @@ Adversary::~Adversary() = default;
 at::Tensor Adversary::generator_loss(const at::Tensor& reconstruction) {
   // Held fixed: the model's backward must not reach the discriminator (nor its gradient hooks).
   for (auto& p : discriminator_->parameters()) p.requires_grad_(false);
-  const at::Tensor logits = discriminator_->forward(reconstruction);
+  at::Tensor logits;
+  {
+    std::optional<quant::Autocast> bf16;
+    if (options_.bfloat16) bf16.emplace(device_type_, at::kBFloat16);
+    logits = discriminator_->forward(reconstruction).to(at::kFloat);
+  }
   for (auto& p : discriminator_->parameters()) p.requires_grad_(true);
   return options_.objective == "hinge" ? -logits.mean() : torch::softplus(-logits).mean();
 }
@@ -56,8 +63,13 @@ double Adversary::factor(const at::Tensor& nll, const at::Tensor& adv, const at:
 
 double Adversary::train_step(const at::Tensor& real, const at::Tensor& fake, double rank_weight) {
   model::DiscriminatorImpl& d = *discriminator_;
-  const at::Tensor logits_real = d.forward(real);
-  const at::Tensor logits_fake = d.forward(fake.detach());
+  at::Tensor logits_real, logits_fake;
+  {
+    std::optional<quant::Autocast> bf16;
+    if (options_.bfloat16) bf16.emplace(device_type_, at::kBFloat16);
+    logits_real = d.forward(real).to(at::kFloat);
+    logits_fake = d.forward(fake.detach()).to(at::kFloat);
+  }
   at::Tensor loss = options_.objective == "hinge"
                         ? (torch::relu(1 - logits_real).mean() + torch::relu(1 + logits_fake).mean()) * 0.5
                         : (torch::softplus(-logits_real).mean() + torch::softplus(logits_fake).mean()) * 0.5;

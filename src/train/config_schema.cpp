@@ -116,6 +116,10 @@ Schema build_schema() {
                     "Clip the gradients to this global L2 norm (the same on every rank, after their mean); 0: no "
                     "clipping.")
             .in_range(0, 1e6));
+  s.add(K::string("train.precision", "float32",
+                  "float32, or bfloat16: the training forward (model, losses, discriminator) under autocast to "
+                  "bfloat16; quantizers, gradients, optimizer state and evaluation stay float32.")
+            .one_of({"float32", "bfloat16"}));
   s.add(K::integer("train.grad_accum", 1,
                    "Gradient accumulation: each step's global batch is cut into this many micro-batches, run "
                    "forward and backward one after the other (memory for one); it must divide train.batch_size.")

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "lockstep/core/error.h"
@@ -18,6 +19,7 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
+#include "lockstep/quant/autocast.h"
 #include "lockstep/train/adam.h"
 #include "lockstep/train/adversary.h"
 #include "lockstep/train/checkpoint.h"
@@ -120,6 +122,7 @@ struct Trainer::State {
   int64_t lpips_hash = 0;                  // of its file, compared across ranks
   std::unique_ptr<Adversary> adversary;    // loss.adversarial > 0
   at::Tensor decoder_last_weight;          // where the adaptive weight compares gradients
+  bool bfloat16 = false;                   // train.precision
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
@@ -305,6 +308,7 @@ struct Trainer::State {
 
   // The reconstruction terms, the LPIPS network and the adversary, from the loss.* keys.
   void build_losses(int64_t channels) {
+    bfloat16 = config.get_string("train.precision") == "bfloat16";
     reconstruction.l2(config.get_float("loss.l2"))
         .l1(config.get_float("loss.l1"))
         .perceptual(config.get_float("loss.perceptual"));
@@ -337,6 +341,7 @@ struct Trainer::State {
     options.channels = config.get_int("loss.disc_channels");
     options.layers = config.get_int("loss.disc_layers");
     options.bucket_bytes = config.get_int("train.grad_bucket_kb") * 1024;
+    options.bfloat16 = bfloat16;
     adversary = std::make_unique<Adversary>(options, channels, group, device);
     for (const auto& size : data->image_sizes()) adversary->discriminator().check_image_size(size.height, size.width);
     decoder_last_weight = model->output_weight();
@@ -384,16 +389,22 @@ struct Trainer::State {
       ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
           derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
                       static_cast<uint64_t>(step * micro_batches + j), /*purpose=*/2));
-      const model::AutoencoderOutput out = model->forward(x, ctx);
-      reconstruction = out.reconstruction;
       // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
       // gives exactly the gradient of the global batch's loss (G4).
       const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
-      const at::Tensor nll =
-          reconstruction_loss(out.reconstruction, x, this->reconstruction, lpips.is_empty() ? nullptr : lpips.get());
-      at::Tensor loss = nll + out.quant.total_loss();
+      at::Tensor nll, loss, g_loss;
+      {
+        // train.precision = bfloat16: the forward under autocast (the quantizer opts out); backward
+        // and everything after it outside.
+        std::optional<quant::Autocast> bf16;
+        if (bfloat16) bf16.emplace(device.type(), at::kBFloat16);
+        const model::AutoencoderOutput out = model->forward(x, ctx);
+        reconstruction = out.reconstruction.to(at::kFloat);
+        nll = reconstruction_loss(reconstruction, x, this->reconstruction, lpips.is_empty() ? nullptr : lpips.get());
+        loss = nll + out.quant.total_loss();
+        if (adversarial) g_loss = adversary->generator_loss(reconstruction);
+      }
       if (adversarial) {  // build_losses refuses accumulation with an adversary: one micro-batch here
-        const at::Tensor g_loss = adversary->generator_loss(out.reconstruction);
         facts.adversarial_factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
         loss = loss + g_loss * facts.adversarial_factor;
       }

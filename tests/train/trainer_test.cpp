@@ -182,6 +182,7 @@ INSTANTIATE_TEST_SUITE_P(
             "fsq", {"train.warmup_steps=4", "train.lr_decay=cosine", "train.grad_clip=0.05"}, "fsq_cosine_clipped"},
         QuantizerSetup{"vq", {"quantizer.vq.codebook_size=64", "train.ema_decay=0.9"}, "vq_weight_average"},
         QuantizerSetup{"lfq", {"quantizer.lfq.codebook_size=64", "train.grad_accum=4"}, "lfq_accumulated"},
+        QuantizerSetup{"fsq", {"train.precision=bfloat16"}, "fsq_bfloat16"},
         // The discriminator starts mid-run (before the interruption) with LeCam's averages.
         QuantizerSetup{"fsq",
                        {"loss.l1=1", "loss.adversarial=0.5", "loss.gan_start_step=8", "loss.lecam=0.1",

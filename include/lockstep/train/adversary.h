@@ -24,6 +24,7 @@ struct AdversaryOptions {
   double lr = 1e-4;                  // the discriminator's learning rate
   int64_t channels = 64, layers = 3;  // the discriminator's shape
   int64_t bucket_bytes = 1 << 20;    // its gradient buckets
+  bool bfloat16 = false;             // its forward under autocast to bfloat16 (train.precision)
 };
 
 // What one step of the adversary did, for the metrics.
@@ -60,6 +61,7 @@ class Adversary {
  private:
   AdversaryOptions options_;
   std::shared_ptr<dist::Group> group_;
+  c10::DeviceType device_type_;
   model::Discriminator discriminator_{nullptr};
   std::unique_ptr<Adam> adam_;
   std::unique_ptr<GradientSync> sync_;
