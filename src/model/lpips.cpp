@@ -83,7 +83,8 @@ LpipsImpl::LpipsImpl(const std::map<std::string, at::Tensor>& weights, const std
   }
   shift_ = register_buffer("shift", constants(kShift));
   scale_ = register_buffer("scale", constants(kScale));
-  for (const auto& [name, expected] : {std::pair{"scaling_layer.shift", shift_}, std::pair{"scaling_layer.scale", scale_}}) {
+  for (const auto& [name, expected] :
+       {std::pair{"scaling_layer.shift", shift_}, std::pair{"scaling_layer.scale", scale_}}) {
     if (!weights.count(name)) continue;
     known.insert(name);
     const at::Tensor given = take(weights, name, {1, 3, 1, 1}, origin).to(torch::kFloat32);
@@ -104,8 +105,8 @@ std::vector<at::Tensor> LpipsImpl::features(const at::Tensor& x) {
       out.push_back(h);
       h = torch::max_pool2d(h, {2, 2}, {2, 2});
     }
-    h = torch::relu(at::conv2d(h, conv_weights_[i], conv_biases_[i], std::vector<int64_t>{1, 1},
-                               std::vector<int64_t>{1, 1}));
+    h = torch::relu(
+        at::conv2d(h, conv_weights_[i], conv_biases_[i], std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1}));
   }
   out.push_back(h);
   return out;

@@ -13,7 +13,9 @@ void set_enabled(c10::DeviceType d, bool on) { at::autocast::set_autocast_enable
 c10::ScalarType dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
 void set_dtype(c10::DeviceType d, c10::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
 #else
-bool enabled(c10::DeviceType d) { return d == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled(); }
+bool enabled(c10::DeviceType d) {
+  return d == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
 void set_enabled(c10::DeviceType d, bool on) {
   d == c10::kCUDA ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on);
 }

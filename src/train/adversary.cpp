@@ -17,8 +17,8 @@ constexpr double kMostFactor = 1e4;    // VQGAN's clamp of the adaptive weight
 Adversary::Adversary(const AdversaryOptions& options, int64_t in_channels, std::shared_ptr<dist::Group> group,
                      at::Device device)
     : options_(options), group_(std::move(group)), device_type_(device.type()) {
-  LOCKSTEP_CHECK_ARG(options_.objective == "hinge" || options_.objective == "non_saturating",
-                     "adversary: objective '", options_.objective, "' is neither hinge nor non_saturating");
+  LOCKSTEP_CHECK_ARG(options_.objective == "hinge" || options_.objective == "non_saturating", "adversary: objective '",
+                     options_.objective, "' is neither hinge nor non_saturating");
   LOCKSTEP_CHECK_ARG(options_.weight > 0 && options_.lr > 0 && options_.lecam >= 0, "adversary: weight ",
                      options_.weight, " and lr ", options_.lr, " must be > 0, lecam ", options_.lecam, " >= 0");
   discriminator_ = model::Discriminator(
@@ -75,15 +75,15 @@ double Adversary::train_step(const at::Tensor& real, const at::Tensor& fake, dou
                         : (torch::softplus(-logits_real).mean() + torch::softplus(logits_fake).mean()) * 0.5;
   if (options_.lecam > 0) {
     // Per logit, so that the ranks' weighted terms average to the global batch's.
-    const at::Tensor reg = torch::relu(logits_real - d.lecam_fake).pow(2).mean() +
-                           torch::relu(d.lecam_real - logits_fake).pow(2).mean();
+    const at::Tensor reg =
+        torch::relu(logits_real - d.lecam_fake).pow(2).mean() + torch::relu(d.lecam_real - logits_fake).pow(2).mean();
     loss = loss + reg * options_.lecam;
   }
   loss = loss * rank_weight;
   // The loss and the mean logits (for LeCam's averages) travel summed with the last bucket.
-  const at::Tensor control =
-      torch::stack({loss.detach(), logits_real.detach().mean() * rank_weight, logits_fake.detach().mean() * rank_weight})
-          .to(at::kCPU, at::kFloat);
+  const at::Tensor control = torch::stack({loss.detach(), logits_real.detach().mean() * rank_weight,
+                                           logits_fake.detach().mean() * rank_weight})
+                                 .to(at::kCPU, at::kFloat);
   sync_->begin(control);
   adam_->zero_grad();
   loss.backward();

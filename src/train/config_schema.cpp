@@ -176,9 +176,10 @@ Schema build_schema() {
                     "Weight of LeCam regularisation of the discriminator (its outputs kept near moving averages of "
                     "the other side's); 0: none.")
             .in_range(0, 1e6));
-  s.add(K::floating("loss.disc_lr", 0.0, "Learning rate of the discriminator's optimizer; 0: train.lr.")
-            .in_range(0, 10));
-  s.add(K::integer("loss.disc_channels", 64, "Channels of the discriminator's first layer (doubling per layer, "
+  s.add(
+      K::floating("loss.disc_lr", 0.0, "Learning rate of the discriminator's optimizer; 0: train.lr.").in_range(0, 10));
+  s.add(K::integer("loss.disc_channels", 64,
+                   "Channels of the discriminator's first layer (doubling per layer, "
                    "at most 8x).")
             .in_range(1, 1024));
   s.add(K::integer("loss.disc_layers", 3,

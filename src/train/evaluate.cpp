@@ -101,7 +101,8 @@ void Evaluation::add(const at::Tensor& images) {
     if (s.options.lpips_) {  // a few images at a time: VGG16's activations are 64 channels at full size
       for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
         const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
-        s.lpips_sum += s.options.lpips_->forward(reconstruction.narrow(0, i, n), x.narrow(0, i, n)).sum().item<double>();
+        s.lpips_sum +=
+            s.options.lpips_->forward(reconstruction.narrow(0, i, n), x.narrow(0, i, n)).sum().item<double>();
       }
     }
     s.values += x.numel();

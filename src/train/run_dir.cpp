@@ -87,9 +87,9 @@ void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, 
                    const EvalResult* test_weight_average) {
   const auto evaluation = [](const EvalResult& r) {
     nlohmann::json j{{"images", r.images},         {"mse", r.mse},
-                          {"psnr_db", r.psnr_db},       {"code_usage", r.code_usage},
-                          {"codes_used", r.codes_used}, {"codebook_size", r.codebook_size},
-                          {"perplexity", r.perplexity}, {"ssim", r.ssim}};
+                     {"psnr_db", r.psnr_db},       {"code_usage", r.code_usage},
+                     {"codes_used", r.codes_used}, {"codebook_size", r.codebook_size},
+                     {"perplexity", r.perplexity}, {"ssim", r.ssim}};
     if (r.lpips) j["lpips"] = *r.lpips;
     return j;
   };

@@ -20,8 +20,8 @@ struct StepFacts {
   double waited_s = 0;      // this rank's wait for the loader
   int64_t image_width = 0;  // the step's bucket
   int64_t image_height = 0;
-  double grad_norm = 0;  // the global gradient norm before clipping (on logged steps, or when clipping)
-  double lr = 0;         // the step's learning rate
+  double grad_norm = 0;           // the global gradient norm before clipping (on logged steps, or when clipping)
+  double lr = 0;                  // the step's learning rate
   bool adversary = false;         // the run trains a discriminator: the two figures below are logged
   double disc_loss = 0;           // its loss this step (0 before loss.gan_start_step)
   double adversarial_factor = 0;  // the adversarial loss's weight this step (adaptive, or loss.adversarial)

@@ -118,11 +118,11 @@ struct Trainer::State {
   model::Autoencoder ema_model{nullptr};    // the weights' moving average, with train.ema_decay > 0
   std::unique_ptr<LrSchedule> lr_schedule;  // the rate of each step, from the step alone
   ReconstructionLossOptions reconstruction;
-  model::Lpips lpips{nullptr};             // loss.lpips_weights: the perceptual loss's and evaluation's network
-  int64_t lpips_hash = 0;                  // of its file, compared across ranks
-  std::unique_ptr<Adversary> adversary;    // loss.adversarial > 0
-  at::Tensor decoder_last_weight;          // where the adaptive weight compares gradients
-  bool bfloat16 = false;                   // train.precision
+  model::Lpips lpips{nullptr};           // loss.lpips_weights: the perceptual loss's and evaluation's network
+  int64_t lpips_hash = 0;                // of its file, compared across ranks
+  std::unique_ptr<Adversary> adversary;  // loss.adversarial > 0
+  at::Tensor decoder_last_weight;        // where the adaptive weight compares gradients
+  bool bfloat16 = false;                 // train.precision
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
@@ -281,8 +281,8 @@ struct Trainer::State {
             4.0 * static_cast<double>(per_rank) *
                 static_cast<double>(model->activation_floats_per_image(size.height, size.width)),
             detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
-                           " per rank (train.batch_size = ", batch_size, ", train.grad_accum = ",
-                           config.get_int("train.grad_accum"),
+                           " per rank (train.batch_size = ", batch_size,
+                           ", train.grad_accum = ", config.get_int("train.grad_accum"),
                            "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
       }
     }
@@ -313,8 +313,9 @@ struct Trainer::State {
         .l1(config.get_float("loss.l1"))
         .perceptual(config.get_float("loss.perceptual"));
     const std::string lpips_path = config.get_string("loss.lpips_weights");
-    LOCKSTEP_CHECK_ARG(reconstruction.perceptual_ == 0 || !lpips_path.empty(), "loss.perceptual = ",
-                       reconstruction.perceptual_, " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
+    LOCKSTEP_CHECK_ARG(reconstruction.perceptual_ == 0 || !lpips_path.empty(),
+                       "loss.perceptual = ", reconstruction.perceptual_,
+                       " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
     if (!lpips_path.empty()) {
       lpips = load_lpips(lpips_path, "loss.lpips_weights");
       lpips->to(device);
@@ -516,12 +517,11 @@ struct Trainer::State {
 
   // The trainer runs the model (or its weight average) over the images the data layer holds for evaluation.
   EvalResult evaluate_test(bool weight_average = false) {
-    EvalResult r = evaluate(
-        weight_average ? *ema_model : *model, data->evaluation_images(),
-        EvalOptions()
-            .batch_size(config.get_int("eval.batch_size"))
-            .grid_images(config.get_int("eval.grid_images"))
-            .lpips(lpips.is_empty() ? nullptr : lpips.ptr()));
+    EvalResult r = evaluate(weight_average ? *ema_model : *model, data->evaluation_images(),
+                            EvalOptions()
+                                .batch_size(config.get_int("eval.batch_size"))
+                                .grid_images(config.get_int("eval.grid_images"))
+                                .lpips(lpips.is_empty() ? nullptr : lpips.ptr()));
     r.weight_average = weight_average;
     return r;
   }

@@ -139,7 +139,8 @@ TEST(Plan, MicroBatchesAreSlicedForEachRank) {
   o.micro_batches = 2;
   const EpochPlan plan({{10, 11, 12, 13, 14, 15, 16, 17}}, o, 0);
   const PlannedBatch all = plan.batch(0);
-  EXPECT_EQ(plan.rank_part(0, 2, 1), (std::vector<int64_t>{all.samples[2], all.samples[3], all.samples[6], all.samples[7]}));
+  EXPECT_EQ(plan.rank_part(0, 2, 1),
+            (std::vector<int64_t>{all.samples[2], all.samples[3], all.samples[6], all.samples[7]}));
   for (const auto& [batch, micro, world] : {std::tuple{8, 3, 1}, std::tuple{8, 4, 3}}) {
     try {
       EpochPlan::rank_slots(batch, micro, world, 0);

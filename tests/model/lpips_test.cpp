@@ -33,11 +33,15 @@ TEST(Lpips, TheLayoutIsCheckedTensorByTensor) {
   auto w = random_weights(1);
   auto without = w;
   without.erase("net.slice3.12.bias");
-  EXPECT_NE(error_of<InvalidArgument>([&] { Lpips(without, "f.safetensors"); }).find("f.safetensors: no tensor 'net.slice3.12.bias'"),
+  EXPECT_NE(error_of<InvalidArgument>([&] {
+              Lpips(without, "f.safetensors");
+            }).find("f.safetensors: no tensor 'net.slice3.12.bias'"),
             std::string::npos);
   auto alexnet = w;
   alexnet["net.slice1.0.weight"] = torch::zeros({64, 3, 11, 11});  // LPIPS-Alex's first convolution
-  EXPECT_NE(error_of<InvalidArgument>([&] { Lpips(alexnet, "f"); }).find("'net.slice1.0.weight' has shape [64, 3, 11, 11], LPIPS-VGG's is [64, 3, 3, 3]"),
+  EXPECT_NE(error_of<InvalidArgument>([&] {
+              Lpips(alexnet, "f");
+            }).find("'net.slice1.0.weight' has shape [64, 3, 11, 11], LPIPS-VGG's is [64, 3, 3, 3]"),
             std::string::npos);
   auto extra = w;
   extra["lin5.model.1.weight"] = torch::zeros({1, 64, 1, 1});  // LPIPS-Squeeze has seven heads
@@ -53,7 +57,9 @@ TEST(Lpips, TheLayoutIsCheckedTensorByTensor) {
   aliased["scaling_layer.scale"] = torch::tensor({.458f, .448f, .450f}).reshape({1, 3, 1, 1});
   EXPECT_NO_THROW(Lpips(aliased, "f"));
   aliased["lins.2.model.1.weight"] += 1;
-  EXPECT_NE(error_of<InvalidArgument>([&] { Lpips(aliased, "f"); }).find("'lins.2.model.1.weight' differs from 'lin2.model.1.weight'"),
+  EXPECT_NE(error_of<InvalidArgument>([&] {
+              Lpips(aliased, "f");
+            }).find("'lins.2.model.1.weight' differs from 'lin2.model.1.weight'"),
             std::string::npos);
   aliased["lins.2.model.1.weight"] = w.at("lin2.model.1.weight").clone();
   aliased["scaling_layer.scale"] = torch::ones({1, 3, 1, 1});
@@ -83,8 +89,8 @@ TEST(Lpips, BehavesAsADistance) {
   EXPECT_TRUE(torch::allclose(Lpips(doubled, "doubled")->forward(x, y), 2 * d, 1e-5, 1e-7));
   // Grey images are compared as grey RGB.
   const at::Tensor g = x.narrow(1, 0, 1), h = y.narrow(1, 0, 1);
-  EXPECT_TRUE(torch::allclose(lpips->forward(g, h), lpips->forward(g.expand({-1, 3, -1, -1}), h.expand({-1, 3, -1, -1})),
-                              1e-6, 1e-8));
+  EXPECT_TRUE(torch::allclose(lpips->forward(g, h),
+                              lpips->forward(g.expand({-1, 3, -1, -1}), h.expand({-1, 3, -1, -1})), 1e-6, 1e-8));
   EXPECT_NE(error_of<InvalidArgument>([&] { lpips->forward(x.narrow(2, 0, 8), y.narrow(2, 0, 8)); }).find("too small"),
             std::string::npos);
 }
@@ -102,8 +108,9 @@ TEST(Lpips, GradientsReachTheImagesAndNeverTheWeights) {
 
 TEST(Lpips, TheWeightsFileIsReadOrNamed) {
   test_util::TempDir tmp;
-  EXPECT_NE(error_of<IoError>([&] { train::load_lpips(tmp.file("none.safetensors"), "loss.lpips_weights"); })
-                .find("loss.lpips_weights = " + tmp.file("none.safetensors") + ": no such file"),
+  EXPECT_NE(error_of<IoError>([&] {
+              train::load_lpips(tmp.file("none.safetensors"), "loss.lpips_weights");
+            }).find("loss.lpips_weights = " + tmp.file("none.safetensors") + ": no such file"),
             std::string::npos);
   test_util::write_random_lpips_weights(tmp.file("w.safetensors"), 5);
   Lpips from_file = train::load_lpips(tmp.file("w.safetensors"), "loss.lpips_weights");
@@ -113,8 +120,9 @@ TEST(Lpips, TheWeightsFileIsReadOrNamed) {
   io::SafetensorsData data = io::load_safetensors(tmp.file("w.safetensors"));
   data.tensors.erase("lin4.model.1.weight");
   io::save_safetensors(tmp.file("short.safetensors"), data);
-  EXPECT_NE(error_of<InvalidArgument>([&] { train::load_lpips(tmp.file("short.safetensors"), "--lpips"); })
-                .find("--lpips = " + tmp.file("short.safetensors") + ": no tensor 'lin4.model.1.weight'"),
+  EXPECT_NE(error_of<InvalidArgument>([&] {
+              train::load_lpips(tmp.file("short.safetensors"), "--lpips");
+            }).find("--lpips = " + tmp.file("short.safetensors") + ": no tensor 'lin4.model.1.weight'"),
             std::string::npos);
 }
 

@@ -83,7 +83,7 @@ TEST(Adversary, ADiscriminatorStepLearnsAndMovesLeCamsAverages) {
   }
   const double expected = (torch::relu(1 - a.discriminator().forward(real)).mean() +
                            torch::relu(1 + a.discriminator().forward(fake)).mean())
-                              .item<double>() *
+                                  .item<double>() *
                               0.5 +
                           0.1 * (torch::relu(a.discriminator().forward(real)).pow(2).mean() +
                                  torch::relu(-a.discriminator().forward(fake)).pow(2).mean())

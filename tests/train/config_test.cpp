@@ -159,7 +159,8 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
   const std::string sections =
-      "valid sections: data, eval, loss, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, quantizer.vq, "
+      "valid sections: data, eval, loss, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, "
+      "quantizer.vq, "
       "train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});

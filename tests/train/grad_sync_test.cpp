@@ -125,7 +125,8 @@ TEST(GradientSync, AccumulatedPassesAreSummedThenAveraged) {
     }
     controls[r] = sync.finish();
     for (size_t k = 0; k < net->parameters().size(); ++k) {
-      EXPECT_TRUE(torch::allclose(net->parameters()[k].grad(), expected[k], 1e-5, 1e-6)) << "rank " << r << " parameter " << k;
+      EXPECT_TRUE(torch::allclose(net->parameters()[k].grad(), expected[k], 1e-5, 1e-6))
+          << "rank " << r << " parameter " << k;
     }
   });
   for (int r = 0; r < kRanks; ++r) {

@@ -468,7 +468,8 @@ TEST(Trainer, APerceptualLossTrainsAndLpipsIsEvaluated) {
 TEST(Trainer, TheAdversaryStartsAtItsStepAndIsLogged) {
   test_util::TempDir tmp;
   Config c = small_config(10);
-  for (const char* s : {"loss.adversarial=0.5", "loss.gan_start_step=6", "loss.disc_channels=8", "loss.disc_layers=2"}) {
+  for (const char* s :
+       {"loss.adversarial=0.5", "loss.gan_start_step=6", "loss.disc_channels=8", "loss.disc_layers=2"}) {
     c.set_from_string(s);
   }
   Trainer::create(c, tmp.file("run"), one())->run({});

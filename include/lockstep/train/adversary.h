@@ -16,15 +16,15 @@
 namespace lockstep::train {
 
 struct AdversaryOptions {
-  double weight = 0.1;               // loss.adversarial: the adversarial term's weight
-  std::string objective = "hinge";   // or "non_saturating"
-  int64_t start_step = 0;            // steps (1-based) before this one train without it
-  bool adaptive_weight = true;       // scale by |grad nll| / |grad adversarial| at the decoder's last layer
-  double lecam = 0;                  // LeCam regularisation weight; 0: none
-  double lr = 1e-4;                  // the discriminator's learning rate
+  double weight = 0.1;                // loss.adversarial: the adversarial term's weight
+  std::string objective = "hinge";    // or "non_saturating"
+  int64_t start_step = 0;             // steps (1-based) before this one train without it
+  bool adaptive_weight = true;        // scale by |grad nll| / |grad adversarial| at the decoder's last layer
+  double lecam = 0;                   // LeCam regularisation weight; 0: none
+  double lr = 1e-4;                   // the discriminator's learning rate
   int64_t channels = 64, layers = 3;  // the discriminator's shape
-  int64_t bucket_bytes = 1 << 20;    // its gradient buckets
-  bool bfloat16 = false;             // its forward under autocast to bfloat16 (train.precision)
+  int64_t bucket_bytes = 1 << 20;     // its gradient buckets
+  bool bfloat16 = false;              // its forward under autocast to bfloat16 (train.precision)
 };
 
 // What one step of the adversary did, for the metrics.

@@ -15,14 +15,14 @@ class Module;
 namespace lockstep::train {
 
 struct Checkpoint {
-  std::map<std::string, at::Tensor> model;      // parameters and buffers by module path
-  std::map<std::string, at::Tensor> optimizer;  // Adam::state()
-  std::map<std::string, at::Tensor> ema;        // the weights' moving average (train.ema_decay > 0), else empty
-  std::map<std::string, at::Tensor> discriminator;  // loss.adversarial > 0: the discriminator, else empty
+  std::map<std::string, at::Tensor> model;           // parameters and buffers by module path
+  std::map<std::string, at::Tensor> optimizer;       // Adam::state()
+  std::map<std::string, at::Tensor> ema;             // the weights' moving average (train.ema_decay > 0), else empty
+  std::map<std::string, at::Tensor> discriminator;   // loss.adversarial > 0: the discriminator, else empty
   std::map<std::string, at::Tensor> disc_optimizer;  // and its optimizer's state
   int64_t disc_optimizer_steps = 0;
-  at::Tensor torch_rng;                         // torch's default CPU generator state (uint8)
-  int64_t step = 0;                             // training steps completed
+  at::Tensor torch_rng;  // torch's default CPU generator state (uint8)
+  int64_t step = 0;      // training steps completed
   int64_t optimizer_steps = 0;
   std::string config_toml;  // the run's resolved configuration
 };

@@ -36,12 +36,12 @@ struct EvalOptions {
 
 struct EvalResult {
   int64_t images = 0;
-  double mse = 0;         // mean squared error per pixel, pixels scaled to [0, 1]
-  double psnr_db = 0;     // 10 log10(1 / mse)
-  double ssim = 0;        // mean structural similarity per image (train/ssim.h)
+  double mse = 0;               // mean squared error per pixel, pixels scaled to [0, 1]
+  double psnr_db = 0;           // 10 log10(1 / mse)
+  double ssim = 0;              // mean structural similarity per image (train/ssim.h)
   std::optional<double> lpips;  // mean LPIPS distance per image, when EvalOptions::lpips was given
-  double code_usage = 0;  // fraction of the codebook's codes used at least once
-  double perplexity = 0;  // exp(entropy of the code histogram)
+  double code_usage = 0;        // fraction of the codebook's codes used at least once
+  double perplexity = 0;        // exp(entropy of the code histogram)
   int64_t codes_used = 0;
   int64_t codebook_size = 0;
   bool weight_average = false;  // the trainer's: whether the weights' moving average was evaluated
