@@ -65,6 +65,21 @@ void DiscriminatorImpl::check_image_size(int64_t height, int64_t width) const {
                      3 << options_.layers_, " pixels, or fewer layers");
 }
 
+int64_t DiscriminatorImpl::activation_floats_per_image(int64_t height, int64_t width) const {
+  int64_t floats = 0, h = height, w = width, ch = options_.channels_;
+  for (int64_t n = 0; n <= options_.layers_; ++n) {
+    if (n < options_.layers_) {
+      h /= 2;
+      w /= 2;
+    } else {
+      --h;
+      --w;
+    }
+    floats += 3 * ch * std::min<int64_t>(int64_t{1} << n, 8) * std::max<int64_t>(h, 1) * std::max<int64_t>(w, 1);
+  }
+  return floats;
+}
+
 at::Tensor DiscriminatorImpl::forward(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 4 && x.size(1) == options_.in_channels_, "discriminator: expected images (b, ",
                      options_.in_channels_, ", h, w), got ", x.sizes());

@@ -97,6 +97,22 @@ LpipsImpl::LpipsImpl(const std::map<std::string, at::Tensor>& weights, const std
   }
 }
 
+int64_t LpipsImpl::activation_floats_per_pair(int64_t h, int64_t w) {
+  int64_t per_image = 3 * h * w;  // the scaled input
+  int64_t differences = 0;
+  for (size_t i = 0; i < kConvs.size(); ++i) {
+    if (i > 0 && kConvs[i].slice != kConvs[i - 1].slice) {
+      differences += 4 * kConvs[i - 1].out * h * w;  // two unit features, their difference, its square
+      h /= 2;
+      w /= 2;
+      per_image += kConvs[i - 1].out * h * w;  // the pool's output
+    }
+    per_image += 2 * kConvs[i].out * h * w;  // convolution and ReLU outputs
+  }
+  differences += 4 * kConvs.back().out * h * w;
+  return 2 * per_image + differences;
+}
+
 std::vector<at::Tensor> LpipsImpl::features(const at::Tensor& x) {
   std::vector<at::Tensor> out;
   at::Tensor h = (x - shift_) / scale_;

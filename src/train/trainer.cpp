@@ -273,13 +273,17 @@ struct Trainer::State {
                          config.get_string("data.dataset") == "folder" ? "change data.buckets, or " : "",
                          "use fewer model.channels entries)");
     }
-    if (device.is_cpu()) {  // a step that cannot fit is named now, not by a failed allocation later
+    build_losses(data->channels());  // after the model: the discriminator draws from torch's generator next
+    if (device.is_cpu()) {           // a step that cannot fit is named now, not by a failed allocation later
       const int64_t micro = batch_size / config.get_int("train.grad_accum");
       const int64_t per_rank = (micro + group->size() - 1) / group->size();
       for (const auto& size : data->image_sizes()) {
+        int64_t floats = model->activation_floats_per_image(size.height, size.width);
+        if (reconstruction.perceptual_ > 0)
+          floats += model::LpipsImpl::activation_floats_per_pair(size.height, size.width);
+        if (adversary) floats += adversary->discriminator().activation_floats_per_image(size.height, size.width);
         check_fits_in_memory(
-            4.0 * static_cast<double>(per_rank) *
-                static_cast<double>(model->activation_floats_per_image(size.height, size.width)),
+            4.0 * static_cast<double>(per_rank) * static_cast<double>(floats),
             detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
                            " per rank (train.batch_size = ", batch_size,
                            ", train.grad_accum = ", config.get_int("train.grad_accum"),
@@ -303,7 +307,6 @@ struct Trainer::State {
                                                    .decay(config.get_string("train.lr_decay"))
                                                    .final_ratio(config.get_float("train.lr_final_ratio")),
                                                total_steps);
-    build_losses(data->channels());
   }
 
   // The reconstruction terms, the LPIPS network and the adversary, from the loss.* keys.
@@ -320,7 +323,7 @@ struct Trainer::State {
       lpips = load_lpips(lpips_path, "loss.lpips_weights");
       lpips->to(device);
       lpips->eval();
-      lpips_hash = Trainer::State::checksum(module_state_tensors(*lpips));
+      lpips_hash = checksum(lpips->buffers());
     }
     const double adversarial = config.get_float("loss.adversarial");
     if (adversarial <= 0) return;
@@ -346,12 +349,6 @@ struct Trainer::State {
     adversary = std::make_unique<Adversary>(options, channels, group, device);
     for (const auto& size : data->image_sizes()) adversary->discriminator().check_image_size(size.height, size.width);
     decoder_last_weight = model->output_weight();
-  }
-
-  static std::vector<at::Tensor> module_state_tensors(const torch::nn::Module& m) {
-    std::vector<at::Tensor> out;
-    for (const auto& b : m.named_buffers(true)) out.push_back(b.value());
-    return out;
   }
 
   // One optimizer step on this rank's part of the global batch of step `step` + 1. Sets `stop` when

@@ -33,6 +33,9 @@ class DiscriminatorImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   // Throws InvalidArgument when h x w images leave no patch (each side must be >= 3 x 2^layers).
   void check_image_size(int64_t height, int64_t width) const;
+  // Floats one forward keeps alive for backward per h x w image (each layer's convolution, norm and
+  // activation outputs): for the trainer's memory check.
+  int64_t activation_floats_per_image(int64_t height, int64_t width) const;
 
   const DiscriminatorOptions& options() const { return options_; }
 

@@ -28,6 +28,9 @@ class LpipsImpl : public torch::nn::Module {
   // x, y: (b, c, h, w) in [-1, 1], c = 1 (shown as grey RGB) or 3, h and w >= 16. Returns the b
   // distances. Gradients flow to x and y, never to the weights (buffers, not parameters).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& y);
+  // Floats a training step keeps alive for backward per compared pair of h x w images (both
+  // images' VGG16 activations and the per-layer differences): for the trainer's memory check.
+  static int64_t activation_floats_per_pair(int64_t h, int64_t w);
 
  private:
   std::vector<at::Tensor> features(const at::Tensor& x);
