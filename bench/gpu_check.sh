@@ -14,6 +14,9 @@
 #   unit-suite    the rest of the unit tests on this machine (not the CLI or Python tests)
 #   bench         lockstep bench quantizers on the CPU (all cores) and on cuda:0, side by side
 #   train-cuda    the demo on cuda:0 beside the demo on the CPU: time and test PSNR
+#   recipe-cuda   the recipe of docs/losses.md (bench/recipe_folder.sh, 2000 steps) on cuda:0: the
+#                 held-out figures with MSE alone and with L1 + adversarial; needs a build that decodes
+#                 images (OpenCV) and the example photos (--deps DIR/opencv-images)
 #   nccl-train    (2+ GPUs) the demo on 2 ranks over NCCL (lockstep launch)
 #   nccl-killed   (2+ GPUs) a rank SIGKILLed mid-run is named by the other, and the run resumes
 #   nccl-stalled  (2+ GPUs) a rank stopped with SIGSTOP is reported and launch exits non-zero
@@ -179,6 +182,20 @@ if demo train-cuda cuda:0; then
   pass train-cuda "demo on cuda:0 ${gpu_secs} s, test PSNR ${gpu_psnr} dB; on the CPU ($(nproc) cores) ${secs} s, ${psnr} dB"
 else
   fail train-cuda "$(grep -m1 'error' "$logs/train-cuda.log" | cut -c1-200)"
+fi
+
+# --- the recipe of docs/losses.md on the GPU
+images=""
+[[ -n $deps && -d $deps/opencv-images ]] && images=$deps/opencv-images
+if ! "$bin" doctor 2>/dev/null | grep -q "decoded with OpenCV"; then
+  skip recipe-cuda "this build cannot decode images (no OpenCV)"
+elif [[ -z $images ]]; then
+  skip recipe-cuda "no example photos (scripts/gpu-deps copies them to DIR/opencv-images)"
+elif LOCKSTEP_RECIPE_IMAGES=$images bash "$src/bench/recipe_folder.sh" "$build" 2000 "$logs/recipe" --device cuda:0 \
+    > "$logs/recipe-cuda.log" 2>&1; then
+  pass recipe-cuda "$(grep -E '^(mse|gan):|^test' "$logs/recipe-cuda.log" | xargs | cut -c1-400)"
+else
+  fail recipe-cuda "$(grep -m1 'error' "$logs/recipe-cuda.log" | cut -c1-200)"
 fi
 
 # --- several ranks over NCCL, and the failure modes

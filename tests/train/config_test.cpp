@@ -144,7 +144,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   std::string msg = error_of<InvalidArgument>([&] { c.load_toml_file(file.path()); });
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
                         "valid keys in [train]: batch_size, checkpoint_every, device, ema_decay, epochs, eval_every, "
-                        "grad_accum, grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, "
+                        "grad_accum, grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, precision, "
                         "seed, steps, threads, warmup_steps, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2",
