@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "error_of.h"
 #include "io/test_temp_dir.h"
 #include "lockstep/core/error.h"
 #include "lockstep/io/safetensors.h"
@@ -18,16 +19,7 @@ namespace {
 
 std::map<std::string, at::Tensor> random_weights(uint64_t seed) { return test_util::random_lpips_weights(seed); }
 
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
+using test_util::error_of;
 
 TEST(Lpips, TheLayoutIsCheckedTensorByTensor) {
   auto w = random_weights(1);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "error_of.h"
 #include "lockstep/core/error.h"
 #include "lockstep/quant/registry.h"
 
@@ -34,17 +35,7 @@ class TempToml {
   fs::path path_;
 };
 
-// The message of the E that `f` throws; a test failure when it throws nothing.
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using test_util::error_of;
 
 void expect_contains(const std::string& message, std::initializer_list<std::string> parts) {
   for (const std::string& part : parts) {
