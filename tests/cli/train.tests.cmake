@@ -2,6 +2,7 @@
 set(FMNIST /usr/share/datasets/fashion-mnist)
 set(LS $<TARGET_FILE:lockstep_cli>)
 set(MAKE_NPY ${CMAKE_CURRENT_LIST_DIR}/make_npy.py)
+set(MAKE_LPIPS ${CMAKE_CURRENT_LIST_DIR}/make_lpips_weights.py)
 # A few training steps on a slice of the data: the run directory the other tests use.
 set(TINY_RUN "${LS} train --run-dir run --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8] > /dev/null")
 
@@ -57,6 +58,19 @@ lockstep_cli_test(eval_weight_average EXIT 0 OUTPUT "step 4.*mse [0-9.]+  psnr" 
 lockstep_cli_test(eval_weight_average_of_a_run_without_one EXIT 1
                   OUTPUT "holds no moving average of the weights: its run had train.ema_decay = 0" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS eval run --ema --limit 32)
+# LPIPS from the user's weights: eval --lpips measures any run; a missing file or a perceptual loss
+# without weights is named before anything runs.
+lockstep_cli_test(eval_lpips EXIT 0 OUTPUT "step 4.*ssim [0-9.]+  lpips [0-9]+\\.[0-9]+" TIMEOUT 120
+                  SETUP "${TINY_RUN} && python3 ${MAKE_LPIPS} w.safetensors" ARGS eval run --lpips w.safetensors --limit 32)
+lockstep_cli_test(eval_lpips_missing_weights EXIT 1 OUTPUT "--lpips = nowhere.safetensors: no such file" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS eval run --lpips nowhere.safetensors --limit 32)
+lockstep_cli_test(train_perceptual_needs_weights EXIT 1 OUTPUT "loss.perceptual = 1.* needs loss.lpips_weights"
+                  ARGS train --run-dir run --steps 1 --set loss.perceptual=1)
+lockstep_cli_test(train_perceptual_with_weights EXIT 0 OUTPUT "test: mse [0-9.]+ .*lpips [0-9]+\\.[0-9]+" TIMEOUT 180
+                  SETUP "python3 ${MAKE_LPIPS} w.safetensors"
+                  ARGS train --run-dir run --steps 2 --batch-size 8 --threads 1 --set data.train_subset=16
+                  --set data.test_subset=16 --set model.channels=[8,8] --set loss.perceptual=1
+                  --set loss.lpips_weights=w.safetensors)
 lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out" TIMEOUT 120
                   SETUP "${TINY_RUN} && ${LS} encode run --limit 10 -o tokens.npy | grep -q 'tokens of shape \\[10, 14, 14\\]'"
                   ARGS decode run --tokens tokens.npy -o out --grid grid.png)
