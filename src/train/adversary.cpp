@@ -61,32 +61,43 @@ double Adversary::factor(const at::Tensor& nll, const at::Tensor& adv, const at:
   return options_.weight * std::clamp(n_nll / (n_adv + 1e-4), 0.0, kMostFactor);
 }
 
-double Adversary::train_step(const at::Tensor& real, const at::Tensor& fake, double rank_weight) {
+double Adversary::train_step(const std::vector<at::Tensor>& reals, const std::vector<at::Tensor>& fakes,
+                             const std::vector<double>& rank_weights) {
+  LOCKSTEP_CHECK_ARG(!reals.empty() && reals.size() == fakes.size() && reals.size() == rank_weights.size(),
+                     "adversary: ", reals.size(), " real, ", fakes.size(), " reconstructed batches and ",
+                     rank_weights.size(), " weights; one of each per micro-batch");
   model::DiscriminatorImpl& d = *discriminator_;
-  at::Tensor logits_real, logits_fake;
-  {
-    std::optional<quant::Autocast> bf16;
-    if (options_.bfloat16) bf16.emplace(device_type_, at::kBFloat16);
-    logits_real = d.forward(real).to(at::kFloat);
-    logits_fake = d.forward(fake.detach()).to(at::kFloat);
-  }
-  at::Tensor loss = options_.objective == "hinge"
-                        ? (torch::relu(1 - logits_real).mean() + torch::relu(1 + logits_fake).mean()) * 0.5
-                        : (torch::softplus(-logits_real).mean() + torch::softplus(logits_fake).mean()) * 0.5;
-  if (options_.lecam > 0) {
-    // Per logit, so that the ranks' weighted terms average to the global batch's.
-    const at::Tensor reg =
-        torch::relu(logits_real - d.lecam_fake).pow(2).mean() + torch::relu(d.lecam_real - logits_fake).pow(2).mean();
-    loss = loss + reg * options_.lecam;
-  }
-  loss = loss * rank_weight;
-  // The loss and the mean logits (for LeCam's averages) travel summed with the last bucket.
-  const at::Tensor control = torch::stack({loss.detach(), logits_real.detach().mean() * rank_weight,
-                                           logits_fake.detach().mean() * rank_weight})
-                                 .to(at::kCPU, at::kFloat);
-  sync_->begin(control);
+  const auto passes = static_cast<int64_t>(reals.size());
+  sync_->begin_accumulation(passes);
   adam_->zero_grad();
-  loss.backward();
+  // This rank's weighted loss and mean logits (for LeCam's averages), summed over its micro-batches,
+  // travel summed over ranks with the last bucket.
+  double sums[3] = {0, 0, 0};
+  for (int64_t j = 0; j < passes; ++j) {
+    at::Tensor logits_real, logits_fake;
+    {
+      std::optional<quant::Autocast> bf16;
+      if (options_.bfloat16) bf16.emplace(device_type_, at::kBFloat16);
+      logits_real = d.forward(reals[j]).to(at::kFloat);
+      logits_fake = d.forward(fakes[j].detach()).to(at::kFloat);
+    }
+    at::Tensor loss = options_.objective == "hinge"
+                          ? (torch::relu(1 - logits_real).mean() + torch::relu(1 + logits_fake).mean()) * 0.5
+                          : (torch::softplus(-logits_real).mean() + torch::softplus(logits_fake).mean()) * 0.5;
+    if (options_.lecam > 0) {
+      // Per logit, so that the ranks' weighted terms average to the global batch's.
+      const at::Tensor reg =
+          torch::relu(logits_real - d.lecam_fake).pow(2).mean() + torch::relu(d.lecam_real - logits_fake).pow(2).mean();
+      loss = loss + reg * options_.lecam;
+    }
+    const double w = rank_weights[j];
+    loss = loss * w;
+    sums[0] += loss.item<double>();
+    sums[1] += logits_real.detach().mean().item<double>() * w;
+    sums[2] += logits_fake.detach().mean().item<double>() * w;
+    if (j == passes - 1) sync_->set_control(torch::tensor({sums[0], sums[1], sums[2]}, torch::kFloat32));
+    loss.backward();
+  }
   const at::Tensor summed = sync_->finish() / group_->size();
   adam_->step();
   if (options_.lecam > 0) {

@@ -142,6 +142,12 @@ void GradientSync::set_control(const at::Tensor& control) {
   m.control_set = true;
 }
 
+GradientSync::Paused::Paused(GradientSync& sync) : sync_(sync), was_active_(sync.impl_->active) {
+  sync_.impl_->active = false;
+}
+
+GradientSync::Paused::~Paused() { sync_.impl_->active = was_active_; }
+
 at::Tensor GradientSync::finish() {
   Impl& m = *impl_;
   LOCKSTEP_THROW_IF_NOT(m.active, InvalidArgument, "gradient sync: finish() without begin()");

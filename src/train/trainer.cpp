@@ -117,12 +117,12 @@ struct Trainer::State {
   std::unique_ptr<Adam> adam;
   model::Autoencoder ema_model{nullptr};    // the weights' moving average, with train.ema_decay > 0
   std::unique_ptr<LrSchedule> lr_schedule;  // the rate of each step, from the step alone
-  ReconstructionLossOptions reconstruction;
-  model::Lpips lpips{nullptr};           // loss.lpips_weights: the perceptual loss's and evaluation's network
-  int64_t lpips_hash = 0;                // of its file, compared across ranks
-  std::unique_ptr<Adversary> adversary;  // loss.adversarial > 0
-  at::Tensor decoder_last_weight;        // where the adaptive weight compares gradients
-  bool bfloat16 = false;                 // train.precision
+  ReconstructionLossOptions loss_options;   // loss.l2, loss.l1, loss.perceptual
+  model::Lpips lpips{nullptr};              // loss.lpips_weights: the perceptual loss's and evaluation's network
+  int64_t lpips_hash = 0;                   // of its file, compared across ranks
+  std::unique_ptr<Adversary> adversary;     // loss.adversarial > 0
+  at::Tensor decoder_last_weight;           // where the adaptive weight compares gradients
+  bool bfloat16 = false;                    // train.precision
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
@@ -279,7 +279,7 @@ struct Trainer::State {
       const int64_t per_rank = (micro + group->size() - 1) / group->size();
       for (const auto& size : data->image_sizes()) {
         int64_t floats = model->activation_floats_per_image(size.height, size.width);
-        if (reconstruction.perceptual_ > 0)
+        if (loss_options.perceptual_ > 0)
           floats += model::LpipsImpl::activation_floats_per_pair(size.height, size.width);
         if (adversary) floats += adversary->discriminator().activation_floats_per_image(size.height, size.width);
         check_fits_in_memory(
@@ -312,12 +312,12 @@ struct Trainer::State {
   // The reconstruction terms, the LPIPS network and the adversary, from the loss.* keys.
   void build_losses(int64_t channels) {
     bfloat16 = config.get_string("train.precision") == "bfloat16";
-    reconstruction.l2(config.get_float("loss.l2"))
+    loss_options.l2(config.get_float("loss.l2"))
         .l1(config.get_float("loss.l1"))
         .perceptual(config.get_float("loss.perceptual"));
     const std::string lpips_path = config.get_string("loss.lpips_weights");
-    LOCKSTEP_CHECK_ARG(reconstruction.perceptual_ == 0 || !lpips_path.empty(),
-                       "loss.perceptual = ", reconstruction.perceptual_,
+    LOCKSTEP_CHECK_ARG(loss_options.perceptual_ == 0 || !lpips_path.empty(),
+                       "loss.perceptual = ", loss_options.perceptual_,
                        " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
     if (!lpips_path.empty()) {
       lpips = load_lpips(lpips_path, "loss.lpips_weights");
@@ -327,11 +327,8 @@ struct Trainer::State {
     }
     const double adversarial = config.get_float("loss.adversarial");
     if (adversarial <= 0) return;
-    LOCKSTEP_CHECK_ARG(config.get_int("train.grad_accum") == 1, "loss.adversarial = ", adversarial,
-                       " with train.grad_accum = ", config.get_int("train.grad_accum"),
-                       ": the discriminator does not accumulate gradients yet; use train.grad_accum = 1");
     const bool adaptive = config.get_bool("loss.adaptive_weight");
-    LOCKSTEP_CHECK_ARG(!adaptive || reconstruction.l2_ + reconstruction.l1_ + reconstruction.perceptual_ > 0,
+    LOCKSTEP_CHECK_ARG(!adaptive || loss_options.l2_ + loss_options.l1_ + loss_options.perceptual_ > 0,
                        "loss.adaptive_weight compares the adversarial loss's gradient with the reconstruction "
                        "losses', but loss.l2, loss.l1 and loss.perceptual are all 0");
     const double disc_lr = config.get_float("loss.disc_lr");
@@ -374,10 +371,12 @@ struct Trainer::State {
     StepControl here;
     here.stop = cb.stop_requested && cb.stop_requested->load();
     here.replaced = batch.replaced;
-    at::Tensor x, reconstruction;  // the last micro-batch's, for the discriminator
+    std::vector<at::Tensor> reals, fakes;  // per micro-batch, for the discriminator's step
+    std::vector<double> weights;
+    double factor_sum = 0;
     int64_t first = 0;
     for (int64_t j = 0; j < micro_batches; ++j) {
-      x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
+      const at::Tensor x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
       first += x.size(0);
       // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
       // function of (seed, step, micro-batch): the same on every rank and after a resume, with no collective.
@@ -390,7 +389,7 @@ struct Trainer::State {
       // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
       // gives exactly the gradient of the global batch's loss (G4).
       const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
-      at::Tensor nll, loss, g_loss;
+      at::Tensor reconstruction, nll, loss, g_loss;
       {
         // train.precision = bfloat16: the forward under autocast (the quantizer opts out); backward
         // and everything after it outside.
@@ -398,17 +397,22 @@ struct Trainer::State {
         if (bfloat16) bf16.emplace(device.type(), at::kBFloat16);
         const model::AutoencoderOutput out = model->forward(x, ctx);
         reconstruction = out.reconstruction.to(at::kFloat);
-        nll = reconstruction_loss(reconstruction, x, this->reconstruction, lpips.is_empty() ? nullptr : lpips.get());
+        nll = reconstruction_loss(reconstruction, x, loss_options, lpips.is_empty() ? nullptr : lpips.get());
         loss = nll + out.quant.total_loss();
         if (adversarial) g_loss = adversary->generator_loss(reconstruction);
       }
-      if (adversarial) {  // build_losses refuses accumulation with an adversary: one micro-batch here
-        facts.adversarial_factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
-        loss = loss + g_loss * facts.adversarial_factor;
+      if (adversarial) {
+        // The factor's gradients are not the step's: the sync (begun by an earlier micro-batch) ignores them.
+        const GradientSync::Paused paused(*grad_sync);
+        const double factor = adversary->factor(nll * weight, g_loss * weight, decoder_last_weight);
+        factor_sum += factor;
+        loss = loss + g_loss * factor;
+        reals.push_back(x);
+        fakes.push_back(reconstruction.detach());
+        weights.push_back(weight);
       }
       loss = loss * weight;
       here.loss += loss.item<double>();
-      // Begun only now: the adaptive weight's gradients (autograd::grad) must not count as a pass.
       if (j == 0) {
         grad_sync->begin_accumulation(micro_batches);
         adam->zero_grad();
@@ -443,8 +447,8 @@ struct Trainer::State {
     sync_buffers();
     if (ema_model) update_weight_ema(*ema_model, *model, config.get_float("train.ema_decay"));
     if (adversarial) {
-      const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
-      facts.disc_loss = adversary->train_step(x, reconstruction.detach(), weight);
+      facts.disc_loss = adversary->train_step(reals, fakes, weights);
+      facts.adversarial_factor = factor_sum / static_cast<double>(micro_batches);
     }
     facts.adversary = adversary != nullptr;
     ++step;

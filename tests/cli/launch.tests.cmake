@@ -27,6 +27,10 @@ set(ADVERSARIAL "--set loss.l1=1 --set loss.adversarial=0.5 --set loss.gan_start
 lockstep_cli_test(launch_two_ranks_adversarial_match_one_process EXIT 0 OUTPUT "step 12.*mse [0-9.]+  psnr" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} ${ADVERSARIAL} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${ADVERSARIAL} --set train.grad_bucket_kb=8 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 loss disc_loss adversarial_factor"
                   ARGS eval two --limit 32)
+# And with 2 micro-batches: the adaptive weight per micro-batch, the discriminator accumulating too.
+lockstep_cli_test(launch_two_ranks_adversarial_accumulating_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} ${ADVERSARIAL} --set train.grad_accum=2 > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${ADVERSARIAL} --set train.grad_accum=2 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 loss disc_loss adversarial_factor"
+                  ARGS eval two --limit 32)
 # Gradient accumulation keeps G4 for a quantizer whose statistics are the batch's (LFQ's entropy):
 # each micro-batch is the same 8 images on 1 rank or 2 (4 each), so the losses match.
 lockstep_cli_test(launch_two_ranks_accumulating_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240

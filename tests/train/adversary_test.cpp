@@ -102,5 +102,22 @@ TEST(Adversary, ADiscriminatorStepLearnsAndMovesLeCamsAverages) {
   EXPECT_LT(last, 0.5 * expected) << "first " << expected << ", last " << last;
 }
 
+// Accumulated over two micro-batches of equal size (each weighted by its half of the batch), a
+// step is the step on the whole batch: the same loss and, to rounding, the same weights after.
+TEST(Adversary, AStepOverMicroBatchesIsTheStepOverTheWholeBatch) {
+  const at::Tensor real = torch::rand({4, 3, 16, 16}) * 2 - 1, fake = torch::rand({4, 3, 16, 16}) * 2 - 1;
+  torch::manual_seed(5);
+  Adversary whole(small(/*lecam=*/0.1), 3, dist::make_single_process_group(), at::kCPU);
+  torch::manual_seed(5);
+  Adversary parts(small(/*lecam=*/0.1), 3, dist::make_single_process_group(), at::kCPU);
+  const double a = whole.train_step(real, fake, 1.0);
+  const double b = parts.train_step({real.narrow(0, 0, 2), real.narrow(0, 2, 2)},
+                                    {fake.narrow(0, 0, 2), fake.narrow(0, 2, 2)}, {0.5, 0.5});
+  EXPECT_NEAR(a, b, 1e-5);
+  const auto pa = whole.discriminator().parameters(), pb = parts.discriminator().parameters();
+  for (size_t k = 0; k < pa.size(); ++k) EXPECT_TRUE(torch::allclose(pa[k], pb[k], 1e-4, 1e-6)) << k;
+  EXPECT_NEAR(whole.discriminator().lecam_real.item<double>(), parts.discriminator().lecam_real.item<double>(), 1e-7);
+}
+
 }  // namespace
 }  // namespace lockstep::train

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/dist/group.h"
 #include "lockstep/model/discriminator.h"
@@ -50,10 +51,15 @@ class Adversary {
   // `last_layer`, clamped to [0, 1e4]. `nll` and `adv` are this rank's weighted losses; their
   // gradients are summed over the ranks first (one all-reduce), so every rank gets the global figure.
   double factor(const at::Tensor& nll, const at::Tensor& adv, const at::Tensor& last_layer);
-  // One optimizer step of the discriminator on real images and (detached) reconstructions.
-  // `rank_weight` scales this rank's loss as the model's is scaled, so that the mean over ranks of
-  // the gradients is the global batch's. Returns the global loss.
-  double train_step(const at::Tensor& real, const at::Tensor& fake, double rank_weight);
+  // One optimizer step of the discriminator on real images and (detached) reconstructions, one
+  // pair per micro-batch (gradients accumulated over them). `rank_weights` scale this rank's losses
+  // as the model's are scaled, so that the mean over ranks of the summed gradients is the global
+  // batch's. Returns the global loss.
+  double train_step(const std::vector<at::Tensor>& reals, const std::vector<at::Tensor>& fakes,
+                    const std::vector<double>& rank_weights);
+  double train_step(const at::Tensor& real, const at::Tensor& fake, double rank_weight) {
+    return train_step(std::vector<at::Tensor>{real}, std::vector<at::Tensor>{fake}, std::vector<double>{rank_weight});
+  }
 
   model::DiscriminatorImpl& discriminator() { return *discriminator_; }
   Adam& optimizer() { return *adam_; }

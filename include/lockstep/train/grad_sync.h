@@ -30,6 +30,20 @@ class GradientSync {
   // buckets go out during the last one. set_control() must come before that last pass.
   void begin_accumulation(int64_t backward_passes);
   void set_control(const at::Tensor& control);
+
+  // While one lives, gradients the hooks see are not the step's: torch::autograd::grad over a
+  // parameter (VQGAN's adaptive weight) runs its hooks too.
+  class Paused {
+   public:
+    explicit Paused(GradientSync& sync);
+    ~Paused();
+    Paused(const Paused&) = delete;
+    Paused& operator=(const Paused&) = delete;
+
+   private:
+    GradientSync& sync_;
+    bool was_active_;
+  };
   // Call after backward: sends what has not gone yet (parameters that got no gradient count as
   // zero on this rank), waits, and leaves every parameter's .grad the mean over ranks. Returns the
   // control tensor summed over ranks.
