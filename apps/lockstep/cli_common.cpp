@@ -103,6 +103,10 @@ std::string format_eval(const train::EvalResult& r) {
     std::snprintf(buf, sizeof buf, "  lpips %.4f", *r.lpips);
     line += buf;
   }
+  if (r.fid) {
+    std::snprintf(buf, sizeof buf, "  rfid %.2f", *r.fid);
+    line += buf;
+  }
   return line;
 }
 

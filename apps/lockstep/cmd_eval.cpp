@@ -6,6 +6,7 @@
 #include "folder_input.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/io/image.h"
+#include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
 #include "lockstep/train/model_factory.h"
 
@@ -22,6 +23,7 @@ struct EvalArgs {
   int threads = 0;
   bool weight_average = false;
   std::string lpips;  // LPIPS-VGG weights; empty: the run's loss.lpips_weights, when set
+  std::string fid;    // FID Inception weights; empty: the run's eval.fid_weights, when set
 };
 
 int run_eval(const EvalArgs& args) {
@@ -35,6 +37,13 @@ int run_eval(const EvalArgs& args) {
     model::Lpips lpips = train::load_lpips(lpips_path, args.lpips.empty() ? "the run's loss.lpips_weights" : "--lpips");
     lpips->to(t.model->parameters().front().device());
     options.lpips(lpips.ptr());
+  }
+  const std::string fid_path = args.fid.empty() ? t.config.get_string("eval.fid_weights") : args.fid;
+  if (!fid_path.empty()) {
+    model::FidInception fid =
+        train::load_fid_inception(fid_path, args.fid.empty() ? "the run's eval.fid_weights" : "--fid");
+    fid->to(t.model->parameters().front().device());
+    options.fid(fid.ptr());
   }
   train::EvalResult r;
   std::string what;
@@ -75,7 +84,9 @@ void add_eval_command(CLI::App& app, Runner& run) {
   cmd->footer(
       "Prints the MSE and PSNR of the reconstructions (pixels in [0, 1]), the fraction of codes used, and the "
       "perplexity of the code histogram, the mean SSIM, and the mean LPIPS distance when LPIPS weights are "
-      "given (--lpips, or the run's loss.lpips_weights). A run trained on an image folder is measured on its held-out "
+      "given (--lpips, or the run's loss.lpips_weights), and rFID (the images against their reconstructions) when "
+      "Inception weights are given (--fid, or the run's eval.fid_weights). A run trained on an image folder is "
+      "measured on its held-out "
       "images (--split test) or its training images (--split train); --data FOLDER measures every image "
       "of another folder, each fitted to the run's buckets.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
@@ -93,6 +104,9 @@ void add_eval_command(CLI::App& app, Runner& run) {
   cmd->add_option("--lpips", args->lpips,
                   "LPIPS-VGG weights (a safetensors file, docs/losses.md) for an LPIPS figure (default: the run's "
                   "loss.lpips_weights)");
+  cmd->add_option("--fid", args->fid,
+                  "pytorch-fid's Inception weights (a safetensors file, docs/losses.md) for an rFID figure (default: "
+                  "the run's eval.fid_weights)");
   add_threads_option(*cmd, args->threads);
   add_weight_average_option(*cmd, args->weight_average);
   cmd->callback([&run, args] { run = [args] { return run_eval(*args); }; });

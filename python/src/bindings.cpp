@@ -20,6 +20,7 @@
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
+#include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
 
 namespace py = pybind11;
@@ -206,4 +207,14 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weights"), py::arg("x"), py::arg("y"),
       "LPIPS distances of two image batches in [-1, 1], as `lockstep train` computes them (for tests).");
+  m.def(
+      "_fid_features",
+      [](const std::string& weights, const at::Tensor& x) {
+        py::gil_scoped_release release;
+        return lockstep::train::load_fid_inception(weights, "weights")->features(x);
+      },
+      py::arg("weights"), py::arg("x"),
+      "FID Inception features (b, 2048) of images in [-1, 1], as lockstep's evaluation computes them (for tests).");
+  m.def("_frechet_distance", &lockstep::train::frechet_distance, py::arg("mu1"), py::arg("sigma1"), py::arg("mu2"),
+        py::arg("sigma2"), "The Frechet distance of two Gaussians, as lockstep's FID computes it (for tests).");
 }

@@ -1,43 +1,17 @@
 """lockstep's LPIPS-VGG against the lpips package itself, on weights that package makes.
 
-lpips builds its backbone with torchvision, which has no release for this torch; a stand-in
-module gives it torchvision's VGG16 layer list (configuration "D"), randomly initialised, so no
-weights are downloaded. The file written is what docs/losses.md tells users to write."""
-import sys
-import types
-
+lpips builds its backbone with torchvision's VGG16; with pnet_rand=True and pretrained=False it is
+randomly initialised, so nothing is downloaded. The file written is what docs/losses.md tells users
+to write."""
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import lockstep._C as _C
 
-VGG16_D = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
-
-
-def _vgg16(pretrained=False, **kwargs):
-    assert not pretrained, "the tests never load pretrained weights"
-    layers, channels = [], 3
-    for v in VGG16_D:
-        if v == "M":
-            layers.append(torch.nn.MaxPool2d(kernel_size=2, stride=2))
-        else:
-            layers += [torch.nn.Conv2d(channels, v, kernel_size=3, padding=1), torch.nn.ReLU(inplace=True)]
-            channels = v
-    model = torch.nn.Module()
-    model.features = torch.nn.Sequential(*layers)
-    return model
-
 
 @pytest.fixture(scope="module")
 def lpips_package():
-    if "torchvision" not in sys.modules:
-        models = types.ModuleType("torchvision.models")
-        models.vgg16 = _vgg16
-        torchvision = types.ModuleType("torchvision")
-        torchvision.models = models
-        sys.modules["torchvision"] = torchvision
-        sys.modules["torchvision.models"] = models
     import lpips
 
     return lpips

@@ -186,6 +186,9 @@ Schema build_schema() {
                    "Stride-2 layers of the PatchGAN discriminator; each output judges a patch of the image.")
             .in_range(1, 6));
   s.add(K::integer("eval.batch_size", 500, "Test images per batch when evaluating.").in_range(1, 65536));
+  s.add(K::string("eval.fid_weights", "",
+                  "pytorch-fid's Inception weights as a safetensors file (docs/losses.md): every evaluation adds "
+                  "rFID, the held-out images against their reconstructions; empty: none."));
   s.add(K::integer("eval.grid_images", 16, "Test images shown beside their reconstructions in the PNG grid.")
             .in_range(1, 256));
   return s;

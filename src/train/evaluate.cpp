@@ -7,6 +7,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/train/fid.h"
 #include "lockstep/train/ssim.h"
 
 namespace lockstep::train {
@@ -65,6 +66,7 @@ struct Evaluation::State {
   bool was_training = false;
   at::Tensor histogram;
   double squared_error = 0, ssim_sum = 0, lpips_sum = 0;
+  FeatureStatistics fid_real, fid_reconstructed;
   int64_t images = 0, values = 0;
   at::Tensor grid_in, grid_out;
   at::Device device{at::kCPU};  // the model's: images go there, results come back to the host
@@ -98,6 +100,13 @@ void Evaluation::add(const at::Tensor& images) {
     const at::Tensor diff = (reconstruction - x) / 2;
     s.squared_error += diff.pow(2).sum().item<double>();
     s.ssim_sum += ssim_per_image((x + 1) / 2, (reconstruction + 1) / 2).sum().item<double>();
+    if (s.options.fid_) {  // Inception runs at 299x299 whatever the images' size: a few at a time
+      for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
+        const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
+        s.fid_real.add(s.options.fid_->features(x.narrow(0, i, n)));
+        s.fid_reconstructed.add(s.options.fid_->features(reconstruction.narrow(0, i, n)));
+      }
+    }
     if (s.options.lpips_) {  // a few images at a time: VGG16's activations are 64 channels at full size
       for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
         const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
@@ -125,6 +134,10 @@ EvalResult Evaluation::result() const {
   r.psnr_db = r.mse > 0 ? 10 * std::log10(1.0 / r.mse) : std::numeric_limits<double>::infinity();
   r.ssim = s.ssim_sum / static_cast<double>(s.images);
   if (s.options.lpips_) r.lpips = s.lpips_sum / static_cast<double>(s.images);
+  if (s.options.fid_ && s.images >= 2) {
+    r.fid = frechet_distance(s.fid_real.mean(), s.fid_real.covariance(), s.fid_reconstructed.mean(),
+                             s.fid_reconstructed.covariance());
+  }
   const at::Tensor p = s.histogram.to(torch::kFloat64) / s.histogram.sum().item<double>();
   r.codes_used = (s.histogram > 0).sum().item<int64_t>();
   r.codebook_size = s.histogram.size(0);

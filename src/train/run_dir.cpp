@@ -91,6 +91,7 @@ void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, 
                      {"codes_used", r.codes_used}, {"codebook_size", r.codebook_size},
                      {"perplexity", r.perplexity}, {"ssim", r.ssim}};
     if (r.lpips) j["lpips"] = *r.lpips;
+    if (r.fid) j["fid"] = *r.fid;
     return j;
   };
   nlohmann::json j;

@@ -96,6 +96,7 @@ void RunReport::after_eval(int64_t step, const EvalResult& r) {
                         {"perplexity", r.perplexity},
                         {"images", static_cast<double>(r.images)}}};
   if (r.lpips) record.values.emplace_back("lpips", *r.lpips);
+  if (r.fid) record.values.emplace_back("fid", *r.fid);
   metrics_->write(record);
   if (callbacks_.on_eval) callbacks_.on_eval(step, r);
 }

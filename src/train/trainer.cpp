@@ -24,6 +24,7 @@
 #include "lockstep/train/adversary.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/fid.h"
 #include "lockstep/train/grad_clip.h"
 #include "lockstep/train/grad_sync.h"
 #include "lockstep/train/losses.h"
@@ -54,11 +55,12 @@ const std::vector<std::string> kResumableKeys = {"train.epochs",
                                                  "data.prefetch",
                                                  "train.threads",
                                                  "train.device",
-                                                 "loss.lpips_weights"};
+                                                 "loss.lpips_weights",
+                                                 "eval.fid_weights"};
 // Keys each rank may set for itself: where its copy of the data is, how it uses its cores, its device.
 // The LPIPS file's path may differ too; its contents are compared (check_same_config).
-const std::vector<std::string> kPerRankKeys = {"data.dir",      "train.threads", "data.workers",
-                                               "data.prefetch", "train.device",  "loss.lpips_weights"};
+const std::vector<std::string> kPerRankKeys = {"data.dir",     "train.threads",      "data.workers",    "data.prefetch",
+                                               "train.device", "loss.lpips_weights", "eval.fid_weights"};
 
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
@@ -123,6 +125,7 @@ struct Trainer::State {
   std::unique_ptr<Adversary> adversary;     // loss.adversarial > 0
   at::Tensor decoder_last_weight;           // where the adaptive weight compares gradients
   bool bfloat16 = false;                    // train.precision
+  model::FidInception fid{nullptr};         // eval.fid_weights, on rank 0 (which evaluates)
   std::vector<at::Tensor> trained_params;
   at::Device device{at::kCPU};  // train.device, resolved for this rank
   int64_t step = 0;
@@ -325,6 +328,16 @@ struct Trainer::State {
       lpips->eval();
       lpips_hash = checksum(lpips->buffers());
     }
+    const std::string fid_path = config.get_string("eval.fid_weights");
+    if (!fid_path.empty()) {
+      // Only rank 0 evaluates; every rank checks the file is there, so all stop at the same point.
+      LOCKSTEP_THROW_IF_NOT(std::filesystem::is_regular_file(fid_path), IoError, "rank ", group->rank(),
+                            ": eval.fid_weights = ", fid_path, ": no such file (docs/losses.md)");
+      if (is_root()) {
+        fid = load_fid_inception(fid_path, "eval.fid_weights");
+        fid->to(device);
+      }
+    }
     const double adversarial = config.get_float("loss.adversarial");
     if (adversarial <= 0) return;
     const bool adaptive = config.get_bool("loss.adaptive_weight");
@@ -522,7 +535,8 @@ struct Trainer::State {
                             EvalOptions()
                                 .batch_size(config.get_int("eval.batch_size"))
                                 .grid_images(config.get_int("eval.grid_images"))
-                                .lpips(lpips.is_empty() ? nullptr : lpips.ptr()));
+                                .lpips(lpips.is_empty() ? nullptr : lpips.ptr())
+                                .fid(fid.is_empty() ? nullptr : fid.ptr()));
     r.weight_average = weight_average;
     return r;
   }

@@ -71,6 +71,10 @@ lockstep_cli_test(train_perceptual_with_weights EXIT 0 OUTPUT "test: mse [0-9.]+
                   ARGS train --run-dir run --steps 2 --batch-size 8 --threads 1 --set data.train_subset=16
                   --set data.test_subset=16 --set model.channels=[8,8] --set loss.perceptual=1
                   --set loss.lpips_weights=w.safetensors)
+lockstep_cli_test(train_fid_weights_missing EXIT 1 OUTPUT "eval.fid_weights = nowhere.safetensors: no such file"
+                  ARGS train --run-dir run --steps 1 --set eval.fid_weights=nowhere.safetensors)
+lockstep_cli_test(eval_fid_missing_weights EXIT 1 OUTPUT "--fid = nowhere.safetensors: no such file" TIMEOUT 120
+                  SETUP "${TINY_RUN}" ARGS eval run --fid nowhere.safetensors --limit 32)
 lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out" TIMEOUT 120
                   SETUP "${TINY_RUN} && ${LS} encode run --limit 10 -o tokens.npy | grep -q 'tokens of shape \\[10, 14, 14\\]'"
                   ARGS decode run --tokens tokens.npy -o out --grid grid.png)

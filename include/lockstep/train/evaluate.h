@@ -11,6 +11,7 @@
 #include "lockstep/data/image_set.h"
 #include "lockstep/io/image.h"
 #include "lockstep/model/autoencoder.h"
+#include "lockstep/model/inception.h"
 #include "lockstep/model/lpips.h"
 
 namespace lockstep::train {
@@ -29,9 +30,15 @@ struct EvalOptions {
     lpips_ = std::move(network);
     return *this;
   }
+  // Adds rFID (the images against their reconstructions) to the result (eval.fid_weights).
+  EvalOptions& fid(std::shared_ptr<model::FidInceptionImpl> network) {
+    fid_ = std::move(network);
+    return *this;
+  }
   int64_t batch_size_ = 500;
   int64_t grid_images_ = 16;
-  std::shared_ptr<model::LpipsImpl> lpips_;  // the first N images and their reconstructions, for a PNG grid
+  std::shared_ptr<model::LpipsImpl> lpips_;
+  std::shared_ptr<model::FidInceptionImpl> fid_;  // the first N images and their reconstructions, for a PNG grid
 };
 
 struct EvalResult {
@@ -40,6 +47,7 @@ struct EvalResult {
   double psnr_db = 0;           // 10 log10(1 / mse)
   double ssim = 0;              // mean structural similarity per image (train/ssim.h)
   std::optional<double> lpips;  // mean LPIPS distance per image, when EvalOptions::lpips was given
+  std::optional<double> fid;    // rFID over the whole set, when EvalOptions::fid was given (2+ images)
   double code_usage = 0;        // fraction of the codebook's codes used at least once
   double perplexity = 0;        // exp(entropy of the code histogram)
   int64_t codes_used = 0;
