@@ -392,7 +392,7 @@ TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
   EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
                                                     "quantizer.vq", "quantizer.residual", "train", "loss", "eval"}));
-  EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "grid_images"}));
+  EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "fid_weights", "grid_images"}));
   EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "lfq", "residual", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "loss", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
