@@ -15,7 +15,8 @@ namespace F = torch::nn::functional;
 struct BasicConvImpl : nn::Module {
   BasicConvImpl(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride = {1, 1},
                 std::vector<int64_t> padding = {0, 0})
-      : conv(register_module("conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false)))),
+      : conv(register_module(
+            "conv", nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false)))),
         bn(register_module("bn", nn::BatchNorm2d(nn::BatchNorm2dOptions(out).eps(0.001)))) {}
   at::Tensor forward(const at::Tensor& x) { return torch::relu(bn(conv(x))); }
   nn::Conv2d conv;
@@ -207,10 +208,8 @@ at::Tensor FidInceptionImpl::features(const at::Tensor& x) {
   if (h.size(1) == 1) h = h.expand({-1, 3, -1, -1});
   // pytorch-fid resizes images in [0, 1] and then scales them to [-1, 1]; both are affine per pixel,
   // so resizing [-1, 1] images is the same.
-  h = F::interpolate(h, F::InterpolateFuncOptions()
-                            .size(std::vector<int64_t>{299, 299})
-                            .mode(torch::kBilinear)
-                            .align_corners(false));
+  h = F::interpolate(
+      h, F::InterpolateFuncOptions().size(std::vector<int64_t>{299, 299}).mode(torch::kBilinear).align_corners(false));
   return F::adaptive_avg_pool2d(blocks_->forward(h), F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
 }
 

@@ -2,22 +2,16 @@
 
 #include <torch/torch.h>
 
-#include <filesystem>
-
 #include "lockstep/core/error.h"
-#include "lockstep/io/safetensors.h"
-#include "lockstep/io/tensor_convert.h"
+#include "lockstep/train/weights_file.h"
 
 namespace lockstep::train {
 
 model::FidInception load_fid_inception(const std::string& path, const std::string& key) {
-  LOCKSTEP_THROW_IF_NOT(std::filesystem::is_regular_file(path), IoError, key, " = ", path,
-                        ": no such file. FID needs pytorch-fid's Inception weights as a safetensors file; "
-                        "docs/losses.md shows how to write it");
-  const io::SafetensorsData data = io::load_safetensors(path);
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& [name, raw] : data.tensors) weights[name] = io::from_raw(raw);
-  return model::FidInception(weights, key + " = " + path);
+  return model::FidInception(read_weights_file(path, key,
+                                               "FID needs pytorch-fid's Inception weights as a safetensors file; "
+                                               "docs/losses.md shows how to write it"),
+                             key + " = " + path);
 }
 
 void FeatureStatistics::add(const at::Tensor& features) {
@@ -50,8 +44,8 @@ double frechet_distance(const at::Tensor& mu1, const at::Tensor& sigma1, const a
   const at::Tensor s1 = sigma1.to(at::kDouble), s2 = sigma2.to(at::kDouble);
   LOCKSTEP_CHECK_ARG(m1.sizes() == m2.sizes() && s1.sizes() == s2.sizes() && s1.dim() == 2 &&
                          s1.size(0) == m1.size(0) && s1.size(1) == m1.size(0),
-                     "fid: means ", m1.sizes(), " and ", m2.sizes(), ", covariances ", s1.sizes(), " and ",
-                     s2.sizes(), " do not match");
+                     "fid: means ", m1.sizes(), " and ", m2.sizes(), ", covariances ", s1.sizes(), " and ", s2.sizes(),
+                     " do not match");
   // s1^(1/2) from its eigen-decomposition (symmetric, eigenvalues clamped at 0 against rounding).
   const auto [l1, v1] = torch::linalg_eigh(s1);
   const at::Tensor root1 = v1.mm(torch::diag(l1.clamp_min(0).sqrt())).mm(v1.t());

@@ -1,0 +1,16 @@
+// Network weights the user supplies as a safetensors file (LPIPS's VGG16, FID's Inception).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+
+namespace lockstep::train {
+
+// The file's tensors by name. Throws IoError "KEY = PATH: no such file. WHAT" when it is missing
+// and CorruptInput when it is not a safetensors file.
+std::map<std::string, at::Tensor> read_weights_file(const std::string& path, const std::string& key,
+                                                    const std::string& what);
+
+}  // namespace lockstep::train
