@@ -15,7 +15,8 @@ namespace {
 // Tiles at least this many pixels on their shorter side, so that a 28x28 image can be looked at.
 constexpr int64_t kMinTileSide = 96;
 constexpr int64_t kMostTileScale = 8;
-constexpr int64_t kLpipsChunk = 16;
+// Images per call of LPIPS or Inception, whose activations are large whatever the batch size.
+constexpr int64_t kNetworkChunk = 16;
 
 // Each pixel as a factor x factor block (nearest neighbour: the pixels stay visible as they are).
 io::Image scaled_up(const io::Image& in, int64_t factor) {
@@ -101,15 +102,15 @@ void Evaluation::add(const at::Tensor& images) {
     s.squared_error += diff.pow(2).sum().item<double>();
     s.ssim_sum += ssim_per_image((x + 1) / 2, (reconstruction + 1) / 2).sum().item<double>();
     if (s.options.fid_) {  // Inception runs at 299x299 whatever the images' size: a few at a time
-      for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
-        const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
+      for (int64_t i = 0; i < x.size(0); i += kNetworkChunk) {
+        const int64_t n = std::min(kNetworkChunk, x.size(0) - i);
         s.fid_real.add(s.options.fid_->features(x.narrow(0, i, n)));
         s.fid_reconstructed.add(s.options.fid_->features(reconstruction.narrow(0, i, n)));
       }
     }
     if (s.options.lpips_) {  // a few images at a time: VGG16's activations are 64 channels at full size
-      for (int64_t i = 0; i < x.size(0); i += kLpipsChunk) {
-        const int64_t n = std::min(kLpipsChunk, x.size(0) - i);
+      for (int64_t i = 0; i < x.size(0); i += kNetworkChunk) {
+        const int64_t n = std::min(kNetworkChunk, x.size(0) - i);
         s.lpips_sum +=
             s.options.lpips_->forward(reconstruction.narrow(0, i, n), x.narrow(0, i, n)).sum().item<double>();
       }
