@@ -20,8 +20,10 @@ using test_util::error_of;
 
 // For diagonal covariances the root is elementwise: sum (a - b)^2 + sum (sqrt(s1) - sqrt(s2))^2.
 TEST(Fid, TheFrechetDistanceOfDiagonalGaussiansIsItsClosedForm) {
-  const at::Tensor mu1 = torch::tensor({0.0, 1.0, 2.0}, torch::kFloat64), mu2 = torch::tensor({1.0, 1.0, 0.0}, torch::kFloat64);
-  const at::Tensor v1 = torch::tensor({1.0, 4.0, 9.0}, torch::kFloat64), v2 = torch::tensor({4.0, 1.0, 9.0}, torch::kFloat64);
+  const at::Tensor mu1 = torch::tensor({0.0, 1.0, 2.0}, torch::kFloat64),
+                   mu2 = torch::tensor({1.0, 1.0, 0.0}, torch::kFloat64);
+  const at::Tensor v1 = torch::tensor({1.0, 4.0, 9.0}, torch::kFloat64),
+                   v2 = torch::tensor({4.0, 1.0, 9.0}, torch::kFloat64);
   const double expected = (mu1 - mu2).pow(2).sum().item<double>() + (v1.sqrt() - v2.sqrt()).pow(2).sum().item<double>();
   EXPECT_NEAR(frechet_distance(mu1, torch::diag(v1), mu2, torch::diag(v2)), expected, 1e-9);
   // Rotating both Gaussians alike changes nothing.
@@ -64,8 +66,9 @@ TEST(Fid, InceptionGives2048FeaturesAndItsWeightsAreCheckedByName) {
 
   auto missing = weights;
   missing.erase("Mixed_6b.branch7x7dbl_4.bn.weight");
-  EXPECT_NE(error_of<InvalidArgument>([&] { model::FidInception(missing, "f"); })
-                .find("f: no tensor 'Mixed_6b.branch7x7dbl_4.bn.weight'"),
+  EXPECT_NE(error_of<InvalidArgument>([&] {
+              model::FidInception(missing, "f");
+            }).find("f: no tensor 'Mixed_6b.branch7x7dbl_4.bn.weight'"),
             std::string::npos);
   auto aux = weights;
   aux["AuxLogits.fc.weight"] = torch::zeros({1000, 768});  // torchvision's classifier weights
@@ -73,8 +76,9 @@ TEST(Fid, InceptionGives2048FeaturesAndItsWeightsAreCheckedByName) {
             std::string::npos);
   auto wrong = weights;
   wrong["fc.weight"] = torch::zeros({1000, 2048});  // torchvision's 1000 classes, not the FID graph's 1008
-  EXPECT_NE(error_of<InvalidArgument>([&] { model::FidInception(wrong, "f"); }).find("'fc.weight' has shape [1000, 2048]"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<InvalidArgument>([&] { model::FidInception(wrong, "f"); }).find("'fc.weight' has shape [1000, 2048]"),
+      std::string::npos);
   EXPECT_NE(error_of<IoError>([&] { load_fid_inception(tmp.file("none"), "eval.fid_weights"); }).find("no such file"),
             std::string::npos);
 }
@@ -83,7 +87,8 @@ TEST(Fid, InceptionGives2048FeaturesAndItsWeightsAreCheckedByName) {
 // against the reconstructions; none without them.
 TEST(Fid, AnEvaluationWithInceptionWeightsReportsRfid) {
   torch::manual_seed(1);
-  model::Autoencoder m(model::AutoencoderOptions(1, {8, 8}), std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
+  model::Autoencoder m(model::AutoencoderOptions(1, {8, 8}),
+                       std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
   auto inception = std::make_shared<model::FidInceptionImpl>();
   const at::Tensor images = torch::rand({6, 1, 16, 16}) * 2 - 1;
   Evaluation with(*m, EvalOptions().batch_size(4).grid_images(0).fid(inception));
