@@ -2,7 +2,7 @@
 # What each loss and training-practice setting costs per step: trains the demo's model on
 # Fashion-MNIST for STEPS steps with each setting in turn and prints the training speed from
 # metrics.jsonl. LPIPS runs on random weights in the LPIPS-VGG layout (the cost is the network's,
-# not the weights'), written with the Python environment's safetensors.
+# not the weights'), written by tests/cli/make_lpips_weights.py.
 # Usage: bench/loss_costs.sh BUILD_DIR [STEPS] [extra `lockstep train` flags...]
 set -euo pipefail
 build=${1:?usage: bench/loss_costs.sh BUILD_DIR [STEPS] [train flags...]}
@@ -11,22 +11,7 @@ shift $(( $# >= 2 ? 2 : 1 ))
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$("$here/../scripts/python-env" --python)" - "$work/lpips.safetensors" <<'PY'
-import sys
-import numpy as np
-from safetensors.numpy import save_file
-convs = [(1, 0, 3, 64), (1, 2, 64, 64), (2, 5, 64, 128), (2, 7, 128, 128), (3, 10, 128, 256), (3, 12, 256, 256),
-         (3, 14, 256, 256), (4, 17, 256, 512), (4, 19, 512, 512), (4, 21, 512, 512), (5, 24, 512, 512),
-         (5, 26, 512, 512), (5, 28, 512, 512)]
-rng = np.random.default_rng(0)
-w = {}
-for s, i, cin, cout in convs:
-    w[f"net.slice{s}.{i}.weight"] = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2 / (9 * cin))).astype(np.float32)
-    w[f"net.slice{s}.{i}.bias"] = np.zeros(cout, np.float32)
-for k, c in enumerate([64, 128, 256, 512, 512]):
-    w[f"lin{k}.model.1.weight"] = np.abs(rng.standard_normal((1, c, 1, 1))).astype(np.float32)
-save_file(w, sys.argv[1])
-PY
+python3 "$here/../tests/cli/make_lpips_weights.py" "$work/lpips.safetensors"
 settings=("baseline (MSE)|"
           "L1 instead of MSE|--set loss.l2=0 --set loss.l1=1"
           "LPIPS (perceptual 1)|--set loss.perceptual=1 --set loss.lpips_weights=$work/lpips.safetensors"

@@ -34,6 +34,7 @@
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/weight_ema.h"
+#include "lockstep/train/weights_file.h"
 #include "run_report.h"
 #include "train_data.h"
 
@@ -322,17 +323,21 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(loss_options.perceptual_ == 0 || !lpips_path.empty(),
                        "loss.perceptual = ", loss_options.perceptual_,
                        " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
+    // A network only evaluation uses is loaded on rank 0 alone (which evaluates); every rank checks
+    // its file is there, so that all stop at the same point.
     if (!lpips_path.empty()) {
-      lpips = load_lpips(lpips_path, "loss.lpips_weights");
-      lpips->to(device);
-      lpips->eval();
-      lpips_hash = checksum(lpips->buffers());
+      require_weights_file(lpips_path, "loss.lpips_weights", "See docs/losses.md");
+      if (loss_options.perceptual_ > 0 || is_root()) {
+        lpips = load_lpips(lpips_path, "loss.lpips_weights");
+        lpips->to(device);
+        lpips->eval();
+      }
+      // The loss must be the same network on every rank.
+      if (loss_options.perceptual_ > 0) lpips_hash = checksum(lpips->buffers());
     }
     const std::string fid_path = config.get_string("eval.fid_weights");
     if (!fid_path.empty()) {
-      // Only rank 0 evaluates; every rank checks the file is there, so all stop at the same point.
-      LOCKSTEP_THROW_IF_NOT(std::filesystem::is_regular_file(fid_path), IoError, "rank ", group->rank(),
-                            ": eval.fid_weights = ", fid_path, ": no such file (docs/losses.md)");
+      require_weights_file(fid_path, "eval.fid_weights", "See docs/losses.md");
       if (is_root()) {
         fid = load_fid_inception(fid_path, "eval.fid_weights");
         fid->to(device);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "dist/rank_threads.h"
 
 namespace lockstep::train {
@@ -15,6 +17,24 @@ torch::nn::Sequential make_net() {
                                torch::nn::Tanh(), torch::nn::Linear(16, 2));
 }
 
+// Each parameter's gradient averaged over `ranks` fresh nets, after `backward(rank, net)` on each.
+std::vector<at::Tensor> mean_over_ranks(int ranks, const std::function<void(int, torch::nn::Sequential&)>& backward) {
+  std::vector<at::Tensor> mean;
+  for (int r = 0; r < ranks; ++r) {
+    auto net = make_net();
+    backward(r, net);
+    const auto params = net->parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const at::Tensor g = params[k].grad() / ranks;
+      if (r == 0)
+        mean.push_back(g.clone());
+      else
+        mean[k] += g;
+    }
+  }
+  return mean;
+}
+
 TEST(GradientSync, GradientsBecomeTheMeanOverRanksWhateverTheBuckets) {
   for (const int64_t bucket_bytes : {int64_t{1} << 20, int64_t{600}, int64_t{1}}) {
     SCOPED_TRACE(::testing::Message() << "bucket bytes " << bucket_bytes);
@@ -25,18 +45,8 @@ TEST(GradientSync, GradientsBecomeTheMeanOverRanksWhateverTheBuckets) {
     for (int r = 0; r < kRanks; ++r)
       inputs.push_back(torch::empty({5, 6}).normal_(0, 1, at::detail::createCPUGenerator(r)));
     // The expected mean, from local backwards.
-    std::vector<at::Tensor> expected;
-    for (int r = 0; r < kRanks; ++r) {
-      auto net = make_net();
-      net->forward(inputs[r]).pow(2).sum().backward();
-      for (size_t k = 0; k < net->parameters().size(); ++k) {
-        const at::Tensor g = net->parameters()[k].grad() / kRanks;
-        if (r == 0)
-          expected.push_back(g.clone());
-        else
-          expected[k] += g;
-      }
-    }
+    const std::vector<at::Tensor> expected = mean_over_ranks(
+        kRanks, [&](int r, torch::nn::Sequential& net) { net->forward(inputs[r]).pow(2).sum().backward(); });
     std::vector<int64_t> buckets(kRanks);
     std::vector<at::Tensor> controls(kRanks);
     const auto errors = dist::test_util::run_ranks(kRanks, [&](dist::Group& g, int r) {
@@ -102,18 +112,9 @@ TEST(GradientSync, AccumulatedPassesAreSummedThenAveraged) {
   auto input = [](int r, int pass) {
     return torch::empty({4, 6}).normal_(0, 1, at::detail::createCPUGenerator(10 * r + pass));
   };
-  std::vector<at::Tensor> expected;
-  for (int r = 0; r < kRanks; ++r) {
-    auto net = make_net();
+  const std::vector<at::Tensor> expected = mean_over_ranks(kRanks, [&](int r, torch::nn::Sequential& net) {
     for (int pass = 0; pass < kPasses; ++pass) net->forward(input(r, pass)).pow(2).sum().backward();
-    for (size_t k = 0; k < net->parameters().size(); ++k) {
-      const at::Tensor g = net->parameters()[k].grad() / kRanks;
-      if (r == 0)
-        expected.push_back(g.clone());
-      else
-        expected[k] += g;
-    }
-  }
+  });
   std::vector<at::Tensor> controls(kRanks);
   const auto errors = dist::test_util::run_ranks(kRanks, [&](dist::Group& g, int r) {
     auto& net = nets[r];

@@ -12,5 +12,7 @@ namespace lockstep::train {
 // and CorruptInput when it is not a safetensors file.
 std::map<std::string, at::Tensor> read_weights_file(const std::string& path, const std::string& key,
                                                     const std::string& what);
+// Only the IoError above, for a rank that checks the file is there without reading it.
+void require_weights_file(const std::string& path, const std::string& key, const std::string& what);
 
 }  // namespace lockstep::train
