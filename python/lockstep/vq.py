@@ -47,6 +47,11 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     return options
 
 
+def _reference_name(name):
+    """The reference keeps its codebook's tensors under `_codebook.` and its projections (codebook_dim) at the top."""
+    return name if name.startswith(("project_in.", "project_out.")) else f"_codebook.{name}"
+
+
 class VectorQuantize(LockstepQuantizer):
     """VectorQuantize(dim, codebook_size, ...) as vector-quantize-pytorch's: forward(x) takes
     (b, n, dim) tokens (or (b, dim, h, w) with accept_image_fmap=True) and returns
@@ -59,8 +64,7 @@ class VectorQuantize(LockstepQuantizer):
         options = vq_options(dim, codebook_size, *reference_args, **options)
         heads = options["heads"]
         accept_image_fmap = options.pop("accept_image_fmap")
-        super().__init__("vq", "vq", options, seed, process_group, collective_timeout,
-                           rename=lambda name: f"_codebook.{name}")
+        super().__init__("vq", "vq", options, seed, process_group, collective_timeout, rename=_reference_name)
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.heads = heads

@@ -14,6 +14,23 @@ def test_training_steps_match_the_reference_codebook_included(options):
     compare_training_steps(reference, ours, (2, 100, 16), 4, ["_codebook.embed"])
 
 
+# Every option docs/python.md lists as supported with the reference's meaning, beside the reference
+# (the options that draw random numbers are in test_differences.py).
+@pytest.mark.parametrize("options, shape", [
+    (dict(use_cosine_sim=True), (2, 100, 16)),
+    (dict(codebook_dim=8), (2, 100, 16)),
+    (dict(heads=2, separate_codebook_per_head=True, codebook_dim=8), (2, 100, 16)),
+    (dict(heads=2, codebook_dim=8), (2, 100, 16)),
+    (dict(accept_image_fmap=True), (2, 16, 6, 5)),
+    (dict(orthogonal_reg_weight=0.5), (2, 100, 16)),
+    (dict(use_cosine_sim=True, rotation_trick=False, commitment_weight=0.3), (2, 100, 16)),
+], ids=["cosine", "codebook_dim", "heads_separate", "heads_shared", "image_fmap", "orthogonal_reg", "cosine_no_rotation"])
+def test_each_supported_option_matches_the_reference(options, shape):
+    reference = ReferenceVQ(dim=16, codebook_size=64, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, **options)
+    compare_training_steps(reference, ours, shape, 3, ["_codebook.embed"])
+
+
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="learnable_codebook"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True)

@@ -189,8 +189,10 @@ at::Tensor Vq::orthogonal_loss() const {
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const int64_t b = x.size(0);
   const int64_t n = x.dim() == 3 ? x.size(1) : 0;
-  const at::Tensor grouped = group_by_codebook(x);  // (C, M, cd), differentiable
-  const at::Tensor tokens = prepare(grouped.detach());
+  // (C, M, cd), differentiable; of unit length under cosine similarity, so that the commitment loss
+  // and the straight-through output are taken there, as the reference takes them.
+  const at::Tensor grouped = prepare(group_by_codebook(x));
+  const at::Tensor tokens = grouped.detach();
   LocalReducer local;
   Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
   if (is_training() && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
@@ -208,13 +210,14 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // The commitment loss is reported in evaluation too (the reference returns 0 there).
   const at::Tensor commitment = grouped.numel() > 0 ? torch::mse_loss(grouped, q) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
-  if (options_.orthogonal_reg_weight() > 0) {
-    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
-  }
   if (is_training()) {
     torch::NoGradGuard no_grad;
     ema_update(tokens, indices, reducer);
     if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, reducer, or_default(ctx.generator));
+  }
+  // Of the codebook as this call left it, as the reference reports it (a constant: EMA codes take no gradient).
+  if (options_.orthogonal_reg_weight() > 0) {
+    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = ungroup_indices(indices, b, n);

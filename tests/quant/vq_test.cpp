@@ -50,8 +50,10 @@ TEST_P(VqEstimators, DecodeOfEncodeIsTheForwardValue) {
     EXPECT_TRUE(torch::allclose(decoded.norm(2, -1), torch::ones({3, 20}), 1e-5, 1e-5));
   }
   EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
-  // Commitment: mse(q, x) with the default weight 1.
-  EXPECT_NEAR(out.losses.at("commitment").item<float>(), (decoded - x.detach()).pow(2).mean().item<float>(), 1e-5);
+  // Commitment: mse(q, x) with the default weight 1, x of unit length under cosine similarity (as
+  // the reference, which normalises the tokens before the codebook sees them).
+  const at::Tensor tokens = cosine ? x.detach() / x.detach().norm(2, -1, true).clamp_min(1e-6) : x.detach();
+  EXPECT_NEAR(out.losses.at("commitment").item<float>(), (decoded - tokens).pow(2).mean().item<float>(), 1e-5);
   out.total_loss().backward();
   EXPECT_TRUE(x.grad().defined());
 }
@@ -376,10 +378,11 @@ TEST(Vq, CodebookDimAddsProjectionsThatLearn) {
 
 TEST(Vq, OrthogonalLossMatchesTheExplicitCosineMatrix) {
   Vq vq(VqOptions(5, 7).orthogonal_reg_weight(2.5), seeded(3));
+  const at::Tensor before = vq.embed().clone();
   const QuantizerOutput out = vq.quantize(torch::randn({1, 4, 5}), {});
-  // The loss is taken on the codebook before this call's EMA step: the initial one, as in `fresh`.
-  Vq fresh(VqOptions(5, 7).orthogonal_reg_weight(2.5), seeded(3));
-  const at::Tensor e = fresh.embed()[0].to(torch::kFloat64);
+  // The loss is taken on the codebook as this call's EMA step left it, as the reference reports it.
+  ASSERT_FALSE(torch::equal(vq.embed(), before));
+  const at::Tensor e = vq.embed()[0].to(torch::kFloat64);
   const at::Tensor normed = e / e.norm(2, 1, true);
   const at::Tensor cos = torch::matmul(normed, normed.t());
   const double expected = (cos.pow(2).sum().item<double>() / 49.0 - 1.0 / 7.0) * 2.5;
