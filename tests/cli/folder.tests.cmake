@@ -24,9 +24,10 @@ lockstep_cli_test(folder_two_ranks_match_one_process_three_epochs EXIT 0
                   SETUP "${IMAGES} && ${LS} train --data images --epochs 3 --run-dir one ${FOLDER} ${AUGMENT} > one.log && ${LS} launch -n 2 -- train --data images --epochs 3 --run-dir two ${FOLDER} ${AUGMENT} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && grep -q 'rank 0/2. epoch 3 of 3 ended at step [0-9]*: 0 images replaced (failed to decode), 1 unreadable files left out' two.log && grep -q 'not-really.jpg' two/manifest.json && ${LS} eval two > eval.log && diff <(grep -o 'mse .*' two.log | tail -1) <(tail -1 eval.log)"
                   ARGS eval two)
 # Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 ranks (3, 3 and 2 images)
-# continue the one-process sequence across the epoch boundary (10 steps per epoch).
+# continue the one-process sequence across the epoch boundary (10 steps per epoch), crops and
+# flips included.
 lockstep_cli_test(folder_resume_onto_three_ranks_matches_one_process EXIT 0 OUTPUT "step 14" TIMEOUT 300
-                  SETUP "${IMAGES} && ${LS} train --data images --steps 14 --run-dir one ${FOLDER} > one.log && ${LS} launch -n 2 -- train --data images --steps 6 --run-dir run ${FOLDER} > part1.log && ${LS} launch -n 3 -- train --resume run --steps 14 > part2.log && grep -q 'resumed at step 6 of 14' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
+                  SETUP "${IMAGES} && ${LS} train --data images --steps 14 --run-dir one ${FOLDER} ${AUGMENT} > one.log && ${LS} launch -n 2 -- train --data images --steps 6 --run-dir run ${FOLDER} ${AUGMENT} > part1.log && ${LS} launch -n 3 -- train --resume run --steps 14 > part2.log && grep -q 'resumed at step 6 of 14' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
                   ARGS eval run --split train)
 # The (plan hash, steps) check: rank 1's node holds one more image; both ranks stop at the first
 # epoch naming rank 1, instead of training on different data (exit 4: ranks differ).

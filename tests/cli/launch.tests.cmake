@@ -47,6 +47,13 @@ lockstep_cli_test(launch_two_ranks_match_one_process_vqgan EXIT 0 OUTPUT "step 1
 lockstep_cli_test(launch_two_ranks_bfloat16_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} --set train.precision=bfloat16 > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} --set train.precision=bfloat16 > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-3"
                   ARGS eval two --limit 32)
+# The perceptual loss (LPIPS from weights a script writes) and the weight average keep G4, and rank 0
+# evaluating both alone mid-training (steps 4 and 8) reports one process's figures, LPIPS included
+# (random LPIPS weights magnify the runs' rounding differences: 3.7e-5 measured, tolerance 1e-3).
+set(PERCEPTUAL_AVERAGE "--set loss.perceptual=1 --set loss.lpips_weights=w.safetensors --set train.ema_decay=0.9 --set train.eval_every=4")
+lockstep_cli_test(launch_two_ranks_perceptual_and_weight_average_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 300
+                  SETUP "python3 ${CMAKE_CURRENT_LIST_DIR}/make_lpips_weights.py w.safetensors && ${LS} train --run-dir one ${SMALL} ${PERCEPTUAL_AVERAGE} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${PERCEPTUAL_AVERAGE} > two.log && grep -q 'rank 0/2. eval at step 4' two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-3 eval:psnr_db eval:lpips eval_ema:psnr_db eval_ema:lpips eval_ema:perplexity"
+                  ARGS eval two --ema --limit 32)
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so
 # after 12 steps the losses agree to ~1e-6 most steps and 3e-4 at worst (measured): tolerance 1e-3.

@@ -125,16 +125,20 @@ TEST(FolderTrainer, TrainsOnEveryBucketAndReportsTheDataEachEpoch) {
   EXPECT_NE(io::read_file(config_path(run)).find("dataset = \"folder\""), std::string::npos);
 }
 
+// With random zoom-and-crop and flips: a resumed run draws what the uninterrupted one drew.
 TEST(FolderTrainer, AResumedRunIsBitwiseTheUninterruptedOneAcrossEpochs) {
   test_util::TempDir tmp;
   const std::string root = make_folder(tmp);
-  Trainer::create(folder_config(root, 11), tmp.file("straight"), one())->run({});
+  Config config = folder_config(root, 11);
+  config.set("data.random_flip", true);
+  config.set("data.random_zoom", 1.5);
+  Trainer::create(config, tmp.file("straight"), one())->run({});
 
   std::atomic<bool> stop{false};
   TrainCallbacks cb;
   cb.stop_requested = &stop;
   cb.on_step = [&](const StepReport& r) { stop = r.step == 4; };  // mid-epoch (3 per epoch): the loader ran ahead
-  EXPECT_TRUE(Trainer::create(folder_config(root, 11), tmp.file("resumed"), one())->run(cb).interrupted);
+  EXPECT_TRUE(Trainer::create(config, tmp.file("resumed"), one())->run(cb).interrupted);
   Trainer::resume(tmp.file("resumed"), {"data.workers=1", "data.prefetch=1"}, one())->run({});
 
   const Checkpoint a = load_checkpoint(checkpoint_path(tmp.file("straight")));
