@@ -102,6 +102,29 @@ TEST(Adversary, ADiscriminatorStepLearnsAndMovesLeCamsAverages) {
   EXPECT_LT(last, 0.5 * expected) << "first " << expected << ", last " << last;
 }
 
+// The non-saturating objective's discriminator step: softplus(-D(real)) and softplus(D(fake)),
+// halved, without LeCam's averages moving.
+TEST(Adversary, ANonSaturatingDiscriminatorStepIsTheLogisticLoss) {
+  torch::manual_seed(2);
+  AdversaryOptions ns = small();
+  ns.objective = "non_saturating";
+  Adversary a(ns, 3, dist::make_single_process_group(), at::kCPU);
+  const at::Tensor real = torch::rand({4, 3, 16, 16}) * 2 - 1, fake = torch::rand({4, 3, 16, 16}) * 2 - 1;
+  double expected = 0;
+  {
+    torch::NoGradGuard no_grad;
+    expected = (torch::softplus(-a.discriminator().forward(real)).mean() +
+                torch::softplus(a.discriminator().forward(fake)).mean())
+                   .item<double>() *
+               0.5;
+  }
+  EXPECT_NEAR(a.train_step(real, fake, 1.0), expected, 1e-5);
+  EXPECT_EQ(a.discriminator().lecam_real.item<double>(), 0.0);
+  double last = 0;
+  for (int i = 0; i < 30; ++i) last = a.train_step(real, fake, 1.0);
+  EXPECT_LT(last, 0.75 * expected) << "first " << expected << ", last " << last;  // about log 2 at chance
+}
+
 // Accumulated over two micro-batches of equal size (each weighted by its half of the batch), a
 // step is the step on the whole batch: the same loss and, to rounding, the same weights after.
 TEST(Adversary, AStepOverMicroBatchesIsTheStepOverTheWholeBatch) {
