@@ -35,6 +35,7 @@
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/weight_ema.h"
 #include "lockstep/train/weights_file.h"
+#include "rank_agreement.h"
 #include "run_report.h"
 #include "train_data.h"
 
@@ -65,28 +66,6 @@ const std::vector<std::string> kPerRankKeys = {"data.dir",     "train.threads", 
 
 bool is_resumable(const std::string& key) {
   return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
-}
-
-// Every rank's `values` (rank order), and the ranks whose values differ from rank 0's: the one
-// shape of the trainer's agreement checks (configuration, data plan, replicas). One all_gather.
-struct RankValues {
-  std::vector<std::vector<int64_t>> values;
-  std::vector<int> differ;
-};
-RankValues gather_from_ranks(dist::Group& group, const std::vector<int64_t>& values, const CallSite& site) {
-  const auto all = group.all_gather(torch::tensor(values, torch::kInt64), site);
-  RankValues out;
-  for (const auto& t : all) out.values.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-  for (size_t r = 1; r < out.values.size(); ++r) {
-    if (out.values[r] != out.values[0]) out.differ.push_back(static_cast<int>(r));
-  }
-  return out;
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::vector<std::string> names;
-  for (int r : ranks) names.push_back(std::to_string(r));
-  return detail::concat_list(names);
 }
 
 // What travels with the last gradient bucket of every step, summed over the ranks.
@@ -152,58 +131,17 @@ struct Trainer::State {
   bool is_root() const { return group->rank() == 0; }
   bool distributed() const { return group->size() > 1; }
 
-  // Hash of the raw bytes of `tensors` (a checksum for comparing replicas, not cryptographic).
-  static int64_t checksum(const std::vector<at::Tensor>& tensors) {
-    uint64_t h = kFnv1aOffset;
-    for (const auto& t : tensors) {
-      const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-      h = fnv1a(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
-    }
-    return static_cast<int64_t>(h);
-  }
-
-  // Every rank must hold rank 0's parameters and buffers (quantizer codebooks included): one
-  // all_gather of two checksums; a difference is an error on every rank naming the ranks.
+  // Every rank must hold rank 0's parameters and buffers (quantizer codebooks included).
   void check_replicas(const char* when) {
     if (!distributed()) return;  // one replica: nothing to compare, and the checksums cost a pass over the model
-    std::vector<at::Tensor> params, buffers;
-    for (const torch::nn::Module* m : replicated_modules()) {
-      for (const auto& p : m->named_parameters(true)) params.push_back(p.value());
-      for (const auto& b : m->named_buffers(true)) buffers.push_back(b.value());
-    }
-    const RankValues all =
-        gather_from_ranks(*group, {checksum(params), checksum(buffers)}, LOCKSTEP_CALL_SITE("train.replica_check"));
-    if (all.differ.empty()) return;
-    std::vector<std::string> named;
-    for (int r : all.differ) {
-      std::vector<std::string> parts;
-      if (all.values[r][0] != all.values[0][0]) parts.emplace_back("parameters");
-      if (all.values[r][1] != all.values[0][1]) parts.emplace_back("buffers");
-      named.push_back(detail::concat(r, " (", detail::concat_list(parts), ")"));
-    }
-    throw dist::ReplicaDivergence(detail::concat("rank ", group->rank(), " of ", group->size(), ", ", when,
-                                                 ": the model on rank(s) ", detail::concat_list(named),
-                                                 " differs from rank 0's; data-parallel replicas must stay identical"),
-                                  all.differ);
+    train::check_replicas(*group, replicated_modules(), when);
   }
 
   // Every rank must train with the same configuration (except kPerRankKeys).
   void check_same_config() {
     Config shared = config;
     for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
-    const std::string text = shared.to_toml();
-    const RankValues all =
-        gather_from_ranks(*group, {static_cast<int64_t>(fnv1a(text.data(), text.size())), lpips_hash},
-                          LOCKSTEP_CALL_SITE("train.config_check"));
-    std::vector<int> config_differs, lpips_differs;
-    for (int r : all.differ) (all.values[r][0] != all.values[0][0] ? config_differs : lpips_differs).push_back(r);
-    LOCKSTEP_THROW_IF_NOT(config_differs.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
-                          ": the configuration of rank(s) ", join_ranks(config_differs),
-                          " differs from rank 0's (compare `lockstep train --print-config` with each rank's flags); "
-                          "every rank must be started with the same settings");
-    LOCKSTEP_THROW_IF_NOT(lpips_differs.empty(), InvalidArgument, "rank ", group->rank(), " of ", group->size(),
-                          ": the file loss.lpips_weights names on rank(s) ", join_ranks(lpips_differs),
-                          " holds other bytes than rank 0's; every rank must read the same LPIPS weights");
+    train::check_same_config(*group, shared.to_toml(), lpips_hash);
   }
 
   // What every rank holds a copy of: the model, and the discriminator when there is one.
@@ -497,21 +435,9 @@ struct Trainer::State {
     if (epoch == checked_epoch) return;
     checked_epoch = epoch;
     const data::EpochPlan plan = data->plan(epoch);
-    const RankValues all = gather_from_ranks(*group,
-                                             {static_cast<int64_t>(plan.hash()), plan.steps(),
-                                              static_cast<int64_t>(data->data_hash()), data->training_images()},
-                                             LOCKSTEP_CALL_SITE("train.epoch.plan"));
-    if (all.differ.empty()) return;
-    auto described = [&](int r) {
-      return detail::concat(all.values[r][1], " steps over ", all.values[r][3], " images");
-    };
-    std::vector<std::string> named;
-    for (int r : all.differ) named.push_back(detail::concat(r, " (", described(r), ")"));
-    throw dist::ReplicaDivergence(
-        detail::concat("rank ", group->rank(), " of ", group->size(), ", epoch ", epoch, ": the data plan of rank(s) ",
-                       detail::concat_list(named), " differs from rank 0's (", described(0),
-                       "): the ranks do not read the same images (check data.dir and the data on each node)"),
-        all.differ);
+    check_same_plan(*group, epoch,
+                    {static_cast<int64_t>(plan.hash()), plan.steps(), static_cast<int64_t>(data->data_hash()),
+                     data->training_images()});
   }
 
   void save() {
