@@ -52,10 +52,10 @@ void check_replicas(dist::Group& group, const std::vector<const torch::nn::Modul
     if (all.values[r][1] != all.values[0][1]) parts.emplace_back("buffers");
     named.push_back(detail::concat(r, " (", detail::concat_list(parts), ")"));
   }
-  throw dist::ReplicaDivergence(detail::concat("rank ", group.rank(), " of ", group.size(), ", ", when,
-                                               ": the model on rank(s) ", detail::concat_list(named),
-                                               " differs from rank 0's; data-parallel replicas must stay identical"),
-                                all.differ);
+  throw dist::ReplicaDivergence(
+      detail::concat("rank ", group.rank(), " of ", group.size(), ", ", when, ": the model on rank(s) ",
+                     detail::concat_list(named), " differs from rank 0's; data-parallel replicas must stay identical"),
+      all.differ);
 }
 
 void check_same_config(dist::Group& group, const std::string& config_text, int64_t lpips_hash) {

@@ -14,7 +14,8 @@ namespace {
 
 TEST(Evaluation, CodeUsageAndPerplexityAreThoseOfTheWholeSet) {
   torch::manual_seed(3);
-  model::Autoencoder m(model::AutoencoderOptions(1, {8, 8}), std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
+  model::Autoencoder m(model::AutoencoderOptions(1, {8, 8}),
+                       std::make_shared<quant::Fsq>(quant::FsqOptions({8, 5, 5, 5})));
   // Two calls, each split into batches of 4: 5 batches in all, the last of 2 images.
   const at::Tensor images = torch::rand({18, 1, 16, 16}) * 2 - 1;
   Evaluation e(*m, EvalOptions().batch_size(4).grid_images(0));
