@@ -3,13 +3,23 @@
 # LibTorch: PyPI's torch (2.x) when LOCKSTEP_TORCH_ROOT names its package directory (the Makefile
 # passes `scripts/python-env --torch-root`), else whatever find_package finds (Debian's 1.13).
 set(LOCKSTEP_TORCH_ROOT "" CACHE PATH "torch's Python package directory (PyPI's LibTorch 2.x); empty: the system's LibTorch")
-# Built by pip (scikit-build-core, pyproject.toml): the torch of the Python that builds.
+# Built by pip (scikit-build-core, pyproject.toml): the torch of the Python that builds. Under pip's
+# build isolation that Python sees only the build requirements (pip's PYTHONPATH and a
+# sitecustomize hide the environment's packages), so the environment's own torch is asked for with
+# -E, which ignores them: the extension must match the torch it will be imported beside.
 if(SKBUILD AND NOT LOCKSTEP_TORCH_ROOT)
-  execute_process(COMMAND "${Python_EXECUTABLE}" -c "import os, torch; print(os.path.dirname(torch.__file__))"
-                  OUTPUT_VARIABLE skbuild_torch OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE skbuild_rc)
+  foreach(isolation_flags IN ITEMS "" "-E")
+    execute_process(COMMAND "${Python_EXECUTABLE}" ${isolation_flags} -c
+                            "import os, torch; print(os.path.dirname(torch.__file__))"
+                    OUTPUT_VARIABLE skbuild_torch OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE skbuild_rc
+                    ERROR_QUIET)
+    if(skbuild_rc EQUAL 0)
+      break()
+    endif()
+  endforeach()
   if(NOT skbuild_rc EQUAL 0)
     message(FATAL_ERROR "pip install of lockstep builds against the torch of the installing Python "
-                        "(${Python_EXECUTABLE}), which has none: install torch, then pip install --no-build-isolation .")
+                        "(${Python_EXECUTABLE}), which has none: install torch there first (pip install torch)")
   endif()
   set(LOCKSTEP_TORCH_ROOT "${skbuild_torch}" CACHE PATH "" FORCE)
   set(Python3_EXECUTABLE "${Python_EXECUTABLE}")
