@@ -11,7 +11,8 @@ import lockstep
 from reference_steps import compare_training_steps
 
 
-@pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False, decay=0.9)])
+@pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False, decay=0.9), dict(use_cosine_sim=True),
+                                     dict(commitment_weight=0.5, orthogonal_reg_weight=0.2)])
 def test_vq_training_steps_match_the_reference_codebooks_included(options):
     reference = ReferenceResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
     ours = lockstep.ResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
