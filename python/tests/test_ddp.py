@@ -180,8 +180,10 @@ def _zero_tokens_on_rank1(rank, world, quantizer, state, x):
     out = module(part)
     loss = _aux_loss(out)
     (out[0].sum() + loss).backward()
-    gradients = [p.grad for p in module.parameters() if p.grad is not None] + [part.grad]
-    return out[0].detach(), out[1], _state(module), loss.item(), all(torch.isfinite(g).all() for g in gradients)
+    # every parameter gets a gradient (DDP waits for each), finite, and so does the empty input
+    gradients = [p.grad for p in module.parameters()] + [part.grad]
+    finite = all(g is not None and torch.isfinite(g).all() for g in gradients)
+    return out[0].detach(), out[1], _state(module), loss.item(), finite
 
 
 @pytest.mark.parametrize("quantizer", list(QUANTIZERS))
