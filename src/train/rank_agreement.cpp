@@ -2,12 +2,29 @@
 
 #include <torch/torch.h>
 
+#include "lockstep/core/call_site.h"
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
 #include "lockstep/dist/collective.h"
 
 namespace lockstep::train {
 namespace {
+
+// Every rank's `values` (rank order), and the ranks whose values differ from rank 0's.
+struct RankValues {
+  std::vector<std::vector<int64_t>> values;
+  std::vector<int> differ;
+};
+
+RankValues gather_from_ranks(dist::Group& group, const std::vector<int64_t>& values, const CallSite& site) {
+  const auto all = group.all_gather(torch::tensor(values, torch::kInt64), site);
+  RankValues out;
+  for (const auto& t : all) out.values.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  for (size_t r = 1; r < out.values.size(); ++r) {
+    if (out.values[r] != out.values[0]) out.differ.push_back(static_cast<int>(r));
+  }
+  return out;
+}
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::vector<std::string> names;
@@ -24,16 +41,6 @@ int64_t checksum(const std::vector<at::Tensor>& tensors) {
     h = fnv1a(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
   }
   return static_cast<int64_t>(h);
-}
-
-RankValues gather_from_ranks(dist::Group& group, const std::vector<int64_t>& values, const CallSite& site) {
-  const auto all = group.all_gather(torch::tensor(values, torch::kInt64), site);
-  RankValues out;
-  for (const auto& t : all) out.values.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-  for (size_t r = 1; r < out.values.size(); ++r) {
-    if (out.values[r] != out.values[0]) out.differ.push_back(static_cast<int>(r));
-  }
-  return out;
 }
 
 void check_replicas(dist::Group& group, const std::vector<const torch::nn::Module*>& modules, const char* when) {

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/core/call_site.h"
 #include "lockstep/dist/group.h"
 
 namespace torch::nn {
@@ -17,13 +16,6 @@ class Module;
 }
 
 namespace lockstep::train {
-
-// Every rank's `values` (rank order), and the ranks whose values differ from rank 0's.
-struct RankValues {
-  std::vector<std::vector<int64_t>> values;
-  std::vector<int> differ;
-};
-RankValues gather_from_ranks(dist::Group& group, const std::vector<int64_t>& values, const CallSite& site);
 
 // Hash of the raw bytes of `tensors` (a checksum for comparing replicas, not cryptographic).
 int64_t checksum(const std::vector<at::Tensor>& tensors);
