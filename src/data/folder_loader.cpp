@@ -11,8 +11,8 @@
 
 namespace lockstep::data {
 namespace {
-constexpr uint64_t kReplacement = 13;   // derive_seed purpose for bad-image replacements
-constexpr uint64_t kAugmentation = 17;  // and for crops and flips
+constexpr uint64_t kReplacement = +SeedPurpose::Replacement;
+constexpr uint64_t kAugmentation = +SeedPurpose::Augmentation;
 
 double uniform(SplitMix64& rng) { return static_cast<double>(rng.next() >> 11) * 0x1p-53; }
 constexpr int kMaxReplacementTries = 16;

@@ -8,10 +8,8 @@
 
 namespace lockstep::data {
 namespace {
-// derive_seed purposes, so that the streams never coincide with the trainer's (1: sample order,
-// 2: quantizer randomness).
-constexpr uint64_t kBucketShuffle = 11;
-constexpr uint64_t kBatchOrder = 12;
+constexpr uint64_t kBucketShuffle = +SeedPurpose::BucketShuffle;
+constexpr uint64_t kBatchOrder = +SeedPurpose::BatchOrder;
 
 }  // namespace
 

@@ -37,6 +37,17 @@ inline float hashed_uniform(uint64_t key, uint64_t counter) {
 // A seed for an independent stream derived from (seed, a, b), e.g. (run seed, epoch, purpose).
 uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0);
 
+// derive_seed's purposes, one per stream, all here so that no two streams coincide. A purpose with
+// slots passes `purpose * 1000003 + slot`.
+enum class SeedPurpose : uint64_t {
+  Quantizer = 2,       // quantizer randomness: the trainer's micro-batches, the Python modules' steps
+  BucketShuffle = 11,  // data plan: the order within each bucket (slot: the bucket)
+  BatchOrder = 12,     // data plan: the order of the epoch's batches
+  Replacement = 13,    // image folders: what replaces an unreadable image (slot: its place in the batch)
+  Augmentation = 17,   // image folders: crops and flips (slot: the place in the batch)
+};
+constexpr uint64_t operator+(SeedPurpose p) { return static_cast<uint64_t>(p); }
+
 // A permutation of [0, n) by Fisher-Yates driven by SplitMix64(seed).
 std::vector<int64_t> permutation(int64_t n, uint64_t seed);
 
