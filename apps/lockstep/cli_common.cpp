@@ -59,6 +59,11 @@ CLI::Validator real_above(bool inclusive) {
 
 }  // namespace
 
+const CLI::Validator kNonEmptyPath = CLI::Validator(
+    [](std::string& text) -> std::string {
+      return text.empty() ? "must name a file or directory, not an empty string" : "";
+    },
+    "PATH");
 const CLI::Validator kPositiveInt = integer_at_least(1);
 const CLI::Validator kNonNegativeInt = integer_at_least(0);
 const CLI::Validator kPositiveReal = real_above(false);

@@ -17,6 +17,7 @@ extern const CLI::Validator kPositiveInt;      // a whole number >= 1 that fits 
 extern const CLI::Validator kNonNegativeInt;   // a whole number >= 0 that fits in 64 bits
 extern const CLI::Validator kPositiveReal;     // a finite number > 0
 extern const CLI::Validator kNonNegativeReal;  // a finite number >= 0
+extern const CLI::Validator kNonEmptyPath;     // a path, not "" (which would silently mean a default)
 
 constexpr const char* kThreadsHelp =
     "Intra-op threads (0 = OMP_NUM_THREADS when set, else the cores shared among the ranks on this node)";

@@ -157,7 +157,7 @@ void add_decode_command(CLI::App& app, Runner& run) {
       ->required()
       ->check(CLI::ExistingPath);
   cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)");
-  cmd->add_option("--grid", args->grid, "One PNG with every image in a grid, 16 per row");
+  cmd->add_option("--grid", args->grid, "One PNG with every image in a grid, 16 per row")->check(kNonEmptyPath);
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
       ->check(kPositiveInt)
       ->capture_default_str();

@@ -100,7 +100,8 @@ void add_eval_command(CLI::App& app, Runner& run) {
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
       ->check(kPositiveInt)
       ->capture_default_str();
-  cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions");
+  cmd->add_option("--grid", args->grid, "Also write a PNG of 16 images above their reconstructions")
+      ->check(kNonEmptyPath);
   cmd->add_option("--lpips", args->lpips,
                   "LPIPS-VGG weights (a safetensors file, docs/losses.md) for an LPIPS figure (default: the run's "
                   "loss.lpips_weights)");

@@ -287,7 +287,8 @@ class Launcher {
     const Child& c = children_[failed_];
     std::cerr << "lockstep: error: rank " << c.rank << " of " << world_ << " failed with " << describe_status(c.status)
               << " (its output is above, prefixed [rank " << c.rank << "/" << world_ << "])\n";
-    return WIFEXITED(c.status) ? WEXITSTATUS(c.status) : kExitError;
+    // A rank ended by a signal (killed, crashed) is a lost rank, as the exit table says: resume may succeed.
+    return WIFEXITED(c.status) ? WEXITSTATUS(c.status) : kExitRankLost;
   }
 
   static void install_signal_handlers() {

@@ -217,7 +217,9 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(kPositiveReal)
       ->type_name("SECONDS");
-  cmd->add_option("--run-dir", args->run_dir, "Where to write the run (default runs/<date-time>)")->type_name("DIR");
+  cmd->add_option("--run-dir", args->run_dir, "Where to write the run (default runs/<date-time>)")
+      ->check(kNonEmptyPath)
+      ->type_name("DIR");
   cmd->add_option("--resume", args->resume,
                   "Continue the run in this directory from its checkpoint, exactly where it stopped")
       ->type_name("RUN_DIR");

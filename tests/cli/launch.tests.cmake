@@ -110,6 +110,12 @@ lockstep_cli_test(launch_never_blocks_on_a_silent_rank EXIT 0 OUTPUT "ok: [0-9]+
                   RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS chatty)
 lockstep_cli_test(launch_passes_sigterm_to_its_ranks EXIT 0 OUTPUT "ok: SIGTERM passed" TIMEOUT 240
                   RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS sigterm)
+# A rank killed or crashed (a signal, not an exit status) is a lost rank: launch exits 3, as the
+# README's table says, not 1 (bad input).
+lockstep_cli_test(launch_exits_3_when_a_rank_is_killed EXIT 0 OUTPUT "ok: rank 1 ended by SIGKILL" TIMEOUT 240
+                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS killed KILL)
+lockstep_cli_test(launch_exits_3_when_a_rank_crashes EXIT 0 OUTPUT "ok: rank 1 ended by SIGSEGV" TIMEOUT 240
+                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS killed SEGV)
 # torchrun (PyPI's torch brings one): its agent hosts the store (TORCHELASTIC_USE_AGENT_STORE), so
 # rank 0 connects as a client. 2 ranks under torchrun give exactly what `lockstep launch -n 2` gives,
 # and one process's losses. Builds without torchrun beside LibTorch (Debian's 1.13 has a broken

@@ -5,6 +5,7 @@
 #   launch_faults.sh LOCKSTEP chatty   rank 0 logs every step for thousands of steps while rank 1 prints
 #                                      nothing: the run completes (launch never blocks on a silent rank)
 #   launch_faults.sh LOCKSTEP sigterm  SIGTERM to launch reaches the ranks; launch exits 128 + 15
+#   launch_faults.sh LOCKSTEP killed SIG  rank 1 ended by SIG (KILL, SEGV): launch exits 3, a lost rank
 # LOCKSTEP_TRAIN_EXTRA: more train flags (bench/gpu_check.sh: --device cuda --data DIR).
 set -uo pipefail
 ls_bin=$1 mode=$2
@@ -106,6 +107,22 @@ case "$mode" in
     grep -q "passing it to the ranks" launch.log || fail "launch did not say it passed the signal on"
     no_rank_left
     echo "ok: SIGTERM passed to both ranks, launch exited $rc, no rank left"
+    ;;
+  killed)
+    sig=$3
+    "$ls_bin" launch -n 2 --grace 5 -- train --run-dir run --steps 100000 --batch-size 8 "${tiny[@]}" \
+      --set train.log_every=50 --collective-timeout 10 > launch.log 2>&1 &
+    launch_pid=$!
+    wait_for_log "rank 0/2\] step" 120 || fail "training did not start"
+    remember_ranks
+    r1=$(rank_pid 1)
+    [[ -n "$r1" ]] || fail "rank 1 not found among launch's children"
+    kill "-$sig" "$r1"
+    wait_for_exit 60 || fail "launch still running 60 s after rank 1 got SIG$sig"
+    ((rc == 3)) || fail "launch exited $rc after rank 1 got SIG$sig, expected 3 (a lost rank)"
+    grep -q "rank 1 of 2 failed with signal" launch.log || fail "launch did not say that rank 1 ended by a signal"
+    no_rank_left
+    echo "ok: rank 1 ended by SIG$sig, launch exited $rc, no rank left"
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

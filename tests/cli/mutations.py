@@ -295,9 +295,14 @@ for label, args, allowed in (
         ("eval limit of 20 digits", ["eval", "base", "--limit", "99999999999999999999"], {1, 2}),
         ("an unknown subcommand", ["tokenize"], {1, 2}),
         ("a config that is a directory", ["train", "--config", "base"], {1, 2}),
+        ("an empty grid path", ["eval", "base", "--grid", ""], {2}),
+        ("an empty decode grid path", ["decode", "base", "--tokens", "base", "--grid", ""], {2}),
 ):
     run("cli", label, args + ["--run-dir", f"r_cli{case_id[0]}"] if args[0] == "train" else args, allowed)
     case_id[0] += 1
+
+# An empty run directory would silently mean runs/<date-time>.
+run("cli", "an empty run directory", ["train", "--run-dir", ""], {2}, "--run-dir.*empty string")
 
 summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
 print(f"mutations: {sum(counts.values())} cases ({summary})")
