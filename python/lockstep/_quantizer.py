@@ -36,21 +36,21 @@ def only_defaults(module_name, function, given, names):
 
 
 class LockstepQuantizer(nn.Module):
-    _groups_made = 0  # names each module's store keys; every rank makes its modules' groups in one order
-
     def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0,
                  rename=None, persistent=None):
         super().__init__()
         self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
-        # and torch.distributed is initialised) through lockstep's checked channel, in training only.
+        # and torch.distributed is initialised) through lockstep's checked channel, in the backward of
+        # a training forward: a forward never communicates (docs/python.md).
         self._process_group = process_group
         self._collective_timeout = float(collective_timeout)
         self._group = None
-        # Randomness (noise dropout, sampled codes, k-means seeds) is a pure function of (seed, step),
-        # the step advancing once per training forward: no collective is needed to agree on it.
+        # Randomness (noise dropout, sampled codes, k-means seeds, dead-code samples) is a pure function
+        # of (seed, step), the step counting the backwards that reached this module's outputs, which
+        # every rank runs: no collective is needed to agree on it. liblockstep advances it in backward.
         self.seed = int(seed)
-        self.step = 0
+        self._steps = torch.zeros((), dtype=torch.int64)
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
         self._spec = (name, section, dict(options))  # rebuilds the quantizer for a copy (__setstate__)
@@ -148,6 +148,15 @@ class LockstepQuantizer(nn.Module):
                                  f"not {expected.tolist()}: it was saved with another configuration")
         return self.load_state_dict(state_dict, strict=strict)
 
+    @property
+    def step(self):
+        """Training steps taken: backwards that reached this module's training outputs."""
+        return int(self._steps)
+
+    @step.setter
+    def step(self, value):
+        self._steps.fill_(int(value))
+
     def get_extra_state(self):
         """(seed, step) travel in the state dict as `_extra_state`, an int64 tensor (code that walks a
         state dict's values expects tensors): a resumed module draws on from where it stopped."""
@@ -194,24 +203,20 @@ class LockstepQuantizer(nn.Module):
             indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
         return out, indices, losses
 
-    def _checked_group(self):
-        """lockstep's checked channel over the process group, made at the first training forward."""
+    def _lazy_group(self):
+        """lockstep's checked channel over the process group, described here and made by liblockstep at
+        its first collective, in a backward (making it is a rendezvous: never in a forward)."""
         if not (dist.is_available() and dist.is_initialized()):
             return None
         group = self._process_group if self._process_group is not None else dist.group.WORLD
         if dist.get_world_size(group) == 1:
             return None
         if self._group is None:
-            LockstepQuantizer._groups_made += 1
-            prefix = f"lockstep/{self._core.kind}/{LockstepQuantizer._groups_made}"
             store = dist.distributed_c10d._get_default_store()
-            self._group = _C.Group(group, store, prefix, self._collective_timeout)
+            self._group = _C.LazyGroup(group, store, self._collective_timeout)
         return self._group
 
     def _quantize(self, x):
-        """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss})."""
-        group = self._checked_group() if self.training else None  # evaluation issues no collective
-        quantized, indices, losses = self._core.quantize(x, self.training, self.seed, self.step, group)
-        if self.training:
-            self.step += 1
-        return quantized, indices, losses
+        """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
+        group = self._lazy_group() if self.training else None
+        return self._core.quantize(x, self.training, self.seed, self._steps, group)

@@ -2,6 +2,7 @@
 // interface, built by name from the options declared in quant/option_specs.h); the modules of
 // python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
 // backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "lockstep/core/random.h"
 #include "lockstep/data/buckets.h"
 #include "lockstep/data/plan.h"
+#include "lockstep/dist/backward_reducer.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
@@ -28,6 +30,31 @@ using lockstep::quant::OptionValue;
 using lockstep::quant::Quantizer;
 
 namespace {
+
+// A lockstep error raised inside torch's autograd engine (a backward's collective), as the Python
+// exception it would be outside it: the engine translates only exceptions that name their type.
+struct TypedPythonError : torch::PyTorchError {
+  TypedPythonError(PyObject* type, std::string message) : torch::PyTorchError(std::move(message)), type_(type) {}
+  PyObject* python_type() override { return type_; }
+  PyObject* type_;
+};
+
+PyObject* mismatch_type = nullptr;  // lockstep.CollectiveMismatch, set when the module loads
+PyObject* failure_type = nullptr;   // lockstep.CollectiveFailure
+
+// Rethrows a lockstep error as TypedPythonError; returns for anything else.
+void translate_for_autograd(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const lockstep::dist::CollectiveMismatch& m) {
+    throw TypedPythonError(mismatch_type, m.what());
+  } catch (const lockstep::dist::CollectiveFailure& f) {
+    throw TypedPythonError(failure_type, f.what());
+  } catch (const lockstep::InvalidArgument& v) {
+    throw TypedPythonError(PyExc_ValueError, v.what());
+  } catch (...) {
+  }
+}
 
 // A Python value (bool, int, float, list of ints) as the option it sets; TypeError naming it otherwise.
 OptionValue option_value(const std::string& key, const py::handle& value) {
@@ -91,41 +118,69 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_indices", &Quantizer::num_indices)
       .def(
           "quantize",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, uint64_t step,
-             std::shared_ptr<lockstep::dist::Group> group) {
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group) {
             lockstep::quant::QuantizerOutput out;
             {
               // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              // Randomness is a pure function of (seed, step): the same on every rank, with no collective.
               q.train(training);
+              // Randomness is a pure function of (seed, step), step counting the backwards that
+              // updated this module: every rank agrees on it with no collective (docs/python.md).
+              const int64_t synced_steps = step.item<int64_t>();
               lockstep::quant::QuantizeContext ctx;
-              ctx.generator = at::make_generator<at::CPUGeneratorImpl>(lockstep::derive_seed(seed, step, 2));
-              std::unique_ptr<lockstep::dist::GroupReducer> reducer;
-              if (group && training) {
-                // Statistics go through the checked channel; the global position of this rank's first
-                // item (for per-token randomness) comes from every rank's batch size, gathered there too.
-                reducer = std::make_unique<lockstep::dist::GroupReducer>(group);
-                ctx.reducer = reducer.get();
-                const auto sizes = group->all_gather(torch::tensor({x.size(0)}, torch::kInt64),
-                                                     LOCKSTEP_CALL_SITE("python.batch_sizes"));
-                for (int r = 0; r < group->rank(); ++r) {
-                  ctx.first_item += sizes[static_cast<size_t>(r)].item<int64_t>();
+              ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+                  lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
+              std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+              if (training) {
+                // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
+                ctx.defer_updates = true;
+                if (group) {
+                  reducer = std::make_unique<lockstep::dist::BackwardReducer>(group);
+                  ctx.reducer = reducer.get();
+                  // Equal batches on every rank put this rank's first item here in the global batch.
+                  ctx.first_item = group->rank() * x.size(0);
                 }
               }
               // In float32 whatever torch.autocast says (quant/autocast.h).
               const lockstep::quant::NoAutocast fp32;
               out = q.quantize(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+              if (training && at::GradMode::is_enabled()) {
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
+                  try {
+                    if (update && group) {
+                      lockstep::dist::GroupReducer reducer(group->get());
+                      update(reducer);
+                    } else if (update) {
+                      lockstep::quant::LocalReducer local;
+                      update(local);
+                    }
+                  } catch (...) {
+                    translate_for_autograd(std::current_exception());
+                    throw;
+                  }
+                  step.add_(1);
+                };
+                std::vector<at::Tensor> tensors{out.quantized};
+                for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
+                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
+                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                out.quantized = tensors[0];
+                size_t i = 1;
+                for (auto& [name, loss] : out.losses) loss = tensors[i++];
+              }
             }
             py::dict losses;
             for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
             return py::make_tuple(out.quantized, out.indices, losses);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); in training "
-          "with `group`, the statistics are reduced over it.")
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}). Issues no "
+          "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
+          "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
+          "tensor) advances then.")
       .def(
           "encode",
           [](Quantizer& q, const at::Tensor& x) {
@@ -160,9 +215,23 @@ PYBIND11_MODULE(_C, m) {
            py::arg("process_group"), py::arg("store"), py::arg("prefix"), py::arg("timeout"))
       .def_property_readonly("rank", &lockstep::dist::Group::rank)
       .def_property_readonly("size", &lockstep::dist::Group::size);
+  // A checked group made at its first collective, in a backward (dist/backward_reducer.h).
+  py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
+      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
+                       const c10::intrusive_ptr<c10d::Store>& store, double timeout_s) {
+             auto group = std::make_shared<lockstep::dist::LazyGroup>(
+                 process_group, store, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+             group->set_error_translator(translate_for_autograd);
+             return group;
+           }),
+           py::arg("process_group"), py::arg("store"), py::arg("timeout"))
+      .def_property_readonly("rank", &lockstep::dist::LazyGroup::rank)
+      .def_property_readonly("size", &lockstep::dist::LazyGroup::size);
   // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).
   static py::exception<lockstep::dist::CollectiveMismatch> mismatch(m, "CollectiveMismatch", PyExc_RuntimeError);
   static py::exception<lockstep::dist::CollectiveFailure> failure(m, "CollectiveFailure", PyExc_RuntimeError);
+  mismatch_type = mismatch.ptr();
+  failure_type = failure.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -1,28 +1,52 @@
 """Training steps of a lockstep module beside its vector-quantize-pytorch counterpart, from the same
 state, with every result compared after each step (the VQ-family tests share it)."""
 import torch
+from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
 
 
-def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1.0):
+def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1.0, orthogonal=None,
+                           optimizer=None):
     """Both modules, from the reference's state, on the same inputs (randn(shape) * scale): indices
-    equal; output, losses (when the modules return them), input gradient and the `state_keys` entries
-    of the state dicts (EMA codebooks) within 1e-5."""
+    equal; output, losses (when the modules return them), input gradients and the `state_keys`
+    entries of the state dicts (EMA codebooks) within 1e-5, parameter gradients within 5e-5.
+
+    `orthogonal`: (weight, codebooks(reference) -> each layer's codebook) when the orthogonal
+    regulariser is on. lockstep's EMA update waits for backward, so the regulariser's value is of the
+    codebook before the step's update; the reference's after it (docs/python.md). The expected loss is
+    the reference's with that term taken before. `optimizer`: a torch.optim class stepping both
+    modules' parameters (a learnable codebook among them) after each backward."""
     ours.load_reference_state_dict(reference.state_dict())
+    optimizers = [optimizer(m.parameters(), lr=1e-2) for m in (reference, ours)] if optimizer else []
     for step in range(steps):
         x = torch.randn(*shape) * scale
         xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        if orthogonal:
+            before = torch.stack([orthogonal_loss_fn(c.detach()) for c in orthogonal[1](reference)])
         out_ref, idx_ref, *loss_ref = reference(xs[0])
         out, idx, *loss = ours(xs[1])
         assert torch.equal(idx, idx_ref.to(idx.dtype)), step
         torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
         assert len(loss) == len(loss_ref)
         if loss:  # per layer for the residual quantizers
-            torch.testing.assert_close(loss[0], loss_ref[0].reshape(loss[0].shape), atol=1e-5, rtol=1e-5)
+            expected = loss_ref[0].detach()
+            if orthogonal:
+                after = torch.stack([orthogonal_loss_fn(c.detach()) for c in orthogonal[1](reference)])
+                expected = expected - orthogonal[0] * (after - before).reshape(expected.shape)
+            torch.testing.assert_close(loss[0].detach(), expected.reshape(loss[0].shape), atol=1e-5, rtol=1e-5)
         loss_ref = loss_ref[0].sum() if loss_ref else 0
         loss = loss[0].sum() if loss else 0
         weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
         ((out_ref * weights).sum() + loss_ref).backward()
         ((out * weights).sum() + loss).backward()
         torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        reference_parameters = dict(reference.named_parameters())
+        for name, parameter in ours.named_parameters():
+            if parameter.grad is not None or reference_parameters[name].grad is not None:
+                # a parameter's gradient sums over every token: 5e-5 absolute for its rounding
+                torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-5,
+                                           msg=lambda m, name=name: f"step {step}, {name}: {m}")
+        for o in optimizers:
+            o.step()
+            o.zero_grad()
         for key in state_keys:
             torch.testing.assert_close(ours.state_dict()[key], reference.state_dict()[key], atol=1e-5, rtol=1e-5)

@@ -52,26 +52,32 @@ def _lfq_half_batches(rank, world, x, evaluate_on_rank0):
                 lfq(part)
             lfq.train()
         out, indices, aux = lfq(part)
-        results.append((out.detach(), indices, float(aux)))
+        part.grad = None
+        aux.backward()  # the codebook entropy's reduction over the ranks rides on this backward
+        results.append((out.detach(), indices, float(aux), part.grad.clone()))
     return results
 
 
 @pytest.mark.parametrize("evaluate_on_rank0", [False, True])
-def test_lfq_on_two_ranks_gives_one_process_s_losses(evaluate_on_rank0):
+def test_lfq_on_two_ranks_gives_one_process_s_gradients(evaluate_on_rank0):
     import lockstep
 
     x = torch.randn(4, 30, 6)
     one = lockstep.LFQ(codebook_size=2**6, commitment_loss_weight=0.25)
-    expected = [one(x) for _ in range(3)]
+    whole = x.clone().requires_grad_(True)
+    out, indices, aux = one(whole)
+    aux.backward()
+    # a forward never communicates: the loss a rank sees is its own batch's, as one process computes it
+    halves = [float(one(x.chunk(2)[r])[2].detach()) for r in range(2)]
     ranks = run_ranks(2, _lfq_half_batches, x, evaluate_on_rank0)
     for step in range(3):
-        out, indices, aux = expected[step]
-        # the codebook entropy is over the global batch, the per-token terms over each rank's tokens:
-        # the ranks' losses average to one process's (as DDP averages their gradients)
-        mean = (ranks[0][step][2] + ranks[1][step][2]) / 2
-        assert mean == pytest.approx(float(aux), rel=1e-5, abs=1e-6), [r[step][2] for r in ranks]
+        for r in range(2):
+            assert ranks[r][step][2] == pytest.approx(halves[r], rel=1e-5, abs=1e-6)
         torch.testing.assert_close(torch.cat([ranks[r][step][0] for r in range(2)]), out.detach())
         assert torch.equal(torch.cat([ranks[r][step][1] for r in range(2)]), indices)
+        # the gradient is the global batch's: averaged over the ranks as DDP averages, one process's
+        torch.testing.assert_close(torch.cat([ranks[r][step][3] for r in range(2)]) / 2, whole.grad,
+                                   atol=1e-6, rtol=1e-5)
 
 
 def _rank1_never_trains(rank, world):
@@ -83,7 +89,7 @@ def _rank1_never_trains(rank, world):
         return "silent"
     start = time.time()
     try:
-        lfq(torch.randn(2, 5, 4))
+        lfq(torch.randn(2, 5, 4))[2].backward()  # the forward alone returns: its reduction is in backward
     except lockstep.CollectiveFailure as e:
         return (time.time() - start, str(e))
     return "no error"
@@ -91,7 +97,7 @@ def _rank1_never_trains(rank, world):
 
 def test_a_rank_that_never_arrives_is_named_at_the_timeout():
     seconds, message = run_ranks(2, _rank1_never_trains)[0]
-    assert "rank(s) 1" in message and "python.batch_sizes" in message, message
+    assert "rank(s) 1" in message and "lfq.avg_probs" in message, message
     assert seconds < 30, seconds  # the 3 s timeout, with generous slack for a loaded machine
 
 
@@ -107,7 +113,8 @@ def _vq_half_batches(rank, world, x, initial, evaluate_on_rank0):
             with torch.no_grad():
                 vq(part[step])
             vq.train()
-        vq(part[step])
+        out, _, loss = vq(part[step])
+        (out.sum() + loss).backward()  # the EMA update, and its reduction over the ranks, ride on backward
     return vq.state_dict()["_codebook.embed"]
 
 
@@ -119,7 +126,8 @@ def test_vq_codebooks_stay_identical_and_equal_one_process_s(evaluate_on_rank0):
     one = lockstep.VectorQuantize(dim=8, codebook_size=32, decay=0.9)
     initial = {k: v.clone() for k, v in one.state_dict().items()}
     for step in range(3):
-        one(x[step])
+        out, _, loss = one(x[step])
+        (out.sum() + loss).backward()
     codebooks = run_ranks(2, _vq_half_batches, x, initial, evaluate_on_rank0)  # rank r: sequence r of each step
     assert torch.equal(codebooks[0], codebooks[1])  # the ranks never diverge
     torch.testing.assert_close(codebooks[0], one.state_dict()["_codebook.embed"], atol=1e-5, rtol=1e-5)

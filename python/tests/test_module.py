@@ -51,7 +51,7 @@ def test_a_resumed_module_draws_on_from_where_it_stopped():
     fsq = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5, seed=3)
     x = torch.randn(2, 40, 3)
     for _ in range(2):
-        fsq(x)
+        fsq(x.clone().requires_grad_(True))[0].sum().backward()  # a step: the step counter advances in backward
     state = fsq.state_dict()
     assert state["_extra_state"].tolist() == [3, 2]  # (seed, step)
     resumed = lockstep.FSQ(levels=[7, 5, 5], preserve_symmetry=True, noise_dropout=0.5)
@@ -68,7 +68,7 @@ def test_a_resumed_module_draws_on_from_where_it_stopped():
 def test_copies_are_whole_and_independent(make, tmp_path):
     module = make()
     x = torch.randn(2, 30, 8)
-    module(x)  # a training step: k-means and EMA move the codebook
+    module(x.clone().requires_grad_(True))[0].sum().backward()  # a training step: k-means and EMA move the codebook
     copied = copy.deepcopy(module)  # an EMA of the weights starts this way
     torch.save(module, tmp_path / "module.pt")
     loaded = torch.load(tmp_path / "module.pt", weights_only=False)

@@ -16,7 +16,10 @@ from reference_steps import compare_training_steps
 def test_vq_training_steps_match_the_reference_codebooks_included(options):
     reference = ReferenceResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
     ours = lockstep.ResidualVQ(dim=12, codebook_size=32, num_quantizers=3, **options)
-    compare_training_steps(reference, ours, (2, 50, 12), 3, [f"layers.{q}._codebook.embed" for q in range(3)])
+    weight = options.get("orthogonal_reg_weight", 0)
+    compare_training_steps(reference, ours, (2, 50, 12), 3, [f"layers.{q}._codebook.embed" for q in range(3)],
+                           orthogonal=(weight, lambda m: [layer._codebook.embed for layer in m.layers]) if weight else None,
+                           optimizer=torch.optim.Adam if weight else None)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +83,10 @@ def test_dropped_layers_have_index_minus_one_and_decode_to_nothing():
     ours = lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=4, quantize_dropout=True, quantize_dropout_cutoff_index=1)
     x = torch.randn(4, 30, 2)
     kept = []
-    for _ in range(12):  # the cutoff is drawn per training forward from (seed, step)
-        out, idx = ours(x)
+    for _ in range(12):  # the cutoff is drawn from (seed, step), the step advancing with each backward
+        out, idx = ours(x.clone().requires_grad_(True))
+        out.sum().backward()
+        out = out.detach()
         layers = int((idx[0, 0] >= 0).sum())
         assert 2 <= layers <= 4 and bool((idx[..., layers:] == -1).all()) and bool((idx[..., :layers] >= 0).all())
         torch.testing.assert_close(ours.get_output_from_indices(idx), out)

@@ -2,38 +2,71 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <cstdlib>
+
 #include "c10d_transport.h"
 #include "checked_group.h"
 #include "lockstep/core/error.h"
 #include "network_transports.h"
 
 namespace lockstep::dist {
+namespace {
+
+#if TORCH_VERSION_MAJOR >= 2
+// The process group's built-in backend of `type` (Gloo, NCCL), when it has one; a backend registered
+// under another name (Backend.register_backend) is not one, whatever it wraps.
+c10::intrusive_ptr<C10dBackend> built_in(const c10d::ProcessGroup& group, c10d::ProcessGroup::BackendType type) {
+  try {
+    return group.getBackend(type);
+  } catch (const c10::Error&) {  // the group has no such backend
+    return {};
+  }
+}
+#endif
+
+}  // namespace
 
 std::shared_ptr<Group> make_group_over(c10::intrusive_ptr<c10d::ProcessGroup> process_group,
                                        c10::intrusive_ptr<c10d::Store> store, const ExistingGroupOptions& options) {
   LOCKSTEP_CHECK_ARG(process_group && store, "make_group_over: no process group or no store given");
-#if TORCH_VERSION_MAJOR >= 2
-  c10::intrusive_ptr<C10dBackend> backend;
-  try {
-    backend = process_group->getBackend(c10d::ProcessGroup::BackendType::GLOO);
-  } catch (const c10::Error&) {
-    throw InvalidArgument(detail::concat("rank ", process_group->getRank(), ": the process group has no Gloo backend, ",
-                                         "which lockstep's checked channel needs for its fingerprints ",
-                                         "(init_process_group(\"cpu:gloo,cuda:nccl\") gives both)"));
-  }
-#else
-  c10::intrusive_ptr<C10dBackend> backend = process_group;
-#endif
   CheckedGroupOptions c;
   c.rank = process_group->getRank();
   c.size = process_group->getSize();
   c.timeout = options.timeout;
   c.store_grace = std::chrono::milliseconds(0);  // the store is the caller's, and outlives this group
-  c.where = detail::concat("gloo (the caller's process group), rank ", c.rank, " of ", c.size);
-  auto transport =
-      std::make_unique<C10dTransport>(backend, "gloo", c10::Device(c10::kCPU), backstop_timeout(options.timeout));
-  return std::make_shared<CheckedGroup>(c, c10::make_intrusive<c10d::PrefixStore>(options.prefix, store),
-                                        std::move(transport));
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(options.prefix, store);
+  const auto backstop = backstop_timeout(options.timeout);
+#if TORCH_VERSION_MAJOR >= 2
+  // Fingerprints and CPU tensors travel on the group's own Gloo backend when it has one; otherwise
+  // (NCCL alone, a registered backend) on a Gloo group of lockstep's own, met through the store.
+  std::unique_ptr<Transport> control;
+  std::string what;
+  if (auto gloo = built_in(*process_group, c10d::ProcessGroup::BackendType::GLOO)) {
+    control = std::make_unique<C10dTransport>(gloo, "gloo", c10::Device(c10::kCPU), backstop);
+    what = "gloo (the caller's process group)";
+  } else {
+    GroupOptions side;
+    side.rank = c.rank;
+    side.size = c.size;
+    side.timeout = options.timeout;
+    const char* master = std::getenv("MASTER_ADDR");
+    side.master_addr = master && *master ? master : "127.0.0.1";
+    control = make_gloo_transport(prefixed, side);
+    what = "gloo of lockstep's own beside the caller's process group";
+  }
+  // CUDA tensors stay on the device: they travel on the group's NCCL backend.
+  std::unique_ptr<Transport> device;
+  if (auto nccl = built_in(*process_group, c10d::ProcessGroup::BackendType::NCCL)) {
+    device = std::make_unique<C10dTransport>(nccl, "nccl", c10::Device(c10::kCUDA), backstop);
+    what += ", CUDA tensors on its NCCL";
+  }
+#else
+  auto control = std::make_unique<C10dTransport>(process_group, "gloo", c10::Device(c10::kCPU), backstop);
+  std::unique_ptr<Transport> device;
+  std::string what = "gloo (the caller's process group)";
+#endif
+  c.where = detail::concat(what, ", rank ", c.rank, " of ", c.size);
+  return std::make_shared<CheckedGroup>(c, prefixed, std::move(control), std::move(device));
 }
 
 }  // namespace lockstep::dist

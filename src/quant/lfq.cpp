@@ -129,33 +129,29 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();
   const double inv_t = options_.inv_temperature();
-  // Mean over tokens and codebooks, as the reference's entropy(prob).mean() over (N, c, K).
-  at::Tensor per_sample = tokens.size(0) > 0 ? lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value)
-                                             : torch::zeros({}, tokens.options());
-  // One (count, sum) reduction over everyone holding the batch, whatever the data.
+  // Everything the entropy loss needs is a sum over the chosen tokens of the global batch: their
+  // count, their per-sample entropies (the reference's mean over (N, c)) and their code probabilities.
+  const at::Tensor per_sample = tokens.size(0) > 0
+                                    ? lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value)
+                                    : torch::zeros({}, tokens.options());
+  const auto chosen = static_cast<double>(tokens.size(0));
   const at::Tensor local_sum = lfq_sum_probs(tokens.transpose(0, 1), inv_t, code_value);  // (c, K)
-  const at::Tensor count = torch::full({1}, static_cast<double>(tokens.size(0)), tokens.options());
-  std::vector<at::Tensor> parts{count};
-  if (subset) parts.push_back(torch::full({1}, static_cast<double>(local_tokens), tokens.options()));
-  parts.push_back(local_sum.reshape(-1));
-  at::Tensor packed = torch::cat(parts);
+  const at::Tensor packed =
+      torch::cat({torch::full({1}, chosen, tokens.options()),
+                  (per_sample * (chosen * static_cast<double>(c))).reshape({1}), local_sum.reshape(-1)});
+  const int64_t k = codebook_size();
+  const double gamma = options_.diversity_gamma();
+  // aux = per-sample entropy - gamma * codebook entropy, of the global sums `s`.
+  const auto aux_of = [c, k, gamma](const at::Tensor& s) {
+    const at::Tensor count = s.narrow(0, 0, 1).detach().clamp_min(1);
+    const at::Tensor per_sample_mean = (s.narrow(0, 1, 1) / (count * static_cast<double>(c))).squeeze(0);
+    const at::Tensor avg_probs = s.narrow(0, 2, c * k).reshape({c, k}) / count;
+    return per_sample_mean - gamma * lfq_clamped_entropy(avg_probs).mean();
+  };
   LocalReducer local;
   Reducer* reducer = ctx.reducer ? ctx.reducer : &local;
-  packed = reducer->sum(packed, LOCKSTEP_CALL_SITE("lfq.avg_probs"));
-  const int64_t head = subset ? 2 : 1;
-  const at::Tensor avg_probs = packed.narrow(0, head, c * codebook_size()).reshape({c, codebook_size()}) /
-                               packed.narrow(0, 0, 1).detach().clamp_min(1);
-  if (subset) {
-    // The caller weights this holder's loss by its share of the batch (local / global tokens); this
-    // turns its subset mean into its share of the global subset mean.
-    const double chosen_here = static_cast<double>(tokens.size(0));
-    const double chosen_all = std::max(1.0, packed[0].item<double>());
-    const double tokens_all = packed[1].item<double>();
-    per_sample =
-        per_sample * (chosen_here / chosen_all * tokens_all / static_cast<double>(std::max<int64_t>(1, local_tokens)));
-  }
-  const at::Tensor codebook_entropy = lfq_clamped_entropy(avg_probs).mean();
-  const at::Tensor aux = per_sample - options_.diversity_gamma() * codebook_entropy;
+  // One reduction over everyone holding the batch, whatever the data.
+  const at::Tensor aux = reducer->apply_to_sum(packed, aux_of, LOCKSTEP_CALL_SITE("lfq.avg_probs"));
   out.losses["entropy"] = aux * options_.entropy_loss_weight();
   if (options_.commitment_loss_weight() > 0) {
     const at::Tensor commitment = z.numel() == 0 ? torch::zeros({}, z.options()) : torch::mse_loss(z, q.detach());

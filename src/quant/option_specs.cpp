@@ -131,8 +131,8 @@ OptionSection vq_section() {
                "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
            .in_range(0, 4096),
        real("orthogonal_reg_weight", d.orthogonal_reg_weight(),
-            "Weight of the orthogonal regulariser over the codes (reported; the EMA codebook takes no "
-            "gradient from it).")
+            "Weight of the orthogonal regulariser over the codes; when > 0 the codebook is a parameter that "
+            "the regulariser trains beside the EMA, as vector-quantize-pytorch does.")
            .at_least(0),
        boolean("stochastic_sample_codes", d.stochastic_sample_codes(),
                "Training draws each code from softmax(-distance / temperature) instead of the nearest."),

@@ -72,6 +72,7 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   at::Tensor total = torch::zeros_like(z);
   std::vector<at::Tensor> indices;
   QuantizerOutput result;
+  std::vector<std::function<void(Reducer&)>> updates;  // deferred: each layer's, in layer order
   for (int64_t l = 0; l < options_.num_quantizers(); ++l) {
     Quantizer& layer = *layers_[l];
     if (l >= run) {
@@ -85,6 +86,12 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
     total = total + q;
     indices.push_back(out.indices.reshape({x.size(0), x.size(1), layer.num_indices()}));
     for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
+    if (out.update) updates.push_back(std::move(out.update));
+  }
+  if (!updates.empty()) {
+    result.update = [updates = std::move(updates)](Reducer& reducer) {
+      for (const auto& update : updates) update(reducer);
+    };
   }
   result.quantized = project_out_ ? project_out_->forward(total) : total;
   result.indices = torch::cat(indices, 2);

@@ -113,7 +113,9 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
     embed.uniform_(-bound, bound, or_default(generator));
     if (options_.use_cosine_sim()) embed = l2norm(embed);
   }
-  embed_ = register_buffer("embed", embed);
+  // With the orthogonal regulariser the codebook is a parameter that the regulariser trains beside
+  // the EMA, as in the reference; otherwise a buffer the EMA owns.
+  embed_ = options_.learnable_codebook() ? register_parameter("embed", embed) : register_buffer("embed", embed);
   cluster_size_ = register_buffer("cluster_size", torch::ones({codebooks, k}));
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   initted_ = register_buffer("initted", torch::tensor(options_.kmeans_init() ? 0.0f : 1.0f));
@@ -155,6 +157,7 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
 }
 
 at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const {
+  torch::NoGradGuard no_grad;  // a learnable codebook's search builds no graph
   uint64_t key = 0;
   if (generator.defined()) {        // one draw per call, the same on every rank
     at::Generator gen = generator;  // a handle: draws advance the caller's generator
@@ -178,13 +181,39 @@ at::Tensor Vq::lookup(const at::Tensor& indices) const {
   return torch::stack(per_codebook);  // a copy: the EMA update changes embed_ afterwards
 }
 
-at::Tensor Vq::orthogonal_loss() const {
-  // sum_ij cos(e_i, e_j)^2 = |N^T N|_F^2 for the normalised codes N (K, cd): O(K cd^2), no K x K matrix.
-  const at::Tensor normed = l2norm(embed_);
+namespace {
+// sum_ij cos(e_i, e_j)^2 / (C K^2) - 1/K for codebooks (C, K, cd); |N^T N|_F^2 for the normalised
+// codes N (K, cd) is that sum in O(K cd^2), with no K x K matrix.
+at::Tensor orthogonal_loss_of(const at::Tensor& embed) {
+  const at::Tensor normed = l2norm(embed);
   const at::Tensor gram = torch::matmul(normed.transpose(1, 2), normed);
-  const double k = static_cast<double>(options_.codebook_size());
-  return gram.pow(2).sum() / (static_cast<double>(embed_.size(0)) * k * k) - 1.0 / k;
+  const auto k = static_cast<double>(embed.size(1));
+  return gram.pow(2).sum() / (static_cast<double>(embed.size(0)) * k * k) - 1.0 / k;
 }
+
+// The regulariser of a codebook parameter whose backward differentiates at the codebook's values
+// then: a deferred EMA update (run in backward, before this node) has moved it by then, and the
+// reference differentiates at the updated codebook. Nothing is saved, so the update is allowed.
+struct OrthogonalLoss : public torch::autograd::Function<OrthogonalLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& embed) {
+    ctx->saved_data["embed"] = embed;  // the live parameter, read again in backward
+    torch::NoGradGuard no_grad;
+    return orthogonal_loss_of(embed.detach());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor now = ctx->saved_data["embed"].toTensor().detach().requires_grad_(true);
+    at::Tensor value;
+    {
+      torch::AutoGradMode enabled(true);
+      value = orthogonal_loss_of(now);
+    }
+    return {torch::autograd::grad({value}, {now}, {grads[0]})[0]};
+  }
+};
+}  // namespace
+
+at::Tensor Vq::orthogonal_loss() const { return OrthogonalLoss::apply(embed_); }
 
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const int64_t b = x.size(0);
@@ -195,7 +224,9 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const at::Tensor tokens = grouped.detach();
   LocalReducer local;
   Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
-  if (is_training() && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
+  // Deferred (the Python modules): a call that cannot be backwarded changes no state, k-means included.
+  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
@@ -208,14 +239,23 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
                              : grouped + (q - grouped).detach();
   QuantizerOutput result;
   // The commitment loss is reported in evaluation too (the reference returns 0 there).
-  const at::Tensor commitment = grouped.numel() > 0 ? torch::mse_loss(grouped, q) : grouped.sum() * 0;
+  const at::Tensor commitment = grouped.numel() > 0 ? torch::mse_loss(grouped, q.detach()) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
-  if (is_training()) {
-    torch::NoGradGuard no_grad;
-    ema_update(tokens, indices, reducer);
-    if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, reducer, or_default(ctx.generator));
+  if (may_change_state) {
+    // Captures the call's tokens and assignments; `this` must outlive a deferred update.
+    auto update = [this, tokens, indices, generator = or_default(ctx.generator)](Reducer& r) {
+      torch::NoGradGuard no_grad;
+      ema_update(tokens, indices, r);
+      if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, r, generator);
+    };
+    if (ctx.defer_updates) {
+      result.update = std::move(update);
+    } else {
+      update(reducer);
+    }
   }
-  // Of the codebook as this call left it, as the reference reports it (a constant: EMA codes take no gradient).
+  // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
+  // codebook before the update (its gradient is still taken at the updated codebook: OrthogonalLoss).
   if (options_.orthogonal_reg_weight() > 0) {
     result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
   }

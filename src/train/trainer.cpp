@@ -341,7 +341,7 @@ struct Trainer::State {
       ctx.first_item = data::EpochPlan::rank_offset(batch_size / micro_batches, group->size(), group->rank());
       ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
           derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
-                      static_cast<uint64_t>(step * micro_batches + j), /*purpose=*/2));
+                      static_cast<uint64_t>(step * micro_batches + j), +SeedPurpose::Quantizer));
       // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
       // gives exactly the gradient of the global batch's loss (G4).
       const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);

@@ -225,6 +225,31 @@ TEST(Vq, DeadCodesAreReplacedByBatchVectors) {
   }
 }
 
+// The Python modules defer the update to backward (G3): quantize changes no state and calls no
+// reducer; the update it hands back, run once, leaves the state an eager call leaves.
+TEST(Vq, ADeferredUpdateLeavesTheStateAnEagerCallLeaves) {
+  const VqOptions options = VqOptions(4, 16).threshold_ema_dead_code(1.5);
+  Vq eager(options, seeded(1)), deferred(options, seeded(1));
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({2, 30, 4});
+  CountingReducer eager_calls, deferred_calls;
+  eager.quantize(x, {&eager_calls, seeded(5)});
+  const auto before = snapshot(deferred);
+  QuantizeContext ctx{&deferred_calls, seeded(5)};
+  ctx.defer_updates = true;
+  const QuantizerOutput out = deferred.quantize(x, ctx);
+  EXPECT_TRUE(deferred_calls.tags.empty());
+  for (const auto& [name, value] : snapshot(deferred)) EXPECT_TRUE(torch::equal(value, before.at(name))) << name;
+  ASSERT_TRUE(static_cast<bool>(out.update));
+  out.update(deferred_calls);
+  EXPECT_EQ(deferred_calls.tags, eager_calls.tags);
+  for (const auto& [name, value] : snapshot(eager))
+    EXPECT_TRUE(torch::equal(snapshot(deferred).at(name), value)) << name;
+  // A call that cannot be backwarded hands back no update.
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(static_cast<bool>(deferred.quantize(x, ctx).update));
+}
+
 TEST(Vq, StateRoundTripsThroughNamedBuffers) {
   Vq a(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(1));
   for (int step = 0; step < 3; ++step) a.quantize(torch::randn({2, 30, 5}), {nullptr, seeded(step)});
@@ -387,7 +412,18 @@ TEST(Vq, OrthogonalLossMatchesTheExplicitCosineMatrix) {
   const at::Tensor cos = torch::matmul(normed, normed.t());
   const double expected = (cos.pow(2).sum().item<double>() / 49.0 - 1.0 / 7.0) * 2.5;
   EXPECT_NEAR(out.losses.at("orthogonal").item<double>(), expected, 1e-5);
+  // The codebook is a parameter the regulariser trains (as in the reference), its gradient taken at
+  // the codebook as it is when backward runs.
+  ASSERT_TRUE(vq.embed().requires_grad());
+  EXPECT_EQ(vq.named_parameters().size(), 1u);
+  out.losses.at("orthogonal").backward();
+  const at::Tensor leaf = vq.embed().detach().clone().requires_grad_(true);
+  const at::Tensor unit = leaf[0] / leaf[0].norm(2, 1, true);
+  ((torch::matmul(unit, unit.t()).pow(2).sum() / 49.0 - 1.0 / 7.0) * 2.5).backward();
+  EXPECT_TRUE(torch::allclose(vq.embed().grad(), leaf.grad(), 1e-4, 1e-6))
+      << (vq.embed().grad() - leaf.grad()).abs().max();
   Vq off(VqOptions(5, 7), seeded(3));
+  EXPECT_EQ(off.named_parameters().size(), 0u);
   EXPECT_EQ(off.quantize(torch::randn({1, 4, 5}), {}).losses.count("orthogonal"), 0u);
 }
 

@@ -1,7 +1,9 @@
 // A checked group (G1, G2) over a process group the caller already has: torch.distributed's,
-// handed over from Python. Its CPU backend (Gloo) carries the fingerprints and the tensors; the
-// heartbeats and statuses go to `store` (the group's rendezvous store) under `prefix`, so that
-// several lockstep groups can share one store.
+// handed over from Python, with any backend. Fingerprints and CPU tensors travel on the group's
+// built-in Gloo backend when it has one, else on a Gloo group of lockstep's own met through `store`
+// (an NCCL-only group, a backend registered with torch.distributed.Backend.register_backend); CUDA
+// tensors travel on the group's NCCL backend and stay on the device. The heartbeats and statuses go to
+// `store` (the group's rendezvous store) under `prefix`, so that several lockstep groups can share one.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -20,7 +22,8 @@ struct ExistingGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
-// Throws InvalidArgument when the process group has no CPU backend (Gloo).
+// A rendezvous: every rank of the group must call it. Throws CollectiveFailure when lockstep's own
+// Gloo group cannot connect every rank.
 std::shared_ptr<Group> make_group_over(c10::intrusive_ptr<c10d::ProcessGroup> process_group,
                                        c10::intrusive_ptr<c10d::Store> store, const ExistingGroupOptions& options = {});
 

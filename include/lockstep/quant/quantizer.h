@@ -4,6 +4,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,12 +25,19 @@ struct QuantizeContext {
   // W holders draw exactly what one process holding the whole batch draws, and different holders
   // draw independently.
   int64_t first_item = 0;
+  // Training state (EMA codebooks, dead codes) is not updated in quantize but handed back as
+  // QuantizerOutput::update, for the caller to run later with a reducer (the Python modules run it
+  // in backward, so that a forward never communicates). k-means initialisation still runs in quantize.
+  bool defer_updates = false;
 };
 
 struct QuantizerOutput {
   at::Tensor quantized;                      // same shape as the input; its gradient follows the quantizer's estimator
   at::Tensor indices;                        // int64: (b, n) or (b, n, num_indices())
   std::map<std::string, at::Tensor> losses;  // named scalar losses, already weighted
+  // With QuantizeContext::defer_updates: the training call's state update, to run once (its
+  // collectives go through the reducer it is given); empty when the call changes no state.
+  std::function<void(Reducer&)> update;
 
   // Sum of `losses` (a zero scalar when there are none).
   at::Tensor total_loss() const;

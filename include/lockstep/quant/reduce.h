@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "lockstep/core/call_site.h"
@@ -23,6 +24,13 @@ class Reducer {
   // Not differentiable: every holder's `local` (n_h, ...) concatenated along dim 0 in holder order,
   // which is the order of the global batch; holders may hold different n_h, including 0.
   virtual at::Tensor gather(const at::Tensor& local, const CallSite& site) = 0;
+  // f of the global sum of `local`, differentiable through `local`. Here: sum (a collective now),
+  // then f. A reducer that communicates only in backward (dist::BackwardReducer, the Python
+  // modules') returns f(local) and gives `local` the gradient of f at the global sum.
+  virtual at::Tensor apply_to_sum(const at::Tensor& local, const std::function<at::Tensor(const at::Tensor&)>& f,
+                                  const CallSite& site) {
+    return f(sum(local, site));
+  }
 };
 
 // This process holds the whole batch: sums are identities.

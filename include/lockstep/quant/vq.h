@@ -73,8 +73,9 @@ struct VqOptions {
     codebook_dim_ = d;
     return *this;
   }
-  // Weight of sum(cos^2) / K^2 - 1/K over the l2-normalised codes (Shin et al. 2021). The EMA
-  // codebook is not a parameter, so the term is reported but carries no gradient (as in the reference).
+  // Weight of sum(cos^2) / K^2 - 1/K over the l2-normalised codes (Shin et al. 2021). When > 0 the
+  // codebook is a parameter that this term trains beside the EMA, as in the reference (whose codebook
+  // it makes learnable; the commitment loss stays detached from it).
   VqOptions& orthogonal_reg_weight(double w) {
     orthogonal_reg_weight_ = w;
     return *this;
@@ -106,6 +107,8 @@ struct VqOptions {
   bool separate_codebook_per_head() const { return separate_codebook_per_head_; }
   int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
   double orthogonal_reg_weight() const { return orthogonal_reg_weight_; }
+  // Whether the codebook is a parameter (trained by gradient beside the EMA): with the regulariser.
+  bool learnable_codebook() const { return orthogonal_reg_weight_ > 0; }
   bool stochastic_sample_codes() const { return stochastic_sample_codes_; }
   double sample_codebook_temp() const { return sample_codebook_temp_; }
   // Codebooks held: heads with separate codebooks, else 1.
@@ -156,9 +159,9 @@ class Vq final : public Quantizer {
   at::Tensor decode(const at::Tensor& indices) override;
 
   const VqOptions& options() const { return options_; }
-  // Codebook state, all registered buffers (C = num_codebooks(), cd = codebook_dim, the layout of
-  // the reference): embed (C, K, cd), cluster_size (C, K), embed_avg (C, K, cd), initted () float
-  // (1 once the codebooks hold real codes).
+  // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
+  // (C, K, cd), a buffer or, when options().learnable_codebook(), a parameter; buffers cluster_size
+  // (C, K), embed_avg (C, K, cd), initted () float (1 once the codebooks hold real codes).
   const at::Tensor& embed() const { return embed_; }
   const at::Tensor& cluster_size() const { return cluster_size_; }
   const at::Tensor& embed_avg() const { return embed_avg_; }

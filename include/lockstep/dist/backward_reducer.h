@@ -1,0 +1,75 @@
+// Communication on backward only (G3 for the Python modules): a forward never issues a collective,
+// so a forward that runs on some ranks only (a preview, validation in training mode, a no_grad pass)
+// runs alone. The cross-rank reductions ride on backward, which every data-parallel rank runs.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "lockstep/dist/group.h"
+#include "lockstep/quant/reduce.h"
+
+namespace lockstep::dist {
+
+// A checked group over the caller's process group, made at its first use. Making it is a
+// rendezvous, so that first use must be where every rank is (a backward), never a forward. Its
+// store prefix counts the groups this process has made, in the order their first uses came, which
+// every rank shares. Thread-safe.
+class LazyGroup {
+ public:
+  LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
+            std::chrono::milliseconds timeout);
+
+  int rank() const { return rank_; }  // known without communicating
+  int size() const { return size_; }
+  std::shared_ptr<Group> get();
+
+  // Backward runs inside torch's autograd engine, which hands an exception to Python as RuntimeError
+  // unless the exception names its Python type: the bindings translate ours (CollectiveMismatch...).
+  void set_error_translator(std::function<void(std::exception_ptr)> translate) { translate_ = std::move(translate); }
+  // Rethrows `e` through the translator when there is one, else as it is.
+  [[noreturn]] void rethrow(std::exception_ptr e) const;
+
+ private:
+  std::function<void(std::exception_ptr)> translate_;
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+  int size_;
+  std::mutex mutex_;
+  std::shared_ptr<Group> group_;
+};
+
+// The reducer of the Python modules' training forwards. apply_to_sum returns f(local) at once and
+// reduces in backward: one all_reduce of (local, incoming gradient), then `local` gets the gradient
+// of f at the global sum, times the gradient summed over ranks (data-parallel averaging divides it
+// again, so each rank's inputs get their single-process gradient). sum_, sum and gather communicate
+// at once: only VQ's k-means initialisation calls them in a forward (docs/python.md).
+class BackwardReducer final : public quant::Reducer {
+ public:
+  explicit BackwardReducer(std::shared_ptr<LazyGroup> group) : group_(std::move(group)) {}
+
+  void sum_(std::vector<at::Tensor>& tensors, const CallSite& site) override;
+  at::Tensor sum(const at::Tensor& local, const CallSite& site) override;
+  at::Tensor gather(const at::Tensor& local, const CallSite& site) override;
+  at::Tensor apply_to_sum(const at::Tensor& local, const std::function<at::Tensor(const at::Tensor&)>& f,
+                          const CallSite& site) override;
+
+ private:
+  std::shared_ptr<LazyGroup> group_;
+};
+
+// `tensors` behind one autograd node whose backward runs `update` once, then passes every gradient
+// through unchanged. `anchor` (a scalar that requires grad) puts the node in the graph even when no
+// tensor requires grad. Under no_grad, the tensors come back as they are and `update` never runs.
+std::vector<at::Tensor> run_on_backward(const std::vector<at::Tensor>& tensors, const at::Tensor& anchor,
+                                        std::function<void()> update);
+
+}  // namespace lockstep::dist

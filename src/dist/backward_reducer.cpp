@@ -1,0 +1,156 @@
+#include "lockstep/dist/backward_reducer.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <string>
+
+#include "lockstep/dist/existing_group.h"
+#include "lockstep/dist/group_reducer.h"
+
+namespace lockstep::dist {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a node keeps for its backward; held in autograd's saved data as a capsule.
+struct SumInBackwardState : torch::CustomClassHolder {
+  std::shared_ptr<LazyGroup> group;
+  std::function<at::Tensor(const at::Tensor&)> f;
+  std::string tag, file;  // the call site's strings, owned here: the backward runs after the caller returns
+  int line = 0;
+};
+
+struct SumInBackward : public torch::autograd::Function<SumInBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, c10::intrusive_ptr<SumInBackwardState> state) {
+    ctx->save_for_backward({local});
+    at::Tensor value;
+    {
+      torch::NoGradGuard no_grad;
+      value = state->f(local.detach());
+    }
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return value;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state = c10::static_intrusive_pointer_cast<SumInBackwardState>(ctx->saved_data["state"].toCapsule());
+    const at::Tensor local = ctx->get_saved_variables()[0];
+    const at::Tensor grad = grads[0].defined() ? grads[0] : torch::zeros({}, local.options());
+    const int64_t n = local.numel();
+    // One collective: the global sum of the statistics and of the incoming gradients.
+    std::vector<at::Tensor> packed{torch::cat({local.detach().reshape(-1), grad.detach().reshape(-1).to(local.dtype())})};
+    try {
+      state->group->get()->all_reduce(packed, ReduceOp::Sum,
+                                      CallSite{state->tag.c_str(), state->file.c_str(), state->line});
+    } catch (...) {
+      state->group->rethrow(std::current_exception());
+    }
+    at::Tensor global = packed[0].narrow(0, 0, n).reshape(local.sizes()).requires_grad_(true);
+    const at::Tensor grad_sum = packed[0].narrow(0, n, grad.numel()).reshape(grad.sizes());
+    at::Tensor value;
+    {
+      torch::AutoGradMode enabled(true);
+      value = state->f(global);
+    }
+    const auto local_grad = torch::autograd::grad({value}, {global}, {grad_sum.to(value.dtype())},
+                                                  /*retain_graph=*/false, /*create_graph=*/false,
+                                                  /*allow_unused=*/true)[0];
+    return {local_grad.defined() ? local_grad : torch::zeros_like(local), at::Tensor()};
+  }
+};
+
+struct UpdateState : torch::CustomClassHolder {
+  std::function<void()> update;
+};
+
+struct RunOnBackward : public torch::autograd::Function<RunOnBackward> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, c10::intrusive_ptr<UpdateState> state) {
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    ctx->saved_data["count"] = static_cast<int64_t>(tensors.size());
+    variable_list out;
+    // Copies, not views: a custom function's view may not be modified in place, and callers do.
+    for (const auto& t : tensors) out.push_back(t.clone());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state = c10::static_intrusive_pointer_cast<UpdateState>(ctx->saved_data["state"].toCapsule());
+    if (state->update) {
+      torch::NoGradGuard no_grad;
+      auto update = std::move(state->update);  // once, even when backward runs again (retain_graph)
+      state->update = nullptr;
+      update();
+    }
+    grads.emplace_back();  // for the state argument
+    return grads;
+  }
+};
+
+std::atomic<int64_t> groups_made{0};
+
+}  // namespace
+
+LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
+                     std::chrono::milliseconds timeout)
+    : process_group_(std::move(process_group)),
+      store_(std::move(store)),
+      timeout_(timeout),
+      rank_(process_group_->getRank()),
+      size_(process_group_->getSize()) {}
+
+std::shared_ptr<Group> LazyGroup::get() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!group_) {
+    ExistingGroupOptions options;
+    options.prefix = "lockstep/python/" + std::to_string(++groups_made);
+    options.timeout = timeout_;
+    group_ = make_group_over(process_group_, store_, options);
+  }
+  return group_;
+}
+
+void LazyGroup::rethrow(std::exception_ptr e) const {
+  if (translate_) translate_(e);
+  std::rethrow_exception(e);
+}
+
+void BackwardReducer::sum_(std::vector<at::Tensor>& tensors, const CallSite& site) {
+  GroupReducer(group_->get()).sum_(tensors, site);
+}
+
+at::Tensor BackwardReducer::sum(const at::Tensor& local, const CallSite& site) {
+  return GroupReducer(group_->get()).sum(local, site);
+}
+
+at::Tensor BackwardReducer::gather(const at::Tensor& local, const CallSite& site) {
+  return GroupReducer(group_->get()).gather(local, site);
+}
+
+at::Tensor BackwardReducer::apply_to_sum(const at::Tensor& local, const std::function<at::Tensor(const at::Tensor&)>& f,
+                                         const CallSite& site) {
+  if (!at::GradMode::is_enabled()) return f(local);  // nothing will be backwarded: no collective ever
+  // The node joins the graph even when `local` needs no gradient, so every rank's backward reaches it.
+  auto state = c10::make_intrusive<SumInBackwardState>();
+  state->group = group_;
+  state->f = f;
+  state->tag = site.tag;
+  state->file = site.file;
+  state->line = site.line;
+  return SumInBackward::apply(local.requires_grad() ? local : local.detach().requires_grad_(true), std::move(state));
+}
+
+std::vector<at::Tensor> run_on_backward(const std::vector<at::Tensor>& tensors, const at::Tensor& anchor,
+                                        std::function<void()> update) {
+  if (!at::GradMode::is_enabled()) return tensors;
+  std::vector<at::Tensor> inputs = tensors;
+  inputs.push_back(anchor);
+  auto state = c10::make_intrusive<UpdateState>();
+  state->update = std::move(update);
+  variable_list out = RunOnBackward::apply(at::TensorList(inputs), std::move(state));
+  out.pop_back();
+  return out;
+}
+
+}  // namespace lockstep::dist
