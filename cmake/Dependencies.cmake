@@ -33,7 +33,26 @@ if(LOCKSTEP_TORCH_ROOT)
   # wheel's libraries win over a system LibTorch installed beside it.
   set(Torch_ROOT "${LOCKSTEP_TORCH_ROOT}")
 endif()
-find_package(Torch REQUIRED)
+if(LOCKSTEP_PYTHON_ONLY AND LOCKSTEP_TORCH_ROOT)
+  # The Python package alone takes torch as torch.utils.cpp_extension does: the wheel's headers and
+  # libraries. find_package(Torch) would look for the CUDA toolkit (nvcc) that a CUDA wheel's users
+  # need not have; the package runs CUDA tensors through torch's own operations and NCCL backend.
+  set(TORCH_INSTALL_PREFIX "${LOCKSTEP_TORCH_ROOT}")
+  set(TORCH_LIBRARY "${LOCKSTEP_TORCH_ROOT}/lib/libtorch.so")
+  file(STRINGS "${LOCKSTEP_TORCH_ROOT}/version.py" torch_version_line REGEX "^__version__")
+  string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" Torch_VERSION "${torch_version_line}")
+  add_library(lockstep_torch INTERFACE IMPORTED)
+  target_include_directories(lockstep_torch SYSTEM INTERFACE "${LOCKSTEP_TORCH_ROOT}/include"
+                                                            "${LOCKSTEP_TORCH_ROOT}/include/torch/csrc/api/include")
+  target_compile_definitions(lockstep_torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO USE_RPC USE_TENSORPIPE)
+  target_compile_features(lockstep_torch INTERFACE cxx_std_20)  # what the wheel's headers require
+  target_link_libraries(lockstep_torch INTERFACE "${LOCKSTEP_TORCH_ROOT}/lib/libtorch.so"
+                                                 "${LOCKSTEP_TORCH_ROOT}/lib/libtorch_cpu.so"
+                                                 "${LOCKSTEP_TORCH_ROOT}/lib/libc10.so")
+  set(TORCH_LIBRARIES lockstep_torch)
+else()
+  find_package(Torch REQUIRED)
+endif()
 # Headers of one LibTorch with libraries of another crash at run time: refuse the mix here.
 get_filename_component(LOCKSTEP_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
 get_filename_component(LOCKSTEP_TORCH_LIBDIR "${LOCKSTEP_TORCH_LIBDIR}" REALPATH)
@@ -55,26 +74,32 @@ endforeach()
 find_package(Threads REQUIRED)
 # ATen's at::parallel_for splits work only in code compiled with OpenMP (_OPENMP defined).
 find_package(OpenMP REQUIRED)
-find_package(ZLIB REQUIRED)
-find_package(PNG REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)
-find_path(LOCKSTEP_TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
-include(${CMAKE_CURRENT_LIST_DIR}/PatchedTomlpp.cmake)
-lockstep_patch_tomlpp(${LOCKSTEP_TOMLPP_INCLUDE_DIR} ${PROJECT_BINARY_DIR})
-find_package(CLI11 CONFIG QUIET)
-if(NOT CLI11_FOUND)
-  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
-  add_library(CLI11::CLI11 INTERFACE IMPORTED)
-  target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
+if(NOT LOCKSTEP_PYTHON_ONLY)  # the Python package alone needs none of these
+  find_package(ZLIB REQUIRED)
+  find_package(PNG REQUIRED)
+  find_package(nlohmann_json 3.10 REQUIRED)
+  find_path(LOCKSTEP_TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
+  include(${CMAKE_CURRENT_LIST_DIR}/PatchedTomlpp.cmake)
+  lockstep_patch_tomlpp(${LOCKSTEP_TOMLPP_INCLUDE_DIR} ${PROJECT_BINARY_DIR})
+  find_package(CLI11 CONFIG QUIET)
+  if(NOT CLI11_FOUND)
+    find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+    add_library(CLI11::CLI11 INTERFACE IMPORTED)
+    target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
+  endif()
 endif()
 
 # Debian's LibTorch ships ProcessGroupGloo.hpp, which needs the gloo headers and this define.
-find_path(LOCKSTEP_GLOO_INCLUDE_DIR gloo/config.h)
+if(NOT LOCKSTEP_PYTHON_ONLY)  # the Python package makes its Gloo groups through torch's Python API
+  find_path(LOCKSTEP_GLOO_INCLUDE_DIR gloo/config.h)
+endif()
 if(LOCKSTEP_GLOO_INCLUDE_DIR)
   set(LOCKSTEP_HAVE_GLOO ON)
 else()
   set(LOCKSTEP_HAVE_GLOO OFF)
-  message(WARNING "gloo headers not found: multi-process groups will be unavailable (install libgloo-dev)")
+  if(NOT LOCKSTEP_PYTHON_ONLY)
+    message(WARNING "gloo headers not found: multi-process groups will be unavailable (install libgloo-dev)")
+  endif()
 endif()
 
 # CUDA paths (devices, NCCL) are compiled only when the linked LibTorch was built with CUDA; NCCL's
@@ -99,7 +124,9 @@ find_library(LOCKSTEP_OPENCV_IMGCODECS opencv_imgcodecs)
 find_library(LOCKSTEP_OPENCV_IMGPROC opencv_imgproc)
 # JPEGs are decoded with libjpeg directly, so that its warnings are kept rather than printed.
 find_package(JPEG)
-if(LOCKSTEP_OPENCV_INCLUDE_DIR AND LOCKSTEP_OPENCV_CORE AND LOCKSTEP_OPENCV_IMGCODECS AND LOCKSTEP_OPENCV_IMGPROC
+if(LOCKSTEP_PYTHON_ONLY)  # the Python package decodes no images
+  set(LOCKSTEP_HAVE_OPENCV OFF)
+elseif(LOCKSTEP_OPENCV_INCLUDE_DIR AND LOCKSTEP_OPENCV_CORE AND LOCKSTEP_OPENCV_IMGCODECS AND LOCKSTEP_OPENCV_IMGPROC
    AND JPEG_FOUND)
   set(LOCKSTEP_HAVE_OPENCV ON)
 else()

@@ -2,6 +2,7 @@
 buffers it registers as its own (the same tensors, so optimizers, state_dict() and .to() act on
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
 import copy
+import datetime
 import inspect
 import re
 
@@ -213,7 +214,13 @@ class LockstepQuantizer(nn.Module):
             return None
         if self._group is None:
             store = dist.distributed_c10d._get_default_store()
-            self._group = _C.LazyGroup(group, store, self._collective_timeout)
+            rank, size, timeout = dist.get_rank(group), dist.get_world_size(group), self._collective_timeout
+
+            def make_gloo(prefix):  # lockstep's own Gloo group, for a process group without one (NCCL alone)
+                return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
+                                             datetime.timedelta(seconds=timeout))
+
+            self._group = _C.LazyGroup(group, store, timeout, make_gloo)
         return self._group
 
     def _quantize(self, x):

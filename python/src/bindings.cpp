@@ -13,7 +13,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
-#include "lockstep/data/buckets.h"
+#include "lockstep/data/bucket_table.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/dist/backward_reducer.h"
 #include "lockstep/dist/collective.h"
@@ -22,8 +22,10 @@
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
+#if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
+#endif
 
 namespace py = pybind11;
 using lockstep::quant::OptionValue;
@@ -41,6 +43,22 @@ struct TypedPythonError : torch::PyTorchError {
 
 PyObject* mismatch_type = nullptr;  // lockstep.CollectiveMismatch, set when the module loads
 PyObject* failure_type = nullptr;   // lockstep.CollectiveFailure
+
+// lockstep's own Gloo group, for a process group without a built-in Gloo backend, made by torch's
+// Python API (`make(prefix)` returns a ProcessGroupGloo): the package needs no Gloo headers. Called in
+// a backward, without the GIL; the callable is released with the GIL held, or leaked at exit.
+std::function<c10::intrusive_ptr<c10d::Backend>(const std::string&)> gloo_from_python(py::function make) {
+  std::shared_ptr<py::function> held(new py::function(std::move(make)), [](py::function* f) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    }
+  });
+  return [held](const std::string& prefix) {
+    py::gil_scoped_acquire gil;
+    return (*held)(prefix).cast<c10::intrusive_ptr<c10d::Backend>>();
+  };
+}
 
 // Rethrows a lockstep error as TypedPythonError; returns for anything else.
 void translate_for_autograd(std::exception_ptr e) {
@@ -218,13 +236,16 @@ PYBIND11_MODULE(_C, m) {
   // A checked group made at its first collective, in a backward (dist/backward_reducer.h).
   py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
-                       const c10::intrusive_ptr<c10d::Store>& store, double timeout_s) {
+                       const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, py::function make_gloo) {
              auto group = std::make_shared<lockstep::dist::LazyGroup>(
-                 process_group, store, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+                 process_group, store, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+                 gloo_from_python(std::move(make_gloo)));
              group->set_error_translator(translate_for_autograd);
              return group;
            }),
-           py::arg("process_group"), py::arg("store"), py::arg("timeout"))
+           py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("make_gloo"),
+           "make_gloo(prefix) -> a ProcessGroupGloo over the store under `prefix`, for a process group "
+           "without a built-in Gloo backend")
       .def_property_readonly("rank", &lockstep::dist::LazyGroup::rank)
       .def_property_readonly("size", &lockstep::dist::LazyGroup::size);
   // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).
@@ -267,6 +288,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
+#if !LOCKSTEP_PYTHON_ONLY
   m.def(
       "_lpips_distance",
       [](const std::string& weights, const at::Tensor& x, const at::Tensor& y) {
@@ -286,4 +308,5 @@ PYBIND11_MODULE(_C, m) {
       "FID Inception features (b, 2048) of images in [-1, 1], as lockstep's evaluation computes them (for tests).");
   m.def("_frechet_distance", &lockstep::train::frechet_distance, py::arg("mu1"), py::arg("sigma1"), py::arg("mu2"),
         py::arg("sigma2"), "The Frechet distance of two Gaussians, as lockstep's FID computes it (for tests).");
+#endif
 }

@@ -23,7 +23,8 @@ struct SumInBackwardState : torch::CustomClassHolder {
 };
 
 struct SumInBackward : public torch::autograd::Function<SumInBackward> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, c10::intrusive_ptr<SumInBackwardState> state) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
+                            c10::intrusive_ptr<SumInBackwardState> state) {
     ctx->save_for_backward({local});
     at::Tensor value;
     {
@@ -40,7 +41,8 @@ struct SumInBackward : public torch::autograd::Function<SumInBackward> {
     const at::Tensor grad = grads[0].defined() ? grads[0] : torch::zeros({}, local.options());
     const int64_t n = local.numel();
     // One collective: the global sum of the statistics and of the incoming gradients.
-    std::vector<at::Tensor> packed{torch::cat({local.detach().reshape(-1), grad.detach().reshape(-1).to(local.dtype())})};
+    std::vector<at::Tensor> packed{
+        torch::cat({local.detach().reshape(-1), grad.detach().reshape(-1).to(local.dtype())})};
     try {
       state->group->get()->all_reduce(packed, ReduceOp::Sum,
                                       CallSite{state->tag.c_str(), state->file.c_str(), state->line});
@@ -93,10 +95,12 @@ std::atomic<int64_t> groups_made{0};
 }  // namespace
 
 LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
-                     std::chrono::milliseconds timeout)
+                     std::chrono::milliseconds timeout,
+                     std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo)
     : process_group_(std::move(process_group)),
       store_(std::move(store)),
       timeout_(timeout),
+      make_gloo_(std::move(make_gloo)),
       rank_(process_group_->getRank()),
       size_(process_group_->getSize()) {}
 
@@ -106,6 +110,7 @@ std::shared_ptr<Group> LazyGroup::get() {
     ExistingGroupOptions options;
     options.prefix = "lockstep/python/" + std::to_string(++groups_made);
     options.timeout = timeout_;
+    options.make_gloo = make_gloo_;
     group_ = make_group_over(process_group_, store_, options);
   }
   return group_;

@@ -1,6 +1,6 @@
 #include "c10d_transport.h"
 
-#if LOCKSTEP_HAVE_GLOO
+#if LOCKSTEP_HAVE_C10D
 #include <thread>
 #include <utility>
 

@@ -4,8 +4,10 @@
 
 #include "lockstep/config_build.h"
 
-#if LOCKSTEP_HAVE_GLOO  // c10d comes with the distributed build of LibTorch that Gloo needs
 #include <torch/version.h>
+// c10d's headers come with LibTorch 2's wheel, and with a 1.13 whose Gloo headers were found.
+#define LOCKSTEP_HAVE_C10D (LOCKSTEP_HAVE_GLOO || TORCH_VERSION_MAJOR >= 2)
+#if LOCKSTEP_HAVE_C10D
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 

@@ -44,6 +44,10 @@ std::shared_ptr<Group> make_group_over(c10::intrusive_ptr<c10d::ProcessGroup> pr
   if (auto gloo = built_in(*process_group, c10d::ProcessGroup::BackendType::GLOO)) {
     control = std::make_unique<C10dTransport>(gloo, "gloo", c10::Device(c10::kCPU), backstop);
     what = "gloo (the caller's process group)";
+  } else if (options.make_gloo) {
+    control = std::make_unique<C10dTransport>(options.make_gloo(options.prefix + "/gloo"), "gloo",
+                                              c10::Device(c10::kCPU), backstop);
+    what = "gloo of lockstep's own beside the caller's process group";
   } else {
     GroupOptions side;
     side.rank = c.rank;

@@ -1,6 +1,6 @@
 #include "work_wait.h"
 
-#if LOCKSTEP_HAVE_GLOO
+#if LOCKSTEP_HAVE_GLOO || TORCH_VERSION_MAJOR >= 2
 namespace lockstep::dist {
 
 SliceResult wait_slice(c10d::Work& work, std::chrono::milliseconds slice) {

@@ -3,7 +3,9 @@
 
 #include "lockstep/config_build.h"
 
-#if LOCKSTEP_HAVE_GLOO  // c10d comes with the distributed build of LibTorch that Gloo needs
+#include <torch/version.h>
+// c10d comes with LibTorch 2, and with a 1.13 whose Gloo headers were found.
+#if LOCKSTEP_HAVE_GLOO || TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>

@@ -9,7 +9,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <torch/version.h>
+
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +23,12 @@ namespace lockstep::dist {
 struct ExistingGroupOptions {
   std::string prefix = "lockstep";  // must be the same on every rank, and differ between groups
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+#if TORCH_VERSION_MAJOR >= 2
+  // Makes lockstep's own Gloo group for a process group without a built-in one, from a store prefix
+  // (a rendezvous). Unset: lockstep makes it itself, which needs Gloo's headers at build time; the
+  // Python package built without them hands torch's ProcessGroupGloo over instead.
+  std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo;
+#endif
 };
 
 // A rendezvous: every rank of the group must call it. Throws CollectiveFailure when lockstep's own
