@@ -20,6 +20,8 @@
 #   nccl-train    (2+ GPUs) the demo on 2 ranks over NCCL (lockstep launch)
 #   nccl-killed   (2+ GPUs) a rank SIGKILLed mid-run is named by the other, and the run resumes
 #   nccl-stalled  (2+ GPUs) a rank stopped with SIGSTOP is reported and launch exits non-zero
+#   python-nccl   (2+ GPUs) the Python modules over an NCCL-only process group under torchrun, rank 0
+#                 previewing alone: ranks identical (python/tests/nccl_check.py)
 #
 #   bench/gpu_check.sh [--deps DIR] [--torch-root DIR] [--build DIR] [--out DIR] [--quick]
 # --deps: what scripts/gpu-deps prepared on a Debian machine (headers, Fashion-MNIST) for a GPU
@@ -223,5 +225,13 @@ if (cd "$work" && mkdir -p stalled && cd stalled &&
   pass nccl-stalled "$(grep -m1 '^ok' "$logs/nccl-stalled.log")"
 else
   fail nccl-stalled "$(grep -m1 'FAIL' "$logs/nccl-stalled.log" | cut -c1-200)"
+fi
+if [[ ! -d "$build/python/lockstep" ]]; then
+  skip python-nccl "the build made no Python package"
+elif PYTHONPATH="$build/python" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    "$src/python/tests/nccl_check.py" > "$logs/python-nccl.log" 2>&1; then
+  pass python-nccl "$(grep -c '^PASS' "$logs/python-nccl.log") module checks passed on each rank"
+else
+  fail python-nccl "$(grep -m2 -E '^FAIL|Error' "$logs/python-nccl.log" | xargs | cut -c1-200)"
 fi
 finish
