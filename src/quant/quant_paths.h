@@ -46,4 +46,8 @@ at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q);
 // integer operations on the counters' device: the sampling noise of stochastic code assignment.
 at::Tensor hashed_uniform_torch(uint64_t key, const at::Tensor& counters);
 
+// The bytes a training call of an LFQ with `codebooks` codebooks of `codes` codes holds at its peak,
+// for the memory check before anything is allocated.
+double lfq_training_bytes(int64_t codebooks, int64_t codes);
+
 }  // namespace lockstep::quant::detail

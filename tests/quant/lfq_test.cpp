@@ -282,6 +282,23 @@ class CountingReducer final : public Reducer {
   at::Tensor last_local, other;
 };
 
+// The memory check counts what a training call holds at its peak (measured 6.2-6.3 times one
+// (codebooks, K) float tensor), so 64 codebooks of 2^24 codes are refused up front on a 24 GiB machine
+// instead of failing in torch's allocator after a minute.
+TEST(Lfq, TheMemoryCheckCountsTheTrainingPeak) {
+  const double one = 4.0 * 64 * (int64_t{1} << 24);
+  EXPECT_GE(detail::lfq_training_bytes(64, int64_t{1} << 24), 6.3 * one);
+  EXPECT_LE(detail::lfq_training_bytes(64, int64_t{1} << 24), 8 * one);
+  try {
+    Lfq lfq(LfqOptions(int64_t{1} << 24).num_codebooks(1 << 16));
+    FAIL() << "65536 codebooks of 2^24 codes were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lfq: the code distribution of 65536 codebook(s) of 16777216 codes needs"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Lfq, ReducesOncePerTrainingForwardAndNeverInEval) {
   Lfq lfq(LfqOptions(16).commitment_loss_weight(1.0));
   CountingReducer reducer;
