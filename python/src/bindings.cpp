@@ -17,7 +17,6 @@
 #include "lockstep/data/plan.h"
 #include "lockstep/dist/backward_reducer.h"
 #include "lockstep/dist/collective.h"
-#include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/quantizer.h"
@@ -220,19 +219,6 @@ PYBIND11_MODULE(_C, m) {
           "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
           "The quantizer's buffers by dotted name, the same tensors.");
 
-  // lockstep's checked channel over the caller's torch.distributed group (dist/existing_group.h).
-  py::class_<lockstep::dist::Group, std::shared_ptr<lockstep::dist::Group>>(m, "Group")
-      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
-                       const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, double timeout_s) {
-             py::gil_scoped_release no_gil;  // the rendezvous waits for the other ranks
-             lockstep::dist::ExistingGroupOptions options;
-             options.prefix = prefix;
-             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-             return lockstep::dist::make_group_over(process_group, store, options);
-           }),
-           py::arg("process_group"), py::arg("store"), py::arg("prefix"), py::arg("timeout"))
-      .def_property_readonly("rank", &lockstep::dist::Group::rank)
-      .def_property_readonly("size", &lockstep::dist::Group::size);
   // A checked group made at its first collective, in a backward (dist/backward_reducer.h).
   py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
