@@ -37,10 +37,15 @@ def only_defaults(module_name, function, given, names):
 
 
 class LockstepQuantizer(nn.Module):
-    def __init__(self, name, section, options, seed=0, process_group=None, collective_timeout=300.0,
+    def __init__(self, name, section, options, seed=None, process_group=None, collective_timeout=300.0,
                  rename=None, persistent=None):
         super().__init__()
-        self._core = _C.Quantizer(name, section, options)
+        if seed is None:  # torch's global generator draws the initial state, as in the reference
+            self._core = _C.Quantizer(name, section, options)
+        else:  # the seed alone decides it, whatever torch's global generator holds
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(seed))
+                self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
         # and torch.distributed is initialised) through lockstep's checked channel, in the backward of
         # a training forward: a forward never communicates (docs/python.md).
@@ -50,7 +55,7 @@ class LockstepQuantizer(nn.Module):
         # Randomness (noise dropout, sampled codes, k-means seeds, dead-code samples) is a pure function
         # of (seed, step), the step counting the backwards that reached this module's outputs, which
         # every rank runs: no collective is needed to agree on it. liblockstep advances it in backward.
-        self.seed = int(seed)
+        self.seed = 0 if seed is None else int(seed)
         self._steps = torch.zeros((), dtype=torch.int64)
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict

@@ -13,6 +13,9 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
     only_defaults("lockstep.FSQ", fsq_options, locals(),
                   ("projection_has_bias", "force_quantization_f32", "orthogonal_rotation"))
     levels = [int(level) for level in levels]
+    if 2 in levels and not preserve_symmetry:  # the reference refuses it too: level 2 needs the symmetric bound
+        raise ValueError(f"lockstep.FSQ: levels={levels} has a level of 2, which needs preserve_symmetry=True "
+                         "(or use levels of 3 or more)")
     if keep_num_codebooks_dim is None:
         keep_num_codebooks_dim = num_codebooks > 1
     if num_codebooks > 1 and not keep_num_codebooks_dim:
@@ -31,7 +34,7 @@ class FSQ(LockstepQuantizer):
     takes (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices).
     The bound, rounding, indices and straight-through gradient run in liblockstep (float32)."""
 
-    def __init__(self, levels, dim=None, num_codebooks=1, *reference_args, seed=0, process_group=None,
+    def __init__(self, levels, dim=None, num_codebooks=1, *reference_args, seed=None, process_group=None,
                  collective_timeout=300.0, **options):
         options, module = fsq_options(levels, dim, num_codebooks, *reference_args, **options)
         super().__init__("fsq", "fsq", options, seed, process_group, collective_timeout)

@@ -62,7 +62,7 @@ class LFQ(LockstepQuantizer):
     (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices, aux_loss).
     Quantization, the entropy and commitment losses and their gradients run in liblockstep."""
 
-    def __init__(self, *, seed=0, process_group=None, collective_timeout=300.0, **options):
+    def __init__(self, *, seed=None, process_group=None, collective_timeout=300.0, **options):
         options, module = lfq_options(**options)
         super().__init__("lfq", "lfq", options, seed, process_group, collective_timeout)
         self.dim = self._core.dim

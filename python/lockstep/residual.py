@@ -49,7 +49,7 @@ class ResidualVQ(_Residual):
                  diveq=False, heads=1, quantize_dropout=False, quantize_dropout_cutoff_index=0,
                  quantize_dropout_multiple_of=1, accept_image_fmap=False, implicit_neural_codebook=False,
                  mlp_kwargs=None, beam_size=None, eval_beam_size=None, beam_score_quantizer_weights=None,
-                 quant_grad_frac=0.0, return_zeros_for_masked_padding=True, seed=0, process_group=None,
+                 quant_grad_frac=0.0, return_zeros_for_masked_padding=True, seed=None, process_group=None,
                  collective_timeout=300.0, **vq_kwargs):
         mlp_kwargs = mlp_kwargs or None  # the reference's default is an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
@@ -58,6 +58,14 @@ class ResidualVQ(_Residual):
                        "return_zeros_for_masked_padding"))
         if codebook_dim is not None and codebook_dim != dim:
             refuse("lockstep.ResidualVQ", "codebook_dim", codebook_dim, "dim: the layers quantize the input's dimension")
+        if isinstance(codebook_size, (tuple, list)):
+            if len(set(codebook_size)) != 1:
+                refuse("lockstep.ResidualVQ", "codebook_size", tuple(codebook_size),
+                       "one size for every layer: an int, or a tuple of equal sizes")
+            if len(codebook_size) != num_quantizers:
+                raise ValueError(f"lockstep.ResidualVQ: codebook_size={tuple(codebook_size)} names "
+                                 f"{len(codebook_size)} layers, num_quantizers={num_quantizers}")
+            codebook_size = int(codebook_size[0])
         layer = vq_options(dim, codebook_size, **vq_kwargs)
         layer.pop("accept_image_fmap")
         options = {f"vq.{key}": value for key, value in layer.items()}
@@ -86,7 +94,7 @@ class ResidualFSQ(_Residual):
 
     def __init__(self, *, levels, num_quantizers, dim=None, is_channel_first=False, quantize_dropout=False,
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, soft_clamp_input_value=None,
-                 bound_hard_clamp=True, seed=0, process_group=None, collective_timeout=300.0, **fsq_kwargs):
+                 bound_hard_clamp=True, seed=None, process_group=None, collective_timeout=300.0, **fsq_kwargs):
         only_defaults("lockstep.ResidualFSQ", ResidualFSQ.__init__, locals(), ("soft_clamp_input_value",))
         if "preserve_symmetry" in fsq_kwargs:  # as the reference, which sets it for its layers
             raise TypeError("lockstep.ResidualFSQ: preserve_symmetry is always True for the layers")
@@ -119,7 +127,7 @@ class ResidualLFQ(_Residual):
     losses)."""
 
     def __init__(self, *, dim, num_quantizers, codebook_size, quantize_dropout=False, quantize_dropout_cutoff_index=0,
-                 quantize_dropout_multiple_of=1, soft_clamp_input_value=None, seed=0, process_group=None,
+                 quantize_dropout_multiple_of=1, soft_clamp_input_value=None, seed=None, process_group=None,
                  collective_timeout=300.0, **lfq_kwargs):
         only_defaults("lockstep.ResidualLFQ", ResidualLFQ.__init__, locals(), ("soft_clamp_input_value",))
         if "codebook_scale" in lfq_kwargs:  # as the reference, which sets 2^-q for layer q

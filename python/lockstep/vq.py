@@ -59,7 +59,7 @@ class VectorQuantize(LockstepQuantizer):
     are `_codebook.embed`, `_codebook.cluster_size`, `_codebook.embed_avg`, `_codebook.initted`, as
     the reference names them), k-means initialisation and dead-code replacement run in liblockstep."""
 
-    def __init__(self, dim, codebook_size, *reference_args, seed=0, process_group=None, collective_timeout=300.0,
+    def __init__(self, dim, codebook_size, *reference_args, seed=None, process_group=None, collective_timeout=300.0,
                  **options):
         options = vq_options(dim, codebook_size, *reference_args, **options)
         heads = options["heads"]
@@ -81,6 +81,10 @@ class VectorQuantize(LockstepQuantizer):
                                sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
                                return_loss_breakdown=return_loss_breakdown,
                                codebook_transform_fn=codebook_transform_fn)
-        out, idx, losses = self._quantize_any(x, self.accept_image_fmap, False, self.heads)
+        only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
+        out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
+                                              self.heads)
+        if only_one:
+            out, idx = out.squeeze(1), idx.squeeze(1)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         return out, idx, loss
