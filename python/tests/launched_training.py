@@ -72,6 +72,7 @@ def with_torchrun(out):
             if rank == 0:
                 preview(net)
         save(net, out, name, rank)
+        del net, ddp, optimizer  # the modules' checked groups end before the process group does
     dist.destroy_process_group()
 
 
