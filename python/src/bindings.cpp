@@ -48,8 +48,8 @@ PyObject* failure_type = nullptr;   // lockstep.CollectiveFailure
 // a backward, without the GIL; the callable is released with the GIL held, or leaked at exit.
 std::function<c10::intrusive_ptr<c10d::Backend>(const std::string&)> gloo_from_python(py::function make) {
   std::shared_ptr<py::function> held(new py::function(std::move(make)), [](py::function* f) {
-    // While Python finalizes, a thread that asks for the GIL is ended by pthread_exit, which would
-    // unwind through this noexcept deleter (std::terminate): leave the callable to the process's end.
+  // While Python finalizes, a thread that asks for the GIL is ended by pthread_exit, which would
+  // unwind through this noexcept deleter (std::terminate): leave the callable to the process's end.
 #if PY_VERSION_HEX >= 0x030D0000
     const bool finalizing = Py_IsFinalizing();
 #else
