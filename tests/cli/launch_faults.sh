@@ -63,15 +63,21 @@ no_rank_left() {
   done
 }
 
+# Starts 2 training ranks under launch (grace $1 s, collective timeout $2 s) and sets r1 to rank 1's
+# pid once training runs.
+start_training() {
+  "$ls_bin" launch -n 2 --grace "$1" -- train --run-dir run --steps 100000 --batch-size 8 "${tiny[@]}" \
+    --set train.log_every=50 --collective-timeout "$2" > launch.log 2>&1 &
+  launch_pid=$!
+  wait_for_log "rank 0/2\] step" 120 || fail "training did not start"
+  remember_ranks
+  r1=$(rank_pid 1)
+  [[ -n "$r1" ]] || fail "rank 1 not found among launch's children"
+}
+
 case "$mode" in
   stall)
-    "$ls_bin" launch -n 2 --grace 2 -- train --run-dir run --steps 100000 --batch-size 8 "${tiny[@]}" \
-      --set train.log_every=50 --collective-timeout 3 > launch.log 2>&1 &
-    launch_pid=$!
-    wait_for_log "rank 0/2\] step" 120 || fail "training did not start"
-    remember_ranks
-    r1=$(rank_pid 1)
-    [[ -n "$r1" ]] || fail "rank 1 not found among launch's children"
+    start_training 2 3
     kill -STOP "$r1"
     wait_for_exit 60 || fail "launch still running 60 s after rank 1 was stopped (collective timeout 3 s)"
     ((rc != 0)) || fail "launch exited 0 although rank 1 stalled"
@@ -110,13 +116,7 @@ case "$mode" in
     ;;
   killed)
     sig=$3
-    "$ls_bin" launch -n 2 --grace 5 -- train --run-dir run --steps 100000 --batch-size 8 "${tiny[@]}" \
-      --set train.log_every=50 --collective-timeout 10 > launch.log 2>&1 &
-    launch_pid=$!
-    wait_for_log "rank 0/2\] step" 120 || fail "training did not start"
-    remember_ranks
-    r1=$(rank_pid 1)
-    [[ -n "$r1" ]] || fail "rank 1 not found among launch's children"
+    start_training 5 10
     kill "-$sig" "$r1"
     wait_for_exit 60 || fail "launch still running 60 s after rank 1 got SIG$sig"
     ((rc == 3)) || fail "launch exited $rc after rank 1 got SIG$sig, expected 3 (a lost rank)"
