@@ -46,7 +46,7 @@ PyObject* failure_type = nullptr;   // lockstep.CollectiveFailure
 // lockstep's own Gloo group, for a process group without a built-in Gloo backend, made by torch's
 // Python API (`make(prefix)` returns a ProcessGroupGloo): the package needs no Gloo headers. Called in
 // a backward, without the GIL; the callable is released with the GIL held, or leaked at exit.
-std::function<c10::intrusive_ptr<c10d::Backend>(const std::string&)> gloo_from_python(py::function make) {
+lockstep::dist::GlooMaker gloo_from_python(py::function make) {
   std::shared_ptr<py::function> held(new py::function(std::move(make)), [](py::function* f) {
   // While Python finalizes, a thread that asks for the GIL is ended by pthread_exit, which would
   // unwind through this noexcept deleter (std::terminate): leave the callable to the process's end.

@@ -95,8 +95,7 @@ std::atomic<int64_t> groups_made{0};
 }  // namespace
 
 LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
-                     std::chrono::milliseconds timeout,
-                     std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo)
+                     std::chrono::milliseconds timeout, GlooMaker make_gloo)
     : process_group_(std::move(process_group)),
       store_(std::move(store)),
       timeout_(timeout),

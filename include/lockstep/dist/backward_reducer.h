@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/quant/reduce.h"
 
@@ -26,8 +27,7 @@ class LazyGroup {
  public:
   // `make_gloo`: see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over).
   LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
-            std::chrono::milliseconds timeout,
-            std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo = {});
+            std::chrono::milliseconds timeout, GlooMaker make_gloo = {});
 
   int rank() const { return rank_; }  // known without communicating
   int size() const { return size_; }
@@ -44,7 +44,7 @@ class LazyGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
-  std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo_;
+  GlooMaker make_gloo_;
   int rank_;
   int size_;
   std::mutex mutex_;

@@ -20,15 +20,21 @@
 
 namespace lockstep::dist {
 
+// Makes a Gloo group from a store prefix (a rendezvous): torch's ProcessGroupGloo, a c10d::Backend
+// in LibTorch 2 and a c10d::ProcessGroup in 1.13.
+#if TORCH_VERSION_MAJOR >= 2
+using GlooMaker = std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)>;
+#else
+using GlooMaker = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const std::string& prefix)>;
+#endif
+
 struct ExistingGroupOptions {
   std::string prefix = "lockstep";  // must be the same on every rank, and differ between groups
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-#if TORCH_VERSION_MAJOR >= 2
-  // Makes lockstep's own Gloo group for a process group without a built-in one, from a store prefix
-  // (a rendezvous). Unset: lockstep makes it itself, which needs Gloo's headers at build time; the
-  // Python package built without them hands torch's ProcessGroupGloo over instead.
-  std::function<c10::intrusive_ptr<c10d::Backend>(const std::string& prefix)> make_gloo;
-#endif
+  // Makes lockstep's own Gloo group for a process group without a built-in one (LibTorch 2). Unset:
+  // lockstep makes it itself, which needs Gloo's headers at build time; the Python package built
+  // without them hands torch's ProcessGroupGloo over instead.
+  GlooMaker make_gloo;
 };
 
 // A rendezvous: every rank of the group must call it. Throws CollectiveFailure when lockstep's own
