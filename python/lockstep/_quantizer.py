@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _C
+from . import _C, _ops
 
 
 def refuse(module_name, name, value, supported):
@@ -65,6 +65,14 @@ class LockstepQuantizer(nn.Module):
         self._core_names += [(dotted, rename(dotted), False, persistent(rename(dotted)))
                              for dotted in self._core.buffers()]
         self._adopt_core_tensors(copies=False)
+        self._register_ops()
+
+    def _register_ops(self):
+        # torch.compile runs the quantizer as the custom op lockstep::quantize (_ops.py), which finds
+        # the module by this handle; the parameters it differentiates are passed by name.
+        self._handle = _ops.register(self)
+        self._parameter_names = [renamed for _, renamed, is_parameter, _ in self._core_names if is_parameter]
+        self._signature = None
 
     def _adopt_core_tensors(self, copies):
         """Registers liblockstep's tensors as the module's own. With `copies`, the module already holds
@@ -95,7 +103,7 @@ class LockstepQuantizer(nn.Module):
     def __getstate__(self):
         # liblockstep's quantizer is rebuilt from _spec, its checked group made anew when needed.
         state = dict(self.__dict__)
-        for key in ("_core", "_group"):
+        for key in ("_core", "_group", "_handle", "_signature"):
             state.pop(key, None)
         return state
 
@@ -104,6 +112,7 @@ class LockstepQuantizer(nn.Module):
         self._core = _C.Quantizer(*self._spec)
         self._group = None
         self._adopt_core_tensors(copies=True)
+        self._register_ops()
 
     def __deepcopy__(self, memo):
         """copy.deepcopy (an EMA of the weights, say): new tensors and quantizer; the same process group."""
@@ -230,5 +239,30 @@ class LockstepQuantizer(nn.Module):
 
     def _quantize(self, x):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
+        if torch.compiler.is_compiling():
+            loss_names, _ = self._compile_signature()
+            parameters = [self.get_parameter(name) for name in self._parameter_names]
+            values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
+                                                 torch.is_grad_enabled())
+            return values[0], values[1], dict(zip(loss_names, values[2:]))
         group = self._lazy_group() if self.training else None
         return self._core.quantize(x, self.training, self.seed, self._steps, group)
+
+    @torch._dynamo.assume_constant_result
+    def _compile_signature(self):
+        """(names of every loss a call may return, shape of a token's indices): what the custom op's
+        outputs are, found once by quantizing one token in each mode (with no state change)."""
+        if self._signature is None:
+            names = set()
+            with torch.no_grad():
+                held = [*self._core.parameters().values(), *self._core.buffers().values()]
+                token = torch.zeros(1, 1, self._core.dim, device=held[0].device if held else "cpu")
+                for training in (False, True):
+                    _, indices, losses = self._core.quantize(token, training, self.seed, self._steps, None)
+                    names |= set(losses)
+            self._signature = (tuple(sorted(self._all_loss_names(names))), tuple(indices.shape[2:]))
+        return self._signature
+
+    def _all_loss_names(self, names):
+        """The loss names any call may return, from those of one call in each mode."""
+        return names

@@ -24,6 +24,12 @@ class _Residual(LockstepQuantizer):
         return dict(num_quantizers=int(num_quantizers), quantize_dropout=bool(quantize_dropout),
                     quantize_dropout_cutoff_index=int(cutoff_index), quantize_dropout_multiple_of=int(multiple_of))
 
+    def _all_loss_names(self, names):
+        # A call with quantize dropout runs a prefix of the layers, and every layer returns the same
+        # losses: layer 0's names, for every layer.
+        first = {name.split(".", 1)[1] for name in names if name.startswith("layer0.")}
+        return {f"layer{q}.{name}" for q in range(self.num_quantizers) for name in first} | set(names)
+
     def _per_layer_losses(self, losses, device):
         """{"layer<q>.<name>": loss} -> (num_quantizers,): each layer's losses summed, 0 for a dropped layer."""
         zero = torch.zeros((), device=device)

@@ -117,6 +117,58 @@ py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
   return out;
 }
 
+// One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
+// step), step counting the backwards that updated the module (every rank agrees with no collective,
+// docs/python.md); in training, state updates and their collectives wait for backward.
+lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
+                                               const at::Tensor& step,
+                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group) {
+  q.train(training);
+  const int64_t synced_steps = step.item<int64_t>();
+  lockstep::quant::QuantizeContext ctx;
+  ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+      lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
+  std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+  if (training) {
+    // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
+    ctx.defer_updates = true;
+    if (group) {
+      reducer = std::make_unique<lockstep::dist::BackwardReducer>(group);
+      ctx.reducer = reducer.get();
+      // Equal batches on every rank put this rank's first item here in the global batch.
+      ctx.first_item = group->rank() * x.size(0);
+    }
+  }
+  // In float32 whatever torch.autocast says (quant/autocast.h).
+  const lockstep::quant::NoAutocast fp32;
+  return q.quantize(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+}
+
+// A training step's deferred state update, reduced over `group` (or this process alone), then
+// `step` advanced. Errors keep their Python types through autograd (translate_for_autograd).
+void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
+                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step) {
+  try {
+    if (update && group) {
+      lockstep::dist::GroupReducer reducer(group->get());
+      update(reducer);
+    } else if (update) {
+      lockstep::quant::LocalReducer local;
+      update(local);
+    }
+  } catch (...) {
+    translate_for_autograd(std::current_exception());
+    throw;
+  }
+  step.add_(1);
+}
+
+// Loss `name` of a call, or a zero scalar where this call has none (a dropped residual layer).
+at::Tensor loss_or_zero(const lockstep::quant::QuantizerOutput& out, const std::string& name, const at::Tensor& x) {
+  const auto found = out.losses.find(name);
+  return found != out.losses.end() ? found->second : torch::zeros({}, x.options().dtype(at::kFloat));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -150,42 +202,10 @@ PYBIND11_MODULE(_C, m) {
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              q.train(training);
-              // Randomness is a pure function of (seed, step), step counting the backwards that
-              // updated this module: every rank agrees on it with no collective (docs/python.md).
-              const int64_t synced_steps = step.item<int64_t>();
-              lockstep::quant::QuantizeContext ctx;
-              ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-                  lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
-              std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
-              if (training) {
-                // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
-                ctx.defer_updates = true;
-                if (group) {
-                  reducer = std::make_unique<lockstep::dist::BackwardReducer>(group);
-                  ctx.reducer = reducer.get();
-                  // Equal batches on every rank put this rank's first item here in the global batch.
-                  ctx.first_item = group->rank() * x.size(0);
-                }
-              }
-              // In float32 whatever torch.autocast says (quant/autocast.h).
-              const lockstep::quant::NoAutocast fp32;
-              out = q.quantize(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+              out = quantize_call(q, x, training, seed, step, group);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
-                  try {
-                    if (update && group) {
-                      lockstep::dist::GroupReducer reducer(group->get());
-                      update(reducer);
-                    } else if (update) {
-                      lockstep::quant::LocalReducer local;
-                      update(local);
-                    }
-                  } catch (...) {
-                    translate_for_autograd(std::current_exception());
-                    throw;
-                  }
-                  step.add_(1);
+                  apply_update(update, group, step);
                 };
                 std::vector<at::Tensor> tensors{out.quantized};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
@@ -205,6 +225,82 @@ PYBIND11_MODULE(_C, m) {
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
+      .def(
+          "quantize_values",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names) {
+            py::gil_scoped_release no_gil;
+            // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
+            // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
+            const at::AutoDispatchBelowAutograd no_graph;
+            const torch::AutoGradMode caller(grad_mode);
+            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group);
+            std::vector<at::Tensor> values{out.quantized, out.indices};
+            for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
+            return values;
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
+          py::arg("loss_names"),
+          "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
+          "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward.")
+      .def(
+          "quantize_backward",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
+             const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
+             const std::vector<at::Tensor>& parameters) {
+            py::gil_scoped_release no_gil;
+            LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
+                               " loss gradients for ", names.size(), " losses");
+            // Recomputes the training forward with its graph (the same (seed, step), so the same draws),
+            // reduces and applies the state update, and differentiates, in eager's backward's order.
+            // Called inside a custom op, below autograd: recording is switched back on for this call.
+            const auto tls = c10::impl::tls_local_dispatch_key_set();
+            const c10::impl::ForceDispatchKeyGuard record(
+                tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+            const torch::AutoGradMode grad(true);
+            const at::Tensor input = x.detach().requires_grad_(true);
+            lockstep::quant::QuantizerOutput out = quantize_call(q, input, training, seed, step, group);
+            std::vector<at::Tensor> outputs, grads;
+            const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
+              if (value.requires_grad()) {
+                outputs.push_back(value);
+                grads.push_back(g);
+              }
+            };
+            take(out.quantized, grad_quantized);
+            for (size_t i = 0; i < names.size(); ++i) {
+              const auto found = out.losses.find(names[i]);
+              if (found != out.losses.end()) take(found->second, grad_losses[i]);
+            }
+            std::vector<at::Tensor> inputs{input};
+            for (const auto& p : parameters) {
+              if (p.requires_grad()) inputs.push_back(p);
+            }
+            // Before the gradients, where eager's backward runs it too (the node on the outputs comes
+            // first): the orthogonal loss's gradient is taken at the updated codebook.
+            apply_update(out.update, group, step);
+            std::vector<at::Tensor> found_grads;
+            if (!outputs.empty()) {
+              found_grads = torch::autograd::grad(outputs, inputs, grads, /*retain_graph=*/false,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+            }
+            // One gradient for x and each parameter, zeros where none flows.
+            std::vector<at::Tensor> result;
+            size_t next = 0;
+            const auto grad_of = [&](const at::Tensor& t, bool differentiated) {
+              at::Tensor g = differentiated && next < found_grads.size() ? found_grads[next++] : at::Tensor();
+              result.push_back(g.defined() ? g : torch::zeros_like(t));
+            };
+            grad_of(x, true);
+            for (const auto& p : parameters) grad_of(p, p.requires_grad());
+            return result;
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
+          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"),
+          "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs; "
+          "then the state update of a training step, reduced over `group`, and `step` advanced: "
+          "torch.compile's backward.")
       .def(
           "encode",
           [](Quantizer& q, const at::Tensor& x) {

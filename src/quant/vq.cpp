@@ -279,8 +279,18 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   // on every holder, and the same as one process holding the whole batch would draw.
   const at::Tensor all = gather_tokens(tokens, reducer, LOCKSTEP_CALL_SITE("vq.kmeans.samples"));
   if (all.size(1) == 0) return;  // nobody held a token (every holder sees this): try again next time
+  // Its own stream, seeded from a copy of the shared generator, which it leaves as it found it: the
+  // draws after this call (dead codes) do not depend on whether k-means ran in it (torch.compile's
+  // backward recomputes the call with the codebook already initialised).
+  uint64_t stream = 0;
+  {
+    const at::Generator shared = or_default(ctx.generator).clone();
+    stream = at::check_generator<at::CPUGeneratorImpl>(shared)->random64();
+  }
+  const at::Generator kmeans_generator =
+      at::make_generator<at::CPUGeneratorImpl>(derive_seed(stream, +SeedPurpose::Quantizer, 1));
   std::vector<at::Tensor> initial;
-  for (int64_t c = 0; c < codebooks; ++c) initial.push_back(sample_rows(all[c], k, or_default(ctx.generator)));
+  for (int64_t c = 0; c < codebooks; ++c) initial.push_back(sample_rows(all[c], k, kmeans_generator));
   const KmeansResult result =
       kmeans(tokens, torch::stack(initial), options_.kmeans_iters(), metric_, reducer, LOCKSTEP_CALL_SITE("vq.kmeans"));
   embed_.copy_(result.means);
