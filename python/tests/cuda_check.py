@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lockstep's modules on a CUDA device (bench/gpu_check.sh runs this; pytest does not collect it).
 Each module is moved with .cuda(): what liblockstep holds must move with it, and training steps on
-the GPU must match the same steps on the CPU. Exit 0 when all match, 1 otherwise, 77 with no GPU.
+the GPU must match the same steps on the CPU, eager and (three modules) under torch.compile. Exit 0 when all match, 1 otherwise, 77 with no GPU.
 
     PYTHONPATH=build/python python3 python/tests/cuda_check.py
 """
@@ -33,17 +33,21 @@ def train_steps(module, inputs, device):
             total = total + loss[0].sum()
         total.backward()
         results.append((out.detach().cpu(), idx.cpu(), x.grad.cpu()))
-    return results, {k: v.detach().cpu() for k, v in module.state_dict().items() if torch.is_tensor(v)}
+    state = getattr(module, "_orig_mod", module).state_dict()  # a compiled module's, unprefixed
+    return results, {k: v.detach().cpu() for k, v in state.items() if torch.is_tensor(v)}
 
 
-def check(name, make, shape):
+def check(name, make, shape, compiled=False):
     torch.manual_seed(0)
     cpu = make()
     gpu = copy.deepcopy(cpu).cuda()
-    held = list(gpu._core.parameters().values()) + list(gpu._core.buffers().values())
+    if compiled:  # the custom op lockstep::quantize on the GPU, inductor's code around it
+        gpu = torch.compile(gpu, fullgraph=True)
+    module = getattr(gpu, "_orig_mod", gpu)
+    held = list(module._core.parameters().values()) + list(module._core.buffers().values())
     if not all(t.is_cuda for t in held):
         return f"liblockstep's tensors stayed on {sorted({str(t.device) for t in held})} after .cuda()"
-    if not all(t.is_cuda for t in gpu.state_dict().values() if torch.is_tensor(t)):
+    if not all(t.is_cuda for t in module.state_dict().values() if torch.is_tensor(t)):
         return "the state dict is not on the GPU after .cuda()"
     inputs = [torch.randn(*shape) for _ in range(3)]
     (want, want_state), (got, got_state) = train_steps(cpu, inputs, "cpu"), train_steps(gpu, inputs, "cuda")
@@ -66,11 +70,13 @@ def main():
         print("cuda_check: no CUDA device")
         return 77
     failures = 0
-    for name, make, shape in CASES:
-        problem = check(name, make, shape)
+    runs = [(name, make, shape, False) for name, make, shape in CASES]
+    runs += [(name + " compiled", make, shape, True) for name, make, shape in CASES[:3]]
+    for name, make, shape, compiled in runs:
+        problem = check(name, make, shape, compiled)
         print(f"{'FAIL' if problem else 'PASS'} {name}{': ' + problem if problem else ''}", flush=True)
         failures += problem is not None
-    print(f"cuda_check: {len(CASES) - failures} passed, {failures} failed")
+    print(f"cuda_check: {len(runs) - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
