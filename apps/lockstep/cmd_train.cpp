@@ -11,7 +11,9 @@
 #include "lockstep/core/error.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/dist/process_group.h"
+#include "lockstep/quant/option_check.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "progress.h"
@@ -67,6 +69,14 @@ train::Config new_run_config(const TrainArgs& args) {
   train::Config config(train::lockstep_schema());
   if (!args.config_file.empty()) config.load_toml_file(args.config_file);
   for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
+  // Every quantizer section, not only the chosen one's: a value that would fail later is refused now.
+  for (const auto& section : quant::option_sections()) {
+    try {
+      quant::validate_options(section, train::quantizer_options(config, section));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("[quantizer.") + section + "] " + e.what());
+    }
+  }
   return config;
 }
 

@@ -3,6 +3,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
+#include "lockstep/quant/option_check.h"
 #include "lockstep/quant/residual.h"
 #include "lockstep/quant/vq.h"
 
@@ -66,6 +67,25 @@ OptionReader section_of(const OptionReader& o, const std::string& name) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& option_sections() {
+  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "residual"};
+  return sections;
+}
+
+void validate_options(const std::string& section, const OptionReader& options) {
+  if (section == "fsq") {
+    fsq_options(options).validate();
+  } else if (section == "lfq") {
+    lfq_options(options).validate();
+  } else if (section == "vq") {
+    vq_options(options).validate();
+  } else if (section == "residual") {
+    residual_options(options).validate();
+  } else {
+    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq or residual)");
+  }
+}
 
 const std::vector<RegistryEntry>& quantizer_registry() {
   // Codebooks and projections are drawn from torch's default generator (the trainer seeds it).

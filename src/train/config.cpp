@@ -265,8 +265,8 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
       if (spec.check) {
         try {
           spec.check(s);
-        } catch (const std::exception&) {
-          fail(spec.key + " = " + quote(s) + " is not valid", where, "use " + spec.check_text);
+        } catch (const std::exception& e) {
+          fail(spec.key + " = " + quote(s) + " is not valid: " + e.what(), where, "use " + spec.check_text);
         }
       }
       break;

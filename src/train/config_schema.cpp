@@ -1,5 +1,6 @@
 // Every key `lockstep train` accepts. docs/configuration.md documents this table (a test checks
 // that they list the same keys), so change both together.
+#include "lockstep/data/bucket_table.h"
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/device.h"
@@ -44,7 +45,10 @@ Schema build_schema() {
             .at_least(0));
   s.add(K::string("data.buckets", "256x256,288x224,224x288,320x224,224x320,384x192,192x384",
                   "Image folders: the bucket sizes WIDTHxHEIGHT; each image goes to the bucket nearest its aspect "
-                  "ratio, resized to cover it and centre-cropped."));
+                  "ratio, resized to cover it and centre-cropped.")
+            // Checked whatever the dataset, so a bad table is refused, not ignored, on a Fashion-MNIST run.
+            .matching("WIDTHxHEIGHT,... (e.g. 256x256,320x224)",
+                      [](const std::string& v) { data::check_bucket_table(data::parse_bucket_table(v), 1); }));
   s.add(K::boolean("data.random_flip", false,
                    "Image folders: mirror each training image left to right with probability 1/2 (drawn per image "
                    "from the seed, epoch, step and its place in the global batch)."));

@@ -14,6 +14,13 @@ lockstep_cli_test(train_unknown_key EXIT 1 OUTPUT "unknown key 'train.batch'.*ba
 lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set train.lr=fast)
 lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
 lockstep_cli_test(train_unknown_quantizer EXIT 1 OUTPUT "fsq" ARGS train --quantizer nope)
+# The bucket table is checked whatever the dataset: a Fashion-MNIST run refuses it too.
+lockstep_cli_test(train_bad_buckets EXIT 1 OUTPUT "data.buckets = \"garbage\" is not valid: .*use WIDTHxHEIGHT"
+                  ARGS train --buckets garbage --print-config)
+# Every quantizer section is checked, also one the run does not use.
+lockstep_cli_test(train_unused_quantizer_section_checked EXIT 1
+                  OUTPUT "\\[quantizer.lfq\\] lfq: codebook_size = 1000 must be a power of two"
+                  ARGS train --quantizer vq --set quantizer.lfq.codebook_size=1000 --print-config)
 lockstep_cli_test(train_bad_device EXIT 1 OUTPUT "train.device = \"gpu\" is not valid.*use cpu, cuda or cuda:N" ARGS train --device gpu)
 # An error quoting a 400,000-character value (here a path from a config file) is shown by its two
 # ends: the message stays a few KB.

@@ -81,6 +81,15 @@ TEST(Fid, InceptionGives2048FeaturesAndItsWeightsAreCheckedByName) {
       std::string::npos);
   EXPECT_NE(error_of<IoError>([&] { load_fid_inception(tmp.file("none"), "eval.fid_weights"); }).find("no such file"),
             std::string::npos);
+  EXPECT_NE(error_of<IoError>([&] { load_fid_inception(tmp.path(), "eval.fid_weights"); }).find("is a directory"),
+            std::string::npos);
+  // Integer weights are refused when the file is read, as for LPIPS, not converted and used.
+  data.tensors["fc.weight"] = io::to_raw(weights.at("fc.weight").to(torch::kInt32));
+  io::save_safetensors(tmp.file("int.safetensors"), data);
+  EXPECT_NE(error_of<CorruptInput>([&] {
+              load_fid_inception(tmp.file("int.safetensors"), "--fid");
+            }).find("--fid = " + tmp.file("int.safetensors") + ": tensor 'fc.weight' holds Int, not floating-point"),
+            std::string::npos);
 }
 
 // An evaluation with Inception weights reports rFID over all its images: the held-out images
