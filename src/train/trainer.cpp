@@ -505,6 +505,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   auto s = std::make_unique<State>();
   s->run_dir = run_dir;
   s->group = std::move(group);
+  LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
   LOCKSTEP_THROW_IF_NOT(fs::is_directory(run_dir), IoError, "cannot resume: ", run_dir, " is not a directory");
   if (s->is_root()) {
     s->run_dir_lock = std::make_unique<RunDirLock>(run_dir);
@@ -531,6 +532,21 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   // data order must still agree with the run directory's config.toml.
   Config saved(lockstep_schema());
   saved.load_toml_string(c.config_toml, path + " (embedded config)");
+  // Every run writes every key to config.toml: one the file does not set (it was cut short, or
+  // edited) and no override gives would silently take its default, so it must be the checkpoint's.
+  std::vector<std::string> lost;
+  for (const auto& spec : lockstep_schema().keys()) {
+    if (s->config.is_default(spec.key) && !saved.is_default(spec.key) &&
+        saved.get(spec.key) != s->config.get(spec.key)) {
+      lost.push_back(spec.key + " = " + format_value(saved.get(spec.key)));
+    }
+  }
+  const size_t lost_count = lost.size();
+  if (lost.size() > 6) lost.resize(6);
+  LOCKSTEP_THROW_IF_NOT(lost_count == 0, CorruptInput, "cannot resume ", run_dir, ": ", config_path(run_dir),
+                        " does not set ", lost_count, " key(s) that the checkpoint's configuration sets (",
+                        detail::concat_list(lost), lost_count > lost.size() ? ", ..." : "",
+                        "); the file was cut short or edited: restore it");
   for (const auto& spec : lockstep_schema().keys()) {
     LOCKSTEP_THROW_IF_NOT(is_resumable(spec.key) || saved.get(spec.key) == s->config.get(spec.key), CorruptInput,
                           "cannot resume ", run_dir, ": '", spec.key, "' is ", format_value(s->config.get(spec.key)),

@@ -27,8 +27,8 @@ std::map<std::string, at::Tensor> read_weights_file(const std::string& path, con
     // Network weights are real numbers: integers would be converted silently, and mean another file.
     // BatchNorm's step counters are the one integer entry a state dict holds.
     const bool counter = name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0;
-    LOCKSTEP_THROW_IF_NOT(tensor.is_floating_point() || counter, CorruptInput, key, " = ", path, ": tensor '", name, "' holds ",
-                          tensor.scalar_type(), ", not floating-point values. ", what);
+    LOCKSTEP_THROW_IF_NOT(tensor.is_floating_point() || counter, CorruptInput, key, " = ", path, ": tensor '", name,
+                          "' holds ", tensor.scalar_type(), ", not floating-point values. ", what);
     weights[name] = std::move(tensor);
   }
   return weights;

@@ -48,6 +48,10 @@ lockstep_cli_test(train_resume_extends EXIT 0 OUTPUT "resumed at step 4 of 6.*tr
                   SETUP "${TINY_RUN}" ARGS train --resume run --steps 6)
 lockstep_cli_test(train_resume_refuses_model_change EXIT 1 OUTPUT "cannot change 'model.channels'" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS train --resume run --set model.channels=[4,4])
+# config.toml cut before its [train] section: the run's steps and threads would fall back to defaults.
+lockstep_cli_test(train_resume_refuses_a_truncated_config EXIT 1
+                  OUTPUT "run/config.toml does not set [0-9]+ key\\(s\\) that the checkpoint's configuration sets \\(.*train.steps = 4.*cut short or edited"
+                  TIMEOUT 120 SETUP "${TINY_RUN} && sed -i '/^\\[train\\]/,$d' run/config.toml" ARGS train --resume run)
 lockstep_cli_test(train_resume_nothing EXIT 1 OUTPUT "not a directory" ARGS train --resume nowhere)
 
 lockstep_cli_test(eval_run EXIT 0 OUTPUT "step 4.*mse [0-9.]+  psnr" TIMEOUT 120

@@ -331,6 +331,17 @@ TEST(Trainer, RefusesARunDirectoryThatHoldsARun) {
   }
 }
 
+// Without a group, resume is refused by name; it once asked the missing group for its rank first.
+TEST(Trainer, ResumeWithoutAGroupIsRefused) {
+  test_util::TempDir tmp;
+  try {
+    Trainer::resume(tmp.path(), {}, nullptr);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no process group"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, ImpossibleSettingsFailBeforeTraining) {
   test_util::TempDir tmp;
   Config big_batch = small_config(2);
