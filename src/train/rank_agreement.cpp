@@ -32,6 +32,29 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return detail::concat_list(names);
 }
 
+// (dotted key, hash of its line) of each "name = value" line of a configuration's TOML text, in
+// order: every rank's text lists the same keys (the schema's), so the hashes line up across ranks.
+std::vector<std::pair<std::string, int64_t>> key_hashes(const std::string& toml) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::string section;
+  size_t start = 0;
+  while (start < toml.size()) {
+    size_t end = toml.find('\n', start);
+    if (end == std::string::npos) end = toml.size();
+    const std::string line = toml.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    out.emplace_back(section + "." + line.substr(0, eq), static_cast<int64_t>(fnv1a(line.data(), line.size())));
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t checksum(const std::vector<at::Tensor>& tensors) {
@@ -66,14 +89,25 @@ void check_replicas(dist::Group& group, const std::vector<const torch::nn::Modul
 }
 
 void check_same_config(dist::Group& group, const std::string& config_text, int64_t lpips_hash) {
-  const RankValues all =
-      gather_from_ranks(group, {static_cast<int64_t>(fnv1a(config_text.data(), config_text.size())), lpips_hash},
-                        LOCKSTEP_CALL_SITE("train.config_check"));
+  // The whole text's hash, the LPIPS file's, then one hash per key, to name the keys that differ.
+  const auto keys = key_hashes(config_text);
+  std::vector<int64_t> values = {static_cast<int64_t>(fnv1a(config_text.data(), config_text.size())), lpips_hash};
+  for (const auto& key : keys) values.push_back(key.second);
+  const RankValues all = gather_from_ranks(group, values, LOCKSTEP_CALL_SITE("train.config_check"));
   std::vector<int> config_differs, lpips_differs;
   for (int r : all.differ) (all.values[r][0] != all.values[0][0] ? config_differs : lpips_differs).push_back(r);
+  std::vector<std::string> differing;  // "train.lr (rank 1)"
+  for (size_t k = 0; k < keys.size(); ++k) {
+    std::vector<int> ranks;
+    for (int r : config_differs) {
+      if (all.values[r][2 + k] != all.values[0][2 + k]) ranks.push_back(r);
+    }
+    if (!ranks.empty()) differing.push_back(keys[k].first + " (rank " + join_ranks(ranks) + ")");
+  }
   LOCKSTEP_THROW_IF_NOT(config_differs.empty(), InvalidArgument, "rank ", group.rank(), " of ", group.size(),
-                        ": the configuration of rank(s) ", join_ranks(config_differs),
-                        " differs from rank 0's (compare `lockstep train --print-config` with each rank's flags); "
+                        ": the configuration of rank(s) ", join_ranks(config_differs), " differs from rank 0's in ",
+                        detail::concat_list(differing),
+                        " (compare `lockstep train --print-config` with each rank's flags); "
                         "every rank must be started with the same settings");
   LOCKSTEP_THROW_IF_NOT(lpips_differs.empty(), InvalidArgument, "rank ", group.rank(), " of ", group.size(),
                         ": the file loss.lpips_weights names on rank(s) ", join_ranks(lpips_differs),
