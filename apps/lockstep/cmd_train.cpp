@@ -9,6 +9,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "lockstep/core/error.h"
+#include "lockstep/dist/collective.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/quant/option_check.h"
@@ -38,6 +39,12 @@ struct TrainArgs {
 };
 
 std::atomic<bool> g_stop{false};
+
+std::string join_ints(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
 extern "C" void on_interrupt(int) { g_stop.store(true); }
 
 std::string default_run_dir() {
@@ -127,6 +134,15 @@ int run_train(const TrainArgs& args) {
   // moment on destruction so that the other ranks can read where everyone was.
   try {
     return run_train_on(args, group);
+  } catch (const dist::CollectiveFailure& e) {
+    // Asked to stop (launch stops the others when one rank fails) while in a collective that the
+    // stop, or the failed rank, broke: one line; the rank that failed first reports the cause.
+    if (!g_stop.load()) return report_current_exception();
+    const auto* lost = dynamic_cast<const dist::PeerLost*>(&e);
+    std::cerr << "lockstep: rank " << group->rank() << " of " << group->size() << " stopped on request (a signal)"
+              << (lost && !lost->ranks().empty() ? " after rank(s) " + join_ints(lost->ranks()) + " failed" : "")
+              << "; the first rank to fail reports the cause" << std::endl;
+    return kExitRankLost;
   } catch (const std::exception&) {
     return report_current_exception();
   }

@@ -1,7 +1,9 @@
 // lockstep: train, evaluate and use image tokenizers. Each subcommand lives in its own file.
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 
@@ -14,6 +16,10 @@
 int main(int argc, char** argv) {
   // May re-execute this program once with OPENBLAS_CORETYPE set (it is read at library load).
   lockstep::cli::ensure_fast_blas(argc, argv);
+  // LibTorch's own warnings (a TCPStore's "Broken pipe" with a stack trace, for each try, when a
+  // stopped rank wakes after rank 0 gave up) say nothing lockstep's errors do not: errors only,
+  // unless the user asks for more with TORCH_CPP_LOG_LEVEL.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 2;  // c10's ERROR
 
   CLI::App app{
       "lockstep: train vector-quantized image tokenizers on one process or many, "

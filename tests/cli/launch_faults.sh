@@ -77,13 +77,19 @@ start_training() {
 
 case "$mode" in
   stall)
-    start_training 2 3
+    start_training 15 3  # grace enough for the woken rank to report under load
     kill -STOP "$r1"
     wait_for_exit 60 || fail "launch still running 60 s after rank 1 was stopped (collective timeout 3 s)"
     ((rc != 0)) || fail "launch exited 0 although rank 1 stalled"
     grep -qE "rank 0/2\] .*timed out after 3000 ms waiting for rank\(s\) 1" launch.log ||
       fail "rank 0's stall report naming rank 1 is not in launch's output"
     grep -q "rank 0 failed" launch.log || fail "launch did not say which rank failed"
+    # The woken rank prints at most one line, that it was stopped: no LibTorch warnings or stack
+    # frames. (Under load it may also end before it reports anything.)
+    woken=$(grep -c "^\[rank 1/2\] " launch.log)
+    ((woken <= 1)) || fail "rank 1 printed $woken lines after it was woken, not one"
+    ((woken == 0)) || grep -qE "^\[rank 1/2\] lockstep: rank 1 of 2 stopped on request" launch.log ||
+      fail "rank 1's line does not say it was stopped"
     no_rank_left
     echo "ok: stalled rank 1 reported, launch exited $rc, no rank left"
     ;;
