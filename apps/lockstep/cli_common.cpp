@@ -22,6 +22,7 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/core/threads.h"
 #include "lockstep/dist/collective.h"
+#include "lockstep/io/json_error.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
@@ -155,8 +156,9 @@ int report_current_exception() {
         "machine can give");
     return kExitError;
   } catch (const std::exception& e) {
-    // InvalidArgument, CorruptInput, IoError, and what torch and the standard library throw.
-    report_error(e.what());
+    // InvalidArgument, CorruptInput, IoError, and what torch, the standard library and the JSON
+    // library throw (the latter's internal tag removed).
+    report_error(io::json_error_text(e));
     return kExitError;
   }
 }

@@ -15,6 +15,7 @@
 #include "lockstep/data/batch.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/io/image.h"
+#include "lockstep/io/json_error.h"
 #include "lockstep/io/nesting.h"
 #include "lockstep/io/npy.h"
 #include "lockstep/io/tensor_convert.h"
@@ -114,7 +115,8 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw CorruptInput(detail::concat(index_path, ": not an index written by lockstep encode: ", e.what()));
+    throw CorruptInput(
+        detail::concat(index_path, ": not an index written by lockstep encode: ", io::json_error_text(e)));
   }
   std::cout << "wrote " << written << " PNG images to " << args.output_dir << " (at their source paths)\n";
   return kExitOk;

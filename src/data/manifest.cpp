@@ -1,4 +1,5 @@
 #include "lockstep/data/manifest.h"
+#include "lockstep/io/json_error.h"
 
 #include <nlohmann/json.hpp>
 
@@ -132,7 +133,7 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
                           ": manifest hash does not match its entries (edited or damaged)");
     return m;
   } catch (const nlohmann::json::exception& e) {
-    throw CorruptInput(detail::concat(path, ": not a lockstep manifest: ", e.what()));
+    throw CorruptInput(detail::concat(path, ": not a lockstep manifest: ", io::json_error_text(e)));
   }
 }
 

@@ -1,4 +1,5 @@
 #include "lockstep/io/safetensors.h"
+#include "lockstep/io/json_error.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -153,7 +154,7 @@ std::string encode_safetensors(const SafetensorsData& data) {
     text = header.dump();
   } catch (const ordered_json::exception& e) {
     throw InvalidArgument(
-        detail::concat("cannot encode safetensors header (names and metadata must be UTF-8): ", e.what()));
+        detail::concat("cannot encode safetensors header (names and metadata must be UTF-8): ", json_error_text(e)));
   }
   // Spaces after the JSON keep the data section 8-byte aligned, as the format recommends.
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -194,7 +195,7 @@ SafetensorsData decode_safetensors(const std::string& bytes, const std::string& 
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), watch_keys);
   } catch (const json::exception& e) {
-    throw CorruptInput(detail::concat(origin, ": safetensors header is not valid JSON: ", e.what()));
+    throw CorruptInput(detail::concat(origin, ": safetensors header is not valid JSON: ", json_error_text(e)));
   }
   LOCKSTEP_THROW_IF_NOT(repeated.empty(), CorruptInput, origin, ": safetensors header names '", repeated.substr(0, 100),
                         "' twice in one object");

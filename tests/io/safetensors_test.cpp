@@ -198,6 +198,7 @@ TEST_P(SafetensorsCorrupt, ThrowsCorruptInputNamingOrigin) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("/data/bad.safetensors"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.expect), std::string::npos) << "missing '" << c.expect << "' in: " << msg;
+    EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << "the JSON library's tag in: " << msg;
   }
 }
 
