@@ -20,12 +20,14 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
 #include "lockstep/core/machine.h"
 #include "lockstep/core/threads.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/data/image_set.h"
 #include "lockstep/dist/backends.h"
 #include "lockstep/io/image_decode.h"
+#include "lockstep/train/config.h"
 
 namespace lockstep::cli {
 namespace {
@@ -79,10 +81,33 @@ struct Findings {
   double sgemm_gflops = 0;
   double triad_gbs = 0;
   data::FashionMnistStatus data;
-  std::string data_error;  // the files are there but cannot be read: what is wrong
+  std::string data_error;     // the files are there but cannot be read: what is wrong
+  std::string data_unusable;  // read, but training with the defaults refuses them: why
   int64_t train_images = 0, test_images = 0;
   dist::BackendReport backends;
 };
+
+// What `lockstep train --data DIR` with the default settings would refuse in readable files, in the
+// trainer's words: test images of another size, sides the default model cannot halve, too few images.
+std::string default_training_refuses(const data::ImageSet& train, const data::ImageSet& test) {
+  const train::Config defaults(train::lockstep_schema());
+  if (test.width != train.width || test.height != train.height) {
+    return detail::concat("its test images are ", test.width, "x", test.height, " but its training images ",
+                          train.width, "x", train.height);
+  }
+  const auto& channels = defaults.get_int_list("model.channels");
+  const int64_t factor = int64_t{1} << (channels.size() - 1);
+  if (train.width % factor != 0 || train.height % factor != 0) {
+    return detail::concat("training images of ", train.width, "x", train.height, " cannot pass through the model's ",
+                          channels.size(), " levels: each side must be a multiple of ", factor,
+                          " (use fewer model.channels entries)");
+  }
+  const int64_t batch = defaults.get_int("train.batch_size");
+  if (batch > train.count) {
+    return detail::concat("train.batch_size = ", batch, " exceeds the ", train.count, " training images");
+  }
+  return "";
+}
 
 Findings examine(const DoctorOptions& opt) {
   Findings f;
@@ -103,8 +128,11 @@ Findings examine(const DoctorOptions& opt) {
   if (f.data.found) {
     // Opened and checked as training would (headers, sizes, labels), not only looked for.
     try {
-      f.train_images = data::load_fashion_mnist(opt.data_dir, data::Split::Train).count;
-      f.test_images = data::load_fashion_mnist(opt.data_dir, data::Split::Test).count;
+      const data::ImageSet train = data::load_fashion_mnist(opt.data_dir, data::Split::Train);
+      const data::ImageSet test = data::load_fashion_mnist(opt.data_dir, data::Split::Test);
+      f.train_images = train.count;
+      f.test_images = test.count;
+      f.data_unusable = default_training_refuses(train, test);
     } catch (const std::exception& e) {
       f.data_error = e.what();
     }
@@ -164,7 +192,8 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
                                      : !f.data_error.empty()
                                          ? "damaged in " + f.data.dir
                                          : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
-                                               " training and " + std::to_string(f.test_images) + " test images)");
+                                               " training and " + std::to_string(f.test_images) + " test images)" +
+                                               (f.data_unusable.empty() ? "" : ", refused by training: see below"));
   return rows;
 }
 
@@ -197,6 +226,12 @@ std::vector<std::string> report_warnings(const Findings& f) {
   if (f.data.found && !f.data_error.empty()) {
     warnings.push_back("Fashion-MNIST in " + f.data.dir + " cannot be read: " + f.data_error +
                        " (reinstall it: apt-get install --reinstall dataset-fashion-mnist)");
+  }
+  if (f.data.found && f.data_error.empty() && !f.data_unusable.empty()) {
+    warnings.push_back("Fashion-MNIST in " + f.data.dir +
+                       " is readable, but `lockstep train` with the default "
+                       "settings refuses it: " +
+                       f.data_unusable);
   }
   if (!f.data.found) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +

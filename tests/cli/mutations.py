@@ -250,6 +250,23 @@ write_fashion("idx_size_test", side=32)
 shutil.copy("idx_size_test/t10k-images-idx3-ubyte.gz", "idx_size/t10k-images-idx3-ubyte.gz")
 train_on("test images 32x32", "idx_size", pattern="test images are 32x32")
 
+
+def doctor_on(label, directory, pattern):
+    """doctor --data DIR applies train's checks: a warning matching `pattern`, exit 0 (doctor never fails)."""
+    run("idx", f"doctor: {label}", ["doctor", "--quick", "--data", directory], {0})
+    out = subprocess.run([LS, "doctor", "--quick", "--data", directory], capture_output=True, timeout=TIME_LIMIT)
+    if not re.search(pattern, (out.stdout + out.stderr).decode("utf-8", "replace"), re.S):
+        failures.append(f"idx/doctor: {label}: no warning matching '{pattern}'")
+
+
+doctor_on("test images 32x32", "idx_size", r"default settings refuses it: its test images are 32x32")
+for side in (14, 1):
+    write_fashion(f"idx_side{side}", train=600, test=200, side=side)
+    run("idx", f"images {side}x{side}", ["train", "--data", f"idx_side{side}", "--run-dir", f"r_side{side}",
+                                          "--steps", "1", "--threads", "1"], {1}, f"images of {side}x{side} cannot pass")
+    doctor_on(f"images {side}x{side}", f"idx_side{side}",
+              rf"600 training and 200 test images\), refused by training.*training images of {side}x{side} cannot pass")
+
 # ---- image folders: damaged files are named and left out; the run goes on ----
 
 

@@ -1,4 +1,4 @@
-# Issue #12 section 7 as a table (tests/cli/mutations.py): 93 malformed inputs of every kind
+# Issue #12 section 7 as a table (tests/cli/mutations.py): 101 malformed inputs of every kind
 # lockstep reads (checkpoints, config.toml, IDX, token .npy, image folders, command lines), each run
 # with a time limit; every one must end cleanly with the expected status and message.
 set(LOCKSTEP_MUTATIONS_DIR ${CMAKE_CURRENT_BINARY_DIR}/cli/malformed_inputs)
