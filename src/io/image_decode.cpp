@@ -15,10 +15,13 @@
 // jerror.h after jpeglib.h, which it needs; it names the warning codes (JWRN_EXTRANEOUS_DATA).
 #include <jerror.h>
 
+#include <png.h>
 #include <csetjmp>
 #include <cstdio>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+
+#include <vector>
 #endif
 
 namespace lockstep::io {
@@ -182,6 +185,26 @@ bool decode_jpeg(const std::string& bytes, cv::Mat* out, JpegErrors* errors) {
   return errors->warning[0] == '\0';
 }
 
+// Why libpng cannot read a PNG's pixels, or "" when it can. OpenCV's decoder gives libpng handlers
+// that print "libpng error: ..." to stderr before it fails; the simplified API used here keeps the
+// message, so every PNG is read through it first (its header already within lockstep's limits).
+std::string png_damage(const std::string& bytes) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  std::string damage;
+  if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    image.format = PNG_FORMAT_GA;  // every row decoded, at 2 bytes a pixel, alpha kept (no compositing)
+    std::vector<unsigned char> scratch(PNG_IMAGE_SIZE(image));
+    if (!png_image_finish_read(&image, nullptr, scratch.data(), 0, nullptr)) damage = image.message;
+  } else {
+    damage = image.message;
+  }
+  png_image_free(&image);
+  if (!damage.empty() || (image.warning_or_error & PNG_IMAGE_ERROR) == 0) return damage;
+  return "unreadable";
+}
+
 // Decodes, or returns an empty Mat and says why in `error`: a header over lockstep's limits is
 // refused before OpenCV allocates anything.
 cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
@@ -206,6 +229,13 @@ cv::Mat decode_bytes(const std::string& bytes, std::string* error) {
   const bool png = bytes.compare(0, 4, "\x89PNG") == 0;
   const std::string cleaned = png ? without_png_metadata(bytes) : std::string();
   const std::string& input = png ? cleaned : bytes;
+  if (png) {
+    const std::string damage = png_damage(input);
+    if (!damage.empty()) {
+      *error = detail::concat("corrupt (libpng: ", damage, ")");
+      return cv::Mat();
+    }
+  }
   const cv::Mat raw(1, static_cast<int>(input.size()), CV_8UC1, const_cast<char*>(input.data()));
   cv::Mat decoded;
   try {

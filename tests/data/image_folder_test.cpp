@@ -470,6 +470,45 @@ TEST(ImageFolder, PngMetadataLibpngWarnsAboutStaysOffStderr) {
   EXPECT_EQ(image.pixels[0], 3);  // RGB of the BGR scalar: the pixels are untouched
 }
 
+// A PNG whose pixel data is damaged (a CRC that does not match; compressed data that decodes to
+// bad filter bytes) made libpng, through OpenCV, print "libpng error: ..." before it failed. Read
+// through libpng's simplified API first, each is named in the manifest and nothing is printed.
+TEST(ImageFolder, DamagedPngDataIsNamedAndStaysOffStderr) {
+  test_util::TempDir tmp;
+  cv::Mat photo(24, 32, CV_8UC3);
+  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
+  std::vector<uchar> encoded;
+  ASSERT_TRUE(cv::imencode(".png", photo, encoded));
+  const std::string png(encoded.begin(), encoded.end());
+  const size_t idat = png.find("IDAT") - 4;  // the chunk's length field
+  const uint32_t length = (uint32_t(uint8_t(png[idat])) << 24) | (uint32_t(uint8_t(png[idat + 1])) << 16) |
+                          (uint32_t(uint8_t(png[idat + 2])) << 8) | uint32_t(uint8_t(png[idat + 3]));
+  std::string bad_crc = png;
+  bad_crc[idat + 8 + length] ^= 1;
+  std::string bad_data = png;
+  bad_data[idat + 8 + length / 2] ^= static_cast<char>(0xFF);
+  const auto crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(bad_data.data() + idat + 4), static_cast<uInt>(length + 4)));
+  for (int b = 0; b < 4; ++b) bad_data[idat + 8 + length + b] = static_cast<char>((crc >> (24 - 8 * b)) & 0xFF);
+  std::ofstream(tmp.file("crc.png"), std::ios::binary) << bad_crc;
+  std::ofstream(tmp.file("data.png"), std::ios::binary) << bad_data;
+
+  // The test's premise: OpenCV alone prints libpng's error for such a file.
+  testing::internal::CaptureStderr();
+  const cv::Mat direct = cv::imdecode(std::vector<uchar>(bad_crc.begin(), bad_crc.end()), cv::IMREAD_COLOR);
+  ASSERT_NE(testing::internal::GetCapturedStderr(), "") << "OpenCV printed nothing: the test proves nothing";
+  EXPECT_TRUE(direct.empty());
+
+  testing::internal::CaptureStderr();
+  const Manifest m = scan_image_folder(tmp.path());
+  const std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed, "");
+  ASSERT_EQ(m.entries.size(), 2u);  // crc.png, data.png
+  EXPECT_NE(m.entries[0].error.find("corrupt (libpng: IDAT: CRC error)"), std::string::npos) << m.entries[0].error;
+  EXPECT_NE(m.entries[1].error.find("corrupt (libpng: "), std::string::npos) << m.entries[1].error;
+  EXPECT_THROW(io::decode_image(tmp.file("crc.png"), 3), CorruptInput);
+}
+
 TEST(ImageFolder, TheHeldOutSetDependsOnThePathsAloneAndSkipsUnreadableFiles) {
   test_util::TempDir tmp;
   const std::string root = make_tree(tmp);
