@@ -71,9 +71,30 @@ class LFQ(LockstepQuantizer):
         self.keep_num_codebooks_dim = module["keep_num_codebooks_dim"]
         self.channel_first = module["channel_first"]
         self.inv_temperature = module["inv_temperature"]
+        # A bit's value in code space (liblockstep's too): the scale, over sqrt(bits) on the sphere.
+        bits = int(self.codebook_size).bit_length() - 1
+        self._code_value = options["codebook_scale"] / (bits**0.5 if options["spherical"] else 1.0)
 
     def _reference_constant(self, key):
         return bit_mask(self.codebook_size) if key == "mask" else None
+
+    def indices_to_codes(self, indices, project_out=True):
+        """Indices as forward returns them -> the codes, projected out to dim (forward's output) or,
+        with project_out=False, in code space (num_codebooks * log2(codebook_size) values of
+        +-codebook_scale, on the sphere when spherical); channel first for feature maps."""
+        keep = int(self.keep_num_codebooks_dim)
+        is_map = indices.ndim >= 3 + keep
+        channel_first = self.channel_first if self.channel_first is not None else is_map
+        flat = indices.long().reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
+        spatial = indices.shape[1:indices.ndim - keep]
+        if project_out:
+            codes = self._core.decode(flat.squeeze(-1) if keep and self.num_codebooks == 1 else flat)
+        else:
+            per_codebook = flat if keep else flat.unsqueeze(-1)  # (b, n, c)
+            bits = (per_codebook.unsqueeze(-1) & bit_mask(self.codebook_size).to(flat.device)) != 0
+            codes = torch.where(bits, self._code_value, -self._code_value).float().flatten(-2)
+        codes = codes.reshape(codes.shape[0], *spatial, codes.shape[-1])
+        return codes.movedim(-1, 1) if channel_first else codes
 
     def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
         check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature, return_loss_breakdown, mask)

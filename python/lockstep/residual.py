@@ -81,6 +81,28 @@ class ResidualVQ(_Residual):
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
         self.codebook_size = codebook_size
         self.accept_image_fmap = accept_image_fmap
+        self.quantize_dropout = bool(quantize_dropout)
+
+    @property
+    def codebooks(self):
+        """Every layer's codebook, (num_quantizers, codebook_size, dim): the layers' `_codebook.embed`."""
+        return torch.stack([self.get_buffer(f"layers.{q}._codebook.embed")[0] for q in range(self.num_quantizers)])
+
+    def get_codes_from_indices(self, indices):
+        """Indices (b, ..., q) as forward returns them, q up to num_quantizers (fewer, or -1 for a
+        dropped layer, with quantize dropout) -> each layer's code, (num_quantizers, b, ..., dim);
+        zeros where a layer was dropped."""
+        indices = indices.long()
+        if indices.shape[-1] < self.num_quantizers:
+            if not self.quantize_dropout:
+                raise ValueError(f"lockstep.ResidualVQ: indices for {indices.shape[-1]} of {self.num_quantizers} "
+                                 "layers need quantize_dropout=True (the reference's rule)")
+            pad = indices.new_full((*indices.shape[:-1], self.num_quantizers - indices.shape[-1]), -1)
+            indices = torch.cat([indices, pad], dim=-1)
+        dropped = indices == -1
+        codebooks = self.codebooks
+        codes = torch.stack([codebooks[q][indices[..., q].clamp_min(0)] for q in range(self.num_quantizers)])
+        return codes.masked_fill(dropped.movedim(-1, 0).unsqueeze(-1), 0.0)
 
     def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
                 mask=None, return_loss_breakdown=False):

@@ -75,6 +75,35 @@ class VectorQuantize(LockstepQuantizer):
         embed = self._codebook.embed
         return embed if embed.shape[0] > 1 else embed[0]
 
+    def get_codes_from_indices(self, indices):
+        """Indices as forward returns them -> the codebook's vectors (before any projection out), as
+        the reference gives them: separate codebooks per head concatenated, (b, n, heads * codebook_dim);
+        one codebook, (b, n, codebook_dim) or (b, n, heads, codebook_dim); channel first with
+        accept_image_fmap."""
+        codebook = self._codebook.embed  # (codebooks, codebook_size, codebook_dim)
+        indices = indices.long()
+        if codebook.shape[0] == 1:
+            codes = codebook[0][indices]
+        else:
+            flat = indices.reshape(indices.shape[0], -1, self.heads)  # (b, n, heads)
+            per_head = [codebook[h][flat[..., h]] for h in range(self.heads)]
+            codes = torch.cat(per_head, dim=-1).reshape(*indices.shape[:-1], -1)
+        return codes.movedim(-1, 1) if self.accept_image_fmap else codes
+
+    def get_output_from_indices(self, indices):
+        """Indices as forward returns them -> forward's quantized output (projected out), from
+        liblockstep's decode: (b, n, dim), or channel first with accept_image_fmap."""
+        indices = indices.long()
+        spatial = indices.shape[1:-1] if self.heads > 1 else indices.shape[1:]
+        flat = indices.reshape(indices.shape[0], -1, *([self.heads] if self.heads > 1 else []))
+        out = self._core.decode(flat)
+        out = out.reshape(out.shape[0], *spatial, out.shape[-1])
+        projected = any(name.startswith("project_out.") for name in self._parameter_names)
+        if self.heads > 1 and self._codebook.embed.shape[0] == 1 and not projected:
+            # One codebook for every head, no projection: the reference returns the codes per head.
+            out = out.reshape(*out.shape[:-1], self.heads, -1)
+        return out.movedim(-1, 1) if self.accept_image_fmap else out
+
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
                 return_loss_breakdown=False, codebook_transform_fn=None):
         refuse_forward_options("lockstep.VectorQuantize", indices=indices, mask=mask, lens=lens,

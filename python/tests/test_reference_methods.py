@@ -1,0 +1,75 @@
+"""The reference's decoding methods, beside vector-quantize-pytorch on identical state: the module loads
+the reference's state dict, both quantize the same input, and each method maps the reference's
+indices to what the reference's method returns (within 1e-5)."""
+import pytest
+import torch
+from vector_quantize_pytorch import LFQ as ReferenceLFQ
+from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
+from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
+
+import lockstep
+
+
+def _pair(reference_class, ours_class, **options):
+    torch.manual_seed(0)
+    reference = reference_class(**options).eval()
+    ours = ours_class(**options).eval()
+    ours.load_reference_state_dict(reference.state_dict())
+    return reference, ours
+
+
+@pytest.mark.parametrize("options, shape", [
+    (dict(), (2, 30, 16)),
+    (dict(codebook_dim=8), (2, 30, 16)),
+    (dict(heads=2, separate_codebook_per_head=True, codebook_dim=8), (2, 30, 16)),
+    (dict(heads=2, codebook_dim=8), (2, 30, 16)),
+    (dict(accept_image_fmap=True), (2, 16, 6, 5)),
+], ids=["plain", "codebook_dim", "heads_separate", "heads_shared", "image_fmap"])
+def test_vq_codes_and_output_from_indices_match_the_reference(options, shape):
+    reference, ours = _pair(ReferenceVQ, lockstep.VectorQuantize, dim=16, codebook_size=64, **options)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        quantized, indices, _ = reference(x)
+        ours_quantized, ours_indices, _ = ours(x)
+        assert torch.equal(indices.long(), ours_indices.long())
+        codes = ours.get_codes_from_indices(indices)
+        assert torch.allclose(codes, reference.get_codes_from_indices(indices), atol=1e-5)
+        output = ours.get_output_from_indices(indices)
+        expected = reference.get_output_from_indices(indices)
+        assert output.shape == expected.shape and torch.allclose(output, expected, atol=1e-5)
+        # Forward's output, from its indices (one codebook for every head: per head, as the reference has it).
+        assert torch.allclose(output.reshape(ours_quantized.shape), ours_quantized, atol=1e-5)
+
+
+def test_residual_vq_codebooks_and_codes_from_indices_match_the_reference():
+    reference, ours = _pair(ReferenceResidualVQ, lockstep.ResidualVQ, dim=8, num_quantizers=3, codebook_size=16,
+                            quantize_dropout=True)
+    assert torch.equal(ours.codebooks, reference.codebooks)
+    with torch.no_grad():
+        _, indices, _ = reference(torch.randn(2, 10, 8))
+        for given in (indices, indices[..., :2], torch.cat([indices[..., :1], torch.full_like(indices[..., 1:], -1)], -1)):
+            codes = ours.get_codes_from_indices(given)
+            assert codes.shape == (3, 2, 10, 8)
+            assert torch.allclose(codes, reference.get_codes_from_indices(given), atol=1e-6)
+        assert torch.allclose(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices),
+                              atol=1e-5)
+    plain = lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16)
+    with pytest.raises(ValueError, match="quantize_dropout=True"):
+        plain.get_codes_from_indices(indices[..., :2])
+
+
+@pytest.mark.parametrize("options, shape", [
+    (dict(dim=8, codebook_size=2**8), (2, 10, 8)),
+    (dict(dim=16, codebook_size=2**6, codebook_scale=0.5), (2, 10, 16)),
+    (dict(dim=16, codebook_size=2**4, num_codebooks=2, spherical=True), (2, 10, 16)),
+    (dict(dim=8, codebook_size=2**8), (2, 8, 4, 3)),
+], ids=["plain", "projected_scaled", "two_codebooks_spherical", "feature_map"])
+def test_lfq_indices_to_codes_matches_the_reference(options, shape):
+    reference, ours = _pair(ReferenceLFQ, lockstep.LFQ, **options)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        quantized, indices, _ = reference(x)
+        for project_out in (True, False):
+            assert torch.allclose(ours.indices_to_codes(indices, project_out=project_out),
+                                  reference.indices_to_codes(indices, project_out=project_out), atol=1e-5)
+        assert torch.allclose(ours.indices_to_codes(indices), quantized, atol=1e-5)
