@@ -16,6 +16,7 @@
 #include <jerror.h>
 
 #include <png.h>
+
 #include <csetjmp>
 #include <cstdio>
 #include <opencv2/imgcodecs.hpp>
@@ -192,17 +193,15 @@ std::string png_damage(const std::string& bytes) {
   png_image image;
   std::memset(&image, 0, sizeof image);
   image.version = PNG_IMAGE_VERSION;
-  std::string damage;
-  if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+  bool read = png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()) != 0;
+  if (read) {
     image.format = PNG_FORMAT_GA;  // every row decoded, at 2 bytes a pixel, alpha kept (no compositing)
     std::vector<unsigned char> scratch(PNG_IMAGE_SIZE(image));
-    if (!png_image_finish_read(&image, nullptr, scratch.data(), 0, nullptr)) damage = image.message;
-  } else {
-    damage = image.message;
+    read = png_image_finish_read(&image, nullptr, scratch.data(), 0, nullptr) != 0;
   }
+  const std::string damage = read ? "" : image.message[0] != '\0' ? image.message : "unreadable";
   png_image_free(&image);
-  if (!damage.empty() || (image.warning_or_error & PNG_IMAGE_ERROR) == 0) return damage;
-  return "unreadable";
+  return damage;
 }
 
 // Decodes, or returns an empty Mat and says why in `error`: a header over lockstep's limits is
