@@ -1,5 +1,6 @@
 // Every key `lockstep train` accepts. docs/configuration.md documents this table (a test checks
 // that they list the same keys), so change both together.
+#include "lockstep/core/error.h"
 #include "lockstep/data/bucket_table.h"
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/train/config.h"
@@ -143,7 +144,14 @@ Schema build_schema() {
   s.add(K::string("train.device", "cpu",
                   "Where each rank trains: cpu, cuda (under a launcher, the rank's LOCAL_RANK'th GPU) or cuda:N. "
                   "Distributed runs on CUDA move tensors with NCCL.")
-            .matching("cpu, cuda or cuda:N", [](const std::string& v) { parse_device_spec(v); }));
+            // The reason in a word: the key, the value and the forms accepted are the message around it.
+            .matching("cpu, cuda or cuda:N", [](const std::string& v) {
+              try {
+                parse_device_spec(v);
+              } catch (const InvalidArgument&) {
+                throw InvalidArgument("not a device");
+              }
+            }));
   s.add(K::integer("train.grad_bucket_kb", 1024,
                    "Distributed runs: gradients are all-reduced in buckets of about this many KiB, each sent "
                    "as soon as backward has produced it.")
