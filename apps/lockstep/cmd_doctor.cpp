@@ -27,6 +27,7 @@
 #include "lockstep/data/image_set.h"
 #include "lockstep/dist/backends.h"
 #include "lockstep/io/image_decode.h"
+#include "lockstep/model/autoencoder.h"
 #include "lockstep/train/config.h"
 
 namespace lockstep::cli {
@@ -96,7 +97,7 @@ std::string default_training_refuses(const data::ImageSet& train, const data::Im
                           train.width, "x", train.height);
   }
   const auto& channels = defaults.get_int_list("model.channels");
-  const int64_t factor = int64_t{1} << (channels.size() - 1);
+  const int64_t factor = model::AutoencoderOptions(train.channels, channels).downsampling();
   if (train.width % factor != 0 || train.height % factor != 0) {
     return detail::concat("training images of ", train.width, "x", train.height, " cannot pass through the model's ",
                           channels.size(), " levels: each side must be a multiple of ", factor,

@@ -58,6 +58,7 @@ def run(kind, label, args, allowed, pattern=None):
     if problems:
         tail = out.strip().splitlines()[-3:]
         failures.append(f"{kind}/{label}: {'; '.join(problems)} ({time.time() - start:.1f} s): {tail}")
+    return out
 
 
 # ---- inputs: a small Fashion-MNIST-shaped data set and a trained run ----
@@ -253,9 +254,8 @@ train_on("test images 32x32", "idx_size", pattern="test images are 32x32")
 
 def doctor_on(label, directory, pattern):
     """doctor --data DIR applies train's checks: a warning matching `pattern`, exit 0 (doctor never fails)."""
-    run("idx", f"doctor: {label}", ["doctor", "--quick", "--data", directory], {0})
-    out = subprocess.run([LS, "doctor", "--quick", "--data", directory], capture_output=True, timeout=TIME_LIMIT)
-    if not re.search(pattern, (out.stdout + out.stderr).decode("utf-8", "replace"), re.S):
+    out = run("idx", f"doctor: {label}", ["doctor", "--quick", "--data", directory], {0})
+    if out is not None and not re.search(pattern, out, re.S):
         failures.append(f"idx/doctor: {label}: no warning matching '{pattern}'")
 
 
