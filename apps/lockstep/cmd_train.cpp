@@ -39,13 +39,13 @@ struct TrainArgs {
 };
 
 std::atomic<bool> g_stop{false};
-
-std::string join_ints(const std::vector<int>& values) {
-  std::string out;
-  for (int v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return out;
-}
 extern "C" void on_interrupt(int) { g_stop.store(true); }
+
+std::string ranks_text(const std::vector<int>& ranks) {  // "0, 2"
+  std::vector<std::string> names;
+  for (int r : ranks) names.push_back(std::to_string(r));
+  return detail::concat_list(names);
+}
 
 std::string default_run_dir() {
   char buf[64];
@@ -140,7 +140,7 @@ int run_train(const TrainArgs& args) {
     if (!g_stop.load()) return report_current_exception();
     const auto* lost = dynamic_cast<const dist::PeerLost*>(&e);
     std::cerr << "lockstep: rank " << group->rank() << " of " << group->size() << " stopped on request (a signal)"
-              << (lost && !lost->ranks().empty() ? " after rank(s) " + join_ints(lost->ranks()) + " failed" : "")
+              << (lost && !lost->ranks().empty() ? " after rank(s) " + ranks_text(lost->ranks()) + " failed" : "")
               << "; the first rank to fail reports the cause" << std::endl;
     return kExitRankLost;
   } catch (const std::exception&) {
