@@ -71,6 +71,15 @@ void write_palette_png(const std::string& path, int width, int height, const std
   std::ofstream(path, std::ios::binary) << out;
 }
 
+// A colour image of random pixels, encoded as `extension` (".jpg", ".png") by OpenCV; "" if it cannot.
+std::string encoded_noise(const std::string& extension, int rows, int cols) {
+  cv::Mat photo(rows, cols, CV_8UC3);
+  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
+  std::vector<uchar> encoded;
+  if (!cv::imencode(extension, photo, encoded)) return "";
+  return std::string(encoded.begin(), encoded.end());
+}
+
 // A small tree of every kind of file a folder may hold.
 std::string make_tree(const test_util::TempDir& tmp) {
   const std::string root = tmp.file("images");
@@ -249,11 +258,8 @@ TEST(ImageFolder, TruncatedJpegsAndPngsAreUnreadableWithoutNoiseButTrailingBytes
 // some cameras write) leaves the image readable.
 TEST(ImageFolder, CorruptJpegDataIsNamedUnreadableAndNothingIsPrinted) {
   test_util::TempDir tmp;
-  cv::Mat photo(48, 64, CV_8UC3);
-  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
-  std::vector<uchar> encoded;
-  ASSERT_TRUE(cv::imencode(".jpg", photo, encoded));
-  const std::string jpeg(encoded.begin(), encoded.end());
+  const std::string jpeg = encoded_noise(".jpg", 48, 64);
+  ASSERT_FALSE(jpeg.empty());
   ASSERT_EQ(jpeg.compare(jpeg.size() - 2, 2, "\xFF\xD9"), 0);
   // An end marker in the middle of the scan: the rest of the image is missing.
   std::string cut_short = jpeg;
@@ -276,7 +282,7 @@ TEST(ImageFolder, CorruptJpegDataIsNamedUnreadableAndNothingIsPrinted) {
   EXPECT_TRUE(m.entries[1].readable()) << m.entries[1].error;
   EXPECT_EQ(padded.width, 64);
   // libjpeg's pixels are OpenCV's: the same decoder under both.
-  const cv::Mat reference = cv::imdecode(encoded, cv::IMREAD_COLOR);
+  const cv::Mat reference = cv::imdecode(std::vector<uchar>(jpeg.begin(), jpeg.end()), cv::IMREAD_COLOR);
   EXPECT_EQ(padded.pixels[0], reference.at<cv::Vec3b>(0, 0)[2]);  // R of OpenCV's BGR
   EXPECT_EQ(padded.pixels[5], reference.at<cv::Vec3b>(0, 1)[0]);  // B of the second pixel
 }
@@ -475,11 +481,8 @@ TEST(ImageFolder, PngMetadataLibpngWarnsAboutStaysOffStderr) {
 // through libpng's simplified API first, each is named in the manifest and nothing is printed.
 TEST(ImageFolder, DamagedPngDataIsNamedAndStaysOffStderr) {
   test_util::TempDir tmp;
-  cv::Mat photo(24, 32, CV_8UC3);
-  cv::randu(photo, cv::Scalar::all(0), cv::Scalar::all(255));
-  std::vector<uchar> encoded;
-  ASSERT_TRUE(cv::imencode(".png", photo, encoded));
-  const std::string png(encoded.begin(), encoded.end());
+  const std::string png = encoded_noise(".png", 24, 32);
+  ASSERT_FALSE(png.empty());
   const size_t idat = png.find("IDAT") - 4;  // the chunk's length field
   const uint32_t length = (uint32_t(uint8_t(png[idat])) << 24) | (uint32_t(uint8_t(png[idat + 1])) << 16) |
                           (uint32_t(uint8_t(png[idat + 2])) << 8) | uint32_t(uint8_t(png[idat + 3]));
