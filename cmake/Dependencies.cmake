@@ -68,6 +68,17 @@ endif()
 get_filename_component(LOCKSTEP_NVIDIA_WHEELS "${LOCKSTEP_TORCH_PREFIX}/../nvidia" ABSOLUTE)
 file(GLOB LOCKSTEP_NVIDIA_LIBDIRS LIST_DIRECTORIES true "${LOCKSTEP_NVIDIA_WHEELS}/*/lib")
 set(LOCKSTEP_TORCH_LINK_OPTIONS)
+# Some PyPI wheels (torch 2.11's libtorch.so) export a static copy of libstdc++'s std::filesystem,
+# iostream initialisation and chrono symbols (pytorch/pytorch#133437). Symbols resolve in NEEDED
+# order, so libstdc++.so is named first: otherwise remove_all jumps to null and iostreams crash.
+# The shared library by its path: a toolchain that links libstdc++.a by default gains nothing from -lstdc++.
+if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6 OUTPUT_VARIABLE LOCKSTEP_LIBSTDCXX
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(IS_ABSOLUTE "${LOCKSTEP_LIBSTDCXX}" AND EXISTS "${LOCKSTEP_LIBSTDCXX}")
+    list(APPEND LOCKSTEP_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,${LOCKSTEP_LIBSTDCXX},--pop-state")
+  endif()
+endif()
 foreach(dir IN LISTS LOCKSTEP_NVIDIA_LIBDIRS)
   list(APPEND LOCKSTEP_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${dir}")
 endforeach()

@@ -161,6 +161,7 @@ Config gpu_config(const std::string& quantizer, int64_t steps, const std::string
   c.set("quantizer.residual.quantize_dropout", true);
   c.set("quantizer.lfq.frac_per_sample_entropy", 0.5);
   c.set("quantizer.fsq.noise_dropout", 0.2);
+  c.set("quantizer.fsq.preserve_symmetry", true);  // what noise dropout needs
   return c;
 }
 
@@ -175,6 +176,17 @@ double first_loss(const std::string& run) {
 
 // Each quantizer trains on cuda:0; its first loss (same weights, same batch, before any update) is
 // the CPU's; the checkpoint resumes on the CPU.
+// The GPU test's configuration, trained on the CPU here: a configuration that the options' checks
+// refuse is caught on every machine, not first on a GPU.
+TEST(CudaTrainingConfig, EveryQuantizersConfigurationTrainsOnTheCpu) {
+  for (const char* q : {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"}) {
+    SCOPED_TRACE(q);
+    test_util::TempDir tmp;
+    EXPECT_EQ(
+        Trainer::create(gpu_config(q, 1, "cpu"), tmp.file("cpu"), dist::make_single_process_group())->run({}).steps, 1);
+  }
+}
+
 TEST_F(CudaTraining, EveryQuantizerTrainsOnTheGpuAndResumesOnTheCpu) {
   for (const char* q : {"fsq", "lfq", "vq", "residual-vq", "residual-fsq", "residual-lfq"}) {
     SCOPED_TRACE(q);
