@@ -57,8 +57,13 @@ lockstep_cli_test(launch_two_ranks_perceptual_and_weight_average_match_one_proce
 # Uneven parts (24 images on 5 ranks: 5, 5, 5, 5, 4) still mean the global batch. VQ's nearest-code
 # choices turn float-rounding differences (sums in another order) into occasional code flips, so
 # after 12 steps the losses agree to ~1e-6 most steps and 3e-4 at worst (measured): tolerance 1e-3.
+# VQ with k-means and dead codes on 5 uneven ranks: the first step within float32 rounding (G4's
+# promise, on any CPU); the whole run within 2e-2, since a near-tie nearest-code flip (its step
+# depends on the CPU's kernels: 1.2e-3 by step 12 with oneDNN limited to SSE4.1, 3.3e-3 on an AMD
+# EPYC) lets runs drift apart, while a wrong weighting or average moves the first steps by far more.
+set(VQ_DEAD "--quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 --set train.log_every=1")
 lockstep_cli_test(launch_uneven_ranks_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
-                  SETUP "${LS} train --run-dir one ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > one.log && ${LS} launch -n 5 -- train --run-dir five ${SMALL} --quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.vq.threshold_ema_dead_code=1 > five.log && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 1e-3"
+                  SETUP "${LS} train --run-dir one ${SMALL} ${VQ_DEAD} > one.log && ${LS} launch -n 5 -- train --run-dir five ${SMALL} ${VQ_DEAD} > five.log && python3 ${COMPARE} --first 1 one/metrics.jsonl five/metrics.jsonl 1e-5 && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 2e-2"
                   ARGS eval five --limit 32)
 # Failure mode a: rank 0 alone evaluates mid-training (its forwards issue no collective); training
 # completes and the replica check at every checkpoint finds all ranks' parameters and codebooks equal.
