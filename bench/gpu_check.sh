@@ -157,7 +157,7 @@ if ((rc_cpu == 0 && rc_gpu == 0)); then
   pass bench "median ms per case, CPU ($(nproc) threads) and cuda:0 ($logs/bench-cpu.log, bench.log):"
   # Rows are 'case (13 chars) shape (31 chars) median-ms ...'; matched on the first 44 characters.
   awk 'NR == FNR { if (length($0) > 44) cpu[substr($0, 1, 44)] = substr($0, 45); next }
-       length($0) > 44 && (substr($0, 1, 44) in cpu) && $0 !~ /^case/ {
+       length($0) > 44 && (substr($0, 1, 44) in cpu) && $0 !~ /^(case|rate:)/ {
          split(cpu[substr($0, 1, 44)], c, " "); split(substr($0, 45), g, " ")
          printf "    %-44s cpu %10s ms  gpu %10s ms  %7.1fx\n", substr($0, 1, 44), c[1], g[1], c[1] / (g[1] > 0 ? g[1] : 1) }
        /limits measured/ { print "    gpu " $0 }' "$logs/bench-cpu.log" "$logs/bench.log"

@@ -133,7 +133,8 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
     // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
     ctx.defer_updates = true;
     if (group) {
-      reducer = std::make_unique<lockstep::dist::BackwardReducer>(group);
+      reducer =
+          std::make_unique<lockstep::dist::BackwardReducer>(group, lockstep::dist::Phase::train_step(synced_steps + 1));
       ctx.reducer = reducer.get();
       // Equal batches on every rank put this rank's first item here in the global batch.
       ctx.first_item = group->rank() * x.size(0);
@@ -150,7 +151,10 @@ void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
                   const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step) {
   try {
     if (update && group) {
-      lockstep::dist::GroupReducer reducer(group->get());
+      // The step this update completes, declared for its collectives (GroupReducer requires one).
+      const std::shared_ptr<lockstep::dist::Group> g = group->get();
+      const lockstep::dist::PhaseScope phase(*g, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+      lockstep::dist::GroupReducer reducer(g);
       update(reducer);
     } else if (update) {
       lockstep::quant::LocalReducer local;

@@ -18,6 +18,7 @@ using torch::autograd::variable_list;
 struct SumInBackwardState : torch::CustomClassHolder {
   std::shared_ptr<LazyGroup> group;
   std::function<at::Tensor(const at::Tensor&)> f;
+  Phase phase;
   std::string tag, file;  // the call site's strings, owned here: the backward runs after the caller returns
   int line = 0;
 };
@@ -44,8 +45,9 @@ struct SumInBackward : public torch::autograd::Function<SumInBackward> {
     std::vector<at::Tensor> packed{
         torch::cat({local.detach().reshape(-1), grad.detach().reshape(-1).to(local.dtype())})};
     try {
-      state->group->get()->all_reduce(packed, ReduceOp::Sum,
-                                      CallSite{state->tag.c_str(), state->file.c_str(), state->line});
+      const std::shared_ptr<Group> group = state->group->get();
+      const PhaseScope phase(*group, state->phase);
+      group->all_reduce(packed, ReduceOp::Sum, CallSite{state->tag.c_str(), state->file.c_str(), state->line});
     } catch (...) {
       state->group->rethrow(std::current_exception());
     }
@@ -121,15 +123,21 @@ void LazyGroup::rethrow(std::exception_ptr e) const {
 }
 
 void BackwardReducer::sum_(std::vector<at::Tensor>& tensors, const CallSite& site) {
-  GroupReducer(group_->get()).sum_(tensors, site);
+  const std::shared_ptr<Group> group = group_->get();
+  const PhaseScope phase(*group, phase_);
+  GroupReducer(group).sum_(tensors, site);
 }
 
 at::Tensor BackwardReducer::sum(const at::Tensor& local, const CallSite& site) {
-  return GroupReducer(group_->get()).sum(local, site);
+  const std::shared_ptr<Group> group = group_->get();
+  const PhaseScope phase(*group, phase_);
+  return GroupReducer(group).sum(local, site);
 }
 
 at::Tensor BackwardReducer::gather(const at::Tensor& local, const CallSite& site) {
-  return GroupReducer(group_->get()).gather(local, site);
+  const std::shared_ptr<Group> group = group_->get();
+  const PhaseScope phase(*group, phase_);
+  return GroupReducer(group).gather(local, site);
 }
 
 at::Tensor BackwardReducer::apply_to_sum(const at::Tensor& local, const std::function<at::Tensor(const at::Tensor&)>& f,
@@ -139,6 +147,7 @@ at::Tensor BackwardReducer::apply_to_sum(const at::Tensor& local, const std::fun
   auto state = c10::make_intrusive<SumInBackwardState>();
   state->group = group_;
   state->f = f;
+  state->phase = phase_;
   state->tag = site.tag;
   state->file = site.file;
   state->line = site.line;

@@ -115,6 +115,7 @@ void CheckedGroup::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, con
 std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
                                                                   const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  require_usable("all_reduce", opts);
   Transport& transport = transport_for(tensors, "all_reduce", opts);
   auto pending = std::make_unique<Pending>(*this, tensors, opts);
   pending->call_ = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
@@ -128,6 +129,7 @@ std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at
 
 std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  require_usable("all_gather", opts);
   Transport& transport = transport_for({input}, "all_gather", opts);
   const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
   liveness_->enter(call);
@@ -142,6 +144,7 @@ std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const 
 
 void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  require_usable("broadcast", opts);
   LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
                      " is not a rank of a group of size ", options_.size);
   Transport& transport = transport_for(tensors, "broadcast", opts);
@@ -162,6 +165,7 @@ void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const C
 // The fingerprint exchange is itself a barrier; unchecked, an empty all_reduce stands in for it.
 void CheckedGroup::barrier(const CollectiveOptions& opts) {
   std::lock_guard<std::mutex> lock(mutex_);
+  require_usable("barrier", opts);
   const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
   liveness_->enter(call);
   agree(call, opts);
@@ -226,7 +230,7 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
       last_check = now;
       const std::vector<int> dead = watch.check();
       if (!dead.empty()) {
-        mark_failed();
+        mark_failed(call);
         throw PeerLost(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
                                       " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
                                       Liveness::kDeadAfter.count(),
@@ -241,7 +245,7 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
 // whose heartbeat has gone silent (a rank cut off by the network may have reached it just before).
 void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout,
                                  const std::vector<int>& silent) {
-  mark_failed();
+  mark_failed(call);
   std::vector<int> waiting;
   const std::string where = liveness_->where_everyone_is(call.sequence, &waiting);
   waiting.insert(waiting.end(), silent.begin(), silent.end());
@@ -261,7 +265,7 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
 // The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
 // backend's own (backstop) timer; name the ranks that are gone.
 void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
-  mark_failed();
+  mark_failed(call);
   const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
   const std::string message =
       detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
@@ -271,10 +275,18 @@ void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
   throw CollectiveFailure(message);
 }
 
-void CheckedGroup::mark_failed() {
+void CheckedGroup::mark_failed(const CollectiveCall& call) {
+  if (!failed_) failed_call_ = call.describe();
   failed_ = true;
   control_->abandon();
   if (device_) device_->abandon();
+}
+
+void CheckedGroup::require_usable(const char* op, const CollectiveOptions& opts) const {
+  if (!failed_) return;
+  throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", op, " at ",
+                                         opts.site.to_string(), " refused: this group is unusable since ", failed_call_,
+                                         " failed (ranks stopped at different points); make a new group"));
 }
 
 }  // namespace lockstep::dist

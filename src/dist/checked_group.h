@@ -71,7 +71,10 @@ class CheckedGroup final : public Group {
   [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout,
                                   const std::vector<int>& silent);
   [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e);
-  void mark_failed();
+  // The group is unusable after a failed collective: ranks stopped at different points.
+  void mark_failed(const CollectiveCall& call);
+  // Refuses a collective on a failed group at once, naming the collective that failed.
+  void require_usable(const char* op, const CollectiveOptions& opts) const;
 
   CheckedGroupOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -79,8 +82,9 @@ class CheckedGroup final : public Group {
   std::unique_ptr<Transport> device_;
   std::unique_ptr<Liveness> liveness_;
   uint64_t sequence_ = 0;
-  std::mutex mutex_;     // collectives are issued one at a time, in order
-  bool failed_ = false;  // a collective failed: the group is unusable
+  std::mutex mutex_;         // collectives are issued one at a time, in order
+  bool failed_ = false;      // a collective failed: the group is unusable
+  std::string failed_call_;  // that collective, described
 };
 
 }  // namespace lockstep::dist

@@ -74,6 +74,7 @@ std::vector<Trace> train_on_ranks(const Case& c, const std::vector<int64_t>& spl
     std::vector<at::Tensor> mine;
     for (const auto& b : batches) mine.push_back(b.narrow(0, first, split[r]));
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
+    const PhaseScope training(g, Phase::train_step(1));  // every rank runs the same steps
     traces[r] =
         train(*quantizers[r], reducer, mine, static_cast<double>(split[r]) * w / static_cast<double>(items), first);
   });

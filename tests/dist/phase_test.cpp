@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "lockstep/core/error.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/registry.h"
@@ -70,6 +71,44 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
       EXPECT_TRUE(torch::equal(after[r].at(name), value)) << "rank " << r << ": " << name << " changed";
     }
   }
+}
+
+// A library user who never declared a phase: on several ranks the first statistics collective is
+// refused on every rank, naming the quantizer's call site and PhaseScope, before any data moves
+// (so a forward run on one rank only can never pair with another rank's step). One rank needs none.
+TEST_P(Phases, AnUndeclaredPhaseIsRefusedOnEveryRankBeforeAnythingMoves) {
+  const PhaseCase& c = GetParam();
+  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
+  for (int r = 0; r < 2; ++r) quantizers.push_back(build(c.quantizer, c.settings));
+  std::vector<std::string> messages(2);
+  std::vector<std::map<std::string, at::Tensor>> before(2), after(2);
+  const auto errors = test_util::run_ranks(2, [&](Group& g, int r) {
+    auto& q = *quantizers[r];
+    GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
+    for (const auto& b : q.named_buffers()) before[r][b.key()] = b.value().clone();
+    try {
+      q.quantize(torch::randn({4, 6, q.dim()}, at::detail::createCPUGenerator(r)),
+                 {&reducer, at::detail::createCPUGenerator(7)});
+    } catch (const InvalidArgument& e) {
+      messages[r] = e.what();
+    }
+    for (const auto& b : q.named_buffers()) after[r][b.key()] = b.value().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
+    EXPECT_NE(messages[r].find("on rank " + std::to_string(r) + " of 2 are summed in no declared phase"),
+              std::string::npos)
+        << messages[r];
+    EXPECT_NE(messages[r].find("src/quant/" + c.source + ":"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("PhaseScope"), std::string::npos) << messages[r];
+    for (const auto& [name, value] : before[r]) {
+      EXPECT_TRUE(torch::equal(after[r].at(name), value)) << "rank " << r << ": " << name << " changed";
+    }
+  }
+  // One process: nothing to pair with, so no phase is needed.
+  auto single = build(c.quantizer, c.settings);
+  GroupReducer alone(make_single_process_group());
+  EXPECT_NO_THROW(single->quantize(torch::randn({4, 6, single->dim()}), {&alone, at::detail::createCPUGenerator(7)}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Quantizers, Phases,

@@ -308,6 +308,35 @@ TEST(ProcessGroup, TheTimeoutRunsFromTheLastProgressAnotherRankPublished) {
   EXPECT_NE(message.find("timed out after 1000 ms waiting for rank(s) 1"), std::string::npos) << message;
 }
 
+// After a collective failed, ranks stand at different points: the next collective is refused at
+// once, naming the one that failed, instead of being attempted against peers that are elsewhere.
+TEST(ProcessGroup, AGroupWhoseCollectiveFailedRefusesTheNextNamingTheFailure) {
+  CollectiveOptions stalled(LOCKSTEP_CALL_SITE("test.stalled"));
+  stalled.timeout = std::chrono::milliseconds(500);
+  std::string first, next;
+  const auto errors = run_ranks(2, [&](Group& g, int r) {
+    if (r == 1) {  // never joins, and keeps its group alive until rank 0 is done
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    std::vector<at::Tensor> t{torch::ones({4})};
+    try {
+      g.all_reduce(t, ReduceOp::Sum, stalled);
+    } catch (const CollectiveTimeout& e) {
+      first = e.what();
+    }
+    try {
+      g.barrier(LOCKSTEP_CALL_SITE("test.next"));
+    } catch (const CollectiveFailure& e) {
+      next = e.what();
+    }
+  });
+  EXPECT_NE(first.find("test.stalled"), std::string::npos) << first;
+  EXPECT_NE(next.find("rank 0 of 2: barrier at test.next"), std::string::npos) << next;
+  EXPECT_NE(next.find("unusable since #1 all_reduce(sum)"), std::string::npos) << next;
+  EXPECT_NE(next.find("test.stalled"), std::string::npos) << next;
+}
+
 TEST(ProcessGroup, ARankThatNeverArrivesIsNamed) {
   GroupOptions o = test_util::local_options(0, 3, 0);
   o.connect_timeout = std::chrono::milliseconds(1500);  // TCPStore's socket counts whole seconds
@@ -413,6 +442,7 @@ TEST(ProcessGroup, LfqEntropyLossAndGradientOnTwoRanksEqualOneRank) {
     quant::Lfq lfq(options);
     auto shared = std::shared_ptr<Group>(&g, [](Group*) {});
     GroupReducer reducer(shared);
+    const PhaseScope step(g, Phase::train_step(1));
     const at::Tensor xr = x.narrow(0, 2 * r, 2).clone().requires_grad_();
     const at::Tensor loss = lfq.quantize(xr, {&reducer, {}}).total_loss();
     loss.backward();

@@ -58,7 +58,9 @@ class LazyGroup {
 // at once: only VQ's k-means initialisation calls them in a forward (docs/python.md).
 class BackwardReducer final : public quant::Reducer {
  public:
-  explicit BackwardReducer(std::shared_ptr<LazyGroup> group) : group_(std::move(group)) {}
+  // `phase`: the training step this call belongs to, declared on the group for each of its
+  // collectives (forward's and backward's), as GroupReducer requires on several ranks.
+  BackwardReducer(std::shared_ptr<LazyGroup> group, const Phase& phase) : group_(std::move(group)), phase_(phase) {}
 
   void sum_(std::vector<at::Tensor>& tensors, const CallSite& site) override;
   at::Tensor sum(const at::Tensor& local, const CallSite& site) override;
@@ -68,6 +70,7 @@ class BackwardReducer final : public quant::Reducer {
 
  private:
   std::shared_ptr<LazyGroup> group_;
+  Phase phase_;
 };
 
 // `tensors` behind one autograd node whose backward runs `update` once, then passes every gradient

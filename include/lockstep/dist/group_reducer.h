@@ -1,5 +1,7 @@
 // Quantizer statistics summed over a process group: the quant::Reducer the trainer hands each
-// quantizer when it runs on several ranks. Every call is one checked collective (G1).
+// quantizer when it runs on several ranks. Every call is one checked collective (G1), and on
+// several ranks it needs a declared phase (PhaseScope): without one, a forward run on some ranks
+// only would pair with another rank's step, so it is refused (InvalidArgument) before anything moves.
 #pragma once
 
 #include <memory>
@@ -24,6 +26,7 @@ class GroupReducer final : public quant::Reducer {
   at::Tensor gather(const at::Tensor& local, const CallSite& site) override;
 
  private:
+  void require_declared_phase(const CallSite& site) const;
   std::shared_ptr<Group> group_;
 };
 
