@@ -67,3 +67,19 @@ class FSQ(LockstepQuantizer):
         if len(spatial) >= 2 or self.channel_first:
             codes = codes.movedim(-1, 1)
         return codes
+
+    def codes_to_indices(self, zhat):
+        """Codes (..., codebook_dim) in [-1, 1] on the grid (as indices_to_codes makes them before the
+        projection) -> indices (...), int32 as the reference's."""
+        if zhat.shape[-1] != self.codebook_dim:
+            raise ValueError(f"lockstep.FSQ.codes_to_indices: codes end in {zhat.shape[-1]} values, "
+                             f"not codebook_dim = {self.codebook_dim}")
+        return self._core.fsq_codes_to_indices(zhat).to(torch.int32)
+
+    @property
+    def implicit_codebook(self):
+        """Every code in index order, (codebook_size, codebook_dim), float32, on the module's device.
+        Computed on use, not a buffer as in the reference, so DDP never broadcasts it."""
+        device = next((t.device for t in self._core.buffers().values()), None) or \
+            next((t.device for t in self._core.parameters().values()), torch.device("cpu"))
+        return self._core.fsq_indices_to_codes(torch.arange(self.codebook_size, device=device))

@@ -19,6 +19,7 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
+#include "lockstep/quant/fsq.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
@@ -115,6 +116,13 @@ py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
   py::dict out;
   for (const auto& item : named) out[py::str(item.key())] = item.value();
   return out;
+}
+
+// The FSQ behind a module's core, or InvalidArgument naming what it is instead.
+const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
+  const auto* fsq = dynamic_cast<const lockstep::quant::Fsq*>(&q);
+  LOCKSTEP_CHECK_ARG(fsq, "an FSQ method called on a ", q.kind(), " quantizer");
+  return *fsq;
 }
 
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
@@ -319,6 +327,14 @@ PYBIND11_MODULE(_C, m) {
             return q.decode(indices);
           },
           py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "fsq_codes_to_indices",
+          [](Quantizer& q, const at::Tensor& codes) { return as_fsq(q).codes_to_indices(codes); }, py::arg("codes"),
+          "FSQ: codes (..., len(levels)) in [-1, 1] on the grid -> indices (...), int64.")
+      .def(
+          "fsq_indices_to_codes",
+          [](Quantizer& q, const at::Tensor& indices) { return as_fsq(q).indices_to_codes(indices); },
+          py::arg("indices"), "FSQ: indices (...) -> codes (..., len(levels)) in [-1, 1], float32.")
       .def(
           "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
           "The quantizer's parameters by dotted name, the same tensors.")

@@ -1,6 +1,7 @@
 """The deliberate differences from vector-quantize-pytorch that docs/python.md lists, each asserted
 beside the reference's behaviour on the same input."""
 import torch
+from vector_quantize_pytorch import FSQ as ReferenceFSQ
 from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
 
@@ -55,3 +56,10 @@ def test_residual_quantize_dropout_also_under_no_grad_in_training():
         ours_dropped = [bool((lockstep.ResidualFSQ(**options, seed=seed)(x)[1] == -1).any()) for seed in range(12)]
     assert not any(reference_dropped)  # the reference drops layers only with gradients on
     assert any(ours_dropped)  # lockstep whenever the module trains
+
+
+def test_fsq_implicit_codebook_is_no_buffer():
+    reference, ours = ReferenceFSQ(levels=[5, 4, 3]), lockstep.FSQ(levels=[5, 4, 3])
+    assert "implicit_codebook" in dict(reference.named_buffers())  # DDP would broadcast it there
+    assert "implicit_codebook" not in dict(ours.named_buffers())
+    assert torch.equal(ours.implicit_codebook, reference.implicit_codebook)

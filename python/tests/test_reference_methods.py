@@ -3,6 +3,7 @@ the reference's state dict, both quantize the same input, and each method maps t
 indices to what the reference's method returns (within 1e-5)."""
 import pytest
 import torch
+from vector_quantize_pytorch import FSQ as ReferenceFSQ
 from vector_quantize_pytorch import LFQ as ReferenceLFQ
 from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
@@ -73,3 +74,24 @@ def test_lfq_indices_to_codes_matches_the_reference(options, shape):
             assert torch.allclose(ours.indices_to_codes(indices, project_out=project_out),
                                   reference.indices_to_codes(indices, project_out=project_out), atol=1e-5)
         assert torch.allclose(ours.indices_to_codes(indices), quantized, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [
+    dict(levels=[8, 5, 5, 5]),
+    dict(levels=[7, 5, 4, 2], preserve_symmetry=True),
+    dict(levels=[8, 6, 5], dim=12, num_codebooks=2),
+], ids=["plain", "symmetric", "two_codebooks_projected"])
+def test_fsq_implicit_codebook_and_codes_to_indices_match_the_reference(options):
+    reference, ours = _pair(ReferenceFSQ, lockstep.FSQ, **options)
+    codebook = ours.implicit_codebook
+    assert codebook.shape == reference.implicit_codebook.shape and codebook.dtype == torch.float32
+    assert torch.allclose(codebook, reference.implicit_codebook, atol=1e-6)
+    indices = ours.codes_to_indices(reference.implicit_codebook)
+    assert indices.dtype == torch.int32
+    assert torch.equal(indices, reference.codes_to_indices(reference.implicit_codebook))
+    assert torch.equal(indices.long(), torch.arange(ours.codebook_size))
+    # Codes of a batch (b, n, codebook_dim), shuffled: each maps back to its index.
+    pick = torch.randint(ours.codebook_size, (2, 9))
+    assert torch.equal(ours.codes_to_indices(codebook[pick]).long(), pick)
+    with pytest.raises(ValueError, match="codebook_dim"):
+        ours.codes_to_indices(torch.zeros(2, len(options["levels"]) + 1))
