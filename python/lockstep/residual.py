@@ -18,6 +18,7 @@ class _Residual(LockstepQuantizer):
         super().__init__(name, "residual", options, seed, process_group, collective_timeout, rename, persistent)
         self.dim = self._core.dim
         self.num_quantizers = options["num_quantizers"]
+        self.quantize_dropout = options["quantize_dropout"]
 
     @staticmethod
     def _residual_options(num_quantizers, quantize_dropout, cutoff_index, multiple_of):
@@ -36,6 +37,35 @@ class _Residual(LockstepQuantizer):
         per_layer = [sum((v for k, v in losses.items() if k.startswith(f"layer{q}.")), zero)
                      for q in range(self.num_quantizers)]
         return torch.stack(per_layer)
+
+    def get_codes_from_indices(self, indices):
+        """Indices (b, ..., q) as forward returns them, q up to num_quantizers (fewer, or -1 for a
+        dropped layer, with quantize dropout) -> each layer's code as it enters the sum (scaled where
+        the layers are), (num_quantizers, b, ..., codebook_dim); zeros where a layer was dropped."""
+        indices = indices.long()
+        if indices.shape[-1] < self.num_quantizers:
+            if not self.quantize_dropout:
+                raise ValueError(f"lockstep.{type(self).__name__}: indices for {indices.shape[-1]} of "
+                                 f"{self.num_quantizers} layers need quantize_dropout=True (the reference's rule)")
+            pad = indices.new_full((*indices.shape[:-1], self.num_quantizers - indices.shape[-1]), -1)
+            indices = torch.cat([indices, pad], dim=-1)
+        dropped = indices == -1
+        codebooks = self.codebooks
+        codes = torch.stack([codebooks[q][indices[..., q].clamp_min(0)] for q in range(self.num_quantizers)])
+        scales = self._code_scales()
+        if scales is not None:
+            codes = codes * scales.reshape(self.num_quantizers, *([1] * (codes.ndim - 2)), -1)
+        return codes.masked_fill(dropped.movedim(-1, 0).unsqueeze(-1), 0.0)
+
+    def _code_scales(self):
+        """(num_quantizers, codebook_dim) factors of each layer's codes, or None."""
+        return None
+
+    def _layer_codebook(self, q, method):
+        """Layer q's every code in index order, from liblockstep's layer (`method`: its binding)."""
+        layer = self._core.layer(q)
+        device = next(iter(self._core.buffers().values()), torch.empty(0)).device
+        return getattr(layer, method)(torch.arange(self.codebook_size, device=device))
 
     def get_output_from_indices(self, indices):
         """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the
@@ -81,28 +111,11 @@ class ResidualVQ(_Residual):
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
         self.codebook_size = codebook_size
         self.accept_image_fmap = accept_image_fmap
-        self.quantize_dropout = bool(quantize_dropout)
 
     @property
     def codebooks(self):
         """Every layer's codebook, (num_quantizers, codebook_size, dim): the layers' `_codebook.embed`."""
         return torch.stack([self.get_buffer(f"layers.{q}._codebook.embed")[0] for q in range(self.num_quantizers)])
-
-    def get_codes_from_indices(self, indices):
-        """Indices (b, ..., q) as forward returns them, q up to num_quantizers (fewer, or -1 for a
-        dropped layer, with quantize dropout) -> each layer's code, (num_quantizers, b, ..., dim);
-        zeros where a layer was dropped."""
-        indices = indices.long()
-        if indices.shape[-1] < self.num_quantizers:
-            if not self.quantize_dropout:
-                raise ValueError(f"lockstep.ResidualVQ: indices for {indices.shape[-1]} of {self.num_quantizers} "
-                                 "layers need quantize_dropout=True (the reference's rule)")
-            pad = indices.new_full((*indices.shape[:-1], self.num_quantizers - indices.shape[-1]), -1)
-            indices = torch.cat([indices, pad], dim=-1)
-        dropped = indices == -1
-        codebooks = self.codebooks
-        codes = torch.stack([codebooks[q][indices[..., q].clamp_min(0)] for q in range(self.num_quantizers)])
-        return codes.masked_fill(dropped.movedim(-1, 0).unsqueeze(-1), 0.0)
 
     def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
                 mask=None, return_loss_breakdown=False):
@@ -139,6 +152,15 @@ class ResidualFSQ(_Residual):
         self.codebook_size = self._core.codebook_size
         self.is_channel_first = is_channel_first
 
+    @property
+    def codebooks(self):
+        """Every layer's implicit codebook, (num_quantizers, codebook_size, len(levels)), unscaled."""
+        return torch.stack([self._layer_codebook(q, "fsq_indices_to_codes") for q in range(self.num_quantizers)])
+
+    def _code_scales(self):
+        return torch.stack([self._core.buffers()[f"scale{q}"].reshape(-1).expand(len(self.levels))
+                            for q in range(self.num_quantizers)])
+
     def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         refuse_forward_options("lockstep.ResidualFSQ", return_all_codes=return_all_codes,
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
@@ -170,6 +192,12 @@ class ResidualLFQ(_Residual):
         super().__init__("residual-lfq", options, seed, process_group, collective_timeout)
         self.codebook_size = codebook_size
         self.inv_temperature = module["inv_temperature"]
+
+    @property
+    def codebooks(self):
+        """Every layer's codebook, (num_quantizers, codebook_size, log2(codebook_size)): codes of
+        +-2^-q (on the sphere when spherical)."""
+        return torch.stack([self._layer_codebook(q, "lfq_indices_to_codes") for q in range(self.num_quantizers)])
 
     def _reference_constant(self, key):
         return bit_mask(self.codebook_size) if re.fullmatch(r"layers\.\d+\.mask", key) else None

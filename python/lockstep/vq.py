@@ -1,5 +1,7 @@
 """Vector quantization with an EMA codebook (vector_quantize_pytorch.VectorQuantize's arguments
 and return values)."""
+from collections import namedtuple
+
 import torch
 
 from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
@@ -52,6 +54,17 @@ def _reference_name(name):
     return name if name.startswith(("project_in.", "project_out.")) else f"_codebook.{name}"
 
 
+# The reference's fourth return value with return_loss_breakdown=True: each term unweighted.
+LossBreakdown = namedtuple("LossBreakdown", ["commitment", "codebook_diversity", "orthogonal_reg", "inplace_optimize"])
+
+
+def _unweighted(losses, name, weight, device):
+    """Loss `name` of a call divided by its weight; zero where the term is off (weight 0), as the reference."""
+    if weight <= 0 or name not in losses:
+        return torch.zeros((), device=device)
+    return losses[name] / weight
+
+
 class VectorQuantize(LockstepQuantizer):
     """VectorQuantize(dim, codebook_size, ...) as vector-quantize-pytorch's: forward(x) takes
     (b, n, dim) tokens (or (b, dim, h, w) with accept_image_fmap=True) and returns
@@ -69,6 +82,8 @@ class VectorQuantize(LockstepQuantizer):
         self.codebook_size = codebook_size
         self.heads = heads
         self.accept_image_fmap = accept_image_fmap
+        self.commitment_weight = options["commitment_weight"]
+        self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
 
     @property
     def codebook(self):
@@ -108,7 +123,6 @@ class VectorQuantize(LockstepQuantizer):
                 return_loss_breakdown=False, codebook_transform_fn=None):
         refuse_forward_options("lockstep.VectorQuantize", indices=indices, mask=mask, lens=lens,
                                sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
-                               return_loss_breakdown=return_loss_breakdown,
                                codebook_transform_fn=codebook_transform_fn)
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
@@ -116,4 +130,9 @@ class VectorQuantize(LockstepQuantizer):
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
-        return out, idx, loss
+        if not return_loss_breakdown:
+            return out, idx, loss
+        zero = torch.zeros((), device=out.device)  # codebook diversity and in-place optimisation: not offered
+        return out, idx, loss, LossBreakdown(_unweighted(losses, "commitment", self.commitment_weight, out.device),
+                                             zero, _unweighted(losses, "orthogonal", self.orthogonal_reg_weight,
+                                                               out.device), zero)

@@ -20,8 +20,10 @@
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
+#include "lockstep/quant/residual.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
@@ -335,6 +337,24 @@ PYBIND11_MODULE(_C, m) {
           "fsq_indices_to_codes",
           [](Quantizer& q, const at::Tensor& indices) { return as_fsq(q).indices_to_codes(indices); },
           py::arg("indices"), "FSQ: indices (...) -> codes (..., len(levels)) in [-1, 1], float32.")
+      .def(
+          "lfq_indices_to_codes",
+          [](Quantizer& q, const at::Tensor& indices) {
+            const auto* lfq = dynamic_cast<const lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            return lfq->indices_to_codes(indices);
+          },
+          py::arg("indices"), "LFQ: one codebook's indices (...) -> codes (..., bits), float32.")
+      .def(
+          "layer",
+          [](Quantizer& q, int64_t l) {
+            const auto* residual = dynamic_cast<const lockstep::quant::Residual*>(&q);
+            LOCKSTEP_CHECK_ARG(residual, "layer(", l, ") called on a ", q.kind(), " quantizer, not a residual one");
+            const int64_t n = static_cast<int64_t>(residual->layers().size());
+            LOCKSTEP_CHECK_ARG(l >= 0 && l < n, "layer(", l, "): the residual quantizer has ", n, " layers");
+            return residual->layers()[static_cast<size_t>(l)];
+          },
+          py::arg("l"), "A residual quantizer's layer l (the same object).")
       .def(
           "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
           "The quantizer's parameters by dotted name, the same tensors.")

@@ -3,6 +3,7 @@ beside the reference's behaviour on the same input."""
 import torch
 from vector_quantize_pytorch import FSQ as ReferenceFSQ
 from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
+from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
 
 import lockstep
@@ -63,3 +64,19 @@ def test_fsq_implicit_codebook_is_no_buffer():
     assert "implicit_codebook" in dict(reference.named_buffers())  # DDP would broadcast it there
     assert "implicit_codebook" not in dict(ours.named_buffers())
     assert torch.equal(ours.implicit_codebook, reference.implicit_codebook)
+
+
+def test_spherical_residual_lfq_decodes_the_codes_forward_adds():
+    torch.manual_seed(0)
+    options = dict(dim=5, codebook_size=32, num_quantizers=3, spherical=True)
+    reference = ReferenceResidualLFQ(**options).eval()
+    ours = lockstep.ResidualLFQ(**options).eval()
+    ours.load_reference_state_dict(reference.state_dict())
+    with torch.no_grad():
+        quantized, indices, _ = reference(torch.randn(2, 10, 5))
+        # The reference decodes with its stored, unnormalised codes: not what its forward added.
+        assert (reference.get_output_from_indices(indices) - quantized).abs().max() > 0.1
+        torch.testing.assert_close(ours.get_output_from_indices(indices), quantized, atol=1e-5, rtol=0)
+        stored = reference.codebooks  # +-2^-q per coordinate
+        on_sphere = torch.nn.functional.normalize(stored, dim=-1) * stored.abs().amax(-1, keepdim=True)
+        torch.testing.assert_close(ours.codebooks, on_sphere, atol=1e-6, rtol=0)

@@ -5,6 +5,8 @@ import pytest
 import torch
 from vector_quantize_pytorch import FSQ as ReferenceFSQ
 from vector_quantize_pytorch import LFQ as ReferenceLFQ
+from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
+from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
 from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
 
@@ -95,3 +97,29 @@ def test_fsq_implicit_codebook_and_codes_to_indices_match_the_reference(options)
     assert torch.equal(ours.codes_to_indices(codebook[pick]).long(), pick)
     with pytest.raises(ValueError, match="codebook_dim"):
         ours.codes_to_indices(torch.zeros(2, len(options["levels"]) + 1))
+
+
+@pytest.mark.parametrize("reference_class, ours_class, options", [
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[8, 5, 5], dim=12)),
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[7, 5, 4], dim=3)),
+    (ReferenceResidualLFQ, lockstep.ResidualLFQ, dict(dim=12, codebook_size=2**5)),
+    (ReferenceResidualLFQ, lockstep.ResidualLFQ, dict(dim=5, codebook_size=2**5)),
+], ids=["fsq_projected", "fsq", "lfq_projected", "lfq"])
+def test_residual_fsq_and_lfq_codebooks_and_codes_from_indices_match_the_reference(reference_class, ours_class,
+                                                                                   options):
+    reference, ours = _pair(reference_class, ours_class, num_quantizers=3, quantize_dropout=True, **options)
+    assert ours.codebooks.shape == reference.codebooks.shape
+    assert torch.allclose(ours.codebooks, reference.codebooks, atol=1e-6)
+    with torch.no_grad():
+        quantized, indices, *_ = reference(torch.randn(2, 10, options["dim"]))
+        for given in (indices, indices[..., :2], torch.cat([indices[..., :1], torch.full_like(indices[..., 1:], -1)], -1)):
+            codes = ours.get_codes_from_indices(given)
+            assert codes.shape == reference.get_codes_from_indices(given).shape
+            assert torch.allclose(codes, reference.get_codes_from_indices(given), atol=1e-6)
+        # The layers' codes, summed and projected out, are forward's output.
+        assert torch.allclose(ours.get_output_from_indices(indices), quantized, atol=1e-5)
+        assert torch.allclose(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices),
+                              atol=1e-5)
+    plain = ours_class(num_quantizers=3, **options)
+    with pytest.raises(ValueError, match=f"lockstep.{ours_class.__name__}: .*quantize_dropout=True"):
+        plain.get_codes_from_indices(indices[..., :2])

@@ -43,6 +43,32 @@ def test_the_orthogonal_regulariser_trains_the_codebook_as_the_reference_does(op
                            orthogonal=(0.5, lambda m: [m._codebook.embed]), optimizer=optimizer)
 
 
+@pytest.mark.parametrize("options", [dict(commitment_weight=0.7, orthogonal_reg_weight=0.3), dict(commitment_weight=0.0),
+                                     dict(heads=2, separate_codebook_per_head=True, codebook_dim=4)],
+                         ids=["weighted", "no_commitment", "heads"])
+def test_return_loss_breakdown_gives_the_references_unweighted_terms(options):
+    from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=8, codebook_size=16, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    before = orthogonal_loss_fn(reference._codebook.embed.detach())
+    x = torch.randn(2, 20, 8)
+    *_, breakdown_ref = reference(x, return_loss_breakdown=True)
+    out, idx, loss, breakdown = ours(x, return_loss_breakdown=True)
+    assert breakdown._fields == breakdown_ref._fields == ("commitment", "codebook_diversity", "orthogonal_reg",
+                                                            "inplace_optimize")
+    torch.testing.assert_close(breakdown.commitment, breakdown_ref.commitment, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(breakdown.codebook_diversity, breakdown_ref.codebook_diversity)
+    torch.testing.assert_close(breakdown.inplace_optimize, breakdown_ref.inplace_optimize)
+    # The regulariser is of the codebook before the step's update (docs/python.md), the reference's after it.
+    expected_orthogonal = before if options.get("orthogonal_reg_weight") else breakdown_ref.orthogonal_reg
+    torch.testing.assert_close(breakdown.orthogonal_reg, expected_orthogonal, atol=1e-5, rtol=1e-5)
+    weights = options.get("commitment_weight", 1.0), options.get("orthogonal_reg_weight", 0.0)
+    torch.testing.assert_close(loss, weights[0] * breakdown.commitment + weights[1] * breakdown.orthogonal_reg)
+    assert len(ours(x)) == 3  # without the flag, the reference's three values
+
+
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="learnable_codebook"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True)
