@@ -7,9 +7,11 @@ from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
+from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
 from .residual import ResidualFSQ, ResidualLFQ, ResidualVQ
+from .sequential import Sequential
 from .vq import VectorQuantize
 
-__all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "CollectiveMismatch",
-           "CollectiveFailure"]
+__all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
+           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "CollectiveMismatch", "CollectiveFailure"]

@@ -1,0 +1,28 @@
+"""docs/python.md's table of vector-quantize-pytorch's classes stays equal to what both packages export."""
+import inspect
+import pathlib
+import re
+
+import vector_quantize_pytorch
+
+import lockstep
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+
+
+def table():
+    text = DOCS.read_text()
+    section = text.split("## Classes of vector-quantize-pytorch", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section, re.M))
+
+
+def test_the_table_lists_every_class_the_reference_exports_and_every_lockstep_module():
+    rows = table()
+    reference = {n for n, o in vars(vector_quantize_pytorch).items() if not n.startswith("_") and inspect.isclass(o)}
+    assert set(rows) == reference
+    provided = {name for name, status in rows.items() if status == f"`lockstep.{name}`"}
+    assert all(status in (f"`lockstep.{name}`", "not yet") for name, status in rows.items()), rows
+    modules = {n for n in lockstep.__all__ if n not in ("CollectiveMismatch", "CollectiveFailure")}
+    assert provided == modules
+    for name in reference - provided:
+        assert not hasattr(lockstep, name), f"lockstep.{name} exists but the table says 'not yet'"
