@@ -33,6 +33,14 @@ QUANTIZERS = {
     "ResidualLFQ": lambda: lockstep.ResidualLFQ(dim=8, codebook_size=2**4, num_quantizers=2,
                                                 commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
 }
+# The grouped modules (two residual modules side by side), in the DDP tests only.
+GROUPED = {
+    "GroupedResidualVQ": lambda: lockstep.GroupedResidualVQ(dim=8, groups=2, num_quantizers=2, codebook_size=16,
+                                                            decay=0.9, collective_timeout=TIMEOUT),
+    "GroupedResidualLFQ": lambda: lockstep.GroupedResidualLFQ(dim=8, groups=2, codebook_size=2**4, num_quantizers=2,
+                                                              commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
+}
+IN_DDP = {**QUANTIZERS, **GROUPED}
 
 
 def _aux_loss(out):
@@ -46,7 +54,7 @@ class Tokenizer(nn.Module):
     def __init__(self, quantizer):
         super().__init__()
         self.encoder = nn.Linear(6, 8)
-        self.quantizer = QUANTIZERS[quantizer]()
+        self.quantizer = IN_DDP[quantizer]()
         self.decoder = nn.Linear(8, 6)
 
     def forward(self, x):
@@ -98,7 +106,7 @@ def trained_in_ddp():
     torch.manual_seed(0)
     data = torch.randn(STEPS, 4, 5, 6)  # each step a batch of 4 sequences of 5 tokens; rank r takes 2
     initial, one = {}, {}
-    for quantizer in QUANTIZERS:
+    for quantizer in IN_DDP:
         model = Tokenizer(quantizer)
         initial[quantizer] = _state(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -106,10 +114,10 @@ def trained_in_ddp():
             _train_step(model, optimizer, batch)
         one[quantizer] = _state(model)
     ranks = run_ranks(2, _train_in_ddp, initial, data)
-    return {q: (initial[q], one[q], [{b: r[q, b] for b in (True, False)} for r in ranks]) for q in QUANTIZERS}
+    return {q: (initial[q], one[q], [{b: r[q, b] for b in (True, False)} for r in ranks]) for q in IN_DDP}
 
 
-@pytest.mark.parametrize("quantizer", list(QUANTIZERS))
+@pytest.mark.parametrize("quantizer", list(IN_DDP))
 @pytest.mark.parametrize("broadcast_buffers", [True, False])
 def test_quantizers_in_ddp_keep_ranks_identical_and_equal_to_one_process(trained_in_ddp, quantizer,
                                                                           broadcast_buffers):
