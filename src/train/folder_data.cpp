@@ -1,11 +1,14 @@
 // An image folder as training data: its manifest (scanned with the run directory's copy as a
 // cache, written when the run starts and compared on resume), images held out for evaluation,
 // buckets, and the prefetching loader.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
+#include "lockstep/data/buckets.h"
 #include "lockstep/data/folder_loader.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/train/data_settings.h"
@@ -154,9 +157,38 @@ data::Manifest scan_with_progress(const std::string& root, const data::Manifest*
   });
 }
 
+// train.batch_size left at its default, but more than any bucket of the folder holds: the global
+// batch becomes the fullest bucket's count (a multiple of train.grad_accum, at least one image per
+// rank in each micro-batch), and the smaller buckets join their nearest full one as usual. A batch
+// size the user gave keeps FolderDataset's error, as does a folder too small for the ranks.
+void fit_default_batch(Config& config, const data::Manifest& manifest, const std::vector<data::BucketSize>& table,
+                       const std::vector<int64_t>& excluded, const DataContext& context) {
+  if (!config.is_default("train.batch_size")) return;
+  const std::set<int64_t> skip(excluded.begin(), excluded.end());
+  const auto buckets = data::assign_buckets(manifest, table);
+  std::vector<int64_t> counts(buckets.size(), 0);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    for (int64_t id : buckets[b]) counts[b] += skip.count(id) ? 0 : 1;
+  }
+  const auto fullest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+  const int64_t batch = config.get_int("train.batch_size"), micro = config.get_int("train.grad_accum");
+  const int64_t fits = counts[fullest] / micro * micro;
+  if (counts[fullest] >= batch || fits / micro < context.world_size) return;
+  config.set("train.batch_size", fits);
+  if (context.rank == 0 && context.on_info) {
+    int64_t images = 0;
+    for (int64_t n : counts) images += n;
+    context.on_info(detail::concat(
+        "train.batch_size: the default global batch of ", batch, " is more than any bucket of ", manifest.root,
+        " holds (the fullest, ", table[fullest].width, "x", table[fullest].height, ", holds ", counts[fullest],
+        " of the ", images, " training images), so this run trains with a global batch of ", fits,
+        "; the other buckets' images join their nearest full bucket. Set --batch-size to choose"));
+  }
+}
+
 }  // namespace
 
-std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataContext& context) {
+std::unique_ptr<TrainData> open_image_folder(Config& config, const DataContext& context) {
   const std::string root = config.get_string("data.dir");
   const auto channels = static_cast<int>(config.get_int("data.channels"));
   LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "data.channels = ", channels, " must be 1 (gray) or 3 (RGB)");
@@ -196,6 +228,7 @@ std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataCon
   s.manifest_file = saved_path;
   s.augmentation.flip = config.get_bool("data.random_flip");
   s.augmentation.max_zoom = config.get_float("data.random_zoom");
+  fit_default_batch(config, manifest, table, s.split.excluded, context);
   return std::make_unique<FolderData>(std::move(manifest), table, channels, plan_options(config), s);
 }
 

@@ -60,11 +60,13 @@ struct DataContext {
 
 // Opens what `config` describes, first resolving data.dataset = "auto" in `config` to what
 // data.dir holds. Throws before any training for missing data, an empty folder, a bucket table
-// no image fits, or a global batch that no bucket can fill.
+// no image fits, or a global batch that no bucket can fill. A train.batch_size left at its default
+// that no bucket of an image folder can fill is lowered in `config` to what the fullest bucket
+// holds, said through context.on_info on rank 0 (a small folder trains with the defaults).
 std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context);
 
 // The two kinds (src/train/mnist_data.cpp, src/train/folder_data.cpp).
 std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataContext& context);
-std::unique_ptr<TrainData> open_image_folder(const Config& config, const DataContext& context);
+std::unique_ptr<TrainData> open_image_folder(Config& config, const DataContext& context);
 
 }  // namespace lockstep::train

@@ -67,3 +67,15 @@ lockstep_cli_test(folder_step_too_big_for_memory EXIT 1
                   TIMEOUT 120
                   SETUP "${IMAGES}"
                   ARGS train --data images --steps 1 --run-dir run --buckets 8192x8192 --global-batch 8 --threads 1)
+# A small folder trains with the defaults: a global batch left at its default that no bucket can fill
+# becomes what the fullest bucket holds, said once on rank 0; given explicitly, it stays an error.
+set(SMALL_FOLDER "${IMAGES} && mkdir small && LC_ALL=C ls images | grep -v not-really | head -30 | xargs -I{} cp images/{} small/")
+set(SMALL_FOLDER_ARGS --data small --run-dir run --steps 2 --buckets 64x64,80x64,64x80 --threads 1 --set model.channels=[8,16])
+lockstep_cli_test(folder_small_trains_with_the_default_batch EXIT 0
+                  OUTPUT "rank 0/2. train.batch_size: the default global batch of 64 is more than any bucket of small holds \\(the fullest, [0-9]+x[0-9]+, holds [0-9]+ of the 27 training images\\), so this run trains with a global batch of [0-9]+.*trained 2 steps"
+                  TIMEOUT 240 SETUP "${SMALL_FOLDER}"
+                  ARGS launch -n 2 -- train ${SMALL_FOLDER_ARGS})
+lockstep_cli_test(folder_small_with_a_batch_given_is_refused EXIT 1
+                  OUTPUT "no bucket can fill one global batch of 64 images; the fullest, [0-9]+x[0-9]+, holds [0-9]+ of the 27 training images"
+                  REJECT "so this run trains with" TIMEOUT 120 SETUP "${SMALL_FOLDER}"
+                  ARGS train ${SMALL_FOLDER_ARGS} --batch-size 64)
