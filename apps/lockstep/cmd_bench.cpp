@@ -105,7 +105,7 @@ int run_bench(const BenchOptions& opt) {
   std::cout << "limits measured now" << (on_gpu ? " on the device" : "") << ": sgemm n=" << sgemm_n << " "
             << fixed(sgemm, 1) << " GFLOP/s, triad " << fixed(bandwidth, 1) << " GB/s\n\n";
   std::cout << std::left << std::setw(13) << "case" << std::setw(31) << "shape" << std::right << std::setw(11)
-            << "median ms" << std::setw(13) << "tokens/s" << std::setw(14) << "rate" << std::setw(9) << "limit"
+            << "median ms" << std::setw(13) << "tokens/s" << std::setw(17) << "rate" << std::setw(9) << "limit"
             << std::setw(11) << "extra MiB"
             << "  target\n";
   for (const auto& c : cases) {
@@ -118,7 +118,7 @@ int run_bench(const BenchOptions& opt) {
     const double extra_mib = on_gpu ? -1 : m.extra_mib;
     std::cout << std::left << std::setw(13) << c.name << std::setw(31) << c.shape << std::right << std::setw(11)
               << fixed(m.median_ms, m.median_ms < 10 ? 3 : 1) << std::setw(13)
-              << fixed(c.tokens / (m.median_ms * 1e-3), 0) << std::setw(14)
+              << fixed(c.tokens / (m.median_ms * 1e-3), 0) << std::setw(17)  // room for "123456.7 GFLOP/s"
               << (fixed(rate, 1) + (flops ? " GFLOP/s" : " GB/s")) << std::setw(8) << fixed(fraction * 100, 0) << "%"
               << std::setw(11) << (extra_mib < 0 ? "n/a" : fixed(extra_mib, 1)) << "  "
               << (target.empty() ? "-" : target + (meets(c, m, fraction) ? " (met)" : " (MISSED)")) << "\n";
