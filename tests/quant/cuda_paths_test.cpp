@@ -24,6 +24,7 @@
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "quant/quant_paths.h"
+#include "train/small_run.h"
 
 namespace lockstep::quant {
 namespace {
@@ -142,15 +143,13 @@ namespace {
 class CudaTraining : public quant::CudaPathsBase {};
 
 Config gpu_config(const std::string& quantizer, int64_t steps, const std::string& device) {
-  Config c(lockstep_schema());
-  c.set("data.dir", std::string(LOCKSTEP_FASHION_MNIST_DIR));
-  c.set("data.train_subset", int64_t{256});
-  c.set("data.test_subset", int64_t{64});
-  c.set("model.channels", std::vector<int64_t>{8, 16});
-  c.set("train.batch_size", int64_t{32});
-  c.set("train.steps", steps);
-  c.set("train.log_every", int64_t{1});
-  c.set("train.checkpoint_every", int64_t{0});
+  ::lockstep::test_util::SmallRun r;
+  r.steps = steps;
+  r.train_images = 256;
+  r.test_images = 64;
+  r.log_every = 1;
+  r.grid_images = 0;
+  Config c = ::lockstep::test_util::small_run(r);
   c.set("train.device", device);
   c.set("quantizer.name", quantizer);
   // Every randomised path: k-means, dead codes, stochastic codes, layer dropout, entropy subsets, noise.

@@ -11,6 +11,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/train/trainer.h"
+#include "train/small_run.h"
 
 #if LOCKSTEP_HAVE_OPENCV
 #include <opencv2/core.hpp>
@@ -21,16 +22,15 @@ namespace lockstep::train {
 namespace {
 
 Config tiny(int64_t steps) {
-  Config c(lockstep_schema());
-  c.set("data.dir", std::string(LOCKSTEP_FASHION_MNIST_DIR));
-  c.set("data.train_subset", int64_t{64});
-  c.set("data.test_subset", int64_t{16});
-  c.set("model.channels", std::vector<int64_t>{4, 4});
-  c.set("train.batch_size", int64_t{8});
-  c.set("train.steps", steps);
-  c.set("train.threads", int64_t{1});
-  c.set("eval.grid_images", int64_t{2});
-  return c;
+  ::lockstep::test_util::SmallRun r;
+  r.steps = steps;
+  r.train_images = 64;
+  r.test_images = 16;
+  r.channels = {4, 4};
+  r.batch = 8;
+  r.grid_images = 2;
+  r.no_checkpoints = false;
+  return ::lockstep::test_util::small_run(r);
 }
 
 TEST(DistributedTrainer, RanksStartedWithDifferentSettingsAreToldBeforeTraining) {

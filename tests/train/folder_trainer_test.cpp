@@ -18,6 +18,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/run_dir.h"
+#include "train/small_run.h"
 
 #if LOCKSTEP_HAVE_OPENCV
 #include <opencv2/core.hpp>
@@ -53,17 +54,14 @@ std::string make_folder(const test_util::TempDir& tmp, const std::string& name =
 }
 
 Config folder_config(const std::string& root, int64_t steps) {
-  Config c(lockstep_schema());
-  c.set("data.dir", root);
+  ::lockstep::test_util::SmallRun r;
+  r.steps = steps;
+  r.train_images = r.test_images = 0;  // the whole folder
+  r.batch = 8;
+  r.log_every = 2;
+  Config c = ::lockstep::test_util::small_run(r, root);
   c.set("data.buckets", std::string("32x32,64x32,32x64"));
   c.set("data.eval_images", int64_t{4});
-  c.set("model.channels", std::vector<int64_t>{8, 16});
-  c.set("train.batch_size", int64_t{8});
-  c.set("train.steps", steps);
-  c.set("train.threads", int64_t{1});
-  c.set("train.log_every", int64_t{2});
-  c.set("train.checkpoint_every", int64_t{0});
-  c.set("eval.grid_images", int64_t{4});
   return c;
 }
 

@@ -20,23 +20,16 @@
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
 #include "model/random_lpips.h"
+#include "train/small_run.h"
 
 namespace lockstep::train {
 namespace {
 
 Config small_config(int64_t steps) {
-  Config c(lockstep_schema());
-  c.set("data.dir", std::string(LOCKSTEP_FASHION_MNIST_DIR));
-  c.set("data.train_subset", int64_t{640});
-  c.set("data.test_subset", int64_t{128});
-  c.set("model.channels", std::vector<int64_t>{8, 16});
-  c.set("train.batch_size", int64_t{32});
-  c.set("train.steps", steps);
-  c.set("train.threads", int64_t{1});
-  c.set("train.log_every", int64_t{5});
-  c.set("train.checkpoint_every", int64_t{0});
-  c.set("eval.grid_images", int64_t{4});
-  return c;
+  test_util::SmallRun r;
+  r.steps = steps;
+  r.log_every = 5;
+  return test_util::small_run(r);
 }
 
 std::shared_ptr<dist::Group> one() { return dist::make_single_process_group(); }
