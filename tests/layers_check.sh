@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # The library's layers include only downwards: each file of src/<layer>/ and include/lockstep/<layer>/
-# may include the public or internal headers of its own layer and of those below it, as README's
-# "Project layout" draws them. Prints each upward include (file:line) and exits 1 when there is one.
+# may include the public or internal headers of its own layer and of those below it. The table is
+# src/CMakeLists.txt's LOCKSTEP_BELOW_<layer> lists (the one place it is written); README's "Project
+# layout" arrows are checked against it. Prints each upward include (file:line) or arrow the table
+# does not allow, and exits 1 when there is one.
 #   layers_check.sh SOURCE_DIR
 set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
-declare -A below=(
-  [core]=""
-  [io]="core"
-  [data]="io core"
-  [quant]="core"
-  [dist]="quant core"
-  [model]="quant core"
-  [train]="model dist quant data io core"
-)
+declare -A below=()
+# The unindented definitions (the Python-only build narrows some inside an if(), indented).
+while read -r layer rest; do
+  below[$layer]=${rest//\"/}
+done < <(sed -nE 's/^set\(LOCKSTEP_BELOW_([a-z]+) ?(.*)\)$/\1 \2/p' "$root/src/CMakeLists.txt")
+if ((${#below[@]} == 0)); then
+  echo "layers: no LOCKSTEP_BELOW_<layer> table found in $root/src/CMakeLists.txt"
+  exit 1
+fi
 bad=0
+# README: "Dependencies point one way: `apps -> train -> {model, dist, data}`, `model -> quant`, ...":
+# every arrow from a layer must point to a layer below it.
+arrows=$(grep -o 'Dependencies point one way:.*' "$root/README.md" | head -1)
+arrows+=$(grep -A2 'Dependencies point one way:' "$root/README.md" | tail -n +2 | tr '\n' ' ')
+while read -r chain; do
+  IFS='>' read -ra steps <<< "${chain//->/>}"
+  for ((i = 0; i + 1 < ${#steps[@]}; i++)); do
+    from=$(tr -d ' {}`' <<< "${steps[i]}") to=$(tr -d ' {}`' <<< "${steps[i + 1]}")
+    [[ -v below[$from] ]] || continue  # apps, or not a layer
+    for target in ${to//,/ }; do
+      if [[ " ${below[$from]} " != *" $target "* ]]; then
+        echo "layers: README.md says $from -> $target, which src/CMakeLists.txt's table does not allow"
+        bad=1
+      fi
+    done
+  done
+done < <(grep -oE '`[a-z]+ -> [^`]*`' <<< "$arrows" | tr -d '`')
 for layer in "${!below[@]}"; do
   allowed=" $layer ${below[$layer]} "
   while IFS= read -r hit; do
