@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -85,6 +86,9 @@ struct Findings {
   std::string data_error;     // the files are there but cannot be read: what is wrong
   std::string data_unusable;  // read, but training with the defaults refuses them: why
   int64_t train_images = 0, test_images = 0;
+  // --data names a directory without Fashion-MNIST: what an image-folder run would find there.
+  int64_t folder_files = 0, folder_readable = 0;
+  std::string folder_error;
   dist::BackendReport backends;
 };
 
@@ -137,6 +141,14 @@ Findings examine(const DoctorOptions& opt) {
     } catch (const std::exception& e) {
       f.data_error = e.what();
     }
+  } else if (std::error_code ec; std::filesystem::is_directory(opt.data_dir, ec)) {
+    try {  // the scan `lockstep train --data DIR` makes (headers only)
+      const data::Manifest m = data::scan_image_folder(opt.data_dir);
+      f.folder_files = static_cast<int64_t>(m.entries.size());
+      f.folder_readable = m.readable_count();
+    } catch (const std::exception& e) {
+      f.folder_error = e.what();
+    }
   }
   return f;
 }
@@ -188,6 +200,11 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   rows.emplace_back("image folders", decoder.empty() ? "unavailable: built without OpenCV (install the packages "
                                                        "scripts/install-deps lists, rebuild)"
                                                      : "decoded with " + decoder);
+  if (f.folder_files > 0) {
+    rows.emplace_back("image folder", detail::concat(f.data.dir, ": ", f.folder_readable, " of ", f.folder_files,
+                                                     " image files readable (`lockstep train --data ", f.data.dir,
+                                                     "` trains on them)"));
+  }
   rows.emplace_back("Fashion-MNIST", !f.data.found ? "missing (" + std::to_string(f.data.missing_files.size()) +
                                                          " of 4 files absent from " + f.data.dir + ")"
                                      : !f.data_error.empty()
@@ -234,7 +251,12 @@ std::vector<std::string> report_warnings(const Findings& f) {
                        "settings refuses it: " +
                        f.data_unusable);
   }
-  if (!f.data.found) {
+  if (f.folder_files > 0 && f.folder_readable == 0) {
+    warnings.push_back(detail::concat("none of the ", f.folder_files, " image files in ", f.data.dir,
+                                      " can be decoded: `lockstep train --data ", f.data.dir, "` would refuse it"));
+  }
+  if (!f.folder_error.empty()) warnings.push_back(f.data.dir + " cannot be scanned: " + f.folder_error);
+  if (!f.data.found && f.folder_files == 0) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +
                        ": install it with `apt-get install dataset-fashion-mnist` (or scripts/install-deps), "
                        "or pass --data DIR");
@@ -270,7 +292,9 @@ void add_doctor_command(CLI::App& app, Runner& run) {
       "when it warns.");
   cmd->add_option("--threads", opt->threads, "Intra-op threads to measure with (default: one per logical core)")
       ->check(kPositiveInt);
-  cmd->add_option("--data", opt->data_dir, "Directory to look for Fashion-MNIST in")->capture_default_str();
+  cmd->add_option("--data", opt->data_dir,
+                  "Directory to look for Fashion-MNIST in; without it, the image folder to scan as training would")
+      ->capture_default_str();
   cmd->add_flag("--quick", opt->quick, "Shorter measurements (about 1 s in all instead of 3-5)");
   cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });
 }

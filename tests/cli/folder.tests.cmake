@@ -79,3 +79,9 @@ lockstep_cli_test(folder_small_with_a_batch_given_is_refused EXIT 1
                   OUTPUT "no bucket can fill one global batch of 64 images; the fullest, [0-9]+x[0-9]+, holds [0-9]+ of the 27 training images"
                   REJECT "so this run trains with" TIMEOUT 120 SETUP "${SMALL_FOLDER}"
                   ARGS train ${SMALL_FOLDER_ARGS} --batch-size 64)
+# doctor --data on an image folder says what a run would find there (the scan train makes), not that
+# Fashion-MNIST is missing.
+lockstep_cli_test(folder_doctor_scans_an_image_folder EXIT 0
+                  OUTPUT "image folder +images: 91 of 92 image files readable \\(`lockstep train --data images` trains on them\\)"
+                  REJECT "Fashion-MNIST is missing" TIMEOUT 120 SETUP "${IMAGES}"
+                  ARGS doctor --quick --data images)

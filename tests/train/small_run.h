@@ -17,8 +17,8 @@ struct SmallRun {
   int64_t test_images = 128;   // data.test_subset; 0 leaves it unset
   std::vector<int64_t> channels{8, 16};
   int64_t batch = 32;
-  int64_t log_every = 0;  // 0 leaves train.log_every at its default
-  int64_t grid_images = 4;  // 0 leaves eval.grid_images at its default
+  int64_t log_every = 0;       // 0 leaves train.log_every at its default
+  int64_t grid_images = 4;     // 0 leaves eval.grid_images at its default
   bool no_checkpoints = true;  // train.checkpoint_every = 0
 };
 
