@@ -76,7 +76,11 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_SYSTEM_NAME STREQUAL "Lin
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6 OUTPUT_VARIABLE LOCKSTEP_LIBSTDCXX
                   OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(IS_ABSOLUTE "${LOCKSTEP_LIBSTDCXX}" AND EXISTS "${LOCKSTEP_LIBSTDCXX}")
-    list(APPEND LOCKSTEP_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,${LOCKSTEP_LIBSTDCXX},--pop-state")
+    # This build's own targets only: the path is this machine's, so the installed package leaves it out.
+    list(APPEND LOCKSTEP_TORCH_LINK_OPTIONS
+         "$<BUILD_INTERFACE:LINKER:--push-state,--no-as-needed,${LOCKSTEP_LIBSTDCXX},--pop-state>")
+  else()
+    unset(LOCKSTEP_LIBSTDCXX)
   endif()
 endif()
 foreach(dir IN LISTS LOCKSTEP_NVIDIA_LIBDIRS)
