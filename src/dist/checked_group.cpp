@@ -276,7 +276,10 @@ void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
 }
 
 void CheckedGroup::mark_failed(const CollectiveCall& call) {
-  if (!failed_) failed_call_ = call.describe();
+  {
+    const std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (failed_call_.empty()) failed_call_ = call.describe();
+  }
   failed_ = true;
   control_->abandon();
   if (device_) device_->abandon();
@@ -284,8 +287,13 @@ void CheckedGroup::mark_failed(const CollectiveCall& call) {
 
 void CheckedGroup::require_usable(const char* op, const CollectiveOptions& opts) const {
   if (!failed_) return;
+  std::string failed_call;
+  {
+    const std::lock_guard<std::mutex> lock(failure_mutex_);
+    failed_call = failed_call_;
+  }
   throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", op, " at ",
-                                         opts.site.to_string(), " refused: this group is unusable since ", failed_call_,
+                                         opts.site.to_string(), " refused: this group is unusable since ", failed_call,
                                          " failed (ranks stopped at different points); make a new group"));
 }
 

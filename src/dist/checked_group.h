@@ -9,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -82,9 +83,11 @@ class CheckedGroup final : public Group {
   std::unique_ptr<Transport> device_;
   std::unique_ptr<Liveness> liveness_;
   uint64_t sequence_ = 0;
-  std::mutex mutex_;         // collectives are issued one at a time, in order
-  bool failed_ = false;      // a collective failed: the group is unusable
-  std::string failed_call_;  // that collective, described
+  std::mutex mutex_;  // collectives are issued one at a time, in order
+  // A collective failed: the group is unusable. Set where a wait fails, which need not hold mutex_.
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mutex_;
+  std::string failed_call_;  // the first failed collective, described (under failure_mutex_)
 };
 
 }  // namespace lockstep::dist
