@@ -12,10 +12,14 @@ declare -A below=()
 while read -r layer rest; do
   below[$layer]=${rest//\"/}
 done < <(sed -nE 's/^set\(LOCKSTEP_BELOW_([a-z]+) ?(.*)\)$/\1 \2/p' "$root/src/CMakeLists.txt")
-if ((${#below[@]} == 0)); then
-  echo "layers: no LOCKSTEP_BELOW_<layer> table found in $root/src/CMakeLists.txt"
+layers=$(sed -nE 's/^set\(LOCKSTEP_LAYERS (.*)\)$/\1/p' "$root/src/CMakeLists.txt" | head -1)
+if [[ -z $layers ]]; then
+  echo "layers: no LOCKSTEP_LAYERS list found in $root/src/CMakeLists.txt"
   exit 1
 fi
+for layer in $layers; do
+  [[ -v below[$layer] ]] || { echo "layers: src/CMakeLists.txt has no one-line LOCKSTEP_BELOW_$layer"; exit 1; }
+done
 bad=0
 # README: "Dependencies point one way: `apps -> train -> {model, dist, data}`, `model -> quant`, ...":
 # every arrow from a layer must point to a layer below it.
@@ -34,12 +38,16 @@ while read -r chain; do
     done
   done
 done < <(grep -oE '`[a-z]+ -> [^`]*`' <<< "$arrows" | tr -d '`')
+if [[ $(grep -oE '`[a-z]+ -> [^`]*`' <<< "$arrows" | wc -l) -eq 0 ]]; then
+  echo "layers: README.md's 'Dependencies point one way:' arrows were not found"
+  bad=1
+fi
 for layer in "${!below[@]}"; do
   allowed=" $layer ${below[$layer]} "
   while IFS= read -r hit; do
     file=${hit%%:*} rest=${hit#*:} line=${rest%%:*}
     target=$(sed -E 's|.*#include "(lockstep/)?([a-z]+)/.*|\2|' <<< "$rest")
-    [[ " core io data quant dist model train " == *" $target "* ]] || continue  # not a layer
+    [[ " $layers " == *" $target "* ]] || continue  # not a layer
     if [[ $allowed != *" $target "* ]]; then
       echo "layers: ${file#"$root"/}:$line: $layer includes $target, which is not below it: $(sed -E 's/^[0-9]+://' <<< "$rest")"
       bad=1

@@ -136,6 +136,7 @@ class LockstepQuantizer(nn.Module):
             for owner, name, is_parameter, _, tensor in entries:
                 (owner._parameters if is_parameter else owner._buffers)[name] = tensor
         device = fn(torch.zeros(1)).device  # where fn sends a tensor
+        self._device = device  # a module without tensors still knows where its results belong
         with torch.no_grad():
             for *_, tensor in entries:
                 if tensor.device != device:
@@ -266,3 +267,8 @@ class LockstepQuantizer(nn.Module):
     def _all_loss_names(self, names):
         """The loss names any call may return, from those of one call in each mode."""
         return names
+
+    @property
+    def device(self):
+        """Where the module's tensors are: the device of the last .to()/.cuda(), the CPU before one."""
+        return getattr(self, "_device", torch.device("cpu"))

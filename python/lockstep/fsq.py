@@ -80,6 +80,4 @@ class FSQ(LockstepQuantizer):
     def implicit_codebook(self):
         """Every code in index order, (codebook_size, codebook_dim), float32, on the module's device.
         Computed on use, not a buffer as in the reference, so DDP never broadcasts it."""
-        device = next((t.device for t in self._core.buffers().values()), None) or \
-            next((t.device for t in self._core.parameters().values()), torch.device("cpu"))
-        return self._core.fsq_indices_to_codes(torch.arange(self.codebook_size, device=device))
+        return self._core.fsq_indices_to_codes(torch.arange(self.codebook_size, device=self.device))

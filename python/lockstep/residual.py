@@ -63,9 +63,7 @@ class _Residual(LockstepQuantizer):
 
     def _layer_codebook(self, q, method):
         """Layer q's every code in index order, from liblockstep's layer (`method`: its binding)."""
-        layer = self._core.layer(q)
-        device = next(iter(self._core.buffers().values()), torch.empty(0)).device
-        return getattr(layer, method)(torch.arange(self.codebook_size, device=device))
+        return getattr(self._core.layer(q), method)(torch.arange(self.codebook_size, device=self.device))
 
     def get_output_from_indices(self, indices):
         """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the

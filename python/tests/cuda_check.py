@@ -52,6 +52,9 @@ def check(name, make, shape, compiled=False):
            and not k.endswith("_extra_state")]
     if off:
         return f"the state dict's {off} are not on the GPU after .cuda()"
+    for attr in ("codebook", "codebooks", "implicit_codebook"):  # computed or held, they follow the module
+        if isinstance(getattr(type(module), attr, None), property) and not getattr(module, attr).is_cuda:
+            return f"{attr} is not on the GPU after .cuda()"
     inputs = [torch.randn(*shape) for _ in range(3)]
     (want, want_state), (got, got_state) = train_steps(cpu, inputs, "cpu"), train_steps(gpu, inputs, "cuda")
     for step, ((o1, i1, g1), (o2, i2, g2)) in enumerate(zip(want, got)):
