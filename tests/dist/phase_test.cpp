@@ -29,6 +29,26 @@ struct PhaseCase {
 };
 void PrintTo(const PhaseCase& c, std::ostream* os) { *os << c.name; }
 
+using Buffers = std::map<std::string, at::Tensor>;
+
+Buffers copy_of_buffers(const quant::Quantizer& q) {
+  Buffers out;
+  for (const auto& b : q.named_buffers()) out[b.key()] = b.value().clone();
+  return out;
+}
+
+void expect_unchanged(const Buffers& before, const Buffers& after, int rank) {
+  for (const auto& [name, value] : before) {
+    EXPECT_TRUE(torch::equal(after.at(name), value)) << "rank " << rank << ": " << name << " changed";
+  }
+}
+
+// The case's quantizer for each of two ranks, built one after another (construction draws from
+// torch's default generator, which rank threads building at once would share).
+std::vector<std::shared_ptr<quant::Quantizer>> two_quantizers(const PhaseCase& c) {
+  return {build(c.quantizer, c.settings), build(c.quantizer, c.settings)};
+}
+
 class Phases : public ::testing::TestWithParam<PhaseCase> {};
 
 // Failure mode a at its most treacherous: after step 7 rank 0 runs a training-mode forward to
@@ -38,10 +58,9 @@ class Phases : public ::testing::TestWithParam<PhaseCase> {};
 // quantizer state may change.
 TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
   const PhaseCase& c = GetParam();
-  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
-  for (int r = 0; r < 2; ++r) quantizers.push_back(build(c.quantizer, c.settings));
+  const auto quantizers = two_quantizers(c);
   std::vector<std::string> messages(2);
-  std::vector<std::map<std::string, at::Tensor>> before(2), after(2);
+  std::vector<Buffers> before(2), after(2);
   const auto errors = test_util::run_ranks(2, [&](Group& g, int r) {
     auto& q = *quantizers[r];
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
@@ -50,14 +69,14 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
       const PhaseScope step7(g, Phase::train_step(7));
       q.quantize(x, {&reducer, at::detail::createCPUGenerator(7)});
     }
-    for (const auto& b : q.named_buffers()) before[r][b.key()] = b.value().clone();
+    before[r] = copy_of_buffers(q);
     const PhaseScope phase(g, r == 0 ? Phase::evaluation(7) : Phase::train_step(8));
     try {
       q.quantize(x, {&reducer, at::detail::createCPUGenerator(8)});
     } catch (const CollectiveMismatch& e) {
       messages[r] = e.what();
     }
-    for (const auto& b : q.named_buffers()) after[r][b.key()] = b.value().clone();
+    after[r] = copy_of_buffers(q);
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
@@ -67,9 +86,7 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
     // The call site is the quantizer's own line, not the reducer's that forwards it.
     EXPECT_NE(messages[r].find("src/quant/" + c.source + ":"), std::string::npos) << messages[r];
     EXPECT_EQ(messages[r].find("group_reducer.cpp"), std::string::npos) << messages[r];
-    for (const auto& [name, value] : before[r]) {
-      EXPECT_TRUE(torch::equal(after[r].at(name), value)) << "rank " << r << ": " << name << " changed";
-    }
+    expect_unchanged(before[r], after[r], r);
   }
 }
 
@@ -78,21 +95,20 @@ TEST_P(Phases, AForwardFromAnotherPhaseIsAMismatchBeforeAnyDataMoves) {
 // (so a forward run on one rank only can never pair with another rank's step). One rank needs none.
 TEST_P(Phases, AnUndeclaredPhaseIsRefusedOnEveryRankBeforeAnythingMoves) {
   const PhaseCase& c = GetParam();
-  std::vector<std::shared_ptr<quant::Quantizer>> quantizers;
-  for (int r = 0; r < 2; ++r) quantizers.push_back(build(c.quantizer, c.settings));
+  const auto quantizers = two_quantizers(c);
   std::vector<std::string> messages(2);
-  std::vector<std::map<std::string, at::Tensor>> before(2), after(2);
+  std::vector<Buffers> before(2), after(2);
   const auto errors = test_util::run_ranks(2, [&](Group& g, int r) {
     auto& q = *quantizers[r];
     GroupReducer reducer(std::shared_ptr<Group>(&g, [](Group*) {}));
-    for (const auto& b : q.named_buffers()) before[r][b.key()] = b.value().clone();
+    before[r] = copy_of_buffers(q);
     try {
       q.quantize(torch::randn({4, 6, q.dim()}, at::detail::createCPUGenerator(r)),
                  {&reducer, at::detail::createCPUGenerator(7)});
     } catch (const InvalidArgument& e) {
       messages[r] = e.what();
     }
-    for (const auto& b : q.named_buffers()) after[r][b.key()] = b.value().clone();
+    after[r] = copy_of_buffers(q);
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(errors[r]) << test_util::message_of<std::exception>(errors[r]);
@@ -101,9 +117,7 @@ TEST_P(Phases, AnUndeclaredPhaseIsRefusedOnEveryRankBeforeAnythingMoves) {
         << messages[r];
     EXPECT_NE(messages[r].find("src/quant/" + c.source + ":"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("PhaseScope"), std::string::npos) << messages[r];
-    for (const auto& [name, value] : before[r]) {
-      EXPECT_TRUE(torch::equal(after[r].at(name), value)) << "rank " << r << ": " << name << " changed";
-    }
+    expect_unchanged(before[r], after[r], r);
   }
   // One process: nothing to pair with, so no phase is needed.
   auto single = build(c.quantizer, c.settings);
