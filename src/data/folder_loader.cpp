@@ -11,6 +11,17 @@
 
 namespace lockstep::data {
 namespace {
+
+// `buckets` less the entries in `excluded`.
+std::vector<std::vector<int64_t>> without(std::vector<std::vector<int64_t>> buckets,
+                                          const std::vector<int64_t>& excluded) {
+  const std::set<int64_t> skip(excluded.begin(), excluded.end());
+  for (auto& members : buckets) {
+    members.erase(std::remove_if(members.begin(), members.end(), [&](int64_t id) { return skip.count(id) > 0; }),
+                  members.end());
+  }
+  return buckets;
+}
 constexpr uint64_t kReplacement = +SeedPurpose::Replacement;
 constexpr uint64_t kAugmentation = +SeedPurpose::Augmentation;
 
@@ -44,16 +55,13 @@ FolderDataset::FolderDataset(Manifest manifest, std::vector<BucketSize> table, i
   LOCKSTEP_CHECK_ARG(manifest_.readable_count() > 0, "image folder ", manifest_.root, " holds no readable image (",
                      manifest_.entries.size(), " image files listed, none decodable)");
   LOCKSTEP_CHECK_ARG(!table_.empty(), "the bucket table is empty");
-  buckets_ = assign_buckets(manifest_, table_);
+  // Every readable entry's bucket, the excluded ones' too (place() puts held-out images in theirs).
+  const auto all = assign_buckets(manifest_, table_);
   table_bucket_.assign(manifest_.entries.size(), -1);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (int64_t id : buckets_[b]) table_bucket_[static_cast<size_t>(id)] = static_cast<int64_t>(b);
+  for (size_t b = 0; b < all.size(); ++b) {
+    for (int64_t id : all[b]) table_bucket_[static_cast<size_t>(id)] = static_cast<int64_t>(b);
   }
-  const std::set<int64_t> skip(excluded.begin(), excluded.end());
-  for (auto& members : buckets_) {
-    members.erase(std::remove_if(members.begin(), members.end(), [&](int64_t id) { return skip.count(id) > 0; }),
-                  members.end());
-  }
+  buckets_ = without(all, excluded);
   merge_small_buckets();
   (void)EpochPlan(buckets_, plan_options_, 0);  // cannot fail now; a last check of the plan's rules
 
@@ -72,6 +80,11 @@ std::vector<std::vector<int64_t>> FolderDataset::place(const std::vector<int64_t
     out[static_cast<size_t>(bucket_map_[static_cast<size_t>(table_bucket_[id])])].push_back(id);
   }
   return out;
+}
+
+std::vector<std::vector<int64_t>> training_buckets(const Manifest& manifest, const std::vector<BucketSize>& table,
+                                                   const std::vector<int64_t>& excluded) {
+  return without(assign_buckets(manifest, table), excluded);
 }
 
 FolderSplit split_folder(const Manifest& manifest, int64_t eval_images, int64_t train_subset) {

@@ -4,11 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <set>
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/batch.h"
-#include "lockstep/data/buckets.h"
 #include "lockstep/data/folder_loader.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/train/data_settings.h"
@@ -164,11 +162,9 @@ data::Manifest scan_with_progress(const std::string& root, const data::Manifest*
 void fit_default_batch(Config& config, const data::Manifest& manifest, const std::vector<data::BucketSize>& table,
                        const std::vector<int64_t>& excluded, const DataContext& context) {
   if (!config.is_default("train.batch_size")) return;
-  const std::set<int64_t> skip(excluded.begin(), excluded.end());
-  const auto buckets = data::assign_buckets(manifest, table);
-  std::vector<int64_t> counts(buckets.size(), 0);
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    for (int64_t id : buckets[b]) counts[b] += skip.count(id) ? 0 : 1;
+  std::vector<int64_t> counts;
+  for (const auto& members : data::training_buckets(manifest, table, excluded)) {
+    counts.push_back(static_cast<int64_t>(members.size()));
   }
   const auto fullest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
   const int64_t batch = config.get_int("train.batch_size"), micro = config.get_int("train.grad_accum");

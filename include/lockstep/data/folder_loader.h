@@ -51,6 +51,10 @@ struct FolderSplit {
 };
 FolderSplit split_folder(const Manifest& manifest, int64_t eval_images, int64_t train_subset);
 
+// Each bucket's training images: the readable entries assign_buckets puts there, less `excluded`.
+std::vector<std::vector<int64_t>> training_buckets(const Manifest& manifest, const std::vector<BucketSize>& table,
+                                                   const std::vector<int64_t>& excluded);
+
 // Images of a bucket too small to fill one global batch moved to a fuller bucket.
 struct MergedBucket {
   int64_t from = 0;  // bucket indices in the table
