@@ -227,6 +227,10 @@ class LockstepQuantizer(nn.Module):
         group = self._process_group if self._process_group is not None else dist.group.WORLD
         if dist.get_world_size(group) == 1:
             return None
+        if self._group is None and hasattr(group, "_channel"):
+            # lockstep.distributed's wrapper: one checked channel, so the module's collectives and the
+            # user's are numbered in one sequence and a pairing of the two is a CollectiveMismatch.
+            self._group = group._channel
         if self._group is None:
             store = dist.distributed_c10d._get_default_store()
             rank, size, timeout = dist.get_rank(group), dist.get_world_size(group), self._collective_timeout

@@ -375,6 +375,21 @@ PYBIND11_MODULE(_C, m) {
            py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("make_gloo"),
            "make_gloo(prefix) -> a ProcessGroupGloo over the store under `prefix`, for a process group "
            "without a built-in Gloo backend")
+      .def(
+          "check",
+          [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,
+             const std::string& tag, const std::string& file, int line, bool compare_site) {
+            py::gil_scoped_release release;  // the agreement waits for the other ranks
+            const lockstep::dist::CollectiveOptions opts(lockstep::CallSite{tag.c_str(), file.c_str(), line});
+            lockstep::dist::check_foreign_collective(*lazy.get(), op, tensors, opts, compare_site);
+          },
+          py::arg("op"), py::arg("tensors"), py::arg("tag"), py::arg("file"), py::arg("line"), py::arg("compare_site"),
+          "Checks a torch.distributed collective before it runs (lockstep.distributed): the ranks agree on op, "
+          "dtypes, shapes and tag, or all raise CollectiveMismatch naming each rank's call; a rank that died or "
+          "stalled is a CollectiveFailure. Moves no data.")
+      .def(
+          "connect", [](lockstep::dist::LazyGroup& lazy) { lazy.get(); }, py::call_guard<py::gil_scoped_release>(),
+          "Makes the checked channel now (a rendezvous of every rank) instead of at its first collective.")
       .def_property_readonly("rank", &lockstep::dist::LazyGroup::rank)
       .def_property_readonly("size", &lockstep::dist::LazyGroup::size);
   // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).

@@ -55,6 +55,9 @@ class CheckedGroup final : public Group {
   std::vector<at::Tensor> all_gather(const at::Tensor& input, const CollectiveOptions& opts) override;
   void broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) override;
   void barrier(const CollectiveOptions& opts) override;
+  // check_foreign_collective (collective.h): a sequence number, the agreement and the watch, no data.
+  void check_foreign(const std::string& op, const std::vector<at::Tensor>& tensors, const CollectiveOptions& opts,
+                     bool compare_site);
   void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
 
  private:

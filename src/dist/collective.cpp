@@ -45,6 +45,8 @@ const char* collective_op_name(CollectiveOp op) {
       return "broadcast";
     case CollectiveOp::Barrier:
       return "barrier";
+    case CollectiveOp::Foreign:
+      return "foreign";
   }
   return "unknown";
 }
@@ -63,10 +65,12 @@ CollectiveCall CollectiveCall::of(uint64_t sequence, CollectiveOp op, const std:
 }
 
 std::string CollectiveCall::describe() const {
-  std::string out = detail::concat("#", sequence, " ", collective_op_name(op));
+  std::string out = detail::concat("#", sequence, " ", op == CollectiveOp::Foreign ? foreign : collective_op_name(op));
   if (op == CollectiveOp::AllReduce) out += detail::concat("(", reduce_op_name(reduce), ")");
   if (op == CollectiveOp::Broadcast) out += detail::concat("(root ", root, ")");
-  if (op != CollectiveOp::Barrier && tensors.size() <= 4) {
+  // A barrier, or a foreign op that passes no tensors every rank must agree on (all_to_all).
+  const bool no_tensors = op == CollectiveOp::Barrier || (op == CollectiveOp::Foreign && tensors.empty());
+  if (!no_tensors && tensors.size() <= 4) {
     out += " of [";
     for (size_t i = 0; i < tensors.size(); ++i) {
       out += (i ? ", " : "") + tensors[i].dtype + " (";
@@ -74,7 +78,7 @@ std::string CollectiveCall::describe() const {
       out += ")";
     }
     out += "]";
-  } else if (op != CollectiveOp::Barrier) {
+  } else if (!no_tensors) {
     // Many tensors (a gradient bucket): their count and elements per dtype, in order of appearance.
     std::vector<std::pair<std::string, int64_t>> per_dtype;
     for (const auto& t : tensors) {
@@ -92,7 +96,10 @@ std::string CollectiveCall::describe() const {
     }
     out += ")";
   }
-  return out + " at " + site.to_string() + " in " + phase.describe();
+  out += " at " + site.to_string();
+  // A foreign call outside any phase lockstep declared: the phase would only say so.
+  if (op == CollectiveOp::Foreign && phase.kind == Phase::Kind::None) return out;
+  return out + " in " + phase.describe();
 }
 
 std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const {
@@ -104,10 +111,14 @@ std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const 
     shapes = fnv1a(t.sizes.data(), t.sizes.size() * sizeof(int64_t), shapes);
   }
   const std::string tag = site.tag ? site.tag : "";
-  const uint64_t tag_hash = fnv1a(tag.data(), tag.size());
+  const uint64_t tag_hash = compare_site ? fnv1a(tag.data(), tag.size()) : 0;
+  // A foreign op's word is its name's hash with the top bit set: it never equals lockstep's own ops.
+  const int64_t op_word = op == CollectiveOp::Foreign
+                              ? static_cast<int64_t>(fnv1a(foreign.data(), foreign.size()) | (uint64_t{1} << 63))
+                              : static_cast<int64_t>(op);
   return {kMagic,
           static_cast<int64_t>(sequence),
-          static_cast<int64_t>(op),
+          op_word,
           op == CollectiveOp::AllReduce ? static_cast<int64_t>(reduce) : -1,
           root,
           static_cast<int64_t>(tensors.size()),

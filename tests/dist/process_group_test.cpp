@@ -137,6 +137,32 @@ std::vector<Mismatch> mismatches() {
        },
        {"eval.mse"},
        {"grad.bucket3"}},
+      // torch.distributed's collectives checked through lockstep.distributed (check_foreign_collective).
+      {"foreign_op",
+       [](Group& g, int r) {
+         check_foreign_collective(g, r == 0 ? "all_reduce(avg)" : "all_reduce(sum)", {torch::ones({4})},
+                                  LOCKSTEP_CALL_SITE("dist.all_reduce in step"), false);
+       },
+       {"#2 all_reduce(avg) of [float32 (4)] at dist.all_reduce in step"},
+       {"#2 all_reduce(sum) of [float32 (4)]"}},
+      {"foreign_against_own",
+       [](Group& g, int r) {
+         std::vector<at::Tensor> t{torch::ones({4})};
+         if (r == 0)
+           check_foreign_collective(g, "all_reduce(sum)", t, LOCKSTEP_CALL_SITE("dist.all_reduce in log"), false);
+         else
+           g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("vq.ema"));
+       },
+       {"#2 all_reduce(sum) of [float32 (4)] at dist.all_reduce in log"},
+       {"#2 all_reduce(sum) of [float32 (4)] at vq.ema"}},
+      {"foreign_barrier_skipped",
+       [](Group& g, int r) {
+         if (r == 0) check_foreign_collective(g, "barrier", {}, LOCKSTEP_CALL_SITE("dist.barrier in save"), false);
+         check_foreign_collective(g, "all_reduce(sum)", {torch::ones({1})}, LOCKSTEP_CALL_SITE("dist.all_reduce"),
+                                  false);
+       },
+       {"#2 barrier at dist.barrier in save"},
+       {"#2 all_reduce(sum) of [float32 (1)]"}},
   };
 }
 
@@ -177,6 +203,33 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveMismatches,
                          [](const auto& info) {
                            return std::get<0>(info.param).name + test_util::join_name(std::get<1>(info.param));
                          });
+
+// A foreign check moves no data and takes one sequence number; unless asked, ranks may reach it from
+// different call sites (each reported, neither compared).
+TEST(ForeignCollectives, AgreeingChecksMoveNothingAndIgnoreTheSiteUnlessAsked) {
+  const auto errors = run_ranks(
+      2,
+      [&](Group& g, int r) {
+        at::Tensor t = torch::full({3}, static_cast<float>(r));
+        check_foreign_collective(g, "all_reduce(sum)", {t}, LOCKSTEP_CALL_SITE(r == 0 ? "a" : "b"), false);
+        EXPECT_TRUE(torch::equal(t, torch::full({3}, static_cast<float>(r))));
+        try {
+          check_foreign_collective(g, "barrier", {}, LOCKSTEP_CALL_SITE(r == 0 ? "a" : "b"), true);
+          ADD_FAILURE() << "rank " << r << ": call sites compared, yet no mismatch";
+        } catch (const CollectiveMismatch& e) {
+          EXPECT_NE(e.per_rank()[0].find("#2 barrier at a"), std::string::npos) << e.what();
+          EXPECT_NE(e.per_rank()[1].find("#2 barrier at b"), std::string::npos) << e.what();
+        }
+        std::vector<at::Tensor> own{torch::ones({2})};
+        g.all_reduce(own, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
+        EXPECT_TRUE(torch::equal(own[0], torch::full({2}, 2.0f)));
+      },
+      Join::InMemory);
+  expect_no_errors(errors);
+  // A group of one process has nobody to disagree with.
+  SingleProcessGroup one;
+  check_foreign_collective(one, "barrier", {}, LOCKSTEP_CALL_SITE("alone"), true);
+}
 
 // Without fingerprints (checked = false, for measuring the check's cost) nothing stops ranks from
 // disagreeing; the in-memory transport still turns it into an error on every rank, as Gloo would

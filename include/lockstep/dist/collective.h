@@ -16,7 +16,9 @@
 
 namespace lockstep::dist {
 
-enum class CollectiveOp { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+// Foreign: a collective that another library runs on its own process group (torch.distributed's,
+// checked through lockstep.distributed); CollectiveCall::foreign names it.
+enum class CollectiveOp { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4, Foreign = 5 };
 const char* collective_op_name(CollectiveOp op);
 
 struct TensorSpec {
@@ -31,7 +33,9 @@ struct CollectiveCall {
   int root = -1;                    // broadcast only
   std::vector<TensorSpec> tensors;
   CallSite site;
-  Phase phase;  // as the caller declared it on the group
+  Phase phase;               // as the caller declared it on the group
+  std::string foreign;       // Foreign only: the op as its library names it, "all_reduce(avg)", "gather(root 0)"
+  bool compare_site = true;  // the call site's tag is part of the fingerprint (foreign calls may opt out)
 
   static CollectiveCall of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
                            const CallSite& site, const Phase& phase, ReduceOp reduce = ReduceOp::Sum, int root = -1);
@@ -45,6 +49,14 @@ struct CollectiveCall {
   // (up to 64-bit hash collisions of the shapes and the call-site tag; file and line may differ).
   std::array<int64_t, kWords> fingerprint() const;
 };
+
+// Checks a collective that another library is about to run on its own process group (a torch.distributed
+// call, through lockstep.distributed): the ranks agree on `op` (as foreign), the tensors' dtypes and
+// shapes and the call site's tag before any data moves (G1), and a rank that died or stalled is named
+// (G2). Nothing is transferred. Every rank of `group` must call it; a group of one process checks nothing.
+// `compare_site`: whether ranks must also agree on the call site's tag (it is reported either way).
+void check_foreign_collective(Group& group, const std::string& op, const std::vector<at::Tensor>& tensors,
+                              const CollectiveOptions& opts, bool compare_site);
 
 // Ranks disagree about a collective. Every rank of the group throws it for the same collective,
 // naming each rank's call.

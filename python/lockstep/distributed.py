@@ -1,0 +1,277 @@
+"""lockstep.distributed: every collective of a PyTorch training loop checked by lockstep's channel.
+
+Two ways in, one checker (the CheckedGroup of liblockstep that the CLI's ranks use, docs/python.md):
+
+    import lockstep.distributed
+    dist.init_process_group("lockstep")  # Gloo on the CPU, NCCL on CUDA; every collective checked
+
+or, for a process group you already have, ``group = lockstep.distributed.wrap(group)`` and hand it to
+DistributedDataParallel or to the collectives' ``group=`` argument.
+
+Before a collective runs, the ranks exchange a fingerprint of it (sequence number, op, reduce op or
+root, dtypes and shapes): when they disagree, every rank raises lockstep.CollectiveMismatch naming
+each rank's call and Python call site, and nothing is sent. A rank that died is named as
+lockstep.CollectiveFailure (PeerLost) within seconds, one that stalls when the group's timeout
+expires. Then the real backend (the wrapped group's) runs the collective unchanged, so results are
+bitwise those without the wrapper. Point-to-point send and recv pass through unchecked.
+"""
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["CheckedProcessGroup", "wrap", "BACKEND"]
+
+BACKEND = "lockstep"  # the name registered with torch.distributed.Backend
+
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for Gloo
+
+# Frames in these packages are not the user's call site: the first frame outside them is reported.
+_NOT_USER = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]]))
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "torchmetrics")
+
+_REDUCE_NAMES = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.PRODUCT, "product"),
+                 (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.BAND, "band"),
+                 (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")]
+
+
+def _framework_dirs():
+    dirs = []
+    for name in _FRAMEWORKS:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__) + os.sep)
+    return tuple(dirs)
+
+
+def _call_site():
+    """(tag, file, line) of the first Python frame outside torch, lockstep and the training frameworks;
+    the tag names the API the collective came through: torch.distributed's function, or C++ (DDP's
+    reducer, an extension) when no torch.distributed frame called it."""
+    skip = _NOT_USER + _framework_dirs()
+    frame = sys._getframe(2)  # the caller of the overridden method
+    api = f"dist.{frame.f_code.co_name}" if frame.f_code.co_filename.endswith("distributed_c10d.py") else "C++ caller"
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    if frame is None:
+        return f"{api}, no Python caller", "?", 0
+    return f"{api} in {frame.f_code.co_name}", frame.f_code.co_filename, frame.f_lineno
+
+
+def _reduce_name(opts):
+    op = getattr(opts, "reduceOp", None)
+    if op is None:
+        return "sum"
+    for known, name in _REDUCE_NAMES:
+        try:
+            if op == known:
+                return name
+        except (TypeError, RuntimeError):  # PREMUL_SUM and other ops that carry a value
+            break
+    return "custom"
+
+
+def _root(opts):
+    return getattr(opts, "rootRank", 0)
+
+
+def _flat(tensors):
+    out = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+        else:
+            out.extend(_flat(t))
+    return out
+
+
+# Each checked method of torch's ProcessGroup (the names torch.distributed and DDP call): the op's
+# name as reported, and the tensors every rank must agree on (the inputs; alltoall's may differ).
+def _op_all_reduce(args, opts):
+    return f"all_reduce({_reduce_name(opts)})", args[0]
+
+
+def _op_all_reduce_coalesced(args, opts):
+    return f"all_reduce_coalesced({_reduce_name(opts)})", args[0]
+
+
+def _op_all_gather(args, opts):
+    return "all_gather", _flat(args[1])
+
+
+def _op_all_gather_single(args, opts):
+    return "all_gather_into_tensor", _flat([args[1]])
+
+
+def _op_broadcast(args, opts):
+    return f"broadcast(root {_root(opts)})", args[0]
+
+
+def _op_reduce(args, opts):
+    return f"reduce({_reduce_name(opts)}, root {_root(opts)})", args[0]
+
+
+def _op_reduce_scatter(args, opts):
+    return f"reduce_scatter({_reduce_name(opts)})", _flat([args[0]])
+
+
+def _op_gather(args, opts):
+    return f"gather(root {_root(opts)})", _flat(args[1])
+
+
+def _op_scatter(args, opts):
+    return f"scatter(root {_root(opts)})", _flat([args[0]])
+
+
+def _op_alltoall(args, opts):
+    return "all_to_all", []  # the parts' sizes may differ between ranks
+
+
+def _op_barrier(args, opts):
+    return "barrier", []
+
+
+_CHECKED = {
+    "allreduce": _op_all_reduce,
+    "allreduce_coalesced": _op_all_reduce_coalesced,
+    "allgather": _op_all_gather,
+    "allgather_coalesced": _op_all_gather,
+    "all_gather_single": _op_all_gather_single,
+    "all_gather_single_coalesced": _op_all_gather,
+    "allgather_into_tensor_coalesced": _op_all_gather,
+    "_allgather_base": _op_all_gather_single,
+    "broadcast": _op_broadcast,
+    "reduce": _op_reduce,
+    "reduce_scatter": _op_reduce_scatter,
+    "reduce_scatter_single": _op_reduce_scatter,
+    "reduce_scatter_single_coalesced": _op_reduce_scatter,
+    "reduce_scatter_tensor_coalesced": _op_reduce_scatter,
+    "_reduce_scatter_base": _op_reduce_scatter,
+    "gather": _op_gather,
+    "gather_single": _op_gather,
+    "scatter": _op_scatter,
+    "alltoall": _op_alltoall,
+    "alltoall_base": _op_alltoall,
+    "all_to_all_single": _op_alltoall,
+    "barrier": _op_barrier,
+}
+
+_BACKEND_TYPES = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+
+
+def _checked_method(name, describe):
+    def method(self, *args, **kwargs):
+        opts = kwargs.get("opts", args[-1] if args and hasattr(args[-1], "timeout") else None)
+        op, tensors = describe(args, opts)
+        tag, file, line = _call_site()
+        self._channel.check(op, list(tensors), tag, file, line, self._compare_call_sites)
+        return getattr(self._inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"ProcessGroup.{name}, checked by lockstep's channel first."
+    return method
+
+
+class CheckedProcessGroup(dist.ProcessGroup):
+    """A torch.distributed ProcessGroup whose collectives are checked by lockstep's channel, then run
+    by the wrapped group (`inner`). Every rank must wrap (a rendezvous over `store`)."""
+
+    def __init__(self, inner, store, timeout=_DEFAULT_TIMEOUT, compare_call_sites=False):
+        super().__init__(inner.rank(), inner.size())
+        self._inner = inner
+        self._compare_call_sites = bool(compare_call_sites)
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        rank, size = inner.rank(), inner.size()
+
+        def make_gloo(prefix):  # lockstep's own Gloo group, for an inner group without one (NCCL alone)
+            return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
+                                         datetime.timedelta(seconds=seconds))
+
+        self._channel = _C.LazyGroup(inner, store, seconds, make_gloo)
+        self._channel.connect()  # heartbeats from now on, not from the first collective
+        # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
+        # torch looks the group's name up through its default backend (the first device's).
+        for i, device in enumerate(inner._device_types):
+            backend = inner._get_backend(device)
+            kind = _BACKEND_TYPES.get(backend.name().lower(), dist.ProcessGroup.BackendType.CUSTOM)
+            if i == 0:
+                self._set_default_backend(kind)
+            self._register_backend(torch.device(device.type if hasattr(device, "type") else device), kind, backend)
+
+    @property
+    def inner(self):
+        """The wrapped process group, which runs the collectives."""
+        return self._inner
+
+    def getBackendName(self):  # noqa: N802 (torch's name)
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+
+for _name, _describe in _CHECKED.items():
+    setattr(CheckedProcessGroup, _name, _checked_method(_name, _describe))
+
+
+def _store_of(group):
+    try:
+        return dist.distributed_c10d._world.pg_map[group][1]
+    except (AttributeError, KeyError):
+        return dist.distributed_c10d._get_default_store()
+
+
+def wrap(group=None, *, timeout=None, compare_call_sites=False):
+    """A CheckedProcessGroup over `group` (torch.distributed's default group when None): pass it to
+    DistributedDataParallel(process_group=...) or as `group=` to collectives. Every rank of the group
+    must call it, in the same order as its other wraps. `timeout`: how long a collective may wait for a
+    stalled rank (default the group's, else 30 min). `compare_call_sites`: ranks must also issue each
+    collective from the same API and function (off by default: ranks may legitimately reach one
+    collective from different lines)."""
+    if not dist.is_initialized():
+        raise RuntimeError("lockstep.distributed.wrap: torch.distributed is not initialized; call "
+                           "dist.init_process_group first (or init it with backend='lockstep')")
+    inner = group if group is not None else dist.group.WORLD
+    if isinstance(inner, CheckedProcessGroup):
+        return inner
+    if timeout is None:
+        timeout = getattr(inner, "_timeout", None) or _DEFAULT_TIMEOUT
+    store = _store_of(inner)
+    checked = CheckedProcessGroup(inner, dist.PrefixStore(f"lockstep/wrap/{inner.group_name}", store), timeout,
+                                  compare_call_sites)
+    _register(checked, inner, store)
+    return checked
+
+
+def _register(checked, inner, store):
+    """torch.distributed's functions look a group up in its world tables (its ranks, its backend's name),
+    also when they report an error: the wrapper takes the inner group's entries."""
+    world = dist.distributed_c10d._world
+    world.pg_map[checked] = (BACKEND, store)
+    world.pg_names[checked] = world.pg_names[inner]
+    world.pg_group_ranks[checked] = world.pg_group_ranks[inner]
+    world.pg_backend_config[checked] = world.pg_backend_config.get(inner, BACKEND)
+
+
+def _create_backend(store, rank, size, timeout):
+    """torch.distributed's constructor for backend "lockstep": Gloo for CPU tensors and, where CUDA
+    and NCCL are available, NCCL for CUDA tensors, under the checking wrapper."""
+    inner = dist.ProcessGroup(store, rank, size)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    inner._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    inner._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, options)
+        inner._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+    return CheckedProcessGroup(inner, dist.PrefixStore("lockstep", store), timeout)
+
+
+if BACKEND.upper() not in dist.Backend._plugins:  # importing twice (reloads) registers once
+    dist.Backend.register_backend(BACKEND, _create_backend, devices=["cpu", "cuda"])

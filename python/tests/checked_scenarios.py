@@ -1,0 +1,133 @@
+"""Training loops with one rank out of step, under lockstep.distributed (test_checked_collectives.py).
+
+    python -m torch.distributed.run --nproc-per-node 2 checked_scenarios.py SCENARIO OUT
+    python checked_scenarios.py lightning_log_on_one_rank OUT  (Lightning launches its own ranks)
+
+Each rank writes OUT/rank<r>.txt: the name of the exception it stopped with and its message, or "ok",
+then exits. Lines that issue the collectives end in a `# site:` comment, which the test looks for.
+"""
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import lockstep
+import lockstep.distributed  # registers the "lockstep" backend  # noqa: F401
+
+OUT = None
+
+
+def record(rank, text):
+    with open(os.path.join(OUT, f"rank{rank}.txt"), "w") as f:
+        f.write(text)
+
+
+def user_loss_all_reduce_against_broadcast(rank):
+    loss = torch.tensor([float(rank)])
+    if rank == 0:
+        dist.all_reduce(loss)  # site: loss all_reduce
+    else:
+        dist.broadcast(torch.zeros(3), src=0)  # site: broadcast
+
+
+def barrier_skipped_by_one_rank(rank):
+    if rank == 0:
+        dist.barrier()  # site: barrier
+    dist.all_reduce(torch.ones(2))  # site: all_reduce after
+
+
+def ddp_parameter_unused_on_one_rank(rank):
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4)})
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = model
+
+        def forward(self, x, use_b):
+            y = self.layers["a"](x)
+            return self.layers["b"](y) if use_b else y
+
+    ddp = torch.nn.parallel.DistributedDataParallel(Net())
+    for _ in range(2):
+        ddp(torch.ones(2, 4), use_b=rank == 0).sum().backward()  # site: backward
+
+
+def vq_extra_train_forward_then_loss_allreduce(rank, reference=False):
+    """The reference's scenario: rank 0 alone runs a training-mode forward (a preview) before the first
+    step, whose k-means initialisation communicates; then every rank all-reduces its loss."""
+    torch.manual_seed(0)
+    if reference:
+        from vector_quantize_pytorch import VectorQuantize
+        vq = VectorQuantize(dim=8, codebook_size=16, kmeans_init=True, sync_kmeans=True)
+    else:
+        vq = lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True)
+    x = torch.randn(2, 32, 8)
+    if rank == 0:
+        vq(x)  # site: preview forward
+    out, _, loss = vq(x)
+    total = (out.square().mean() + loss.sum()).detach().reshape(1)
+    dist.all_reduce(total)  # site: vq loss all_reduce
+
+
+def reference_vq_extra_train_forward_then_loss_allreduce(rank):
+    vq_extra_train_forward_then_loss_allreduce(rank, reference=True)
+
+
+def rank_one_stops(rank):
+    if rank == 1:
+        os._exit(0)  # gone without a word, as a killed process
+    dist.barrier()  # site: barrier after
+
+
+def lightning_log_on_one_rank(out):
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import DDPStrategy
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, index):
+            loss = self.layer(batch).square().mean()
+            if self.global_rank == 0:
+                self.log("loss", loss, sync_dist=True)  # site: sync_dist
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Record(pl.Callback):
+        def on_exception(self, trainer, module, exception):
+            record(trainer.global_rank, f"{type(exception).__name__}: {exception}")
+
+    data = torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="lockstep"),
+                         max_epochs=1, callbacks=[Record()], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(), data)
+    record(trainer.global_rank, "ok")
+
+
+def main():
+    global OUT
+    scenario, OUT = sys.argv[1], sys.argv[2]
+    if scenario == "lightning_log_on_one_rank":
+        return lightning_log_on_one_rank(OUT)
+    dist.init_process_group("lockstep")
+    rank = dist.get_rank()
+    try:
+        globals()[scenario](rank)
+        record(rank, "ok")
+    except Exception as e:  # noqa: BLE001 (the record is the test's evidence)
+        record(rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    # No destroy_process_group: after a failed collective it may wait for ranks that have gone.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

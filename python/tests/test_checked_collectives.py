@@ -1,0 +1,192 @@
+"""lockstep.distributed (issue #24): a training loop's every collective checked by lockstep's channel.
+Each scenario of checked_scenarios.py runs on 2 real processes (torchrun, or Lightning's own launcher)
+with a hard time limit; the test reads what each rank stopped with and checks that it is lockstep's
+error, raised fast, naming both ranks' calls and their call sites (file:line)."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checked_scenarios.py")
+TIME_LIMIT = 120  # seconds per run; the whole process group is killed after it
+FAST = 30  # an error must come well before any timeout torch or lockstep would otherwise hit
+
+
+def _site(marker):
+    """'checked_scenarios.py:LINE' of the line whose `# site:` comment is `marker`."""
+    with open(SCRIPT) as f:
+        for number, line in enumerate(f, 1):
+            if line.rstrip().endswith(f"# site: {marker}"):
+                return f"checked_scenarios.py:{number})"
+    raise AssertionError(f"no line marked {marker!r} in {SCRIPT}")
+
+
+def _run(scenario, out, lightning=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("MASTER_PORT", None)
+    command = [sys.executable] if lightning else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  "--nproc-per-node", "2"]
+    start = time.monotonic()
+    process = subprocess.Popen(command + [SCRIPT, scenario, str(out)], env=env, cwd=out, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=TIME_LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{scenario}: still running after {TIME_LIMIT} s:\n{output.decode()[-3000:]}")
+    seconds = time.monotonic() - start
+    records = {}
+    for rank in range(2):
+        path = out / f"rank{rank}.txt"
+        if path.exists():
+            records[rank] = path.read_text()
+    assert 0 in records, f"{scenario}: rank 0 recorded nothing:\n{output.decode()[-3000:]}"
+    return records, seconds
+
+
+def _mismatch_names(record, calls):
+    """record is a CollectiveMismatch whose rank r part holds calls[r] (a regex) and the site."""
+    assert record.startswith("CollectiveMismatch: collective mismatch"), record
+    for rank, (call, site) in enumerate(calls):
+        part = re.search(rf"rank {rank}: (#[^;\n]*)", record)
+        assert part, f"no rank {rank} in: {record}"
+        assert re.search(call, part.group(1)), f"rank {rank}: {part.group(1)!r} is not {call!r}"
+        assert site in part.group(1), f"rank {rank}: {part.group(1)!r} does not name {site}"
+
+
+def test_a_loss_all_reduce_against_another_collective_is_a_mismatch_on_both_ranks(tmp_path):
+    records, seconds = _run("user_loss_all_reduce_against_broadcast", tmp_path)
+    for rank in range(2):
+        _mismatch_names(records[rank], [
+            (r"#1 all_reduce\(sum\) of \[float32 \(1\)\] at dist.all_reduce", _site("loss all_reduce")),
+            (r"#1 broadcast\(root 0\) of \[float32 \(3\)\] at dist.broadcast", _site("broadcast"))])
+        assert f"seen by rank {rank} of 2" in records[rank]
+    assert seconds < FAST
+
+
+def test_a_barrier_skipped_by_one_rank_is_a_mismatch_on_both_ranks(tmp_path):
+    records, seconds = _run("barrier_skipped_by_one_rank", tmp_path)
+    for rank in range(2):
+        _mismatch_names(records[rank], [(r"#1 barrier at dist.barrier", _site("barrier")),
+                                        (r"#1 all_reduce\(sum\) of \[float32 \(2\)\]", _site("all_reduce after"))])
+    assert seconds < FAST
+
+
+def test_ddp_with_a_parameter_unused_on_one_rank_names_the_rank_and_the_bucket(tmp_path):
+    """Rank 1 never sends its bucket and stops at DDP's own check of the next step; rank 0, waiting in
+    the bucket's all_reduce, names rank 1 as gone within seconds instead of waiting for the timeout."""
+    records, seconds = _run("ddp_parameter_unused_on_one_rank", tmp_path)
+    assert records[1].startswith("RuntimeError: Expected to have finished reduction"), records[1]
+    assert records[0].startswith("CollectiveFailure: rank 0 of 2: #"), records[0]
+    assert re.search(r"all_reduce\(sum\) of \[float32 \(40\)\] at C\+\+ caller in ddp_parameter_unused_on_one_rank",
+                     records[0]), records[0]
+    assert _site("backward") in records[0] and "rank(s) 1 died" in records[0], records[0]
+    assert seconds < FAST
+
+
+def test_a_rank_that_stops_is_named_by_the_others(tmp_path):
+    records, seconds = _run("rank_one_stops", tmp_path)
+    assert records[0].startswith("CollectiveFailure: rank 0 of 2: #1 barrier at dist.barrier"), records[0]
+    assert _site("barrier after") in records[0] and "rank(s) 1 died" in records[0], records[0]
+    assert seconds < FAST
+
+
+def test_the_references_preview_forward_then_loss_all_reduce_is_a_mismatch(tmp_path):
+    """vector-quantize-pytorch's k-means all-reduces in rank 0's extra training forward; the other rank's
+    next collective is its loss all_reduce. Without the wrapper Gloo aborts a rank on the size."""
+    pytest.importorskip("vector_quantize_pytorch")
+    records, seconds = _run("reference_vq_extra_train_forward_then_loss_allreduce", tmp_path)
+    for rank in range(2):
+        _mismatch_names(records[rank], [
+            (r"all_reduce\(sum\) of \[float32 \(1, 16\)\] at dist.all_reduce in", "vector_quantize_pytorch.py:"),
+            (r"all_reduce\(sum\) of \[float32 \(1\)\] at dist.all_reduce in vq_extra", _site("vq loss all_reduce"))])
+    assert seconds < FAST
+
+
+def test_lockstep_vq_preview_forward_then_loss_all_reduce_trains_on(tmp_path):
+    """lockstep's VectorQuantize shares the wrapper's channel: rank 0's preview forward and rank 1's first
+    forward each run the k-means initialisation's collectives, which agree, so both ranks go on."""
+    records, seconds = _run("vq_extra_train_forward_then_loss_allreduce", tmp_path)
+    assert records == {0: "ok", 1: "ok"}, records
+    assert seconds < FAST
+
+
+def test_lightning_sync_dist_on_one_rank_is_a_mismatch_naming_the_log_call(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    records, seconds = _run("lightning_log_on_one_rank", tmp_path, lightning=True)
+    _mismatch_names(records[0], [(r"barrier at dist.barrier in training_step", _site("sync_dist")),
+                                 (r"all_reduce\(sum\) of \[float32 \(5\)\] at C\+\+ caller", "checked_scenarios.py:")])
+    assert seconds < FAST + 30  # Lightning starts its second process itself
+
+
+def _train(rank, world, backend_checked):
+    import lockstep.distributed
+    group = lockstep.distributed.wrap() if backend_checked else None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
+    model.register_buffer("seen", torch.zeros(1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        x = torch.randn(4, 8, generator=generator)
+        optimizer.zero_grad()
+        (ddp(x) - x).square().mean().backward()
+        optimizer.step()
+        loss = (ddp(x) - x).square().mean().detach().reshape(1)
+        dist.all_reduce(loss, group=group)
+    return {k: v.clone() for k, v in model.state_dict().items()}, loss
+
+
+def test_a_clean_ddp_run_is_bitwise_the_same_with_the_wrapper():
+    plain = run_ranks(2, _train, False)
+    checked = run_ranks(2, _train, True)
+    for rank in range(2):
+        state, loss = checked[rank]
+        assert torch.equal(loss, plain[rank][1])
+        for key, value in plain[rank][0].items():
+            assert torch.equal(state[key], value), f"rank {rank}: {key} differs with the wrapper"
+    assert torch.equal(checked[0][1], checked[1][1])
+
+
+def _wrapped_group_facts(rank, world):
+    import lockstep.distributed
+    group = lockstep.distributed.wrap()
+    x = torch.full((2,), float(rank + 1))
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    gathered = [torch.empty(1) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]), group=group)
+    y = torch.tensor([float(rank)])
+    dist.broadcast(y, src=1, group=group)
+    try:  # ops differ only in the reduce op
+        dist.all_reduce(torch.ones(1), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.AVG, group=group)
+        mismatch = None
+    except Exception as e:  # noqa: BLE001
+        mismatch = f"{type(e).__name__}: {e}"
+    return x.tolist(), [g.item() for g in gathered], y.item(), mismatch, lockstep.distributed.wrap(group) is group
+
+
+def test_wrap_gives_torchs_results_and_names_the_reduce_op():
+    results = run_ranks(2, _wrapped_group_facts)
+    for rank, (x, gathered, y, mismatch, idempotent) in enumerate(results):
+        assert x == [2.0, 2.0] and gathered == [0.0, 1.0] and y == 1.0 and idempotent
+        assert mismatch is not None and mismatch.startswith("CollectiveMismatch"), mismatch
+        assert "rank 0: #4 all_reduce(sum) of [float32 (1)]" in mismatch, mismatch
+        assert "rank 1: #4 all_reduce(avg) of [float32 (1)]" in mismatch, mismatch
+
+
+def test_wrap_needs_an_initialized_group():
+    import lockstep.distributed
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with pytest.raises(RuntimeError, match="not initialized"):
+        lockstep.distributed.wrap()
