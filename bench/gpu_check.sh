@@ -22,6 +22,8 @@
 #   nccl-stalled  (2+ GPUs) a rank stopped with SIGSTOP is reported and launch exits non-zero
 #   python-nccl   (2+ GPUs) the Python modules over an NCCL-only process group under torchrun, rank 0
 #                 previewing alone: ranks identical (python/tests/nccl_check.py)
+#   checked-nccl  (2+ GPUs) lockstep.distributed over NCCL: what checking costs per collective and per DDP
+#                 step, beside no check and TORCH_DISTRIBUTED_DEBUG=DETAIL (python/bench/checked_collectives.py)
 #
 #   bench/gpu_check.sh [--deps DIR] [--torch-root DIR] [--build DIR] [--out DIR] [--quick]
 # --deps: what scripts/gpu-deps prepared on a Debian machine (headers, Fashion-MNIST) for a GPU
@@ -202,7 +204,7 @@ fi
 
 # --- several ranks over NCCL, and the failure modes
 if ((gpus < 2)); then
-  skip "nccl-train nccl-killed nccl-stalled" "need 2 GPUs, $gpus visible (the 2-rank NCCL mismatch test in cuda-tests skipped too)"
+  skip "nccl-train nccl-killed nccl-stalled python-nccl checked-nccl" "need 2 GPUs, $gpus visible (the 2-rank NCCL mismatch test in cuda-tests skipped too)"
   finish
 fi
 t0=$(date +%s%N)
@@ -233,5 +235,13 @@ elif PYTHONPATH="$build/python" python3 -m torch.distributed.run --standalone --
   pass python-nccl "$(grep -c '^PASS' "$logs/python-nccl.log") module checks passed on each rank"
 else
   fail python-nccl "$(grep -m2 -E '^FAIL|Error' "$logs/python-nccl.log" | xargs | cut -c1-200)"
+fi
+if [[ ! -d "$build/python/lockstep" ]]; then
+  skip checked-nccl "the build made no Python package"
+elif PYTHONPATH="$build/python" python3 "$src/python/bench/checked_collectives.py" --cuda --repeats 3 \
+    > "$logs/checked-nccl.log" 2>&1; then
+  pass checked-nccl "$(grep -E '^(all_reduce 4 B|DDP step)' "$logs/checked-nccl.log" | xargs | cut -c1-200)"
+else
+  fail checked-nccl "$(grep -m2 -E 'Error|failed' "$logs/checked-nccl.log" | xargs | cut -c1-200)"
 fi
 finish

@@ -83,6 +83,19 @@ def rank_one_stops(rank):
     dist.barrier()  # site: barrier after
 
 
+def accelerate_gather_on_one_rank(rank):
+    """accelerate on the CPU insists on Gloo by name, so the group is made first (accelerate adopts an
+    initialised one); rank 0 gathers its loss for a log, rank 1 has gone on to its backward."""
+    from accelerate import Accelerator
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Linear(4, 1))
+    loss = model(torch.ones(2, 4)).square().mean()
+    if rank == 0:
+        accelerator.gather(loss.detach())  # site: gather
+    accelerator.backward(loss)  # site: accelerate backward
+
+
 def lightning_log_on_one_rank(out):
     import pytorch_lightning as pl
     from pytorch_lightning.strategies import DDPStrategy

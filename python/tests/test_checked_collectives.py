@@ -120,6 +120,16 @@ def test_lockstep_vq_preview_forward_then_loss_all_reduce_trains_on(tmp_path):
     assert seconds < FAST
 
 
+def test_accelerate_gather_on_one_rank_is_a_mismatch_naming_the_gather(tmp_path):
+    pytest.importorskip("accelerate")
+    records, seconds = _run("accelerate_gather_on_one_rank", tmp_path)
+    for rank in range(2):
+        _mismatch_names(records[rank], [(r"all_gather.* at dist.all_gather\S* in accelerate_gather", _site("gather")),
+                                        (r"all_reduce\(sum\) of \[float32 \(5\)\] at C\+\+ caller",
+                                         _site("accelerate backward"))])
+    assert seconds < FAST
+
+
 def test_lightning_sync_dist_on_one_rank_is_a_mismatch_naming_the_log_call(tmp_path):
     pytest.importorskip("pytorch_lightning")
     records, seconds = _run("lightning_log_on_one_rank", tmp_path, lightning=True)

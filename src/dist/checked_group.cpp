@@ -200,20 +200,11 @@ void check_foreign_collective(Group& group, const std::string& op, const std::ve
 // Fingerprints are of fixed size, so the exchange itself can never mismatch.
 void CheckedGroup::agree(const CollectiveCall& call, const CollectiveOptions& opts) {
   if (!options_.checked) return;
-  // One all_reduce(max) of (w, ~w): max(~w) = ~min(w), so the ranks agree iff max == min, word by word
-  // (an all_reduce of a few words costs Gloo about half what an all_gather does).
   const auto words = call.fingerprint();
-  constexpr auto n = static_cast<int64_t>(CollectiveCall::kWords);
-  at::Tensor extremes = torch::empty({2 * n}, torch::kInt64);
-  int64_t* e = extremes.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    e[i] = words[static_cast<size_t>(i)];
-    e[n + i] = ~words[static_cast<size_t>(i)];
-  }
-  auto work = control_->all_reduce(extremes, ReduceOp::Max);
-  finish(*work, call, opts);
+  const at::Tensor mine = torch::tensor(std::vector<int64_t>(words.begin(), words.end()), torch::kInt64);
+  const std::vector<at::Tensor> all = gather_on_control(mine, call, opts);
   bool same = true;
-  for (int64_t i = 0; i < n; ++i) same = same && e[i] == ~e[n + i];
+  for (const auto& theirs : all) same = same && torch::equal(theirs, all[0]);
   if (same) return;
   // Every rank saw the same fingerprints, so every rank takes this path: exchange descriptions.
   const std::string text = call.describe();

@@ -94,14 +94,19 @@ void Liveness::leave(const CollectiveCall& call) {
   shared_->where = call.describe();
 }
 
+// "<progress>, in|after <collective>"; the caller holds s.mutex.
+std::string Liveness::status_text(const Shared& s) {
+  std::string text = s.progress.empty() ? "" : s.progress + ", ";
+  return text + (s.where_sequence == 0 ? s.where : (s.inside ? "in " : "after ") + s.where);
+}
+
 // Publishes "<beat>|<sequence>|<1 inside, 0 after>|<progress>, in|after <collective>"; the store is
 // written without the lock held, so a write that hangs holds up nothing but this thread.
 void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
   uint64_t beat = 0;
   std::unique_lock<std::mutex> lock(s->mutex);
   while (!s->stopping) {
-    std::string text = s->progress.empty() ? "" : s->progress + ", ";
-    text += s->where_sequence == 0 ? s->where : (s->inside ? "in " : "after ") + s->where;
+    const std::string text = status_text(*s);
     const std::string value = detail::concat(++beat, "|", s->where_sequence, "|", s->inside ? 1 : 0, "|", text);
     lock.unlock();
     try {
@@ -257,8 +262,13 @@ std::string Liveness::where_everyone_is(uint64_t sequence, std::vector<int>* wai
   const auto statuses = read_statuses();
   for (int r = 0; r < size_; ++r) {
     const Process p = r == rank_ ? Process::Running : process_of(r);
+    std::string text = statuses[r].text;
+    if (r == rank_) {  // this rank's own status as it is now, not as last published
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      text = status_text(*shared_);
+    }
     out += detail::concat("\n  rank ", r, p == Process::Stopped ? " [process stopped]" : "",
-                          p == Process::Gone ? " [process gone]" : "", ": ", statuses[r].text);
+                          p == Process::Gone ? " [process gone]" : "", ": ", text);
     const auto seq = static_cast<int64_t>(sequence);
     const bool behind =
         statuses[r].beat != -1 && (statuses[r].sequence < seq || (statuses[r].sequence == seq && !statuses[r].inside));

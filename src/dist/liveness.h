@@ -81,6 +81,7 @@ class Liveness {
   struct Shared;
 
   static void heartbeat_loop(std::shared_ptr<Shared> s);
+  static std::string status_text(const Shared& s);
   static void read_store(std::shared_ptr<Shared> s);
   // Every rank's status: read on a helper thread, unreachable when it does not answer in time.
   std::vector<Status> read_statuses() const;
