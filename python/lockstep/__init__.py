@@ -11,7 +11,8 @@ from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
 from .residual import ResidualFSQ, ResidualLFQ, ResidualVQ
 from .sequential import Sequential
+from .simvq import SimVQ
 from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
-           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "CollectiveMismatch", "CollectiveFailure"]
+           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "CollectiveMismatch", "CollectiveFailure"]

@@ -40,7 +40,9 @@ GROUPED = {
     "GroupedResidualLFQ": lambda: lockstep.GroupedResidualLFQ(dim=8, groups=2, codebook_size=2**4, num_quantizers=2,
                                                               commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
 }
-IN_DDP = {**QUANTIZERS, **GROUPED}
+# SimVQ reduces nothing (its map is a parameter, its codebook frozen): DDP's gradient average is all it needs.
+OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT)}
+IN_DDP = {**QUANTIZERS, **GROUPED, **OTHERS}
 
 
 def _aux_loss(out):

@@ -7,6 +7,7 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
+#include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -139,6 +140,23 @@ OptionSection vq_section() {
        real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0)}};
 }
 
+OptionSection simvq_section() {
+  const SimVqOptions d(kVqDim, kVqCodebookSize);
+  return {
+      "simvq",
+      {integer("dim", kVqDim, "Channels of each latent token, the length of each code the map gives.")
+           .in_range(1, 4096),
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
+       integer("frozen_codebook_dim", 0, "Length of the frozen random codes the linear map reads; 0 means dim.")
+           .in_range(0, 4096),
+       boolean("rotation_trick", d.rotation_trick(), "Rotation-trick gradient estimator; false uses straight-through."),
+       real("input_to_quantize_commit_loss_weight", d.input_to_quantize_commit_loss_weight(),
+            "Weight of mse(x, sg(q)), which pulls tokens to their codes, beside mse(sg(x), q), which trains "
+            "the map.")
+           .in_range(0, 1000),
+       real("commitment_weight", d.commitment_weight(), "Weight of the whole commitment loss.").in_range(0, 1000)}};
+}
+
 OptionSection residual_section() {
   const ResidualOptions d(kResidualLayers);
   return {"residual",
@@ -156,7 +174,8 @@ OptionSection residual_section() {
 }  // namespace
 
 const std::vector<OptionSection>& quantizer_option_sections() {
-  static const std::vector<OptionSection> sections = {fsq_section(), lfq_section(), vq_section(), residual_section()};
+  static const std::vector<OptionSection> sections = {fsq_section(), lfq_section(), vq_section(), simvq_section(),
+                                                      residual_section()};
   return sections;
 }
 

@@ -5,6 +5,7 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/option_check.h"
 #include "lockstep/quant/residual.h"
+#include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -53,6 +54,15 @@ VqOptions vq_options(const OptionReader& o) {
   return options;
 }
 
+SimVqOptions simvq_options(const OptionReader& o) {
+  SimVqOptions options(o.integer("dim"), o.integer("codebook_size"));
+  options.rotation_trick(o.boolean("rotation_trick"))
+      .input_to_quantize_commit_loss_weight(o.real("input_to_quantize_commit_loss_weight"))
+      .commitment_weight(o.real("commitment_weight"));
+  if (const int64_t fd = o.integer("frozen_codebook_dim"); fd != 0) options.frozen_codebook_dim(fd);  // 0: dim
+  return options;
+}
+
 ResidualOptions residual_options(const OptionReader& o) {
   ResidualOptions options(o.integer("num_quantizers"));
   options.quantize_dropout(o.boolean("quantize_dropout"))
@@ -69,7 +79,7 @@ OptionReader section_of(const OptionReader& o, const std::string& name) {
 }  // namespace
 
 const std::vector<std::string>& option_sections() {
-  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "residual"};
+  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "residual"};
   return sections;
 }
 
@@ -80,10 +90,12 @@ void validate_options(const std::string& section, const OptionReader& options) {
     lfq_options(options).validate();
   } else if (section == "vq") {
     vq_options(options).validate();
+  } else if (section == "simvq") {
+    simvq_options(options).validate();
   } else if (section == "residual") {
     residual_options(options).validate();
   } else {
-    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq or residual)");
+    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq, simvq or residual)");
   }
 }
 
@@ -96,6 +108,8 @@ const std::vector<RegistryEntry>& quantizer_registry() {
        [](const OptionReader& o) { return std::make_shared<Lfq>(lfq_options(o)); }},
       {"vq", "vector quantization with an EMA codebook (optional k-means init, dead-code replacement)",
        [](const OptionReader& o) { return std::make_shared<Vq>(vq_options(o)); }},
+      {"simvq", "SimVQ: a frozen random codebook through one learned linear map (no EMA, no dead codes)",
+       [](const OptionReader& o) { return std::make_shared<SimVq>(simvq_options(o)); }},
       {"residual-vq", "residual VQ: quantizer.residual.num_quantizers VQ layers, each with quantizer.vq options",
        [](const OptionReader& o) {
          return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));

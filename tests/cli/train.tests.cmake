@@ -42,6 +42,10 @@ lockstep_cli_test(train_bad_config_file EXIT 1 OUTPUT "bad.toml.*line 2"
 lockstep_cli_test(train_tiny_run EXIT 0 OUTPUT "step 4/4.*test: mse [0-9.]+  psnr [0-9.]+ dB  codes used"
                   TIMEOUT 120 ARGS train --run-dir run --steps 4 --batch-size 16 --threads 1
                   --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8])
+# SimVQ from the CLI: trains (its map learns by gradient), saves, and the saved run evaluates.
+lockstep_cli_test(train_simvq_then_eval EXIT 0 OUTPUT "mse [0-9.]+  psnr [0-9.]+ dB  codes used [0-9]+/64" TIMEOUT 120
+                  SETUP "${LS} train --run-dir run --quantizer simvq --set quantizer.simvq.codebook_size=64 --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8] > train.log"
+                  ARGS eval run --limit 32)
 lockstep_cli_test(train_run_dir_taken EXIT 1 OUTPUT "already holds a run.*--resume" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS train --run-dir run)
 lockstep_cli_test(train_resume_extends EXIT 0 OUTPUT "resumed at step 4 of 6.*trained 6 steps" TIMEOUT 120

@@ -12,6 +12,7 @@
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
+#include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/model_factory.h"
@@ -32,6 +33,10 @@ std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
   if (name == "fsq") return std::make_shared<Fsq>(fsq());
   if (name == "lfq") return std::make_shared<Lfq>(lfq());
   if (name == "vq") return std::make_shared<Vq>(vq());
+  if (name == "simvq") {
+    return std::make_shared<SimVq>(SimVqOptions(default_option_reader("simvq").integer("dim"),
+                                                default_option_reader("simvq").integer("codebook_size")));
+  }
   if (name == "residual-vq") return make_residual_vq(residual(), vq());
   if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());
   if (name == "residual-lfq") return make_residual_lfq(residual(), lfq());

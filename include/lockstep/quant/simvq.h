@@ -1,0 +1,87 @@
+// SimVQ (Zhu et al. 2024, "Addressing representation collapse in vector quantized models with one
+// linear layer"), as defined in docs/quantizers.md section "SimVQ" after vector-quantize-pytorch's
+// SimVQ: a frozen random codebook whose codes reach the tokens through one learned linear map, so
+// every code moves with each gradient step and none is left dead. No statistics, no randomness.
+#pragma once
+
+#include <optional>
+
+#include <torch/nn/modules/linear.h>
+
+#include "lockstep/quant/quantizer.h"
+
+namespace lockstep::quant {
+
+struct SimVqOptions {
+  SimVqOptions(int64_t dim, int64_t codebook_size) : dim_(dim), codebook_size_(codebook_size) {}
+
+  // Length of the frozen codes, mapped to dim by the learned linear layer; unset means dim.
+  SimVqOptions& frozen_codebook_dim(int64_t d) {
+    frozen_codebook_dim_ = d;
+    return *this;
+  }
+  // The rotation trick (value q, gradient rotated from x onto q); false uses straight-through.
+  SimVqOptions& rotation_trick(bool on) {
+    rotation_trick_ = on;
+    return *this;
+  }
+  // The commitment loss is mse(sg(x), q) + w * mse(x, sg(q)), times commitment_weight: the first term
+  // trains the linear map, the second (w, 0.25 by default) pulls the tokens towards their codes.
+  SimVqOptions& input_to_quantize_commit_loss_weight(double w) {
+    input_to_quantize_commit_loss_weight_ = w;
+    return *this;
+  }
+  SimVqOptions& commitment_weight(double w) {
+    commitment_weight_ = w;
+    return *this;
+  }
+
+  int64_t dim() const { return dim_; }
+  int64_t codebook_size() const { return codebook_size_; }
+  int64_t frozen_codebook_dim() const { return frozen_codebook_dim_.value_or(dim_); }
+  bool rotation_trick() const { return rotation_trick_; }
+  double input_to_quantize_commit_loss_weight() const { return input_to_quantize_commit_loss_weight_; }
+  double commitment_weight() const { return commitment_weight_; }
+
+  // Throws InvalidArgument with the value: dim, codebook_size or frozen_codebook_dim < 1, a negative
+  // or non-finite weight.
+  void validate() const;
+
+ private:
+  int64_t dim_;
+  int64_t codebook_size_;
+  std::optional<int64_t> frozen_codebook_dim_;
+  bool rotation_trick_ = true;
+  double input_to_quantize_commit_loss_weight_ = 0.25;
+  double commitment_weight_ = 1.0;
+};
+
+class SimVq final : public Quantizer {
+ public:
+  // The frozen codebook is randn(K, fd) / sqrt(fd), then the map's weight (dim, fd) is initialised as
+  // torch.nn.Linear's, both from torch's default generator in that order (as the reference draws them).
+  explicit SimVq(SimVqOptions options);
+
+  std::string kind() const override { return "simvq"; }
+  int64_t dim() const override { return options_.dim(); }
+  int64_t codebook_size() const override { return options_.codebook_size(); }
+
+  // Nearest code of the implicit codebook (Euclidean). Loss "commitment". Training and evaluation
+  // compute the same; nothing is reduced and no state changes, so data-parallel training needs only
+  // the gradient averaging of the map's weight.
+  QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  at::Tensor encode(const at::Tensor& x) override;
+  at::Tensor decode(const at::Tensor& indices) override;
+
+  const SimVqOptions& options() const { return options_; }
+  // The codes the tokens see, (K, dim): the frozen codebook through the map (differentiable).
+  at::Tensor implicit_codebook() const;
+  const at::Tensor& frozen_codebook() const { return frozen_codebook_; }
+
+ private:
+  SimVqOptions options_;
+  at::Tensor frozen_codebook_;  // buffer (K, fd)
+  torch::nn::Linear code_transform_{nullptr};
+};
+
+}  // namespace lockstep::quant

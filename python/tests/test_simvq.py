@@ -1,0 +1,68 @@
+"""lockstep.SimVQ beside vector-quantize-pytorch's SimVQ: the same initial state from the same torch seed,
+and over several Adam steps from the same state the same indices, outputs, losses, input and parameter
+gradients (reference_steps.compare_training_steps), for tokens, feature maps, straight-through and a
+frozen codebook of another length. Under DDP on 2 processes: test_ddp.py."""
+import pytest
+import torch
+
+import lockstep
+from reference_steps import compare_training_steps
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+
+def test_the_same_seed_gives_the_references_initial_state():
+    torch.manual_seed(7)
+    reference = vqp.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5)
+    torch.manual_seed(7)
+    ours = lockstep.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5)
+    expected = reference.state_dict()
+    assert set(expected) == set(ours.state_dict()) - {"_extra_state"}
+    for key, value in expected.items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    torch.testing.assert_close(ours.codebook, reference.codebook)
+
+
+@pytest.mark.parametrize("options, shape", [
+    ({}, (2, 16, 8)),
+    ({"rotation_trick": False}, (2, 16, 8)),
+    ({"frozen_codebook_dim": 5, "input_to_quantize_commit_loss_weight": 0.5, "commitment_weight": 2.0}, (3, 7, 8)),
+    ({"channel_first": True}, (2, 8, 4, 3)),
+    ({}, (2, 4, 3, 8)),  # (b, h, w, d): the middle axes packed
+])
+def test_training_steps_match_the_reference(options, shape):
+    torch.manual_seed(0)
+    reference = vqp.SimVQ(dim=8, codebook_size=32, **options)
+    ours = lockstep.SimVQ(dim=8, codebook_size=32, **options)
+    compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam)
+
+
+def test_indices_to_codes_is_the_forward_value_and_reaches_the_map():
+    torch.manual_seed(1)
+    reference = vqp.SimVQ(dim=8, codebook_size=16, channel_first=True)
+    ours = lockstep.SimVQ(dim=8, codebook_size=16, channel_first=True)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 8, 3, 3)
+    out, indices, _ = ours(x)
+    codes = ours.indices_to_codes(indices)
+    torch.testing.assert_close(codes, out.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(codes, reference.indices_to_codes(indices), atol=1e-6, rtol=1e-6)
+    codes.sum().backward()
+    assert ours.code_transform.weight.grad is not None and ours.code_transform.weight.grad.abs().sum() > 0
+
+
+def test_options_lockstep_cannot_run_are_refused_by_name():
+    with pytest.raises(TypeError, match="codebook_transform"):
+        lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=torch.nn.Linear(8, 8, bias=False))
+    with pytest.raises(TypeError, match="init_fn.*frozen_codebook.copy_"):
+        lockstep.SimVQ(dim=8, codebook_size=16, init_fn=torch.tanh)
+    lockstep.SimVQ(dim=8, codebook_size=16, init_fn=vqp.sim_vq.identity)  # the reference's default is accepted
+
+
+def test_a_batch_without_tokens_gives_a_zero_loss_with_a_gradient():
+    """A rank whose batch is empty takes part in DDP's backward: its loss is 0, not the NaN of a mean of
+    nothing (the reference's), so the averaged gradient stays finite."""
+    ours = lockstep.SimVQ(dim=8, codebook_size=16)
+    out, indices, loss = ours(torch.randn(0, 5, 8, requires_grad=True))
+    assert out.shape == (0, 5, 8) and indices.shape == (0, 5)
+    assert loss.item() == 0.0 and loss.requires_grad
