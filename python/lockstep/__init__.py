@@ -9,10 +9,10 @@ from . import data  # noqa: F401
 from .fsq import FSQ
 from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
-from .residual import ResidualFSQ, ResidualLFQ, ResidualVQ
+from .residual import ResidualFSQ, ResidualLFQ, ResidualSimVQ, ResidualVQ
 from .sequential import Sequential
 from .simvq import SimVQ
 from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
-           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "CollectiveMismatch", "CollectiveFailure"]
+           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "CollectiveMismatch", "CollectiveFailure"]

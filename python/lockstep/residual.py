@@ -206,3 +206,57 @@ class ResidualLFQ(_Residual):
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers)
         return out, idx, self._per_layer_losses(losses, out.device)
+
+
+class ResidualSimVQ(_Residual):
+    """ResidualSimVQ(dim=, num_quantizers=, codebook_size=, ...) as vector-quantize-pytorch's: SimVQ layers
+    (its arguments are passed on), each with its own frozen codebook and map, quantizing what the layers
+    before left; forward(x) takes (b, n, dim) tokens or (b, dim, ...) with channel_first and returns
+    (quantized, indices (..., num_quantizers), per-layer commitment losses). The layers' tensors carry
+    the reference's names (`layers.0.frozen_codebook`, `layers.0.code_transform.weight`)."""
+
+    def __init__(self, *, dim, num_quantizers, codebook_size, heads=1, quantize_dropout=False,
+                 quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, channel_first=False,
+                 rotation_trick=True, seed=None, process_group=None, collective_timeout=300.0, **sim_vq_kwargs):
+        only_defaults("lockstep.ResidualSimVQ", ResidualSimVQ.__init__, locals(), ("heads",))
+        for name in ("codebook_transform", "init_fn"):
+            if sim_vq_kwargs.get(name) is not None:
+                refuse("lockstep.ResidualSimVQ", name, sim_vq_kwargs[name], "None, as lockstep.SimVQ")
+            sim_vq_kwargs.pop(name, None)
+        unknown = set(sim_vq_kwargs) - {"input_to_quantize_commit_loss_weight", "commitment_weight",
+                                        "frozen_codebook_dim"}
+        if unknown:
+            raise TypeError(f"lockstep.ResidualSimVQ: unexpected SimVQ argument(s) {sorted(unknown)}")
+        layer = dict(dim=int(dim), codebook_size=int(codebook_size), rotation_trick=bool(rotation_trick),
+                     **{k: (int(v) if k == "frozen_codebook_dim" else float(v)) for k, v in sim_vq_kwargs.items()
+                        if v is not None})
+        options = {f"simvq.{key}": value for key, value in layer.items()}
+        options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
+                                              quantize_dropout_multiple_of))
+        super().__init__("residual-simvq", options, seed, process_group, collective_timeout,
+                         rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1.", name))
+        self.codebook_size = int(codebook_size)
+        self.channel_first = bool(channel_first)
+
+    @property
+    def codebooks(self):
+        """Every layer's implicit codebook, (num_quantizers, codebook_size, dim): its frozen codes through
+        its map, differentiable."""
+        return torch.stack([torch.nn.functional.linear(self.get_buffer(f"layers.{q}.frozen_codebook"),
+                                                       self.get_parameter(f"layers.{q}.code_transform.weight"))
+                            for q in range(self.num_quantizers)])
+
+    def get_codes_from_indices(self, indices):
+        """As the reference: (num_quantizers, b, ..., dim), channel first ((q, b, dim, ...)) with channel_first."""
+        codes = super().get_codes_from_indices(indices)
+        return codes.movedim(-1, 2) if self.channel_first else codes
+
+    def get_output_from_indices(self, indices):
+        out = super().get_output_from_indices(indices)
+        return out.movedim(-1, 1) if self.channel_first else out
+
+    def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
+        refuse_forward_options("lockstep.ResidualSimVQ", rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        out, idx, losses = self._quantize_any(x, self.channel_first, True, self.num_quantizers)
+        result = (out, idx, self._per_layer_losses(losses, out.device))
+        return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result

@@ -41,7 +41,9 @@ GROUPED = {
                                                               commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
 }
 # SimVQ reduces nothing (its map is a parameter, its codebook frozen): DDP's gradient average is all it needs.
-OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT)}
+OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT),
+          "ResidualSimVQ": lambda: lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16,
+                                                          collective_timeout=TIMEOUT)}
 IN_DDP = {**QUANTIZERS, **GROUPED, **OTHERS}
 
 

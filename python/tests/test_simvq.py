@@ -66,3 +66,46 @@ def test_a_batch_without_tokens_gives_a_zero_loss_with_a_gradient():
     out, indices, loss = ours(torch.randn(0, 5, 8, requires_grad=True))
     assert out.shape == (0, 5, 8) and indices.shape == (0, 5)
     assert loss.item() == 0.0 and loss.requires_grad
+
+
+@pytest.mark.parametrize("options, shape", [
+    ({}, (2, 12, 8)),
+    ({"rotation_trick": False, "frozen_codebook_dim": 5}, (2, 12, 8)),
+    ({"channel_first": True}, (2, 8, 3, 4)),
+])
+def test_residual_simvq_training_steps_match_the_reference(options, shape):
+    torch.manual_seed(2)
+    reference = vqp.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=32, **options)
+    ours = lockstep.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=32, **options)
+    compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam)
+
+
+def test_residual_simvq_decodes_and_returns_all_codes_as_the_reference():
+    torch.manual_seed(3)
+    reference = vqp.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, channel_first=True)
+    torch.manual_seed(3)
+    ours = lockstep.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, channel_first=True)
+    x = torch.randn(2, 8, 3, 3)
+    out, indices, _, all_codes = ours(x, return_all_codes=True)
+    ref_out, ref_indices, _, ref_all_codes = reference(x, return_all_codes=True)
+    assert torch.equal(indices, ref_indices)
+    torch.testing.assert_close(all_codes, ref_all_codes, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ours.codebooks, reference.codebooks, atol=0, rtol=0)
+    torch.testing.assert_close(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(indices), out.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_residual_simvq_quantize_dropout_drops_trailing_layers_alike_for_every_token():
+    ours = lockstep.ResidualSimVQ(dim=8, num_quantizers=4, codebook_size=16, quantize_dropout=True, seed=5)
+    kept = set()
+    for _ in range(12):
+        out, indices, losses = ours(torch.randn(2, 6, 8))
+        running = (indices[0, 0] >= 0).sum().item()
+        assert torch.all((indices >= 0).sum(-1) == running)  # the same layers for every token
+        assert torch.all(indices[..., running:] == -1) and torch.all(losses[running:] == 0)
+        (out.sum() + losses.sum()).backward()  # a step: the next call draws anew
+        kept.add(running)
+    assert len(kept) > 1, kept
+    with pytest.raises(TypeError, match="heads"):
+        lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16, heads=2)

@@ -122,6 +122,10 @@ const std::vector<RegistryEntry>& quantizer_registry() {
        [](const OptionReader& o) {
          return make_residual_lfq(residual_options(section_of(o, "residual")), lfq_options(section_of(o, "lfq")));
        }},
+      {"residual-simvq", "residual SimVQ: quantizer.residual.num_quantizers SimVQ layers with quantizer.simvq options",
+       [](const OptionReader& o) {
+         return make_residual_simvq(residual_options(section_of(o, "residual")), simvq_options(section_of(o, "simvq")));
+       }},
   };
   return entries;
 }

@@ -167,6 +167,12 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
                                     std::move(scales), std::move(input_clamp));
 }
 
+std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, const SimVqOptions& layer) {
+  std::vector<std::shared_ptr<Quantizer>> layers;
+  for (int64_t l = 0; l < options.num_quantizers(); ++l) layers.push_back(std::make_shared<SimVq>(layer));
+  return std::make_shared<Residual>("residual-simvq", options, layer.dim(), std::move(layers));
+}
+
 std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer) {
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;

@@ -28,8 +28,8 @@ SimVq::SimVq(SimVqOptions options) : Quantizer("SimVq"), options_(std::move(opti
   // The reference's order of draws: the frozen codes first, then the map's initialisation.
   frozen_codebook_ = register_buffer(
       "frozen_codebook", torch::randn({options_.codebook_size(), fd}) * (1.0 / std::sqrt(static_cast<double>(fd))));
-  code_transform_ = register_module(
-      "code_transform", torch::nn::Linear(torch::nn::LinearOptions(fd, options_.dim()).bias(false)));
+  code_transform_ =
+      register_module("code_transform", torch::nn::Linear(torch::nn::LinearOptions(fd, options_.dim()).bias(false)));
 }
 
 at::Tensor SimVq::implicit_codebook() const { return torch::linear(frozen_codebook_, code_transform_->weight); }

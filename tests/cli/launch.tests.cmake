@@ -65,6 +65,11 @@ set(VQ_DEAD "--quantizer vq --set quantizer.vq.kmeans_init=true --set quantizer.
 lockstep_cli_test(launch_uneven_ranks_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} ${VQ_DEAD} > one.log && ${LS} launch -n 5 -- train --run-dir five ${SMALL} ${VQ_DEAD} > five.log && python3 ${COMPARE} --first 1 one/metrics.jsonl five/metrics.jsonl 1e-5 && python3 ${COMPARE} one/metrics.jsonl five/metrics.jsonl 2e-2"
                   ARGS eval five --limit 32)
+# Residual SimVQ with quantize dropout: the dropped layers' maps get zero gradients on every rank alike.
+set(RSIMVQ "--quantizer residual-simvq --set quantizer.simvq.codebook_size=64 --set quantizer.residual.num_quantizers=3 --set quantizer.residual.quantize_dropout=true")
+lockstep_cli_test(launch_two_ranks_residual_simvq_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} ${RSIMVQ} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${RSIMVQ} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4"
+                  ARGS eval two --limit 32)
 # Failure mode a: rank 0 alone evaluates mid-training (its forwards issue no collective); training
 # completes and the replica check at every checkpoint finds all ranks' parameters and codebooks equal.
 lockstep_cli_test(launch_rank0_evaluates_midway_vq EXIT 0

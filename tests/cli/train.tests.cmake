@@ -46,6 +46,11 @@ lockstep_cli_test(train_tiny_run EXIT 0 OUTPUT "step 4/4.*test: mse [0-9.]+  psn
 lockstep_cli_test(train_simvq_then_eval EXIT 0 OUTPUT "mse [0-9.]+  psnr [0-9.]+ dB  codes used [0-9]+/64" TIMEOUT 120
                   SETUP "${LS} train --run-dir run --quantizer simvq --set quantizer.simvq.codebook_size=64 --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8] > train.log"
                   ARGS eval run --limit 32)
+lockstep_cli_test(train_residual_simvq EXIT 0 OUTPUT "step 3/3.*codes used" TIMEOUT 120
+                  ARGS train --run-dir run --quantizer residual-simvq --set quantizer.simvq.codebook_size=32
+                  --set quantizer.residual.num_quantizers=2 --set quantizer.residual.quantize_dropout=true --steps 3
+                  --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32
+                  --set model.channels=[8,8])
 lockstep_cli_test(train_run_dir_taken EXIT 1 OUTPUT "already holds a run.*--resume" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS train --run-dir run)
 lockstep_cli_test(train_resume_extends EXIT 0 OUTPUT "resumed at step 4 of 6.*trained 6 steps" TIMEOUT 120

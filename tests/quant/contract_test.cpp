@@ -54,6 +54,9 @@ const std::vector<Variant>& variants() {
         "quantizer.simvq.rotation_trick=false"}},
       {"residual-vq", {"quantizer.vq.codebook_size=32", "quantizer.residual.num_quantizers=3"}},
       {"residual-fsq", {"quantizer.residual.num_quantizers=3"}},
+      {"residual-simvq",
+       {"quantizer.simvq.codebook_size=16", "quantizer.residual.num_quantizers=2",
+        "quantizer.simvq.frozen_codebook_dim=3"}},
       {"residual-lfq",
        {"quantizer.lfq.codebook_size=16", "quantizer.residual.num_quantizers=2", "quantizer.lfq.dim=6"}},
   };

@@ -51,8 +51,7 @@ TEST(SimVq, StraightThroughGradientsFollowTheDefinition) {
   EXPECT_TRUE(torch::allclose(x.grad(), expected_x, 1e-5, 1e-6));
   // d/dW of 2 * mse(sg(x), W f_idx) = 2 * 2 (q - x) f_idx^T / n, summed over tokens.
   const at::Tensor frozen = q->frozen_codebook().index_select(0, out.indices.reshape({-1}));
-  const at::Tensor expected_w =
-      torch::matmul((codes - x.detach()).reshape({-1, 4}).t(), frozen) * (2.0 * 2.0 / n);
+  const at::Tensor expected_w = torch::matmul((codes - x.detach()).reshape({-1, 4}).t(), frozen) * (2.0 * 2.0 / n);
   const at::Tensor weight = q->named_parameters()["code_transform.weight"];
   EXPECT_TRUE(torch::allclose(weight.grad(), expected_w, 1e-5, 1e-6));
 }

@@ -411,7 +411,7 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
   EXPECT_EQ(s.find("quantizer.name")->constraint_text(),
-            "one of: fsq, lfq, vq, simvq, residual-vq, residual-fsq, residual-lfq");
+            "one of: fsq, lfq, vq, simvq, residual-vq, residual-fsq, residual-lfq, residual-simvq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }
 

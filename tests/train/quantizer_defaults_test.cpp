@@ -33,10 +33,12 @@ std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
   if (name == "fsq") return std::make_shared<Fsq>(fsq());
   if (name == "lfq") return std::make_shared<Lfq>(lfq());
   if (name == "vq") return std::make_shared<Vq>(vq());
-  if (name == "simvq") {
-    return std::make_shared<SimVq>(SimVqOptions(default_option_reader("simvq").integer("dim"),
-                                                default_option_reader("simvq").integer("codebook_size")));
-  }
+  const auto simvq = [] {
+    return SimVqOptions(default_option_reader("simvq").integer("dim"),
+                        default_option_reader("simvq").integer("codebook_size"));
+  };
+  if (name == "simvq") return std::make_shared<SimVq>(simvq());
+  if (name == "residual-simvq") return make_residual_simvq(residual(), simvq());
   if (name == "residual-vq") return make_residual_vq(residual(), vq());
   if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());
   if (name == "residual-lfq") return make_residual_lfq(residual(), lfq());

@@ -1,7 +1,7 @@
 // Residual quantization (Zeghidour et al. 2021; Lee et al. 2022): Q layers each quantize what the
 // previous ones left, r_0 = x, q_l = Q_l(r_{l-1} / s_l) * s_l, r_l = r_{l-1} - q_l (detached), output
-// sum q_l. As docs/quantizers.md section "Residual variants"; make_residual_vq/fsq/lfq build the
-// three kinds the registry offers.
+// sum q_l. As docs/quantizers.md section "Residual variants"; make_residual_vq/fsq/lfq/simvq build
+// the kinds the registry offers.
 #pragma once
 
 #include <torch/nn/modules/linear.h>
@@ -12,6 +12,7 @@
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -103,5 +104,8 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
 // Q LFQ layers; layer l uses codebook_scale * 2^-l. The input is projected to log2 K when `layer`
 // sets another dim.
 std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer);
+// Q SimVQ layers, each with its own frozen codebook and map (drawn in turn from torch's default
+// generator, as the reference's layers), on the residual itself (scale 1).
+std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, const SimVqOptions& layer);
 
 }  // namespace lockstep::quant
