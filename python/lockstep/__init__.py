@@ -7,6 +7,7 @@ from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .fsq import FSQ
+from .latent_quantize import LatentQuantize
 from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
 from .residual import ResidualFSQ, ResidualLFQ, ResidualSimVQ, ResidualVQ
@@ -15,4 +16,4 @@ from .simvq import SimVQ
 from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
-           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "CollectiveMismatch", "CollectiveFailure"]
+           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize", "CollectiveMismatch", "CollectiveFailure"]

@@ -41,7 +41,21 @@ GROUPED = {
                                                               commitment_loss_weight=0.25, collective_timeout=TIMEOUT),
 }
 # SimVQ reduces nothing (its map is a parameter, its codebook frozen): DDP's gradient average is all it needs.
+class _ChannelFirst(nn.Module):
+    """Tokens (b, n, d) through a module that takes (b, d, n), as LatentQuantize does."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        out, indices, loss = self.inner(x.transpose(1, 2))
+        return out.transpose(1, 2), indices, loss
+
+
 OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT),
+          "LatentQuantize": lambda: _ChannelFirst(lockstep.LatentQuantize(levels=[5, 4, 3], dim=8,
+                                                                          collective_timeout=TIMEOUT)),
           "ResidualSimVQ": lambda: lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16,
                                                           collective_timeout=TIMEOUT)}
 IN_DDP = {**QUANTIZERS, **GROUPED, **OTHERS}

@@ -4,6 +4,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
@@ -157,6 +158,22 @@ OptionSection simvq_section() {
        real("commitment_weight", d.commitment_weight(), "Weight of the whole commitment loss.").in_range(0, 1000)}};
 }
 
+OptionSection latent_section() {
+  const LatentQuantizeOptions d(kFsqLevels);
+  return {
+      "latent",
+      {int_list("levels", kFsqLevels, "Values per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
+           .in_range(2, 256)
+           .length(1, 16),
+       integer("dim", 0, "Channels fed in, projected to len(levels) x num_codebooks and back; 0 means no projection.")
+           .in_range(0, 4096),
+       integer("num_codebooks", d.num_codebooks(), "Latent codebooks per token, each with all the levels.")
+           .in_range(1, 64),
+       real("commitment_loss_weight", d.commitment_loss_weight(), "Weight of mse(sg(x), output).").in_range(0, 1000),
+       real("quantization_loss_weight", d.quantization_loss_weight(), "Weight of mse(x, sg(output)).")
+           .in_range(0, 1000)}};
+}
+
 OptionSection residual_section() {
   const ResidualOptions d(kResidualLayers);
   return {"residual",
@@ -174,8 +191,8 @@ OptionSection residual_section() {
 }  // namespace
 
 const std::vector<OptionSection>& quantizer_option_sections() {
-  static const std::vector<OptionSection> sections = {fsq_section(), lfq_section(), vq_section(), simvq_section(),
-                                                      residual_section()};
+  static const std::vector<OptionSection> sections = {fsq_section(),   lfq_section(),    vq_section(),
+                                                      simvq_section(), latent_section(), residual_section()};
   return sections;
 }
 

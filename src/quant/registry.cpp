@@ -2,6 +2,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/option_check.h"
 #include "lockstep/quant/residual.h"
@@ -63,6 +64,15 @@ SimVqOptions simvq_options(const OptionReader& o) {
   return options;
 }
 
+LatentQuantizeOptions latent_options(const OptionReader& o) {
+  LatentQuantizeOptions options(o.int_list("levels"));
+  options.num_codebooks(o.integer("num_codebooks"))
+      .commitment_loss_weight(o.real("commitment_loss_weight"))
+      .quantization_loss_weight(o.real("quantization_loss_weight"));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
+  return options;
+}
+
 ResidualOptions residual_options(const OptionReader& o) {
   ResidualOptions options(o.integer("num_quantizers"));
   options.quantize_dropout(o.boolean("quantize_dropout"))
@@ -79,7 +89,7 @@ OptionReader section_of(const OptionReader& o, const std::string& name) {
 }  // namespace
 
 const std::vector<std::string>& option_sections() {
-  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "residual"};
+  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "latent", "residual"};
   return sections;
 }
 
@@ -92,10 +102,12 @@ void validate_options(const std::string& section, const OptionReader& options) {
     vq_options(options).validate();
   } else if (section == "simvq") {
     simvq_options(options).validate();
+  } else if (section == "latent") {
+    latent_options(options).validate();
   } else if (section == "residual") {
     residual_options(options).validate();
   } else {
-    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq, simvq or residual)");
+    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq, simvq, latent or residual)");
   }
 }
 
@@ -110,6 +122,8 @@ const std::vector<RegistryEntry>& quantizer_registry() {
        [](const OptionReader& o) { return std::make_shared<Vq>(vq_options(o)); }},
       {"simvq", "SimVQ: a frozen random codebook through one learned linear map (no EMA, no dead codes)",
        [](const OptionReader& o) { return std::make_shared<SimVq>(simvq_options(o)); }},
+      {"latent", "latent quantization: each channel snaps to the nearest of its levels' values",
+       [](const OptionReader& o) { return std::make_shared<LatentQuantize>(latent_options(o)); }},
       {"residual-vq", "residual VQ: quantizer.residual.num_quantizers VQ layers, each with quantizer.vq options",
        [](const OptionReader& o) {
          return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));

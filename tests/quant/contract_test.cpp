@@ -52,6 +52,8 @@ const std::vector<Variant>& variants() {
       {"simvq",
        {"quantizer.simvq.codebook_size=24", "quantizer.simvq.frozen_codebook_dim=5",
         "quantizer.simvq.rotation_trick=false"}},
+      {"latent", {}},
+      {"latent", {"quantizer.latent.levels=[4, 3]", "quantizer.latent.num_codebooks=2", "quantizer.latent.dim=5"}},
       {"residual-vq", {"quantizer.vq.codebook_size=32", "quantizer.residual.num_quantizers=3"}},
       {"residual-fsq", {"quantizer.residual.num_quantizers=3"}},
       {"residual-simvq",

@@ -8,6 +8,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/option_specs.h"
 #include "lockstep/quant/registry.h"
@@ -38,6 +39,9 @@ std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
                         default_option_reader("simvq").integer("codebook_size"));
   };
   if (name == "simvq") return std::make_shared<SimVq>(simvq());
+  if (name == "latent") {
+    return std::make_shared<LatentQuantize>(LatentQuantizeOptions(default_option_reader("latent").int_list("levels")));
+  }
   if (name == "residual-simvq") return make_residual_simvq(residual(), simvq());
   if (name == "residual-vq") return make_residual_vq(residual(), vq());
   if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());

@@ -1,0 +1,80 @@
+"""lockstep.LatentQuantize beside vector-quantize-pytorch's LatentQuantize: the same initial state from the
+same torch seed, and over several Adam steps from the same state the same indices, outputs, losses and
+gradients (reference_steps.compare_training_steps); decoding and the index helpers; refused options.
+Under DDP on 2 processes: test_ddp.py."""
+import pytest
+import torch
+
+import lockstep
+from reference_steps import compare_training_steps
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+CASES = [
+    (dict(levels=[8, 5, 5, 5], dim=4), (2, 4, 3, 5)),
+    (dict(levels=[4, 3], dim=6, num_codebooks=2), (2, 6, 7)),
+    (dict(levels=[6, 5, 4], dim=16, commitment_loss_weight=0.5, quantization_loss_weight=0.0), (3, 16, 4, 4)),
+    (dict(levels=5, codebook_dim=3, dim=3, keep_num_codebooks_dim=True), (2, 3, 9)),
+]
+
+
+@pytest.mark.parametrize("options, shape", CASES)
+def test_the_same_seed_gives_the_references_initial_state(options, shape):
+    torch.manual_seed(4)
+    reference = vqp.LatentQuantize(**options)
+    torch.manual_seed(4)
+    ours = lockstep.LatentQuantize(**options)
+    assert set(reference.state_dict()) == set(ours.state_dict()) - {"_extra_state"}
+    for key, value in reference.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("options, shape", CASES)
+def test_training_steps_match_the_reference(options, shape):
+    torch.manual_seed(0)
+    reference = vqp.LatentQuantize(**options)
+    ours = lockstep.LatentQuantize(**options)
+    has_parameters = any(True for _ in ours.parameters())  # the projections, when there are some
+    compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam if has_parameters else None)
+
+
+def test_evaluation_returns_a_zero_loss_and_the_same_codes():
+    torch.manual_seed(1)
+    reference = vqp.LatentQuantize(levels=[5, 4, 3], dim=8)
+    ours = lockstep.LatentQuantize(levels=[5, 4, 3], dim=8)
+    ours.load_reference_state_dict(reference.state_dict())
+    reference.eval()
+    ours.eval()
+    x = torch.randn(2, 8, 6)
+    out, indices, loss = ours(x)
+    ref_out, ref_indices, ref_loss = reference(x)
+    assert torch.equal(indices, ref_indices) and loss.item() == ref_loss.item() == 0.0
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+
+
+def test_decoding_and_index_helpers_are_the_references():
+    torch.manual_seed(2)
+    reference = vqp.LatentQuantize(levels=[4, 3], dim=6, num_codebooks=2)
+    ours = lockstep.LatentQuantize(levels=[4, 3], dim=6, num_codebooks=2)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 6, 5)
+    out, indices, _ = ours(x)
+    for project_out in (True, False):
+        torch.testing.assert_close(ours.indices_to_codes(indices, project_out=project_out),
+                                   reference.indices_to_codes(indices, project_out=project_out))
+    torch.testing.assert_close(ours.indices_to_codes(indices), out.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ours.implicit_codebook, reference.implicit_codebook)
+    assert torch.equal(ours.codes_to_indices(ours.implicit_codebook), torch.arange(12, dtype=torch.int32))
+    assert torch.equal(ours.codes_to_indices(ours.implicit_codebook),
+                       reference.codes_to_indices(reference.implicit_codebook))
+
+
+def test_options_lockstep_cannot_run_are_refused_by_name():
+    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
+        lockstep.LatentQuantize(levels=[5, 5], dim=2, in_place_codebook_optimizer=torch.optim.SGD)
+    with pytest.raises(TypeError, match="codebook_dim"):
+        lockstep.LatentQuantize(levels=[5, 5], dim=2, codebook_dim=3)
+    with pytest.raises(ValueError, match="level"):
+        lockstep.LatentQuantize(levels=[5, 1], dim=2)
+    # Without optimize_values the values are not in the state dict, as in the reference.
+    assert "values_per_latent.0" not in lockstep.LatentQuantize(levels=[5, 5], dim=2, optimize_values=False).state_dict()
