@@ -21,17 +21,16 @@ void LatentQuantizeOptions::validate() const {
     LOCKSTEP_CHECK_ARG(l >= 2, "latent: every level must be >= 2, got ", l);
     product *= static_cast<double>(l);
   }
-  LOCKSTEP_CHECK_ARG(product <= 2147483648.0, "latent: the levels' product ", product,
-                     " exceeds 2^31 codes");
+  LOCKSTEP_CHECK_ARG(product <= 2147483648.0, "latent: the levels' product ", product, " exceeds 2^31 codes");
   LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "latent: num_codebooks = ", num_codebooks_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(dim() >= 1, "latent: dim = ", dim(), " must be >= 1");
   for (double w : {commitment_loss_weight_, quantization_loss_weight_}) {
-    LOCKSTEP_CHECK_ARG(std::isfinite(w) && w >= 0, "latent: a loss weight is ", w,
-                       ", it must be finite and >= 0");
+    LOCKSTEP_CHECK_ARG(std::isfinite(w) && w >= 0, "latent: a loss weight is ", w, ", it must be finite and >= 0");
   }
 }
 
-LatentQuantize::LatentQuantize(LatentQuantizeOptions options) : Quantizer("LatentQuantize"), options_(std::move(options)) {
+LatentQuantize::LatentQuantize(LatentQuantizeOptions options)
+    : Quantizer("LatentQuantize"), options_(std::move(options)) {
   options_.validate();
   const int64_t inner = options_.codebook_dim() * options_.num_codebooks();
   if (options_.dim() != inner) {  // the reference's order of draws: in, then out
@@ -48,8 +47,8 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions options) : Quantizer("Laten
 }
 
 at::Tensor LatentQuantize::latents(const at::Tensor& x) {
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == options_.dim(), "latent: expected tokens (b, n, ",
-                     options_.dim(), "), got ", x.sizes());
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == options_.dim(), "latent: expected tokens (b, n, ", options_.dim(),
+                     "), got ", x.sizes());
   at::Tensor z = x.to(torch::kFloat32);
   if (project_in_) z = project_in_->forward(z);
   return z.reshape({x.size(0), x.size(1), options_.num_codebooks(), options_.codebook_dim()});
@@ -59,7 +58,7 @@ at::Tensor LatentQuantize::positions(const at::Tensor& z) const {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> per_channel;
   for (int64_t i = 0; i < options_.codebook_dim(); ++i) {
-    const at::Tensor zi = z.select(3, i).unsqueeze(-1);  // (b, n, C, 1)
+    const at::Tensor zi = z.select(3, i).unsqueeze(-1);                                             // (b, n, C, 1)
     per_channel.push_back((zi - values_[static_cast<size_t>(i)].to(z.device())).abs().argmin(-1));  // first of ties
   }
   return torch::stack(per_channel, -1);

@@ -174,6 +174,14 @@ OptionSection latent_section() {
            .in_range(0, 1000)}};
 }
 
+OptionSection grouped_section() {
+  return {"grouped",
+          {integer("groups", 2,
+                   "Groups of the grouped-* quantizers: the latent is split into this many equal parts, each "
+                   "quantized by its own residual quantizer.")
+               .in_range(1, 64)}};
+}
+
 OptionSection residual_section() {
   const ResidualOptions d(kResidualLayers);
   return {"residual",
@@ -191,8 +199,9 @@ OptionSection residual_section() {
 }  // namespace
 
 const std::vector<OptionSection>& quantizer_option_sections() {
-  static const std::vector<OptionSection> sections = {fsq_section(),   lfq_section(),    vq_section(),
-                                                      simvq_section(), latent_section(), residual_section()};
+  static const std::vector<OptionSection> sections = {fsq_section(),    lfq_section(),    vq_section(),
+                                                      simvq_section(),  latent_section(), residual_section(),
+                                                      grouped_section()};
   return sections;
 }
 

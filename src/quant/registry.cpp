@@ -2,6 +2,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/grouped.h"
 #include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/option_check.h"
@@ -89,7 +90,7 @@ OptionReader section_of(const OptionReader& o, const std::string& name) {
 }  // namespace
 
 const std::vector<std::string>& option_sections() {
-  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "latent", "residual"};
+  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "latent", "residual", "grouped"};
   return sections;
 }
 
@@ -106,8 +107,12 @@ void validate_options(const std::string& section, const OptionReader& options) {
     latent_options(options).validate();
   } else if (section == "residual") {
     residual_options(options).validate();
+  } else if (section == "grouped") {
+    LOCKSTEP_CHECK_ARG(options.integer("groups") >= 1, "grouped: groups = ", options.integer("groups"),
+                       " must be >= 1");
   } else {
-    throw InvalidArgument("no quantizer option section '" + section + "' (fsq, lfq, vq, simvq, latent or residual)");
+    throw InvalidArgument("no quantizer option section '" + section +
+                          "' (fsq, lfq, vq, simvq, latent, residual or grouped)");
   }
 }
 
@@ -139,6 +144,24 @@ const std::vector<RegistryEntry>& quantizer_registry() {
       {"residual-simvq", "residual SimVQ: quantizer.residual.num_quantizers SimVQ layers with quantizer.simvq options",
        [](const OptionReader& o) {
          return make_residual_simvq(residual_options(section_of(o, "residual")), simvq_options(section_of(o, "simvq")));
+       }},
+      {"grouped-residual-vq", "grouped-residual-vq: quantizer.grouped.groups residual-vq quantizers side by side",
+       [](const OptionReader& o) {
+         return make_grouped("grouped-residual-vq", section_of(o, "grouped").integer("groups"), [&] {
+           return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));
+         });
+       }},
+      {"grouped-residual-fsq", "grouped-residual-fsq: quantizer.grouped.groups residual-fsq quantizers side by side",
+       [](const OptionReader& o) {
+         return make_grouped("grouped-residual-fsq", section_of(o, "grouped").integer("groups"), [&] {
+           return make_residual_fsq(residual_options(section_of(o, "residual")), fsq_options(section_of(o, "fsq")));
+         });
+       }},
+      {"grouped-residual-lfq", "grouped-residual-lfq: quantizer.grouped.groups residual-lfq quantizers side by side",
+       [](const OptionReader& o) {
+         return make_grouped("grouped-residual-lfq", section_of(o, "grouped").integer("groups"), [&] {
+           return make_residual_lfq(residual_options(section_of(o, "residual")), lfq_options(section_of(o, "lfq")));
+         });
        }},
   };
   return entries;

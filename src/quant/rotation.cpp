@@ -4,6 +4,8 @@
 //   u = x / max(|x|, eps), q^ = q / max(|q|, eps), w = (u + q^) / max(|u + q^|, eps), s = |q| / max(|x|, eps)
 //   out = s (x - 2 (x.w) w + 2 (x.u) q^)        (= q for x != 0)
 //   dL/dx = s (g - 2 (g.w) w + 2 (g.q^) u)      (u, q^, w, s held constant, as the reference detaches them)
+// A token with |x| < eps has no direction to rotate: its output is q and its gradient passes straight
+// through (the reference's clamps give 0 there, which is no code, so decode(encode(x)) would differ).
 #include <ATen/Parallel.h>
 
 #include <torch/torch.h>
@@ -22,6 +24,7 @@ constexpr int64_t kGrainRows = 512;
 
 struct RowFrame {
   float inv_x, inv_q, inv_t, scale;
+  bool degenerate;  // |x| < eps: out = q, gradient straight through
 };
 
 inline RowFrame frame_of(const float* x, const float* q, int64_t d) {
@@ -43,6 +46,7 @@ inline RowFrame frame_of(const float* x, const float* q, int64_t d) {
   }
   f.inv_t = 1.0f / std::max(std::sqrt(tt), kEps);
   f.scale = norm_q * f.inv_x;
+  f.degenerate = norm_x < kEps;
   return f;
 }
 
@@ -50,6 +54,10 @@ inline RowFrame frame_of(const float* x, const float* q, int64_t d) {
 // (a, b) = (q^, u).
 inline void reflect_row(const float* v, const float* x, const float* q, const RowFrame& f, bool forward, int64_t d,
                         float* out) {
+  if (f.degenerate) {
+    for (int64_t j = 0; j < d; ++j) out[j] = forward ? q[j] : v[j];
+    return;
+  }
   float vw = 0, va = 0;
 #pragma omp simd reduction(+ : vw, va)
   for (int64_t j = 0; j < d; ++j) {
@@ -106,7 +114,8 @@ at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q) {
   const at::Tensor u = xd / clamped_norm(xd), q_hat = qf / clamped_norm(qf);
   const at::Tensor w = (u + q_hat) / clamped_norm(u + q_hat);
   const at::Tensor scale = qf.norm(2, -1, true) / clamped_norm(xd);
-  return scale * (xf - 2 * (xf * w).sum(-1, true) * w + 2 * (xf * u).sum(-1, true) * q_hat);
+  const at::Tensor rotated = scale * (xf - 2 * (xf * w).sum(-1, true) * w + 2 * (xf * u).sum(-1, true) * q_hat);
+  return torch::where(xd.norm(2, -1, true) < kEps, qf + (xf - xd), rotated);  // |x| < eps: q, straight through
 }
 }  // namespace detail
 

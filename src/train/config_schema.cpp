@@ -30,8 +30,18 @@ Schema build_schema() {
   // The names users may choose; a new quantizer or dataset adds its name here and its section below.
   // (Not taken from quant::quantizer_names(), which would pull torch in; a test keeps them equal.)
   const std::vector<std::string> kDatasets = {"auto", "fashion-mnist", "folder"};
-  const std::vector<std::string> kQuantizers = {
-      "fsq", "lfq", "vq", "simvq", "latent", "residual-vq", "residual-fsq", "residual-lfq", "residual-simvq"};
+  const std::vector<std::string> kQuantizers = {"fsq",
+                                                "lfq",
+                                                "vq",
+                                                "simvq",
+                                                "latent",
+                                                "residual-vq",
+                                                "residual-fsq",
+                                                "residual-lfq",
+                                                "residual-simvq",
+                                                "grouped-residual-vq",
+                                                "grouped-residual-fsq",
+                                                "grouped-residual-lfq"};
 
   Schema s;
   using K = KeySpec;

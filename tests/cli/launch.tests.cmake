@@ -70,6 +70,11 @@ set(RSIMVQ "--quantizer residual-simvq --set quantizer.simvq.codebook_size=64 --
 lockstep_cli_test(launch_two_ranks_residual_simvq_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
                   SETUP "${LS} train --run-dir one ${SMALL} ${RSIMVQ} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${RSIMVQ} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4"
                   ARGS eval two --limit 32)
+# Grouped residual VQ with quantize dropout: every group keeps the same layers, on every rank alike.
+set(GRVQ "--quantizer grouped-residual-vq --set quantizer.vq.dim=4 --set quantizer.vq.codebook_size=32 --set quantizer.residual.num_quantizers=2 --set quantizer.residual.quantize_dropout=true")
+lockstep_cli_test(launch_two_ranks_grouped_residual_vq_match_one_process EXIT 0 OUTPUT "step 12" TIMEOUT 240
+                  SETUP "${LS} train --run-dir one ${SMALL} ${GRVQ} > one.log && ${LS} launch -n 2 -- train --run-dir two ${SMALL} ${GRVQ} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4"
+                  ARGS eval two --limit 32)
 # Failure mode a: rank 0 alone evaluates mid-training (its forwards issue no collective); training
 # completes and the replica check at every checkpoint finds all ranks' parameters and codebooks equal.
 lockstep_cli_test(launch_rank0_evaluates_midway_vq EXIT 0

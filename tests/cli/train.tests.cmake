@@ -55,6 +55,10 @@ lockstep_cli_test(train_latent_quantize EXIT 0 OUTPUT "step 3/3.*codes used [0-9
                   ARGS train --run-dir run --quantizer latent --set quantizer.latent.levels=[5,4,3] --steps 3
                   --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32
                   --set model.channels=[8,8])
+lockstep_cli_test(train_grouped_residual_fsq EXIT 0 OUTPUT "step 3/3.*codes used" TIMEOUT 120
+                  ARGS train --run-dir run --quantizer grouped-residual-fsq --set quantizer.fsq.levels=[5,5]
+                  --set quantizer.grouped.groups=3 --set quantizer.residual.num_quantizers=2 --steps 3 --batch-size 16
+                  --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8])
 lockstep_cli_test(train_run_dir_taken EXIT 1 OUTPUT "already holds a run.*--resume" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS train --run-dir run)
 lockstep_cli_test(train_resume_extends EXIT 0 OUTPUT "resumed at step 4 of 6.*trained 6 steps" TIMEOUT 120

@@ -104,14 +104,15 @@ TEST(Vq, RotationTrickValueIsTheCodeAndItsGradientIsTheRotation) {
   EXPECT_TRUE(torch::allclose(x.grad().to(torch::kFloat64), expected, 1e-5, 1e-6)) << x.grad() << expected;
 }
 
-// The rotation trick in torch ops with the reference's clamps, to check the fused one against.
+// The rotation trick in torch ops with the reference's clamps, to check the fused one against; except
+// that a token below the clamp gives its code, straight through (the reference gives 0: no code).
 at::Tensor rotate_to_reference(const at::Tensor& x, const at::Tensor& q) {
   auto normalize = [](const at::Tensor& t) { return t / t.norm(2, -1, true).clamp_min(1e-6); };
   const at::Tensor norm_x = x.norm(2, -1, true), norm_q = q.norm(2, -1, true);
   const at::Tensor u = normalize(x).detach(), q_hat = normalize(q).detach();
   const at::Tensor w = normalize(u + q_hat).detach();
   const at::Tensor rotated = x - 2 * (x * w).sum(-1, true) * w + 2 * (x * u).sum(-1, true) * q_hat;
-  return rotated * (norm_q / norm_x.clamp_min(1e-6)).detach();
+  return torch::where(norm_x < 1e-6, q + (x - x.detach()), rotated * (norm_q / norm_x.clamp_min(1e-6)).detach());
 }
 
 TEST(Vq, FusedRotationTrickMatchesTheTorchOpFormIncludingDegenerateRows) {
@@ -139,6 +140,11 @@ TEST(Vq, FusedRotationTrickMatchesTheTorchOpFormIncludingDegenerateRows) {
         << "d = " << d << " " << (xa.grad() - xb.grad()).abs().max();
     EXPECT_TRUE(torch::allclose(xc.grad(), xb.grad(), 1e-4, 1e-4))
         << "d = " << d << " " << (xc.grad() - xb.grad()).abs().max();
+    // The zero token and the one below the clamp: the code's value, the gradient unchanged.
+    for (int64_t row : {0, 1}) {
+      EXPECT_TRUE(torch::equal(fused[row], q[row])) << "d = " << d << ", row " << row;
+      EXPECT_TRUE(torch::equal(xa.grad()[row], g[row])) << "d = " << d << ", row " << row;
+    }
   }
 }
 

@@ -390,11 +390,13 @@ TEST(ConfigRoundTripTest, ToTomlGroupsKeysUnderTheirHelp) {
 
 TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
-  EXPECT_EQ(s.sections(), (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq",
-                                                    "quantizer.vq", "quantizer.simvq", "quantizer.latent",
-                                                    "quantizer.residual", "train", "loss", "eval"}));
+  EXPECT_EQ(s.sections(),
+            (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq", "quantizer.vq",
+                                      "quantizer.simvq", "quantizer.latent", "quantizer.residual", "quantizer.grouped",
+                                      "train", "loss", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "fid_weights", "grid_images"}));
-  EXPECT_EQ(s.subsections("quantizer"), (std::vector<std::string>{"fsq", "latent", "lfq", "residual", "simvq", "vq"}));
+  EXPECT_EQ(s.subsections("quantizer"),
+            (std::vector<std::string>{"fsq", "grouped", "latent", "lfq", "residual", "simvq", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "loss", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
   EXPECT_FALSE(s.is_section("quantizer.fs"));
@@ -411,7 +413,8 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
   EXPECT_EQ(s.find("quantizer.name")->constraint_text(),
-            "one of: fsq, lfq, vq, simvq, latent, residual-vq, residual-fsq, residual-lfq, residual-simvq");
+            "one of: fsq, lfq, vq, simvq, latent, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
+            "grouped-residual-vq, grouped-residual-fsq, grouped-residual-lfq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }
 

@@ -8,6 +8,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/grouped.h"
 #include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/option_specs.h"
@@ -46,6 +47,15 @@ std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
   if (name == "residual-vq") return make_residual_vq(residual(), vq());
   if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());
   if (name == "residual-lfq") return make_residual_lfq(residual(), lfq());
+  const int64_t groups = default_option_reader("grouped").integer("groups");
+  if (name == "grouped-residual-vq")
+    return make_grouped(name, groups, [&] { return make_residual_vq(residual(), vq()); });
+  if (name == "grouped-residual-fsq") {
+    return make_grouped(name, groups, [&] { return make_residual_fsq(residual(), fsq()); });
+  }
+  if (name == "grouped-residual-lfq") {
+    return make_grouped(name, groups, [&] { return make_residual_lfq(residual(), lfq()); });
+  }
   ADD_FAILURE() << "no library default for " << name;
   return nullptr;
 }

@@ -81,7 +81,7 @@ class LatentQuantize final : public Quantizer {
   at::Tensor latents(const at::Tensor& x);
   // Latents (b, n, C, cd) -> each channel's chosen position (b, n, C, cd), int64.
   at::Tensor positions(const at::Tensor& z) const;
-  at::Tensor values_at(const at::Tensor& positions) const;  // -> (b, n, C, cd)
+  at::Tensor values_at(const at::Tensor& positions) const;   // -> (b, n, C, cd)
   at::Tensor indices_of(const at::Tensor& positions) const;  // -> (b, n, C)
   at::Tensor output_of(const at::Tensor& codes) const;       // (b, n, C, cd) -> (b, n, dim), projected out
 
