@@ -70,8 +70,8 @@ at::Tensor Grouped::encode(const at::Tensor& x) {
 
 at::Tensor Grouped::decode(const at::Tensor& indices) {
   LOCKSTEP_CHECK_ARG(num_indices_ == 1 ? indices.dim() == 2 : (indices.dim() == 3 && indices.size(2) == num_indices_),
-                     kind_, ": expected indices (b, n", num_indices_ == 1 ? "" : lockstep::detail::concat(", ", num_indices_),
-                     "), got ", indices.sizes());
+                     kind_, ": expected indices (b, n",
+                     num_indices_ == 1 ? "" : lockstep::detail::concat(", ", num_indices_), "), got ", indices.sizes());
   const at::Tensor all = indices.reshape({indices.size(0), indices.size(1), num_indices_});
   std::vector<at::Tensor> outputs;
   int64_t offset = 0;

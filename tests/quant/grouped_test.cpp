@@ -45,7 +45,7 @@ TEST(Grouped, UnderQuantizeDropoutEveryGroupKeepsTheSameLayersAndTheGeneratorAdv
   for (int step = 0; step < 12; ++step) {
     const at::Tensor x = torch::randn({1, 4, 6});
     const at::Tensor indices = q->quantize(x, {nullptr, generator}).indices;  // (1, 4, 12)
-    const at::Tensor kept = (indices >= 0).reshape({1, 4, 3, 4}).sum(-1);    // layers kept per token and group
+    const at::Tensor kept = (indices >= 0).reshape({1, 4, 3, 4}).sum(-1);     // layers kept per token and group
     EXPECT_TRUE(torch::equal(kept, kept.flatten()[0].expand_as(kept))) << "step " << step;
     kept_counts.insert(kept.flatten()[0].item<int64_t>());
     // One group alone on a generator of the same seed draws the same cutoff, and leaves the same state.

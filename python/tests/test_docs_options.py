@@ -1,0 +1,98 @@
+"""docs/python.md's tables of vector-quantize-pytorch's options stay equal to the reference's signatures,
+and each state holds against lockstep's constructors: a refused option given another value than its
+default raises a TypeError naming it; an option marked same or deliberate difference is taken."""
+import inspect
+import pathlib
+import re
+import warnings
+
+import pytest
+import torch
+
+import lockstep
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+STATE = re.compile(r"^(same|deliberate difference \(.+\)|refused \(lockstep takes only .+\))$")
+
+# The smallest valid arguments of each class, and values to try where adding 2 or 0.25 to the default,
+# or flipping it, is not a valid other value.
+REQUIRED = {
+    "VectorQuantize": dict(dim=8, codebook_size=16),
+    "ResidualVQ": dict(dim=8, num_quantizers=3, codebook_size=16),
+    "GroupedResidualVQ": dict(dim=8, groups=2, num_quantizers=2, codebook_size=16),
+    "FSQ": dict(levels=[5, 5, 5]),
+    "ResidualFSQ": dict(levels=[5, 5, 5], num_quantizers=3),
+    "GroupedResidualFSQ": dict(dim=6, groups=2, levels=[5, 5, 5], num_quantizers=2),
+    "LFQ": dict(dim=4, codebook_size=16),
+    "ResidualLFQ": dict(dim=4, num_quantizers=3, codebook_size=16),
+    "GroupedResidualLFQ": dict(dim=8, groups=2, num_quantizers=2, codebook_size=16),
+    "SimVQ": dict(dim=8, codebook_size=16),
+    "ResidualSimVQ": dict(dim=8, num_quantizers=3, codebook_size=16),
+    "LatentQuantize": dict(levels=[5, 5], dim=2),
+}
+OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
+                "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},
+                "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
+                "codebook_transform": torch.nn.Linear(8, 8, bias=False)}
+
+
+def tables():
+    text = DOCS.read_text()
+    section = text.split("## Options of vector-quantize-pytorch's classes", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for block in section.split("\n### ")[1:]:
+        name = re.match(r"`(\w+)`", block).group(1)
+        out[name] = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", block, re.M))
+    return out
+
+
+def reference_options(name):
+    signature = inspect.signature(getattr(vqp, name).__init__)
+    return {p.name: p.default for p in signature.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def other_value(name, default):
+    if name in OTHER_VALUES:
+        return OTHER_VALUES[name]
+    if isinstance(default, bool):
+        return not default
+    if default is None:
+        return 2
+    if isinstance(default, (int, float)):
+        return default + (2 if isinstance(default, int) else 0.25)
+    return None
+
+
+def test_every_lockstep_class_with_options_has_a_table_of_exactly_the_references_options():
+    documented = tables()
+    assert set(documented) == set(REQUIRED)
+    provided = {n for n in lockstep.__all__ if hasattr(vqp, n) and reference_options(n)}
+    assert provided == set(REQUIRED)
+    for name, rows in documented.items():
+        assert list(rows) == list(reference_options(name)), name
+        for option, state in rows.items():
+            assert STATE.match(state), f"{name}.{option}: {state!r}"
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_each_state_holds_against_the_constructor(name):
+    checked = 0
+    for option, state in tables()[name].items():
+        if option in REQUIRED[name]:
+            continue
+        value = other_value(option, reference_options(name)[option])
+        if value is None:
+            continue
+        arguments = {**REQUIRED[name], option: value}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if state.startswith("refused"):
+                with pytest.raises(TypeError, match=option):
+                    getattr(lockstep, name)(**arguments)
+            else:
+                getattr(lockstep, name)(**arguments)  # taken: no TypeError, no ValueError
+        checked += 1
+    assert checked >= len(tables()[name]) - len(REQUIRED[name]) - 2, name
