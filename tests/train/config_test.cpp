@@ -150,9 +150,8 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
   const std::string sections =
-      "valid sections: data, eval, loss, model, quantizer, quantizer.fsq, quantizer.lfq, quantizer.residual, "
-      "quantizer.vq, "
-      "train";
+      "valid sections: data, eval, loss, model, quantizer, quantizer.fsq, quantizer.grouped, quantizer.latent, "
+      "quantizer.lfq, quantizer.residual, quantizer.simvq, quantizer.vq, train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});
   expect_contains(load_error("[quantizer.pq]\nsize = 4\n"), {"unknown section [quantizer.pq]", sections});
@@ -198,9 +197,11 @@ TEST(ConfigErrorTest, OutOfRangeShowsTheRange) {
 }
 
 TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
-  expect_contains(load_error("[quantizer]\nname = \"foo\"\n"),
-                  {"quantizer.name = \"foo\" is not valid", "line 2",
-                   "choose one of: fsq, lfq, vq, residual-vq, residual-fsq, residual-lfq"});
+  expect_contains(
+      load_error("[quantizer]\nname = \"foo\"\n"),
+      {"quantizer.name = \"foo\" is not valid", "line 2",
+       "choose one of: fsq, lfq, vq, simvq, latent, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
+       "grouped-residual-vq, grouped-residual-fsq, grouped-residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: auto, fashion-mnist, folder"});
 }
