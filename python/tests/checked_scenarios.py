@@ -8,6 +8,7 @@ then exits. Lines that issue the collectives end in a `# site:` comment, which t
 """
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -133,11 +134,14 @@ def main():
         return lightning_log_on_one_rank(OUT)
     dist.init_process_group("lockstep")
     rank = dist.get_rank()
+    dist.barrier()  # both ranks start the scenario together: the time to the error is the check's
+    start = time.monotonic()
     try:
         globals()[scenario](rank)
         record(rank, "ok")
     except Exception as e:  # noqa: BLE001 (the record is the test's evidence)
-        record(rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        seconds = time.monotonic() - start
+        record(rank, f"{type(e).__name__}: {e}\nafter {seconds:.3f} s\n{traceback.format_exc()}")
     # No destroy_process_group: after a failed collective it may wait for ranks that have gone.
     os._exit(0)
 

@@ -17,7 +17,9 @@ from ranks import run_ranks
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checked_scenarios.py")
 TIME_LIMIT = 120  # seconds per run; the whole process group is killed after it
-FAST = 30  # an error must come well before any timeout torch or lockstep would otherwise hit
+FAST = 60  # the whole run, processes' start included: well before any timeout torch or lockstep would hit
+QUICK = 10  # from the scenario's start to a rank's error: typically under a second; 10 on a loaded machine
+DEAD = 15  # a rank that stopped is named once its heartbeat has been silent for ~2 s
 
 
 def _site(marker):
@@ -53,6 +55,11 @@ def _run(scenario, out, lightning=False):
     return records, seconds
 
 
+def _seconds(record):
+    """How long the rank took from the scenario's start to its error (checked_scenarios.py records it)."""
+    return float(re.search(r"^after ([0-9.]+) s$", record, re.M).group(1))
+
+
 def _mismatch_names(record, calls):
     """record is a CollectiveMismatch whose rank r part holds calls[r] (a regex) and the site."""
     assert record.startswith("CollectiveMismatch: collective mismatch"), record
@@ -67,17 +74,19 @@ def test_a_loss_all_reduce_against_another_collective_is_a_mismatch_on_both_rank
     records, seconds = _run("user_loss_all_reduce_against_broadcast", tmp_path)
     for rank in range(2):
         _mismatch_names(records[rank], [
-            (r"#1 all_reduce\(sum\) of \[float32 \(1\)\] at dist.all_reduce", _site("loss all_reduce")),
-            (r"#1 broadcast\(root 0\) of \[float32 \(3\)\] at dist.broadcast", _site("broadcast"))])
+            (r"#2 all_reduce\(sum\) of \[float32 \(1\)\] at dist.all_reduce", _site("loss all_reduce")),
+            (r"#2 broadcast\(root 0\) of \[float32 \(3\)\] at dist.broadcast", _site("broadcast"))])
         assert f"seen by rank {rank} of 2" in records[rank]
+        assert _seconds(records[rank]) < QUICK, records[rank]
     assert seconds < FAST
 
 
 def test_a_barrier_skipped_by_one_rank_is_a_mismatch_on_both_ranks(tmp_path):
     records, seconds = _run("barrier_skipped_by_one_rank", tmp_path)
     for rank in range(2):
-        _mismatch_names(records[rank], [(r"#1 barrier at dist.barrier", _site("barrier")),
-                                        (r"#1 all_reduce\(sum\) of \[float32 \(2\)\]", _site("all_reduce after"))])
+        _mismatch_names(records[rank], [(r"#2 barrier at dist.barrier", _site("barrier")),
+                                        (r"#2 all_reduce\(sum\) of \[float32 \(2\)\]", _site("all_reduce after"))])
+        assert _seconds(records[rank]) < QUICK, records[rank]
     assert seconds < FAST
 
 
@@ -90,13 +99,15 @@ def test_ddp_with_a_parameter_unused_on_one_rank_names_the_rank_and_the_bucket(t
     assert re.search(r"all_reduce\(sum\) of \[float32 \(40\)\] at C\+\+ caller in ddp_parameter_unused_on_one_rank",
                      records[0]), records[0]
     assert _site("backward") in records[0] and "rank(s) 1 died" in records[0], records[0]
+    assert _seconds(records[0]) < DEAD, records[0]
     assert seconds < FAST
 
 
 def test_a_rank_that_stops_is_named_by_the_others(tmp_path):
     records, seconds = _run("rank_one_stops", tmp_path)
-    assert records[0].startswith("CollectiveFailure: rank 0 of 2: #1 barrier at dist.barrier"), records[0]
+    assert records[0].startswith("CollectiveFailure: rank 0 of 2: #2 barrier at dist.barrier"), records[0]
     assert _site("barrier after") in records[0] and "rank(s) 1 died" in records[0], records[0]
+    assert _seconds(records[0]) < DEAD, records[0]
     assert seconds < FAST
 
 
@@ -109,6 +120,7 @@ def test_the_references_preview_forward_then_loss_all_reduce_is_a_mismatch(tmp_p
         _mismatch_names(records[rank], [
             (r"all_reduce\(sum\) of \[float32 \(1, 16\)\] at dist.all_reduce in", "vector_quantize_pytorch.py:"),
             (r"all_reduce\(sum\) of \[float32 \(1\)\] at dist.all_reduce in vq_extra", _site("vq loss all_reduce"))])
+        assert _seconds(records[rank]) < QUICK, records[rank]
     assert seconds < FAST
 
 
@@ -127,6 +139,7 @@ def test_accelerate_gather_on_one_rank_is_a_mismatch_naming_the_gather(tmp_path)
         _mismatch_names(records[rank], [(r"all_gather.* at dist.all_gather\S* in accelerate_gather", _site("gather")),
                                         (r"all_reduce\(sum\) of \[float32 \(5\)\] at C\+\+ caller",
                                          _site("accelerate backward"))])
+        assert _seconds(records[rank]) < QUICK, records[rank]
     assert seconds < FAST
 
 
