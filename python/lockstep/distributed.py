@@ -81,6 +81,8 @@ def _root(opts):
 
 
 def _flat(tensors):
+    if isinstance(tensors, torch.Tensor):  # the one-tensor overloads (allreduce(tensor), ...)
+        return [tensors]
     out = []
     for t in tensors:
         if isinstance(t, torch.Tensor):
@@ -91,37 +93,38 @@ def _flat(tensors):
 
 
 # Each checked method of torch's ProcessGroup (the names torch.distributed and DDP call): the op's
-# name as reported, and the tensors every rank must agree on (the inputs; alltoall's may differ).
+# name as reported, and the tensors every rank must agree on: those whose shapes are the same on every
+# rank also in uneven collectives (all_gather's outputs, reduce_scatter's inputs); none for all_to_all.
 def _op_all_reduce(args, opts):
-    return f"all_reduce({_reduce_name(opts)})", args[0]
+    return f"all_reduce({_reduce_name(opts)})", _flat(args[0])
 
 
 def _op_all_reduce_coalesced(args, opts):
-    return f"all_reduce_coalesced({_reduce_name(opts)})", args[0]
+    return f"all_reduce_coalesced({_reduce_name(opts)})", _flat(args[0])
 
 
 def _op_all_gather(args, opts):
-    return "all_gather", _flat(args[1])
+    return "all_gather", _flat(args[0])  # every rank's part, as every rank receives them
 
 
 def _op_all_gather_single(args, opts):
-    return "all_gather_into_tensor", _flat([args[1]])
+    return "all_gather_into_tensor", _flat([args[0]])
 
 
 def _op_broadcast(args, opts):
-    return f"broadcast(root {_root(opts)})", args[0]
+    return f"broadcast(root {_root(opts)})", _flat(args[0])
 
 
 def _op_reduce(args, opts):
-    return f"reduce({_reduce_name(opts)}, root {_root(opts)})", args[0]
+    return f"reduce({_reduce_name(opts)}, root {_root(opts)})", _flat(args[0])
 
 
 def _op_reduce_scatter(args, opts):
-    return f"reduce_scatter({_reduce_name(opts)})", _flat([args[0]])
+    return f"reduce_scatter({_reduce_name(opts)})", _flat([args[1]])  # the parts for every rank
 
 
 def _op_gather(args, opts):
-    return f"gather(root {_root(opts)})", _flat(args[1])
+    return f"gather(root {_root(opts)})", _flat([args[1]])
 
 
 def _op_scatter(args, opts):
@@ -193,6 +196,7 @@ class CheckedProcessGroup(dist.ProcessGroup):
                                          datetime.timedelta(seconds=seconds))
 
         self._channel = _C.LazyGroup(inner, store, seconds, make_gloo)
+        self._channel.set_prefix("lockstep/checked")  # `store` is this group's own, the same on every rank
         self._channel.connect()  # heartbeats from now on, not from the first collective
         # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
         # torch looks the group's name up through its default backend (the first device's).
@@ -208,6 +212,13 @@ class CheckedProcessGroup(dist.ProcessGroup):
         """The wrapped process group, which runs the collectives."""
         return self._inner
 
+    def shutdown(self):
+        """Destroying the wrapper leaves the wrapped group (whose backends it shares) working."""
+        self._channel = _Closed()
+
+    def abort(self):
+        self._channel = _Closed()
+
     def getBackendName(self):  # noqa: N802 (torch's name)
         return BACKEND
 
@@ -215,8 +226,26 @@ class CheckedProcessGroup(dist.ProcessGroup):
         return BACKEND
 
 
+class _Closed:
+    """The channel of a destroyed wrapper: a collective through it is an error, not a hang."""
+
+    def check(self, op, *args):
+        raise RuntimeError(f"lockstep.distributed: {op} on a process group that was destroyed")
+
+
 for _name, _describe in _CHECKED.items():
     setattr(CheckedProcessGroup, _name, _checked_method(_name, _describe))
+
+
+def _timeout_of(group):
+    """The timeout the group's backend was made with (Gloo's and NCCL's options hold it), else torch's
+    default."""
+    for device in group._device_types:
+        try:
+            return group._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return _DEFAULT_TIMEOUT
 
 
 def _store_of(group):
@@ -240,7 +269,7 @@ def wrap(group=None, *, timeout=None, compare_call_sites=False):
     if isinstance(inner, CheckedProcessGroup):
         return inner
     if timeout is None:
-        timeout = getattr(inner, "_timeout", None) or _DEFAULT_TIMEOUT
+        timeout = _timeout_of(inner)
     store = _store_of(inner)
     checked = CheckedProcessGroup(inner, dist.PrefixStore(f"lockstep/wrap/{inner.group_name}", store), timeout,
                                   compare_call_sites)
@@ -256,6 +285,9 @@ def _register(checked, inner, store):
     world.pg_names[checked] = world.pg_names[inner]
     world.pg_group_ranks[checked] = world.pg_group_ranks[inner]
     world.pg_backend_config[checked] = world.pg_backend_config.get(inner, BACKEND)
+    tag = world.pg_to_tag.get(inner, "")
+    world.pg_to_tag[checked] = tag
+    world.tags_to_pg.setdefault(tag, []).append(checked)
 
 
 def _create_backend(store, rank, size, timeout):

@@ -71,7 +71,10 @@ class LatentQuantize(LockstepQuantizer):
             raise ValueError(f"lockstep.LatentQuantize.codes_to_indices: codes end in {zhat.shape[-1]} values, "
                              f"not codebook_dim = {self.codebook_dim}")
         half = torch.tensor(self.levels, device=zhat.device) // 2
-        return ((zhat * 2 * half + half) * self._basis.to(zhat.device)).sum(-1).to(torch.int32)
+        # Rounded, where the reference truncates: for an even level that is not a power of two its
+        # position (z * 2 * half + half) can fall just below the integer.
+        positions = torch.round(zhat * 2 * half + half)
+        return (positions * self._basis.to(zhat.device)).sum(-1).to(torch.int32)
 
     def indices_to_codes(self, indices, project_out=True):
         """Indices as forward returns them -> codes (b, d, ...), channel first, projected out unless

@@ -387,6 +387,9 @@ PYBIND11_MODULE(_C, m) {
           "Checks a torch.distributed collective before it runs (lockstep.distributed): the ranks agree on op, "
           "dtypes, shapes and tag, or all raise CollectiveMismatch naming each rank's call; a rank that died or "
           "stalled is a CollectiveFailure. Moves no data.")
+      .def("set_prefix", &lockstep::dist::LazyGroup::set_prefix, py::arg("prefix"),
+           "Where under the store the channel keeps heartbeats and statuses (the same on every rank), before "
+           "its first use.")
       .def(
           "connect", [](lockstep::dist::LazyGroup& lazy) { lazy.get(); }, py::call_guard<py::gil_scoped_release>(),
           "Makes the checked channel now (a rendezvous of every rank) instead of at its first collective.")

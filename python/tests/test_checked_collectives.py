@@ -213,3 +213,23 @@ def test_wrap_needs_an_initialized_group():
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(RuntimeError, match="not initialized"):
         lockstep.distributed.wrap()
+
+
+def _uneven_then_destroyed(rank, world):
+    import lockstep.distributed
+    group = lockstep.distributed.wrap()
+    timeout = lockstep.distributed._timeout_of(dist.group.WORLD)
+    out = torch.empty(1 + rank)  # reduce_scatter's parts may differ between ranks: not a mismatch
+    dist.reduce_scatter(out, [torch.ones(1), torch.ones(2)], group=group)
+    gathered = torch.empty(2 * world)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)), group=group)
+    dist.destroy_process_group(group)  # the wrapper goes; the group it wrapped keeps working
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return out.tolist(), gathered.tolist(), x.item(), timeout.total_seconds()
+
+
+def test_uneven_parts_are_no_mismatch_and_destroying_the_wrapper_leaves_the_group():
+    results = run_ranks(2, _uneven_then_destroyed)
+    assert results[0] == ([2.0], [0.0, 0.0, 1.0, 1.0], 2.0, 30.0)  # ranks.py makes groups with 30 s
+    assert results[1] == ([2.0, 2.0], [0.0, 0.0, 1.0, 1.0], 2.0, 30.0)

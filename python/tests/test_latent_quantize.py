@@ -78,3 +78,15 @@ def test_options_lockstep_cannot_run_are_refused_by_name():
         lockstep.LatentQuantize(levels=[5, 1], dim=2)
     # Without optimize_values the values are not in the state dict, as in the reference.
     assert "values_per_latent.0" not in lockstep.LatentQuantize(levels=[5, 5], dim=2, optimize_values=False).state_dict()
+
+
+def test_an_even_level_that_is_no_power_of_two_gives_the_position_s_index():
+    """Level 6's values are k/6 - 0.5; the reference truncates (z + (v - z)) * 6 + 3 and can land one
+    index low (a deliberate difference: lockstep's index is the chosen position's, docs/python.md)."""
+    ours = lockstep.LatentQuantize(levels=[6, 5], dim=2)
+    codes = ours.implicit_codebook
+    assert torch.equal(ours.codes_to_indices(codes), torch.arange(30, dtype=torch.int32))
+    x = codes.t().unsqueeze(0)  # every code as an input, (1, 2, 30) channel first
+    out, indices, _ = ours(x)
+    assert torch.equal(indices[0], torch.arange(30, dtype=torch.int32))
+    torch.testing.assert_close(ours.indices_to_codes(indices), out.detach())

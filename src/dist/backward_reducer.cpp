@@ -1,5 +1,7 @@
 #include "lockstep/dist/backward_reducer.h"
 
+#include "lockstep/core/error.h"
+
 #include <torch/torch.h>
 
 #include <atomic>
@@ -105,11 +107,17 @@ LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::
       rank_(process_group_->getRank()),
       size_(process_group_->getSize()) {}
 
+void LazyGroup::set_prefix(std::string prefix) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LOCKSTEP_CHECK_ARG(!group_, "LazyGroup::set_prefix(\"", prefix, "\"): the channel is made already");
+  prefix_ = std::move(prefix);
+}
+
 std::shared_ptr<Group> LazyGroup::get() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!group_) {
     ExistingGroupOptions options;
-    options.prefix = "lockstep/python/" + std::to_string(++groups_made);
+    options.prefix = prefix_.empty() ? "lockstep/python/" + std::to_string(++groups_made) : prefix_;
     options.timeout = timeout_;
     options.make_gloo = make_gloo_;
     group_ = make_group_over(process_group_, store_, options);

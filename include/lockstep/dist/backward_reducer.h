@@ -29,6 +29,10 @@ class LazyGroup {
   LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
             std::chrono::milliseconds timeout, GlooMaker make_gloo = {});
 
+  // Where under the store the channel keeps its heartbeats and statuses; must be the same on every rank
+  // of the group. Unset: "lockstep/python/<n>", n counting the groups this process made (which agrees
+  // across ranks only when every rank makes the same groups in the same order). Before the first get().
+  void set_prefix(std::string prefix);
   int rank() const { return rank_; }  // known without communicating
   int size() const { return size_; }
   std::shared_ptr<Group> get();
@@ -41,6 +45,7 @@ class LazyGroup {
 
  private:
   std::function<void(std::exception_ptr)> translate_;
+  std::string prefix_;
   c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
