@@ -87,6 +87,16 @@ OptionReader section_of(const OptionReader& o, const std::string& name) {
   return o.section(name);
 }
 
+// grouped-residual-<layer>: quantizer.grouped.groups of the registry's residual-<layer>, side by side.
+RegistryEntry grouped_entry(const std::string& layer) {
+  const std::string name = "grouped-residual-" + layer;
+  return {name, name + ": quantizer.grouped.groups residual-" + layer + " quantizers side by side",
+          [name, layer](const OptionReader& o) -> std::shared_ptr<Quantizer> {
+            const RegistryEntry& residual = find_quantizer("residual-" + layer);
+            return make_grouped(name, section_of(o, "grouped").integer("groups"), [&] { return residual.make(o); });
+          }};
+}
+
 }  // namespace
 
 const std::vector<std::string>& option_sections() {
@@ -145,24 +155,9 @@ const std::vector<RegistryEntry>& quantizer_registry() {
        [](const OptionReader& o) {
          return make_residual_simvq(residual_options(section_of(o, "residual")), simvq_options(section_of(o, "simvq")));
        }},
-      {"grouped-residual-vq", "grouped-residual-vq: quantizer.grouped.groups residual-vq quantizers side by side",
-       [](const OptionReader& o) {
-         return make_grouped("grouped-residual-vq", section_of(o, "grouped").integer("groups"), [&] {
-           return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));
-         });
-       }},
-      {"grouped-residual-fsq", "grouped-residual-fsq: quantizer.grouped.groups residual-fsq quantizers side by side",
-       [](const OptionReader& o) {
-         return make_grouped("grouped-residual-fsq", section_of(o, "grouped").integer("groups"), [&] {
-           return make_residual_fsq(residual_options(section_of(o, "residual")), fsq_options(section_of(o, "fsq")));
-         });
-       }},
-      {"grouped-residual-lfq", "grouped-residual-lfq: quantizer.grouped.groups residual-lfq quantizers side by side",
-       [](const OptionReader& o) {
-         return make_grouped("grouped-residual-lfq", section_of(o, "grouped").integer("groups"), [&] {
-           return make_residual_lfq(residual_options(section_of(o, "residual")), lfq_options(section_of(o, "lfq")));
-         });
-       }},
+      grouped_entry("vq"),
+      grouped_entry("fsq"),
+      grouped_entry("lfq"),
   };
   return entries;
 }
