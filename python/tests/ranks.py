@@ -2,6 +2,8 @@
 torch.distributed with Gloo on CPU over a file rendezvous, and a hard time limit per run."""
 import datetime
 import os
+import signal
+import subprocess
 import tempfile
 import time
 
@@ -36,3 +38,20 @@ def _entry(rank, world, store, results, target, args):
         results[rank] = target(rank, world, *args)
     finally:
         dist.destroy_process_group()
+
+
+def run_launched(command, cwd, time_limit, env=None):
+    """Runs `command` (a launcher and its script) in its own process group from `cwd`; returns its exit
+    status and output. Past `time_limit` seconds the whole group is killed (a hung Lightning process
+    ignores SIGTERM) and the test fails with the output's end."""
+    env = dict(env or os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("MASTER_PORT", None)
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=time_limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{command[-3:]}: still running after {time_limit} s:\n{output.decode()[-3000:]}")
+    return process.returncode, output.decode()

@@ -4,8 +4,6 @@ with a hard time limit; the test reads what each rank stopped with and checks th
 error, raised fast, naming both ranks' calls and their call sites (file:line)."""
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_ranks
+from ranks import run_launched, run_ranks
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checked_scenarios.py")
 TIME_LIMIT = 120  # seconds per run; the whole process group is killed after it
@@ -32,26 +30,17 @@ def _site(marker):
 
 
 def _run(scenario, out, lightning=False):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("MASTER_PORT", None)
     command = [sys.executable] if lightning else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   "--nproc-per-node", "2"]
     start = time.monotonic()
-    process = subprocess.Popen(command + [SCRIPT, scenario, str(out)], env=env, cwd=out, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=TIME_LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{scenario}: still running after {TIME_LIMIT} s:\n{output.decode()[-3000:]}")
+    _, output = run_launched(command + [SCRIPT, scenario, str(out)], out, TIME_LIMIT)
     seconds = time.monotonic() - start
     records = {}
     for rank in range(2):
         path = out / f"rank{rank}.txt"
         if path.exists():
             records[rank] = path.read_text()
-    assert 0 in records, f"{scenario}: rank 0 recorded nothing:\n{output.decode()[-3000:]}"
+    assert 0 in records, f"{scenario}: rank 0 recorded nothing:\n{output[-3000:]}"
     return records, seconds
 
 

@@ -3,12 +3,12 @@ HF accelerate's launcher and a Lightning DDP run, 2 CPU processes each, rank 0 a
 training mode at every epoch end. Each run must finish within a hard limit (the whole process group is
 killed after it) with every parameter and buffer identical on both ranks."""
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from ranks import run_launched
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launched_training.py")
 TIME_LIMIT = 180  # seconds per run; a hung Lightning process ignores SIGTERM, so the group gets SIGKILL
@@ -21,17 +21,8 @@ COMMANDS = {
 
 
 def _run(framework, out):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("MASTER_PORT", None)
-    process = subprocess.Popen(COMMANDS[framework] + [SCRIPT, framework, str(out)], env=env, cwd=out,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=TIME_LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{framework}: still running after {TIME_LIMIT} s:\n{output.decode()[-3000:]}")
-    assert process.returncode == 0, f"{framework} exited {process.returncode}:\n{output.decode()[-3000:]}"
+    status, output = run_launched(COMMANDS[framework] + [SCRIPT, framework, str(out)], out, TIME_LIMIT)
+    assert status == 0, f"{framework} exited {status}:\n{output[-3000:]}"
 
 
 @pytest.mark.parametrize("framework", list(COMMANDS))
