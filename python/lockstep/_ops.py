@@ -2,7 +2,7 @@
 computes values only; backward recomputes the call with its graph (the same (seed, step), so the same
 draws), differentiates it, then reduces and applies the state update, as eager's backward does."""
 import weakref
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -26,16 +26,17 @@ def _module(handle):
 
 @torch.library.custom_op("lockstep::quantize", mutates_args=())
 def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int, training: bool,
-             grad_mode: bool) -> List[torch.Tensor]:
-    """[quantized, int64 indices, one scalar per loss of the module's loss_names] for x (b, n, dim)."""
+             grad_mode: bool, mask: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """[quantized, int64 indices, one scalar per loss of the module's loss_names] for x (b, n, dim);
+    `mask` (b, n) bool keeps padding out of statistics and losses."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
-    return module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names))
+    return module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names), mask)
 
 
 @quantize.register_fake
-def _(x, step, parameters, handle, training, grad_mode):
+def _(x, step, parameters, handle, training, grad_mode, mask=None):
     loss_names, index_shape = _module(handle)._compile_signature()
     indices = x.new_empty((*x.shape[:2], *index_shape), dtype=torch.int64)
     return [torch.empty_like(x), indices] + [x.new_empty(()) for _ in loss_names]
@@ -43,33 +44,33 @@ def _(x, step, parameters, handle, training, grad_mode):
 
 @torch.library.custom_op("lockstep::quantize_backward", mutates_args=())
 def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int,
-                      training: bool, grad_quantized: torch.Tensor,
-                      grad_losses: List[torch.Tensor]) -> List[torch.Tensor]:
+                      training: bool, grad_quantized: torch.Tensor, grad_losses: List[torch.Tensor],
+                      mask: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[grad of x, grad of each parameter]; then the training step's state update, and step + 1."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
     return module._core.quantize_backward(x, training, module.seed, step, group, list(loss_names),
-                                          grad_quantized, grad_losses, parameters)
+                                          grad_quantized, grad_losses, parameters, mask)
 
 
 @quantize_backward.register_fake
-def _(x, step, parameters, handle, training, grad_quantized, grad_losses):
+def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=None):
     return [torch.empty_like(x)] + [torch.empty_like(p) for p in parameters]
 
 
 def _setup_context(ctx, inputs, output):
-    x, step, parameters, handle, training, _ = inputs
-    ctx.save_for_backward(x, step, *parameters)
+    x, step, parameters, handle, training, _, mask = inputs
+    ctx.save_for_backward(x, step, mask, *parameters)
     ctx.handle, ctx.training = handle, training
 
 
 def _backward(ctx, grads):
-    x, step, *parameters = ctx.saved_tensors
+    x, step, mask, *parameters = ctx.saved_tensors
     grad_quantized = grads[0] if grads[0] is not None else torch.zeros_like(x)
     grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:]]
-    result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses)
-    return result[0], None, result[1:], None, None, None
+    result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses, mask)
+    return result[0], None, result[1:], None, None, None, None
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)

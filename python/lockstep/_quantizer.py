@@ -36,6 +36,29 @@ def only_defaults(module_name, function, given, names):
             refuse(module_name, name, given[name], repr(default))
 
 
+def padding_mask(module_name, x, mask, lens):
+    """The forward's `mask` (b, n) bool or `lens` (b,) lengths, as the reference takes them, as a bool
+    mask on x's device (None when neither is given); ValueError for both, or a wrong shape or type."""
+    if mask is not None and lens is not None:
+        raise ValueError(f"{module_name}: give mask or lens, not both")
+    if lens is None and mask is None:
+        return None
+    if x.ndim != 3:
+        raise ValueError(f"{module_name}: mask and lens are for tokens (b, n, dim), as in the reference; "
+                         f"got an input of shape {tuple(x.shape)}")
+    if lens is not None:
+        lens = torch.as_tensor(lens, device=x.device)
+        if lens.shape != (x.shape[0],) or lens.is_floating_point() or lens.is_complex():
+            raise ValueError(f"{module_name}: lens must hold one integer length per item, shape ({x.shape[0]},); "
+                             f"got {lens.dtype} of shape {tuple(lens.shape)}")
+        return torch.arange(x.shape[1], device=x.device) < lens[:, None]
+    mask = torch.as_tensor(mask, device=x.device)
+    if mask.shape != x.shape[:2] or mask.dtype != torch.bool:
+        raise ValueError(f"{module_name}: mask must be bool of shape (b, n) = {tuple(x.shape[:2])}; "
+                         f"got {mask.dtype} of shape {tuple(mask.shape)}")
+    return mask
+
+
 class LockstepQuantizer(nn.Module):
     def __init__(self, name, section, options, seed=None, process_group=None, collective_timeout=300.0,
                  rename=None, persistent=None):
@@ -200,17 +223,18 @@ class LockstepQuantizer(nn.Module):
             owner = owner._modules[part]
         return owner, name
 
-    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks):
+    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks, mask=None):
         """(b, n, dim) tokens, or (b, dim, ...) maps when `channel_first` -> (quantized in x's
         layout and dtype, indices (b, n[, c]) or (b, ...[, c]), {name: loss}), as the reference
-        shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`."""
+        shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`. `mask`
+        (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there)."""
         if channel_first:
             x = x.movedim(1, -1)
             spatial = x.shape[1:-1]
             x = x.reshape(x.shape[0], -1, x.shape[-1])
         if x.shape[-1] != self.dim:
             raise ValueError(f"lockstep.{type(self).__name__}: expected dimension {self.dim} but found {x.shape[-1]}")
-        out, indices, losses = self._quantize(x.float())
+        out, indices, losses = self._quantize(x.float(), mask)
         out = out.to(x.dtype)
         if num_codebooks == 1 and keep_codebook_axis:
             indices = indices.unsqueeze(-1)
@@ -242,16 +266,16 @@ class LockstepQuantizer(nn.Module):
             self._group = _C.LazyGroup(group, store, timeout, make_gloo)
         return self._group
 
-    def _quantize(self, x):
+    def _quantize(self, x, mask=None):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
         if torch.compiler.is_compiling():
             loss_names, _ = self._compile_signature()
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
-                                                 torch.is_grad_enabled())
+                                                 torch.is_grad_enabled(), mask)
             return values[0], values[1], dict(zip(loss_names, values[2:]))
         group = self._lazy_group() if self.training else None
-        return self._core.quantize(x, self.training, self.seed, self._steps, group)
+        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask)
 
     @torch._dynamo.assume_constant_result
     def _compile_signature(self):

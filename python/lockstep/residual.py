@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options
 from .vq import vq_options
@@ -88,8 +88,7 @@ class ResidualVQ(_Residual):
         mlp_kwargs = mlp_kwargs or None  # the reference's default is an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
                       ("shared_codebook", "diveq", "heads", "implicit_neural_codebook", "mlp_kwargs", "beam_size",
-                       "eval_beam_size", "beam_score_quantizer_weights", "quant_grad_frac",
-                       "return_zeros_for_masked_padding"))
+                       "eval_beam_size", "beam_score_quantizer_weights", "quant_grad_frac"))
         if codebook_dim is not None and codebook_dim != dim:
             refuse("lockstep.ResidualVQ", "codebook_dim", codebook_dim, "dim: the layers quantize the input's dimension")
         if isinstance(codebook_size, (tuple, list)):
@@ -102,6 +101,7 @@ class ResidualVQ(_Residual):
             codebook_size = int(codebook_size[0])
         layer = vq_options(dim, codebook_size, **vq_kwargs)
         layer.pop("accept_image_fmap")
+        layer.pop("return_zeros_for_masked_padding")
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
@@ -109,6 +109,7 @@ class ResidualVQ(_Residual):
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
         self.codebook_size = codebook_size
         self.accept_image_fmap = accept_image_fmap
+        self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
 
     @property
     def codebooks(self):
@@ -118,9 +119,13 @@ class ResidualVQ(_Residual):
     def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
                 mask=None, return_loss_breakdown=False):
         refuse_forward_options("lockstep.ResidualVQ", indices=indices, return_all_codes=return_all_codes,
-                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook, mask=mask,
+                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
                                return_loss_breakdown=return_loss_breakdown)
-        out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers)
+        # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
+        mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
+        out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask)
+        if mask is not None and not self.return_zeros_for_masked_padding:
+            out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         return out, idx, self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
 
 

@@ -4,7 +4,7 @@ from collections import namedtuple
 
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -27,7 +27,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
                    "codebook_diversity_loss_weight", "straight_through", "directional_reparam", "sync_affine_param",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
-                   "affine_param", "sync_update_v", "return_zeros_for_masked_padding", "route_gradients_to_input"))
+                   "affine_param", "sync_update_v", "route_gradients_to_input"))
     # The codebook is learned by EMA, its statistics reduced over the process group.
     for name, value, allowed in (("ema_update", ema_update, (None, True)),
                                  ("learnable_codebook", learnable_codebook, (None, False)),
@@ -45,7 +45,9 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    sample_codebook_temp=float(sample_codebook_temp))
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
-    options["accept_image_fmap"] = bool(accept_image_fmap)  # the module's, not liblockstep's
+    # The module's, not liblockstep's: liblockstep gives 0 at padding, the module the input when False.
+    options["accept_image_fmap"] = bool(accept_image_fmap)
+    options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     return options
 
 
@@ -77,11 +79,13 @@ class VectorQuantize(LockstepQuantizer):
         options = vq_options(dim, codebook_size, *reference_args, **options)
         heads = options["heads"]
         accept_image_fmap = options.pop("accept_image_fmap")
+        zeros_at_padding = options.pop("return_zeros_for_masked_padding")
         super().__init__("vq", "vq", options, seed, process_group, collective_timeout, rename=_reference_name)
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.heads = heads
         self.accept_image_fmap = accept_image_fmap
+        self.return_zeros_for_masked_padding = zeros_at_padding
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
 
@@ -121,12 +125,16 @@ class VectorQuantize(LockstepQuantizer):
 
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
                 return_loss_breakdown=False, codebook_transform_fn=None):
-        refuse_forward_options("lockstep.VectorQuantize", indices=indices, mask=mask, lens=lens,
+        refuse_forward_options("lockstep.VectorQuantize", indices=indices,
                                sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
                                codebook_transform_fn=codebook_transform_fn)
+        # Padded sequences: a masked token counts in no statistic (on any rank) and no loss.
+        mask = padding_mask("lockstep.VectorQuantize", x, mask, lens)  # for (b, n, d) tokens only, as there
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
-                                              self.heads)
+                                              self.heads, mask)
+        if mask is not None and not self.return_zeros_for_masked_padding:
+            out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)

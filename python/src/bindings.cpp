@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,10 +133,12 @@ const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
 // docs/python.md); in training, state updates and their collectives wait for backward.
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
-                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group) {
+                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                               const std::optional<at::Tensor>& mask) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx;
+  if (mask) ctx.mask = *mask;
   ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
       lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
@@ -209,14 +212,14 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
             lockstep::quant::QuantizerOutput out;
             {
               // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(q, x, training, seed, step, group);
+              out = quantize_call(q, x, training, seed, step, group, mask);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
                   apply_update(update, group, step);
@@ -235,26 +238,29 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(out.quantized, out.indices, losses);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}). Issues no "
+          py::arg("mask") = py::none(),
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
+          "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h). Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
       .def(
           "quantize_values",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
+             std::optional<at::Tensor> mask) {
             py::gil_scoped_release no_gil;
             // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
             // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
-            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group);
+            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group, mask);
             std::vector<at::Tensor> values{out.quantized, out.indices};
             for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
             return values;
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
-          py::arg("loss_names"),
+          py::arg("loss_names"), py::arg("mask") = py::none(),
           "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
           "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward.")
       .def(
@@ -262,7 +268,7 @@ PYBIND11_MODULE(_C, m) {
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
              const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
-             const std::vector<at::Tensor>& parameters) {
+             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask) {
             py::gil_scoped_release no_gil;
             LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
                                " loss gradients for ", names.size(), " losses");
@@ -274,7 +280,7 @@ PYBIND11_MODULE(_C, m) {
                 tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
             const torch::AutoGradMode grad(true);
             const at::Tensor input = x.detach().requires_grad_(true);
-            lockstep::quant::QuantizerOutput out = quantize_call(q, input, training, seed, step, group);
+            lockstep::quant::QuantizerOutput out = quantize_call(q, input, training, seed, step, group, mask);
             std::vector<at::Tensor> outputs, grads;
             const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
               if (value.requires_grad()) {
@@ -311,7 +317,7 @@ PYBIND11_MODULE(_C, m) {
             return result;
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
-          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"),
+          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
           "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs; "
           "then the state update of a training step, reduced over `group`, and `step` advanced: "
           "torch.compile's backward.")

@@ -231,6 +231,7 @@ at::Tensor Fsq::squeeze_indices(const at::Tensor& indices) const {
 }
 
 QuantizerOutput Fsq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  check_no_mask(ctx, "fsq");
   // FSQ is computed in float32 whatever the input precision, as the reference does.
   std::optional<at::Generator> noise;
   if (is_training() && options_.noise_dropout() > 0) noise = ctx.generator;

@@ -89,7 +89,8 @@ at::Tensor LatentQuantize::output_of(const at::Tensor& codes) const {
   return project_out_ ? torch::linear(flat, project_out_->weight, project_out_->bias) : flat;
 }
 
-QuantizerOutput LatentQuantize::quantize(const at::Tensor& x, const QuantizeContext& /*ctx*/) {
+QuantizerOutput LatentQuantize::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  check_no_mask(ctx, "latent");
   const at::Tensor z = latents(x);
   const at::Tensor p = positions(z);
   const at::Tensor codes = z + (values_at(p) - z).detach();  // straight-through

@@ -100,6 +100,7 @@ at::Tensor Lfq::from_code_space(const at::Tensor& codes) {
 }
 
 QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  check_no_mask(ctx, "lfq");
   const at::Tensor z = to_code_space(x);  // (b, n, c, bits)
   const at::Tensor q = quantize_codes(z.detach());
   const int64_t c = options_.num_codebooks();

@@ -12,6 +12,27 @@ at::Tensor QuantizerOutput::total_loss() const {
   return total;
 }
 
+at::Tensor checked_mask(const QuantizeContext& ctx, const at::Tensor& x, const std::string& kind) {
+  if (!ctx.mask.defined()) return {};
+  LOCKSTEP_CHECK_ARG(
+      x.dim() == 3 && ctx.mask.dim() == 2 && ctx.mask.size(0) == x.size(0) && ctx.mask.size(1) == x.size(1), kind,
+      ": the mask must be (b, n) = (", x.size(0), ", ", x.dim() > 1 ? x.size(1) : 0, ") for tokens ", x.sizes(),
+      ", got ", ctx.mask.sizes());
+  LOCKSTEP_CHECK_ARG(ctx.mask.scalar_type() == torch::kBool, kind, ": the mask must be bool, got ",
+                     ctx.mask.scalar_type());
+  return ctx.mask.to(x.device());
+}
+
+void check_no_mask(const QuantizeContext& ctx, const std::string& kind) {
+  LOCKSTEP_CHECK_ARG(!ctx.mask.defined(), kind, " takes no mask (vq, residual-vq and grouped-residual-vq do)");
+}
+
+void apply_mask(const at::Tensor& mask, at::Tensor& quantized, at::Tensor& indices) {
+  if (!mask.defined()) return;
+  quantized = quantized.masked_fill(~mask.unsqueeze(2), 0.0);
+  indices = indices.masked_fill(indices.dim() == 3 ? ~mask.unsqueeze(2) : ~mask, -1);
+}
+
 at::Tensor image_to_tokens(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 4, "expected an image batch (b, d, h, w), got ", x.sizes());
   return x.flatten(2).transpose(1, 2);

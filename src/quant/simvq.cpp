@@ -34,7 +34,8 @@ SimVq::SimVq(SimVqOptions options) : Quantizer("SimVq"), options_(std::move(opti
 
 at::Tensor SimVq::implicit_codebook() const { return torch::linear(frozen_codebook_, code_transform_->weight); }
 
-QuantizerOutput SimVq::quantize(const at::Tensor& x, const QuantizeContext& /*ctx*/) {
+QuantizerOutput SimVq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  check_no_mask(ctx, "simvq");
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == options_.dim(), "simvq: expected tokens (b, n, ", options_.dim(),
                      "), got ", x.sizes());
   const int64_t b = x.size(0);

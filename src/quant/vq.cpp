@@ -221,12 +221,19 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // (C, M, cd), differentiable; of unit length under cosine similarity, so that the commitment loss
   // and the straight-through output are taken there, as the reference takes them.
   const at::Tensor grouped = prepare(group_by_codebook(x));
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  // Positions (along M) of the tokens that count; a masked token enters no statistic and no loss.
+  at::Tensor counted;
+  if (mask.defined()) {
+    const int64_t per_token = options_.separate_codebook_per_head() ? 1 : options_.heads();
+    counted = mask.reshape({b * n, 1}).expand({b * n, per_token}).reshape(-1).nonzero().squeeze(1);
+  }
+  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(1, counted) : t; };
   const at::Tensor tokens = grouped.detach();
-  LocalReducer local;
-  Reducer& reducer = ctx.reducer ? *ctx.reducer : local;
+  const at::Tensor counted_tokens = only_counted(tokens);
   // Deferred (the Python modules): a call that cannot be backwarded changes no state, k-means included.
   const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
-  if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(tokens, ctx);
+  if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
@@ -238,12 +245,16 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
                              ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
                              : grouped + (q - grouped).detach();
   QuantizerOutput result;
-  // The commitment loss is reported in evaluation too (the reference returns 0 there).
-  const at::Tensor commitment = grouped.numel() > 0 ? torch::mse_loss(grouped, q.detach()) : grouped.sum() * 0;
+  // The commitment loss is reported in evaluation too (the reference returns 0 there); the mean
+  // over the tokens that count, 0 when none does.
+  const at::Tensor counted_grouped = only_counted(grouped);
+  const at::Tensor commitment =
+      counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, only_counted(q).detach()) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
   if (may_change_state) {
-    // Captures the call's tokens and assignments; `this` must outlive a deferred update.
-    auto update = [this, tokens, indices, generator = or_default(ctx.generator)](Reducer& r) {
+    // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
+    auto update = [this, tokens = counted_tokens, indices = only_counted(indices),
+                   generator = or_default(ctx.generator)](Reducer& r) {
       torch::NoGradGuard no_grad;
       ema_update(tokens, indices, r);
       if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, r, generator);
@@ -251,7 +262,8 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     if (ctx.defer_updates) {
       result.update = std::move(update);
     } else {
-      update(reducer);
+      LocalReducer local;
+      update(ctx.reducer ? *ctx.reducer : local);
     }
   }
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
@@ -261,6 +273,7 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = ungroup_indices(indices, b, n);
+  apply_mask(mask, result.quantized, result.indices);
   return result;
 }
 

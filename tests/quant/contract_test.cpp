@@ -6,6 +6,7 @@
 #include <cctype>
 #include <set>
 
+#include "lockstep/core/error.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/train/config.h"
@@ -201,6 +202,37 @@ TEST_P(QuantizerContract, TrainingReducesTheSameWayWhateverTheData) {
   }
   EXPECT_EQ(calls[0], calls[1]);
   EXPECT_EQ(calls[0], calls[2]);
+}
+
+// A padding mask is honoured (the padding's outputs 0, its indices -1, the same collectives) by the
+// quantizers that keep statistics apart from it, and refused by name by the others: never ignored.
+TEST_P(QuantizerContract, AMaskIsHonouredOrRefusedNeverIgnored) {
+  const std::string kind = quantizer->kind();
+  const bool takes_mask = kind == "vq" || kind == "residual-vq" || kind == "grouped-residual-vq";
+  QuantizeContext ctx{nullptr, seeded(61)};
+  ctx.mask = torch::arange(6).unsqueeze(0) < torch::tensor({6, 2}).unsqueeze(1);
+  if (!takes_mask) {
+    EXPECT_THROW(
+        {
+          try {
+            quantizer->quantize(tokens(2, 6, 60), ctx);
+          } catch (const InvalidArgument& e) {
+            EXPECT_NE(std::string(e.what()).find("takes no mask"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        InvalidArgument);
+    return;
+  }
+  quantizer->quantize(tokens(2, 6, 62), {nullptr, seeded(63)});  // past any first-call initialisation
+  test_util::RecordingReducer masked, unmasked;
+  ctx.reducer = &masked;
+  const QuantizerOutput out = quantizer->quantize(tokens(2, 6, 60), ctx);
+  quantizer->quantize(tokens(2, 6, 60), {&unmasked, seeded(61)});
+  EXPECT_EQ(masked.tags, unmasked.tags);
+  EXPECT_TRUE((out.quantized.index({~ctx.mask}) == 0).all().item<bool>());
+  EXPECT_TRUE((out.indices.index({~ctx.mask}) == -1).all().item<bool>());
+  EXPECT_TRUE((out.indices.index({ctx.mask}) >= 0).all().item<bool>());
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, QuantizerContract, ::testing::ValuesIn(variants()),

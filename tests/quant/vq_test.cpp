@@ -256,6 +256,35 @@ TEST(Vq, ADeferredUpdateLeavesTheStateAnEagerCallLeaves) {
   EXPECT_FALSE(static_cast<bool>(deferred.quantize(x, ctx).update));
 }
 
+// Padded sequences: masked tokens count in no statistic (k-means, EMA, dead codes) and no loss, so
+// a padded batch trains the codebook exactly as its valid tokens packed into one sequence do, with
+// the same collectives; the padding's outputs are 0 and its indices -1.
+TEST(Vq, MaskedTokensCountInNoStatisticAndNoLoss) {
+  const VqOptions options = VqOptions(4, 24).kmeans_init(true).threshold_ema_dead_code(1.5).heads(2).codebook_dim(2);
+  Vq padded(options, seeded(1)), packed(options, seeded(1));
+  torch::manual_seed(4);
+  const at::Tensor lengths = torch::tensor({7, 0, 3}).unsqueeze(1);
+  const at::Tensor mask = torch::arange(7).unsqueeze(0) < lengths;
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = torch::randn({3, 7, 4});
+    CountingReducer padded_calls, packed_calls;
+    QuantizeContext ctx{&padded_calls, seeded(10 + step)};
+    ctx.mask = mask;
+    const QuantizerOutput out = padded.quantize(x, ctx);
+    const QuantizerOutput ref = packed.quantize(x.index({mask}).unsqueeze(0), {&packed_calls, seeded(10 + step)});
+    EXPECT_EQ(padded_calls.tags, packed_calls.tags);
+    EXPECT_TRUE(torch::equal(out.indices.index({mask}), ref.indices[0])) << "step " << step;
+    EXPECT_TRUE((out.indices.index({~mask}) == -1).all().item<bool>());
+    EXPECT_TRUE((out.quantized.index({~mask}) == 0).all().item<bool>());
+    EXPECT_TRUE(torch::allclose(out.losses.at("commitment"), ref.losses.at("commitment"), 1e-6, 1e-7));
+    for (const auto& [name, value] : snapshot(packed))
+      EXPECT_TRUE(torch::allclose(snapshot(padded).at(name), value, 1e-6, 1e-7)) << name << " at step " << step;
+  }
+  QuantizeContext wrong;
+  wrong.mask = torch::ones({3, 6}, torch::kBool);
+  EXPECT_THROW(padded.quantize(torch::randn({3, 7, 4}), wrong), InvalidArgument);
+}
+
 TEST(Vq, StateRoundTripsThroughNamedBuffers) {
   Vq a(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(1));
   for (int step = 0; step < 3; ++step) a.quantize(torch::randn({2, 30, 5}), {nullptr, seeded(step)});

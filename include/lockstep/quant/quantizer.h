@@ -29,6 +29,10 @@ struct QuantizeContext {
   // QuantizerOutput::update, for the caller to run later with a reducer (the Python modules run it
   // in backward, so that a forward never communicates). k-means initialisation still runs in quantize.
   bool defer_updates = false;
+  // (b, n) bool: the tokens that count, for batches of padded sequences; undefined means all. A
+  // masked token counts in no statistic (EMA, k-means, dead codes) and no loss; its output is 0 and
+  // its indices -1. Quantizers without statistics to keep apart refuse a mask (check_no_mask).
+  at::Tensor mask = {};
 };
 
 struct QuantizerOutput {
@@ -59,6 +63,13 @@ class Quantizer : public torch::nn::Module {
   // indices as returned by encode -> (b, n, dim) vectors equal to quantize's forward value.
   virtual at::Tensor decode(const at::Tensor& indices) = 0;
 };
+
+// The mask of `ctx`, checked against tokens x (b, n, d) and returned as bool; undefined when there is none.
+at::Tensor checked_mask(const QuantizeContext& ctx, const at::Tensor& x, const std::string& kind);
+// InvalidArgument naming `kind` when `ctx` carries a mask: for quantizers that do not take one.
+void check_no_mask(const QuantizeContext& ctx, const std::string& kind);
+// Output (b, n, d) with the masked tokens' vectors 0 and indices (b, n[, k]) with theirs -1.
+void apply_mask(const at::Tensor& mask, at::Tensor& quantized, at::Tensor& indices);
 
 // Images (b, dim, h, w) as tokens (b, h*w, dim) and back.
 at::Tensor image_to_tokens(const at::Tensor& x);
