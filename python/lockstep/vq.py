@@ -28,19 +28,27 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    "codebook_diversity_loss_weight", "straight_through", "directional_reparam", "sync_affine_param",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
                    "affine_param", "sync_update_v", "route_gradients_to_input"))
-    # The codebook is learned by EMA, its statistics reduced over the process group.
-    for name, value, allowed in (("ema_update", ema_update, (None, True)),
-                                 ("learnable_codebook", learnable_codebook, (None, False)),
-                                 ("sync_codebook", sync_codebook, (None, True))):
-        if value not in allowed:
-            refuse("lockstep.VectorQuantize", name, value, " or ".join(map(repr, allowed)))
+    # The statistics are reduced over the process group whenever there are some.
+    if sync_codebook not in (None, True):
+        refuse("lockstep.VectorQuantize", "sync_codebook", sync_codebook, "None or True")
+    # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
+    # codebook by gradient; ema_update=False alone keeps it as it is.
+    ema_update = True if ema_update is None else bool(ema_update)
+    learnable_codebook = bool(learnable_codebook)
+    if learnable_codebook and ema_update:
+        raise ValueError("lockstep.VectorQuantize: learnable_codebook=True needs ema_update=False (the codebook is "
+                         "learned by gradient or by the EMA, not both), as in the reference")
+    if learnable_codebook and use_cosine_sim:
+        raise ValueError("lockstep.VectorQuantize: learnable_codebook=True is not compatible with use_cosine_sim=True, "
+                         "as in the reference")
     rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
     options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay),
                    commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
                    kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
                    cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
                    separate_codebook_per_head=bool(separate_codebook_per_head),
-                   orthogonal_reg_weight=float(orthogonal_reg_weight),
+                   orthogonal_reg_weight=float(orthogonal_reg_weight), ema_update=ema_update,
+                   learnable_codebook=learnable_codebook,
                    stochastic_sample_codes=bool(stochastic_sample_codes),
                    sample_codebook_temp=float(sample_codebook_temp))
     if codebook_dim is not None:

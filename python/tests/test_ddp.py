@@ -57,7 +57,12 @@ OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_ti
           "LatentQuantize": lambda: _ChannelFirst(lockstep.LatentQuantize(levels=[5, 4, 3], dim=8,
                                                                           collective_timeout=TIMEOUT)),
           "ResidualSimVQ": lambda: lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16,
-                                                          collective_timeout=TIMEOUT)}
+                                                          collective_timeout=TIMEOUT),
+          # A learnable codebook is a parameter: DDP averages its gradient; the cluster sizes that dead-code
+          # replacement reads are lockstep's to reduce.
+          "VectorQuantize(learnable_codebook)": lambda: lockstep.VectorQuantize(
+              dim=8, codebook_size=16, learnable_codebook=True, ema_update=False, threshold_ema_dead_code=0.5,
+              decay=0.9, collective_timeout=TIMEOUT)}
 IN_DDP = {**QUANTIZERS, **GROUPED, **OTHERS}
 
 

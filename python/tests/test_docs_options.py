@@ -35,7 +35,10 @@ REQUIRED = {
 OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},
                 "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
-                "codebook_transform": torch.nn.Linear(8, 8, bias=False)}
+                "codebook_transform": torch.nn.Linear(8, 8, bias=False), "ema_update": False,
+                "learnable_codebook": True}
+# Options whose other value needs another option with it, as the reference requires too.
+COMPANIONS = {"learnable_codebook": dict(ema_update=False)}
 
 
 def tables():
@@ -86,7 +89,7 @@ def test_each_state_holds_against_the_constructor(name):
         value = other_value(option, reference_options(name)[option])
         if value is None:
             continue
-        arguments = {**REQUIRED[name], option: value}
+        arguments = {**REQUIRED[name], **COMPANIONS.get(option, {}), option: value}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if state.startswith("refused"):

@@ -96,11 +96,19 @@ def test_dropped_layers_have_index_minus_one_and_decode_to_nothing():
     assert bool((ours(x)[1] >= 0).all())  # evaluation runs every layer
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+def test_learnable_codebooks_are_trained_by_gradient_as_the_reference_does(optimizer):
+    options = dict(dim=8, codebook_size=16, num_quantizers=3, learnable_codebook=True, ema_update=False)
+    reference = ReferenceResidualVQ(**options)
+    ours = lockstep.ResidualVQ(**options)
+    assert {f"layers.{q}._codebook.embed" for q in range(3)} <= set(dict(ours.named_parameters()))
+    compare_training_steps(reference, ours, (2, 60, 8), 3, [f"layers.{q}._codebook.embed" for q in range(3)],
+                           optimizer=optimizer)
+
+
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="shared_codebook"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, shared_codebook=True)
-    with pytest.raises(TypeError, match="learnable_codebook"):
-        lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, learnable_codebook=True)
     with pytest.raises(TypeError, match="no_such_option"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, no_such_option=1)
     with pytest.raises(TypeError, match="soft_clamp_input_value"):

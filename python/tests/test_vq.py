@@ -69,9 +69,40 @@ def test_return_loss_breakdown_gives_the_references_unweighted_terms(options):
     assert len(ours(x)) == 3  # without the flag, the reference's three values
 
 
-def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="learnable_codebook"):
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+@pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False), dict(commitment_weight=0.4),
+                                     dict(heads=2, separate_codebook_per_head=True, codebook_dim=8)],
+                         ids=["rotation", "straight_through", "weighted", "heads"])
+def test_a_learnable_codebook_is_trained_by_gradient_as_the_reference_does(options, optimizer):
+    # learnable_codebook=True, ema_update=False: the codebook is a parameter that the commitment loss
+    # trains (the VQ-VAE codebook term); no EMA, no statistics.
+    options = dict(learnable_codebook=True, ema_update=False, **options)
+    reference = ReferenceVQ(dim=16, codebook_size=64, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, **options)
+    assert "_codebook.embed" in dict(ours.named_parameters())
+    compare_training_steps(reference, ours, (2, 100, 16), 4, ["_codebook.embed", "_codebook.cluster_size"],
+                           optimizer=optimizer)
+
+
+def test_ema_update_false_keeps_the_codebook_as_the_reference_does():
+    reference = ReferenceVQ(dim=16, codebook_size=64, ema_update=False)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, ema_update=False)
+    initial = reference.state_dict()["_codebook.embed"].clone()
+    compare_training_steps(reference, ours, (2, 100, 16), 3, ["_codebook.embed", "_codebook.cluster_size"])
+    assert torch.equal(ours.state_dict()["_codebook.embed"], initial)
+
+
+def test_learnable_codebook_combinations_the_reference_refuses_are_value_errors():
+    with pytest.raises(AssertionError):
+        ReferenceVQ(dim=8, codebook_size=16, learnable_codebook=True)
+    with pytest.raises(ValueError, match="needs ema_update=False"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True)
+    with pytest.raises(ValueError, match="use_cosine_sim"):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
+                                use_cosine_sim=True)
+
+
+def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="sync_codebook=False"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, sync_codebook=False)
     with pytest.raises(TypeError, match="affine_param"):

@@ -136,6 +136,12 @@ OptionSection vq_section() {
             "Weight of the orthogonal regulariser over the codes; when > 0 the codebook is a parameter that "
             "the regulariser trains beside the EMA, as vector-quantize-pytorch does.")
            .at_least(0),
+       boolean("ema_update", d.ema_update(),
+               "The EMA of assigned tokens moves the codebook; false keeps it (or, with learnable_codebook, leaves "
+               "it to the gradient)."),
+       boolean("learnable_codebook", d.learnable_codebook(),
+               "The codebook is a parameter trained by the commitment loss (needs ema_update = false, cosine = "
+               "false)."),
        boolean("stochastic_sample_codes", d.stochastic_sample_codes(),
                "Training draws each code from softmax(-distance / temperature) instead of the nearest."),
        real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0)}};

@@ -50,6 +50,8 @@ VqOptions vq_options(const OptionReader& o) {
       .heads(o.integer("heads"))
       .separate_codebook_per_head(o.boolean("separate_codebook_per_head"))
       .orthogonal_reg_weight(o.real("orthogonal_reg_weight"))
+      .ema_update(o.boolean("ema_update"))
+      .learnable_codebook(o.boolean("learnable_codebook"))
       .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))
       .sample_codebook_temp(o.real("sample_codebook_temp"));
   if (const int64_t cd = o.integer("codebook_dim"); cd != 0) options.codebook_dim(cd);  // 0: dim

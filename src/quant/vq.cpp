@@ -89,6 +89,11 @@ void VqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ >= 0, "vq: threshold_ema_dead_code = ", threshold_ema_dead_code_,
                      " must be >= 0");
   LOCKSTEP_CHECK_ARG(sample_codebook_temp_ >= 0, "vq: sample_codebook_temp = ", sample_codebook_temp_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(!(learnable_codebook_ && ema_update_),
+                     "vq: learnable_codebook = true needs ema_update = false (the codebook is learned by gradient or "
+                     "by the EMA, not both)");
+  LOCKSTEP_CHECK_ARG(!(learnable_codebook_ && use_cosine_sim_),
+                     "vq: learnable_codebook = true needs cosine = false (as in vector-quantize-pytorch)");
 }
 
 Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(std::move(options)) {
@@ -113,9 +118,9 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
     embed.uniform_(-bound, bound, or_default(generator));
     if (options_.use_cosine_sim()) embed = l2norm(embed);
   }
-  // With the orthogonal regulariser the codebook is a parameter that the regulariser trains beside
-  // the EMA, as in the reference; otherwise a buffer the EMA owns.
-  embed_ = options_.learnable_codebook() ? register_parameter("embed", embed) : register_buffer("embed", embed);
+  // Learned by gradient, or with the orthogonal regulariser trained by it beside the EMA, the codebook
+  // is a parameter, as in the reference; otherwise a buffer the EMA owns.
+  embed_ = options_.codebook_is_parameter() ? register_parameter("embed", embed) : register_buffer("embed", embed);
   cluster_size_ = register_buffer("cluster_size", torch::ones({codebooks, k}));
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   initted_ = register_buffer("initted", torch::tensor(options_.kmeans_init() ? 0.0f : 1.0f));
@@ -248,10 +253,14 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // The commitment loss is reported in evaluation too (the reference returns 0 there); the mean
   // over the tokens that count, 0 when none does.
   const at::Tensor counted_grouped = only_counted(grouped);
+  // A learnable codebook is trained by this loss (the codes not detached), as the reference's.
+  const at::Tensor codes = options_.learnable_codebook() ? only_counted(q) : only_counted(q).detach();
   const at::Tensor commitment =
-      counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, only_counted(q).detach()) : grouped.sum() * 0;
+      counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, codes) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
-  if (may_change_state) {
+  // Without the EMA and dead codes a training call keeps no statistics: no update, no collective.
+  const bool keeps_statistics = options_.ema_update() || options_.threshold_ema_dead_code() > 0;
+  if (may_change_state && keeps_statistics) {
     // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
     auto update = [this, tokens = counted_tokens, indices = only_counted(indices),
                    generator = or_default(ctx.generator)](Reducer& r) {
@@ -321,6 +330,7 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
   const double weight = 1.0 - options_.decay();
   cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);
   embed_avg_.lerp_(stats[1].view({codebooks, k, -1}), weight);
+  if (!options_.ema_update()) return;  // the sizes feed dead-code replacement; the codebook stays
   // Laplace smoothing keeps every code's size positive without changing each codebook's total.
   const at::Tensor total = cluster_size_.sum(1, true);
   const double eps = options_.eps();

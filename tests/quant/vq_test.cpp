@@ -320,6 +320,8 @@ TEST(Vq, InvalidOptionsNameTheValue) {
   expect_invalid(VqOptions(4, 8).codebook_dim(0), "codebook_dim = 0");
   expect_invalid(VqOptions(4, 8).orthogonal_reg_weight(-1), "orthogonal_reg_weight = -1");
   expect_invalid(VqOptions(4, 8).sample_codebook_temp(-0.5), "sample_codebook_temp = -0.5");
+  expect_invalid(VqOptions(4, 8).learnable_codebook(true), "needs ema_update = false");
+  expect_invalid(VqOptions(4, 8).learnable_codebook(true).ema_update(false).use_cosine_sim(true), "needs cosine");
   Vq vq(VqOptions(4, 8), seeded(1));
   EXPECT_THROW(vq.decode(torch::tensor({{8}}, torch::kInt64)), InvalidArgument);
   EXPECT_THROW(vq.quantize(torch::randn({2, 3, 5}), {}), InvalidArgument);
@@ -346,7 +348,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   o.boolean = [](const std::string& key) -> bool {
     if (key == "cosine" || key == "kmeans_init") return false;
     if (key == "rotation_trick" || key == "stochastic_sample_codes") return false;
-    if (key == "separate_codebook_per_head") return true;
+    if (key == "separate_codebook_per_head" || key == "learnable_codebook") return true;
+    if (key == "ema_update") return false;
     throw InvalidArgument("unknown key " + key);
   };
   const auto q = make_quantizer("vq", o);
@@ -363,6 +366,37 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_TRUE(vq.options().separate_codebook_per_head());
   EXPECT_DOUBLE_EQ(vq.options().orthogonal_reg_weight(), 0.5);
   EXPECT_DOUBLE_EQ(vq.options().sample_codebook_temp(), 0.7);
+  EXPECT_TRUE(vq.options().learnable_codebook());
+  EXPECT_FALSE(vq.options().ema_update());
+}
+
+// learnable_codebook: the codebook is a parameter that only the commitment loss moves (the
+// gradient of |x - e_k|^2 reaches e_k); a training call keeps no statistics and reduces nothing.
+TEST(Vq, ALearnableCodebookIsTrainedByTheCommitmentLossAlone) {
+  Vq vq(VqOptions(3, 5).learnable_codebook(true).ema_update(false).estimator(VqEstimator::StraightThrough), seeded(1));
+  ASSERT_TRUE(vq.embed().requires_grad());
+  const at::Tensor before = vq.embed().detach().clone();
+  torch::manual_seed(2);
+  const at::Tensor x = torch::randn({2, 4, 3}).requires_grad_(true);
+  CountingReducer calls;
+  const QuantizerOutput out = vq.quantize(x, {&calls, seeded(3)});
+  EXPECT_TRUE(calls.tags.empty());
+  EXPECT_TRUE(torch::equal(vq.embed().detach(), before));  // no EMA
+  out.quantized.sum().backward();                          // the output's gradient stays with the input
+  EXPECT_FALSE(vq.embed().grad().defined() && vq.embed().grad().abs().sum().item<float>() > 0);
+  out.losses.at("commitment").backward();
+  const at::Tensor idx = out.indices.reshape(-1);
+  const at::Tensor tokens = x.detach().reshape({-1, 3});
+  at::Tensor expected = torch::zeros({5, 3});
+  expected.index_add_(0, idx, 2 * (before[0].index_select(0, idx) - tokens) / tokens.numel());
+  EXPECT_TRUE(torch::allclose(vq.embed().grad()[0], expected, 1e-5, 1e-6));
+  // ema_update = false alone: the codebook is a buffer nothing moves.
+  Vq frozen(VqOptions(3, 5).ema_update(false), seeded(1));
+  const at::Tensor kept = frozen.embed().clone();
+  CountingReducer none;
+  frozen.quantize(x.detach(), {&none, seeded(3)});
+  EXPECT_TRUE(torch::equal(frozen.embed(), kept));
+  EXPECT_TRUE(none.tags.empty());
 }
 
 // Brute-force nearest code of each row of x (n, d) in codebook (K, d).

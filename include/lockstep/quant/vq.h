@@ -80,6 +80,18 @@ struct VqOptions {
     orthogonal_reg_weight_ = w;
     return *this;
   }
+  // false: the EMA does not move the codebook (cluster sizes are still tracked when dead codes are
+  // replaced). Off with learnable_codebook, which learns it by gradient instead.
+  VqOptions& ema_update(bool on) {
+    ema_update_ = on;
+    return *this;
+  }
+  // The codebook is a parameter trained by the commitment loss (not detached from the codes: the
+  // VQ-VAE codebook term), with ema_update off; Euclidean distance only, as in the reference.
+  VqOptions& learnable_codebook(bool on) {
+    learnable_codebook_ = on;
+    return *this;
+  }
   // Training only: draw each index from softmax(-distance / temperature) by Gumbel-max with the
   // caller's generator instead of taking the nearest code; temperature 0 keeps the nearest code.
   VqOptions& stochastic_sample_codes(bool on) {
@@ -107,15 +119,18 @@ struct VqOptions {
   bool separate_codebook_per_head() const { return separate_codebook_per_head_; }
   int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
   double orthogonal_reg_weight() const { return orthogonal_reg_weight_; }
-  // Whether the codebook is a parameter (trained by gradient beside the EMA): with the regulariser.
-  bool learnable_codebook() const { return orthogonal_reg_weight_ > 0; }
+  bool ema_update() const { return ema_update_; }
+  bool learnable_codebook() const { return learnable_codebook_; }
+  // Whether the codebook is a parameter: learned by gradient, or trained by the regulariser.
+  bool codebook_is_parameter() const { return learnable_codebook_ || orthogonal_reg_weight_ > 0; }
   bool stochastic_sample_codes() const { return stochastic_sample_codes_; }
   double sample_codebook_temp() const { return sample_codebook_temp_; }
   // Codebooks held: heads with separate codebooks, else 1.
   int64_t num_codebooks() const { return separate_codebook_per_head_ ? heads_ : 1; }
 
   // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
-  // outside [0, 1), eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0.
+  // outside [0, 1), eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
+  // learnable_codebook with ema_update or with cosine similarity.
   void validate() const;
 
  private:
@@ -133,6 +148,8 @@ struct VqOptions {
   bool separate_codebook_per_head_ = false;
   std::optional<int64_t> codebook_dim_;
   double orthogonal_reg_weight_ = 0;
+  bool ema_update_ = true;
+  bool learnable_codebook_ = false;
   bool stochastic_sample_codes_ = false;
   double sample_codebook_temp_ = 1.0;
 };
@@ -160,7 +177,7 @@ class Vq final : public Quantizer {
 
   const VqOptions& options() const { return options_; }
   // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
-  // (C, K, cd), a buffer or, when options().learnable_codebook(), a parameter; buffers cluster_size
+  // (C, K, cd), a buffer or, when options().codebook_is_parameter(), a parameter; buffers cluster_size
   // (C, K), embed_avg (C, K, cd), initted () float (1 once the codebooks hold real codes).
   const at::Tensor& embed() const { return embed_; }
   const at::Tensor& cluster_size() const { return cluster_size_; }
