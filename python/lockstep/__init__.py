@@ -6,14 +6,17 @@ import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
+from .binary_mapper import BinaryMapper
 from .fsq import FSQ
 from .latent_quantize import LatentQuantize
 from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
+from .random_projection import RandomProjectionQuantizer
 from .residual import ResidualFSQ, ResidualLFQ, ResidualSimVQ, ResidualVQ
 from .sequential import Sequential
 from .simvq import SimVQ
 from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
-           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize", "CollectiveMismatch", "CollectiveFailure"]
+           "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
+           "RandomProjectionQuantizer", "BinaryMapper", "CollectiveMismatch", "CollectiveFailure"]

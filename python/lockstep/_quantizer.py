@@ -223,18 +223,19 @@ class LockstepQuantizer(nn.Module):
             owner = owner._modules[part]
         return owner, name
 
-    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks, mask=None):
+    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks, mask=None, freeze_codebook=False):
         """(b, n, dim) tokens, or (b, dim, ...) maps when `channel_first` -> (quantized in x's
         layout and dtype, indices (b, n[, c]) or (b, ...[, c]), {name: loss}), as the reference
         shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`. `mask`
-        (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there)."""
+        (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there).
+        `freeze_codebook`: a training call that leaves the codebooks as they are."""
         if channel_first:
             x = x.movedim(1, -1)
             spatial = x.shape[1:-1]
             x = x.reshape(x.shape[0], -1, x.shape[-1])
         if x.shape[-1] != self.dim:
             raise ValueError(f"lockstep.{type(self).__name__}: expected dimension {self.dim} but found {x.shape[-1]}")
-        out, indices, losses = self._quantize(x.float(), mask)
+        out, indices, losses = self._quantize(x.float(), mask, freeze_codebook)
         out = out.to(x.dtype)
         if num_codebooks == 1 and keep_codebook_axis:
             indices = indices.unsqueeze(-1)
@@ -266,16 +267,16 @@ class LockstepQuantizer(nn.Module):
             self._group = _C.LazyGroup(group, store, timeout, make_gloo)
         return self._group
 
-    def _quantize(self, x, mask=None):
+    def _quantize(self, x, mask=None, freeze_codebook=False):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
         if torch.compiler.is_compiling():
             loss_names, _ = self._compile_signature()
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
-                                                 torch.is_grad_enabled(), mask)
+                                                 torch.is_grad_enabled(), mask, bool(freeze_codebook))
             return values[0], values[1], dict(zip(loss_names, values[2:]))
         group = self._lazy_group() if self.training else None
-        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask)
+        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook))
 
     @torch._dynamo.assume_constant_result
     def _compile_signature(self):

@@ -4,7 +4,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, only_defaults, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 
@@ -49,12 +49,20 @@ def bit_mask(codebook_size):
     return 2 ** torch.arange(bits - 1, -1, -1)
 
 
-def check_forward_options(module_name, made_with, inv_temperature=None, return_loss_breakdown=False, mask=None):
+def check_forward_options(module_name, made_with, inv_temperature=None, return_loss_breakdown=False):
     """TypeError for LFQ forward options lockstep does not take (inv_temperature is set at construction)."""
     if inv_temperature is not None and float(inv_temperature) != made_with:
         raise TypeError(f"{module_name}: inv_temperature={inv_temperature} at forward; lockstep sets it when the "
                         f"module is made (inv_temperature={made_with})")
-    refuse_forward_options(module_name, return_loss_breakdown=return_loss_breakdown, mask=mask)
+    refuse_forward_options(module_name, return_loss_breakdown=return_loss_breakdown)
+
+
+def lfq_padding_mask(module_name, x, mask, channel_first):
+    """forward's mask (b, n) for (b, n, dim) tokens: padding kept out of the entropy and the commitment
+    loss and quantized as any token, as the reference's LFQ does; ValueError for maps."""
+    if mask is not None and channel_first:
+        raise ValueError(f"{module_name}: a mask is for (b, n, dim) tokens, not channel-first input")
+    return padding_mask(module_name, x, mask, None)
 
 
 class LFQ(LockstepQuantizer):
@@ -97,8 +105,10 @@ class LFQ(LockstepQuantizer):
         return codes.movedim(-1, 1) if channel_first else codes
 
     def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
-        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature, return_loss_breakdown, mask)
+        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature, return_loss_breakdown)
         channel_first = self.channel_first if self.channel_first is not None else x.ndim >= 4
-        out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks)
+        mask = lfq_padding_mask("lockstep.LFQ", x, mask, channel_first)
+        out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks,
+                                                  mask)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         return Return(out, indices, aux_loss)

@@ -6,7 +6,7 @@ import torch
 
 from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
 from .fsq import fsq_options
-from .lfq import bit_mask, check_forward_options, lfq_options
+from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
 from .vq import vq_options
 
 
@@ -102,6 +102,7 @@ class ResidualVQ(_Residual):
         layer = vq_options(dim, codebook_size, **vq_kwargs)
         layer.pop("accept_image_fmap")
         layer.pop("return_zeros_for_masked_padding")
+        freeze_codebook = layer.pop("freeze_codebook")  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
@@ -110,6 +111,7 @@ class ResidualVQ(_Residual):
         self.codebook_size = codebook_size
         self.accept_image_fmap = accept_image_fmap
         self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
+        self.freeze_codebook = freeze_codebook
 
     @property
     def codebooks(self):
@@ -119,11 +121,13 @@ class ResidualVQ(_Residual):
     def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
                 mask=None, return_loss_breakdown=False):
         refuse_forward_options("lockstep.ResidualVQ", indices=indices, return_all_codes=return_all_codes,
-                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
-                               return_loss_breakdown=return_loss_breakdown)
+                               sample_codebook_temp=sample_codebook_temp, return_loss_breakdown=return_loss_breakdown)
         # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
         mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
-        out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask)
+        # The layers' freeze_codebook holds unless forward freezes them (the reference's forward default,
+        # False, overrides its layers' setting: a deliberate difference).
+        out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
+                                              self.freeze_codebook or bool(freeze_codebook))
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         return out, idx, self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
@@ -206,10 +210,11 @@ class ResidualLFQ(_Residual):
         return bit_mask(self.codebook_size) if re.fullmatch(r"layers\.\d+\.mask", key) else None
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
-        check_forward_options("lockstep.ResidualLFQ", self.inv_temperature, mask=mask)
+        check_forward_options("lockstep.ResidualLFQ", self.inv_temperature)
         refuse_forward_options("lockstep.ResidualLFQ", return_all_codes=return_all_codes,
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
-        out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers)
+        mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)
+        out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask)
         return out, idx, self._per_layer_losses(losses, out.device)
 
 

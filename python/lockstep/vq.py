@@ -23,7 +23,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("eps", "freeze_codebook", "layernorm_after_project_in", "channel_last", "accept_3d_fmap",
+                  ("eps", "layernorm_after_project_in", "channel_last", "accept_3d_fmap",
                    "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
                    "codebook_diversity_loss_weight", "straight_through", "directional_reparam", "sync_affine_param",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
@@ -56,6 +56,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     # The module's, not liblockstep's: liblockstep gives 0 at padding, the module the input when False.
     options["accept_image_fmap"] = bool(accept_image_fmap)
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
+    options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
     return options
 
 
@@ -88,12 +89,14 @@ class VectorQuantize(LockstepQuantizer):
         heads = options["heads"]
         accept_image_fmap = options.pop("accept_image_fmap")
         zeros_at_padding = options.pop("return_zeros_for_masked_padding")
+        freeze_codebook = options.pop("freeze_codebook")
         super().__init__("vq", "vq", options, seed, process_group, collective_timeout, rename=_reference_name)
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.heads = heads
         self.accept_image_fmap = accept_image_fmap
         self.return_zeros_for_masked_padding = zeros_at_padding
+        self.freeze_codebook = freeze_codebook
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
 
@@ -134,13 +137,14 @@ class VectorQuantize(LockstepQuantizer):
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
                 return_loss_breakdown=False, codebook_transform_fn=None):
         refuse_forward_options("lockstep.VectorQuantize", indices=indices,
-                               sample_codebook_temp=sample_codebook_temp, freeze_codebook=freeze_codebook,
-                               codebook_transform_fn=codebook_transform_fn)
+                               sample_codebook_temp=sample_codebook_temp, codebook_transform_fn=codebook_transform_fn)
+        # A training forward that leaves the codebook as it is (the module's setting unless given).
+        freeze_codebook = self.freeze_codebook if freeze_codebook is None else bool(freeze_codebook)
         # Padded sequences: a masked token counts in no statistic (on any rank) and no loss.
         mask = padding_mask("lockstep.VectorQuantize", x, mask, lens)  # for (b, n, d) tokens only, as there
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
-                                              self.heads, mask)
+                                              self.heads, mask, freeze_codebook)
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         if only_one:

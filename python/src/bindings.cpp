@@ -20,6 +20,7 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
+#include "lockstep/quant/binary_mapper.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/quantizer.h"
@@ -134,11 +135,12 @@ const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                               const std::optional<at::Tensor>& mask) {
+                                               const std::optional<at::Tensor>& mask, bool freeze_codebook) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx;
   if (mask) ctx.mask = *mask;
+  ctx.freeze_codebook = freeze_codebook;
   ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
       lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
@@ -212,14 +214,14 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook) {
             lockstep::quant::QuantizerOutput out;
             {
               // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(q, x, training, seed, step, group, mask);
+              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
                   apply_update(update, group, step);
@@ -238,9 +240,10 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(out.quantized, out.indices, losses);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(),
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
-          "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h). Issues no "
+          "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
+          "leaves the codebooks as they are. Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
@@ -248,19 +251,20 @@ PYBIND11_MODULE(_C, m) {
           "quantize_values",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
-             std::optional<at::Tensor> mask) {
+             std::optional<at::Tensor> mask, bool freeze_codebook) {
             py::gil_scoped_release no_gil;
             // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
             // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
-            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group, mask);
+            lockstep::quant::QuantizerOutput out =
+                quantize_call(q, x, training, seed, step, group, mask, freeze_codebook);
             std::vector<at::Tensor> values{out.quantized, out.indices};
             for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
             return values;
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
-          py::arg("loss_names"), py::arg("mask") = py::none(),
+          py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
           "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
           "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward.")
       .def(
@@ -268,7 +272,7 @@ PYBIND11_MODULE(_C, m) {
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
              const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
-             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask) {
+             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook) {
             py::gil_scoped_release no_gil;
             LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
                                " loss gradients for ", names.size(), " losses");
@@ -280,7 +284,8 @@ PYBIND11_MODULE(_C, m) {
                 tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
             const torch::AutoGradMode grad(true);
             const at::Tensor input = x.detach().requires_grad_(true);
-            lockstep::quant::QuantizerOutput out = quantize_call(q, input, training, seed, step, group, mask);
+            lockstep::quant::QuantizerOutput out =
+                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook);
             std::vector<at::Tensor> outputs, grads;
             const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
               if (value.requires_grad()) {
@@ -318,6 +323,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
           py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
+          py::arg("freeze_codebook") = false,
           "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs; "
           "then the state update of a training step, reduced over `group`, and `step` advanced: "
           "torch.compile's backward.")
@@ -459,6 +465,50 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("weights"), py::arg("x"),
       "FID Inception features (b, 2048) of images in [-1, 1], as lockstep's evaluation computes them (for tests).");
+  py::class_<lockstep::quant::BinaryMapper>(m, "BinaryMapper")
+      .def(py::init([](int64_t bits, double kl_loss_threshold) {
+             return lockstep::quant::BinaryMapper(
+                 lockstep::quant::BinaryMapperOptions(bits).kl_loss_threshold(kl_loss_threshold));
+           }),
+           py::arg("bits"), py::arg("kl_loss_threshold"))
+      .def_property_readonly("num_codes", &lockstep::quant::BinaryMapper::num_codes)
+      .def(
+          "codes", [](const lockstep::quant::BinaryMapper& b) { return b.codes(at::kCPU); },
+          "(2^bits, bits) bool: each code's bits, lowest first.")
+      .def(
+          "map",
+          [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, double temperature,
+             bool straight_through, bool deterministic) {
+            const lockstep::quant::NoAutocast fp32;
+            const lockstep::quant::BinaryMapping out =
+                b.map(logits.to(at::kFloat), temperature, straight_through, deterministic);
+            return py::make_tuple(out.one_hot, out.indices);
+          },
+          py::arg("logits"), py::arg("temperature"), py::arg("straight_through"), py::arg("deterministic"),
+          "logits (..., bits) -> (one-hot (..., 2^bits), int64 indices (...)); bits drawn from torch's generator.")
+      .def(
+          "bit_entropy",
+          [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits) {
+            const lockstep::quant::NoAutocast fp32;
+            return b.bit_entropy(logits.to(at::kFloat));
+          },
+          py::arg("logits"))
+      .def(
+          "aux_kl_loss",
+          [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, bool reduce) {
+            const lockstep::quant::NoAutocast fp32;
+            return b.aux_kl_loss(logits.to(at::kFloat), reduce);
+          },
+          py::arg("logits"), py::arg("reduce"))
+      .def(
+          "log_prob",
+          [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, const at::Tensor& indices,
+             bool sum_bits) {
+            const lockstep::quant::NoAutocast fp32;
+            return b.log_prob(logits.to(at::kFloat), indices, sum_bits);
+          },
+          py::arg("logits"), py::arg("indices"), py::arg("sum_bits"));
+
   m.def("_frechet_distance", &lockstep::train::frechet_distance, py::arg("mu1"), py::arg("sigma1"), py::arg("mu2"),
         py::arg("sigma2"), "The Frechet distance of two Gaussians, as lockstep's FID computes it (for tests).");
 #endif

@@ -31,6 +31,8 @@ REQUIRED = {
     "SimVQ": dict(dim=8, codebook_size=16),
     "ResidualSimVQ": dict(dim=8, num_quantizers=3, codebook_size=16),
     "LatentQuantize": dict(levels=[5, 5], dim=2),
+    "RandomProjectionQuantizer": dict(dim=8, codebook_size=16, codebook_dim=4),
+    "BinaryMapper": dict(),
 }
 OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},

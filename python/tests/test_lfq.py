@@ -71,5 +71,5 @@ def test_forward_options_lockstep_does_not_take_are_type_errors():
     x = torch.randn(1, 3, 4)
     with pytest.raises(TypeError, match="inv_temperature"):
         ours(x, inv_temperature=10.0)
-    with pytest.raises(TypeError, match="mask"):
-        ours(x, mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="return_loss_breakdown"):
+        ours(x, return_loss_breakdown=True)

@@ -151,8 +151,8 @@ def test_bad_masks_are_errors_naming_what_is_wrong():
     with pytest.raises(ValueError, match=r"for tokens \(b, n, dim\)"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, accept_image_fmap=True)(
             torch.randn(2, 8, 3, 3), mask=torch.ones(2, 9, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask"):  # LFQ keeps its refusal (lockstep takes no LFQ mask yet)
-        lockstep.LFQ(dim=8, codebook_size=16)(x, mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask"):  # as the reference's, FSQ takes none
+        lockstep.FSQ(levels=[5, 5], dim=8)(x, mask=torch.ones(2, 5, dtype=torch.bool))
 
 
 def test_a_masked_vq_compiles():
@@ -197,3 +197,99 @@ def test_ranks_whose_batch_is_all_padding_stay_identical_and_equal_one_process()
     for key, value in states[0].items():
         assert torch.equal(value, states[1][key]), key  # the ranks never diverge
         torch.testing.assert_close(value, one.state_dict()[key], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(entropy_loss_weight=0.1, commitment_loss_weight=0.25),
+                                     dict(num_codebooks=2, commitment_loss_weight=1.0, dim=10),
+                                     dict(spherical=True, diversity_gamma=0.5, commitment_loss_weight=0.5)],
+                         ids=["weights", "two_codebooks_projected", "spherical"])
+def test_a_masked_lfq_trains_as_the_reference_does(options):
+    """Output and indices as the reference's masked forward (padding quantized as any token); the loss
+    and gradients as its unmasked formula over the valid tokens packed into one sequence. Its masked
+    entropy is not that: indexing by the mask merges the codebook axis into the token axis, so its
+    "batch" entropy averages nothing and equals the per-sample one (a deliberate difference)."""
+    from vector_quantize_pytorch import LFQ as ReferenceLFQ
+
+    torch.manual_seed(3)
+    dim = options.pop("dim", 4)
+    reference = ReferenceLFQ(dim=dim, codebook_size=16, **options)
+    ours = lockstep.LFQ(dim=dim, codebook_size=16, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    mask = _mask(LENS, 9)
+    for step in range(3):  # the projections, when there are some, are not stepped (padding reaches their gradient)
+        _against_packed_reference(reference, ours, torch.randn(4, 9, dim), mask, step)
+        for module in (reference, ours):
+            module.zero_grad()
+
+
+def _against_packed_reference(reference, ours, x, mask, step):
+    weights = torch.linspace(-1, 1, x.numel()).reshape(x.shape)
+    (out_r, idx_r, loss_masked_r, grad_masked_r), (out, idx, loss, grad) = _step_pair(reference, ours, x, weights,
+                                                                                      mask=mask)
+    assert torch.equal(idx, idx_r.to(idx.dtype)), step  # padding quantized as any token, as there
+    torch.testing.assert_close(out, out_r, atol=1e-5, rtol=1e-5)
+    for module in (reference, ours):
+        module.zero_grad()
+    packed = x[mask].unsqueeze(0).requires_grad_(True)
+    out_p, _, loss_p = reference(packed)
+    ((out_p * weights[mask].unsqueeze(0)).sum() + loss_p.sum()).backward()
+    torch.testing.assert_close(loss, loss_p.detach(), atol=1e-5, rtol=1e-5)
+    # Valid tokens: the packed gradient; padding: only the output's (the reference's masked one there).
+    expected = grad_masked_r.clone()
+    expected[mask] = packed.grad[0]
+    torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+    return loss_masked_r
+
+
+def test_a_masked_residual_lfq_trains_as_the_reference_does():
+    from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
+
+    torch.manual_seed(4)
+    options = dict(dim=6, codebook_size=16, num_quantizers=2, commitment_loss_weight=0.5)
+    reference = ReferenceResidualLFQ(**options)
+    ours = lockstep.ResidualLFQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    loss_masked_r = _against_packed_reference(reference, ours, torch.randn(4, 9, 6), _mask(LENS, 9), 0)
+    assert loss_masked_r.shape == (2,)
+
+
+def test_lfq_padding_counts_in_no_loss():
+    lfq = lockstep.LFQ(dim=4, codebook_size=16, commitment_loss_weight=0.5)
+    mask = _mask(LENS, 9)
+    x = torch.randn(4, 9, 4)
+    _, _, loss = lfq(x, mask=mask)
+    _, _, packed = lfq(x[mask].unsqueeze(0))
+    torch.testing.assert_close(loss, packed, atol=1e-6, rtol=1e-6)
+    _, _, other = lfq(torch.where(mask.unsqueeze(-1), x, 100.0), mask=mask)  # whatever the padding holds
+    torch.testing.assert_close(other, loss, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="channel-first"):
+        lfq(torch.randn(2, 4, 3, 3), mask=torch.ones(2, 9, dtype=torch.bool))
+
+
+def _lfq_masked_ranks(rank, world, x, lens):
+    lfq = lockstep.LFQ(dim=4, codebook_size=16, commitment_loss_weight=0.5, seed=1)
+    part, part_lens = x.chunk(world)[rank], lens.chunk(world)[rank]
+    xi = part.clone().requires_grad_(True)
+    _, _, loss = lfq(xi, mask=_mask(part_lens, x.shape[1]))
+    loss.backward()  # the entropy's statistics are summed over the ranks here
+    return xi.grad
+
+
+def test_lfq_over_ranks_with_a_rank_of_padding_only_gives_one_process_s_gradients():
+    x = torch.randn(4, 9, 4) * 0.05  # small: the entropy's gradient is not ~0 for most tokens
+    lens = torch.tensor([9, 5, 0, 0])  # rank 1 holds padding only
+    grads = {}
+    for weight in (0.5, 0.0):
+        lfq = lockstep.LFQ(dim=4, codebook_size=16, commitment_loss_weight=weight, seed=1)
+        xi = x.clone().requires_grad_(True)
+        _, _, loss = lfq(xi, mask=_mask(lens, 9))
+        loss.backward()
+        grads[weight] = xi.grad
+    entropy = grads[0.0]
+    ranks = run_ranks(2, _lfq_masked_ranks, x, lens)
+    # The entropy's gradient is of the global batch's valid tokens, the world size times one process's
+    # (DDP averages it back, docs/python.md); the commitment loss is rank 0's mean over its valid
+    # tokens, which are all the valid tokens here.
+    assert entropy.abs().max() > 1e-3
+    torch.testing.assert_close(ranks[0], grads[0.5][:2] + entropy[:2], atol=1e-6, rtol=1e-5)
+    assert torch.equal(ranks[1], torch.zeros_like(ranks[1]))  # padding gets no gradient

@@ -106,6 +106,30 @@ def test_learnable_codebooks_are_trained_by_gradient_as_the_reference_does(optim
                            optimizer=optimizer)
 
 
+def test_freeze_codebook_keeps_every_layer_s_codebook():
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=8, codebook_size=16, num_quantizers=2)
+    ours = lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2)
+    ours.load_reference_state_dict(reference.state_dict())
+    initial = ours.codebooks.clone()
+    x = torch.randn(2, 30, 8)
+    for module in (reference, ours):
+        out, _, loss = module(x, freeze_codebook=True)  # as the reference: forward freezes every layer
+        (out.sum() + loss.sum()).backward()
+    assert torch.equal(ours.codebooks, initial) and torch.equal(reference.codebooks, initial)
+    # Deliberate difference: the layers' own setting holds (the reference's forward default, False,
+    # overrides it, so there ResidualVQ(freeze_codebook=True) trains its codebooks anyway).
+    frozen = lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, freeze_codebook=True)
+    kept = frozen.codebooks.clone()
+    out, _, loss = frozen(x)
+    (out.sum() + loss.sum()).backward()
+    assert torch.equal(frozen.codebooks, kept)
+    reference = ReferenceResidualVQ(dim=8, codebook_size=16, num_quantizers=2, freeze_codebook=True)
+    kept = reference.codebooks.clone()
+    out, _, loss = reference(x)
+    assert not torch.equal(reference.codebooks, kept)
+
+
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="shared_codebook"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, shared_codebook=True)
@@ -122,5 +146,5 @@ def test_unsupported_options_are_type_errors_naming_them():
     rlfq = lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2)
     with pytest.raises(TypeError, match="return_all_codes"):
         rlfq(torch.randn(1, 3, 4), return_all_codes=True)
-    with pytest.raises(TypeError, match="mask"):
-        rlfq(torch.randn(1, 3, 4), mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="rand_quantize_dropout_fixed_seed"):
+        rlfq(torch.randn(1, 3, 4), rand_quantize_dropout_fixed_seed=3)

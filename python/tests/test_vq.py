@@ -102,6 +102,46 @@ def test_learnable_codebook_combinations_the_reference_refuses_are_value_errors(
                                 use_cosine_sim=True)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(threshold_ema_dead_code=2.0),
+                                     dict(learnable_codebook=True, ema_update=False)],
+                         ids=["ema", "dead_codes", "learnable"])
+def test_freeze_codebook_keeps_the_codebook_as_the_reference_does(options):
+    reference = ReferenceVQ(dim=16, codebook_size=64, freeze_codebook=True, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, freeze_codebook=True, **options)
+    initial = {k: v.clone() for k, v in reference.state_dict().items()}
+    compare_training_steps(reference, ours, (2, 100, 16), 3, ["_codebook.embed", "_codebook.cluster_size"],
+                           optimizer=torch.optim.SGD if options.get("learnable_codebook") else None)
+    for key in ("_codebook.embed", "_codebook.cluster_size", "_codebook.embed_avg"):
+        assert torch.equal(ours.state_dict()[key], initial[key]), key
+
+
+def test_freeze_codebook_in_forward_overrides_the_module_s_setting_for_that_call():
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=8, codebook_size=16, decay=0.5)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.5)
+    ours.load_reference_state_dict(reference.state_dict())
+    compiled = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.5)
+    compiled.load_reference_state_dict(reference.state_dict())
+    run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    for freeze in (True, False, True):
+        before = ours.state_dict()["_codebook.embed"].clone()
+        x = torch.randn(2, 30, 8)
+        results = []
+        for module in (reference, ours, run):
+            xi = x.clone().requires_grad_(True)
+            out, idx, loss = module(xi, freeze_codebook=freeze)
+            (out.sum() + loss).backward()
+            results.append((out.detach(), idx, xi.grad))
+        for out, idx, grad in results[1:]:
+            assert torch.equal(idx, results[0][1].to(idx.dtype))
+            torch.testing.assert_close(out, results[0][0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(grad, results[0][2], atol=1e-5, rtol=1e-5)
+        embed = ours.state_dict()["_codebook.embed"]
+        assert torch.equal(embed, before) == freeze
+        torch.testing.assert_close(embed, reference.state_dict()["_codebook.embed"], atol=1e-5, rtol=1e-5)
+        assert torch.equal(compiled.state_dict()["_codebook.embed"], embed)
+
+
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="sync_codebook=False"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, sync_codebook=False)

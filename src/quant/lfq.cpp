@@ -100,7 +100,10 @@ at::Tensor Lfq::from_code_space(const at::Tensor& codes) {
 }
 
 QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
-  check_no_mask(ctx, "lfq");
+  // Padding is quantized as any token (as the reference's LFQ) but kept out of the entropy and the
+  // commitment loss.
+  const at::Tensor mask = checked_mask(ctx, x, "lfq");
+  const at::Tensor counted = mask.defined() ? mask.reshape(-1).cpu() : at::Tensor();
   const at::Tensor z = to_code_space(x);  // (b, n, c, bits)
   const at::Tensor q = quantize_codes(z.detach());
   const int64_t c = options_.num_codebooks();
@@ -128,10 +131,15 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     const int64_t first_token = x.size(0) > 0 ? ctx.first_item * (local_tokens / x.size(0)) : 0;
     const auto frac = static_cast<float>(options_.frac_per_sample_entropy());
     std::vector<int64_t> chosen;
+    const bool* counts = counted.defined() ? counted.data_ptr<bool>() : nullptr;
     for (int64_t t = 0; t < local_tokens; ++t) {
-      if (hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) chosen.push_back(t);
+      if ((!counts || counts[t]) && hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) {
+        chosen.push_back(t);
+      }
     }
     tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
+  } else if (counted.defined()) {
+    tokens = tokens.index_select(0, counted.nonzero().squeeze(1).to(tokens.device()));
   }
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();
@@ -161,7 +169,10 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const at::Tensor aux = reducer->apply_to_sum(packed, aux_of, LOCKSTEP_CALL_SITE("lfq.avg_probs"));
   out.losses["entropy"] = aux * options_.entropy_loss_weight();
   if (options_.commitment_loss_weight() > 0) {
-    const at::Tensor commitment = z.numel() == 0 ? torch::zeros({}, z.options()) : torch::mse_loss(z, q.detach());
+    const at::Tensor counted_z = mask.defined() ? z.index({mask}) : z;
+    const at::Tensor counted_q = mask.defined() ? q.index({mask}) : q;
+    const at::Tensor commitment = counted_z.numel() == 0 ? torch::zeros({}, z.options()) + z.sum() * 0
+                                                         : torch::mse_loss(counted_z, counted_q.detach());
     out.losses["commitment"] = commitment * options_.commitment_loss_weight();
   }
   return out;

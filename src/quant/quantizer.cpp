@@ -24,7 +24,7 @@ at::Tensor checked_mask(const QuantizeContext& ctx, const at::Tensor& x, const s
 }
 
 void check_no_mask(const QuantizeContext& ctx, const std::string& kind) {
-  LOCKSTEP_CHECK_ARG(!ctx.mask.defined(), kind, " takes no mask (vq, residual-vq and grouped-residual-vq do)");
+  LOCKSTEP_CHECK_ARG(!ctx.mask.defined(), kind, " takes no mask (the VQ and LFQ quantizers do)");
 }
 
 void apply_mask(const at::Tensor& mask, at::Tensor& quantized, at::Tensor& indices) {

@@ -66,7 +66,8 @@ at::Tensor Residual::to_layer_space(const at::Tensor& x) {
 
 QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
-  const at::Tensor mask = checked_mask(ctx, x, kind_);  // the layers keep masked tokens out of their statistics
+  // The layers keep masked tokens out of their statistics (or refuse a mask).
+  const at::Tensor mask = checked_mask(ctx, x, kind_);
   const int64_t run = layers_to_run(ctx);
   const at::Tensor z = to_layer_space(x);
   at::Tensor residual = z;
@@ -96,7 +97,8 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   }
   result.quantized = project_out_ ? project_out_->forward(total) : total;
   result.indices = torch::cat(indices, 2);
-  apply_mask(mask, result.quantized, result.indices);  // a projection's bias too
+  // After the projection, whose bias would otherwise reach the padding.
+  if (mask_support() == MaskSupport::StatisticsAndOutput) apply_mask(mask, result.quantized, result.indices);
   return result;
 }
 

@@ -254,13 +254,14 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // over the tokens that count, 0 when none does.
   const at::Tensor counted_grouped = only_counted(grouped);
   // A learnable codebook is trained by this loss (the codes not detached), as the reference's.
-  const at::Tensor codes = options_.learnable_codebook() ? only_counted(q) : only_counted(q).detach();
+  const at::Tensor codes =
+      options_.learnable_codebook() && !ctx.freeze_codebook ? only_counted(q) : only_counted(q).detach();
   const at::Tensor commitment =
       counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, codes) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
   // Without the EMA and dead codes a training call keeps no statistics: no update, no collective.
   const bool keeps_statistics = options_.ema_update() || options_.threshold_ema_dead_code() > 0;
-  if (may_change_state && keeps_statistics) {
+  if (may_change_state && keeps_statistics && !ctx.freeze_codebook) {
     // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
     auto update = [this, tokens = counted_tokens, indices = only_counted(indices),
                    generator = or_default(ctx.generator)](Reducer& r) {

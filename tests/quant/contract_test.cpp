@@ -204,14 +204,13 @@ TEST_P(QuantizerContract, TrainingReducesTheSameWayWhateverTheData) {
   EXPECT_EQ(calls[0], calls[2]);
 }
 
-// A padding mask is honoured (the padding's outputs 0, its indices -1, the same collectives) by the
-// quantizers that keep statistics apart from it, and refused by name by the others: never ignored.
+// A padding mask is honoured as mask_support() says (the same collectives; the padding's outputs 0
+// and indices -1 where it says so) or refused by name: never ignored.
 TEST_P(QuantizerContract, AMaskIsHonouredOrRefusedNeverIgnored) {
-  const std::string kind = quantizer->kind();
-  const bool takes_mask = kind == "vq" || kind == "residual-vq" || kind == "grouped-residual-vq";
   QuantizeContext ctx{nullptr, seeded(61)};
   ctx.mask = torch::arange(6).unsqueeze(0) < torch::tensor({6, 2}).unsqueeze(1);
-  if (!takes_mask) {
+  const MaskSupport support = quantizer->mask_support();
+  if (support == MaskSupport::Refused) {
     EXPECT_THROW(
         {
           try {
@@ -230,9 +229,14 @@ TEST_P(QuantizerContract, AMaskIsHonouredOrRefusedNeverIgnored) {
   const QuantizerOutput out = quantizer->quantize(tokens(2, 6, 60), ctx);
   quantizer->quantize(tokens(2, 6, 60), {&unmasked, seeded(61)});
   EXPECT_EQ(masked.tags, unmasked.tags);
-  EXPECT_TRUE((out.quantized.index({~ctx.mask}) == 0).all().item<bool>());
-  EXPECT_TRUE((out.indices.index({~ctx.mask}) == -1).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(out.total_loss()).item<bool>());
   EXPECT_TRUE((out.indices.index({ctx.mask}) >= 0).all().item<bool>());
+  if (support == MaskSupport::StatisticsAndOutput) {
+    EXPECT_TRUE((out.quantized.index({~ctx.mask}) == 0).all().item<bool>());
+    EXPECT_TRUE((out.indices.index({~ctx.mask}) == -1).all().item<bool>());
+  } else {  // padding quantized as any token
+    EXPECT_TRUE((out.indices.index({~ctx.mask}) >= 0).all().item<bool>());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, QuantizerContract, ::testing::ValuesIn(variants()),

@@ -22,6 +22,7 @@ class Grouped final : public Quantizer {
   int64_t codebook_size() const override { return groups_.front()->codebook_size(); }
   // The groups' indices side by side: (b, n, G x each group's num_indices()).
   int64_t num_indices() const override { return num_indices_; }
+  MaskSupport mask_support() const override { return groups_.front()->mask_support(); }
 
   // Losses are the groups' under "group<g>.<name>". Every group starts from the same state of
   // ctx.generator (so under quantize dropout all groups keep the same layers, as the reference's shared

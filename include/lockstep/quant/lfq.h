@@ -97,6 +97,7 @@ class Lfq final : public Quantizer {
   int64_t dim() const override { return dim_; }
   int64_t codebook_size() const override { return options_.codebook_size(); }
   int64_t num_indices() const override { return options_.num_codebooks(); }
+  MaskSupport mask_support() const override { return MaskSupport::StatisticsOnly; }
 
   // Training: losses "entropy" (always, one reducer call "lfq.avg_probs") and "commitment" (when
   // its weight > 0). Eval: no losses, no reducer call.

@@ -30,9 +30,13 @@ struct QuantizeContext {
   // in backward, so that a forward never communicates). k-means initialisation still runs in quantize.
   bool defer_updates = false;
   // (b, n) bool: the tokens that count, for batches of padded sequences; undefined means all. A
-  // masked token counts in no statistic (EMA, k-means, dead codes) and no loss; its output is 0 and
-  // its indices -1. Quantizers without statistics to keep apart refuse a mask (check_no_mask).
+  // masked token counts in no statistic (EMA, k-means, dead codes, entropy) and no loss; what its
+  // output is, and whether a quantizer takes a mask at all, is its mask_support().
   at::Tensor mask = {};
+  // A training call that leaves the codebooks as they are (no EMA, no dead codes; k-means
+  // initialisation still runs), its commitment loss detached from them. Quantizers without a
+  // codebook to keep have nothing to freeze.
+  bool freeze_codebook = false;
 };
 
 struct QuantizerOutput {
@@ -47,6 +51,13 @@ struct QuantizerOutput {
   at::Tensor total_loss() const;
 };
 
+// How a quantizer treats QuantizeContext::mask (as vector-quantize-pytorch's classes do).
+enum class MaskSupport {
+  Refused,              // InvalidArgument naming the quantizer (check_no_mask)
+  StatisticsOnly,       // padding quantized as any token, kept out of statistics and losses (LFQ)
+  StatisticsAndOutput,  // also its output 0 and its indices -1 (VQ)
+};
+
 class Quantizer : public torch::nn::Module {
  public:
   explicit Quantizer(const std::string& name) : torch::nn::Module(name) {}
@@ -55,6 +66,7 @@ class Quantizer : public torch::nn::Module {
   virtual int64_t dim() const = 0;                   // size of each input token vector
   virtual int64_t codebook_size() const = 0;         // codes available to each index
   virtual int64_t num_indices() const { return 1; }  // indices per token
+  virtual MaskSupport mask_support() const { return MaskSupport::Refused; }
 
   // x: (b, n, dim). Training behaviour (statistics, randomness) only in training mode.
   virtual QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) = 0;
@@ -68,7 +80,8 @@ class Quantizer : public torch::nn::Module {
 at::Tensor checked_mask(const QuantizeContext& ctx, const at::Tensor& x, const std::string& kind);
 // InvalidArgument naming `kind` when `ctx` carries a mask: for quantizers that do not take one.
 void check_no_mask(const QuantizeContext& ctx, const std::string& kind);
-// Output (b, n, d) with the masked tokens' vectors 0 and indices (b, n[, k]) with theirs -1.
+// Output (b, n, d) with the masked tokens' vectors 0 and indices (b, n[, k]) with theirs -1 (for
+// MaskSupport::StatisticsAndOutput).
 void apply_mask(const at::Tensor& mask, at::Tensor& quantized, at::Tensor& indices);
 
 // Images (b, dim, h, w) as tokens (b, h*w, dim) and back.

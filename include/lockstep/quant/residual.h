@@ -67,6 +67,7 @@ class Residual final : public Quantizer {
   int64_t codebook_size() const override { return layers_.front()->codebook_size(); }
   // The layers' indices side by side: (b, n, sum of their num_indices()).
   int64_t num_indices() const override { return num_indices_; }
+  MaskSupport mask_support() const override { return layers_.front()->mask_support(); }
 
   // Losses are the layers' under "layer<l>.<name>". With quantize dropout the cutoff comes first from
   // ctx.generator (torch's default when undefined); the kept layers then see the same context.

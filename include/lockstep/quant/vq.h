@@ -165,6 +165,7 @@ class Vq final : public Quantizer {
   int64_t dim() const override { return options_.dim(); }
   int64_t codebook_size() const override { return options_.codebook_size(); }
   int64_t num_indices() const override { return options_.heads(); }
+  MaskSupport mask_support() const override { return MaskSupport::StatisticsAndOutput; }
 
   // Training mode: one ctx.reducer->sum_ per call (two tensors for all codebooks, tag "vq.ema"), one
   // gather of the batch ("vq.dead_code.samples") when dead codes are replaced, and on the first
