@@ -270,6 +270,12 @@ class LockstepQuantizer(nn.Module):
     def _quantize(self, x, mask=None, freeze_codebook=False):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
         if torch.compiler.is_compiling():
+            if freeze_codebook and self._codebook_learned_by_commitment():
+                # The custom op's backward gives such a codebook a zero gradient where eager gives none,
+                # and an optimizer with momentum or weight decay would still move it.
+                raise ValueError(f"lockstep.{type(self).__name__}: freeze_codebook with a learnable codebook is not "
+                                 "supported under torch.compile (the codebook would get a zero gradient, not "
+                                 "none); freeze it in eager mode, or leave it out of the optimizer")
             loss_names, _ = self._compile_signature()
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
@@ -292,6 +298,10 @@ class LockstepQuantizer(nn.Module):
                     names |= set(losses)
             self._signature = (tuple(sorted(self._all_loss_names(names))), tuple(indices.shape[2:]))
         return self._signature
+
+    def _codebook_learned_by_commitment(self):
+        """Whether a codebook is a parameter that only the commitment loss trains (learnable_codebook)."""
+        return False
 
     def _all_loss_names(self, names):
         """The loss names any call may return, from those of one call in each mode."""

@@ -2,7 +2,6 @@
 projection of the normalised input, quantized by a frozen random codebook per head; the targets a
 speech or image model learns to predict. The codebook search runs in liblockstep's VQ."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .vq import VectorQuantize
@@ -17,6 +16,11 @@ class RandomProjectionQuantizer(nn.Module):
 
     def __init__(self, *, dim, codebook_size, codebook_dim, num_codebooks=1, norm=True, **kwargs):
         super().__init__()
+        if kwargs.get("kmeans_init"):
+            # lockstep runs k-means only in training and this quantizer always runs in evaluation: the
+            # codebook would stay zero (the reference initialises it from the first batch).
+            raise TypeError("lockstep.RandomProjectionQuantizer: option kmeans_init=True is not supported by "
+                            "lockstep (only False: the random codebook never trains)")
         self.num_codebooks = num_codebooks
         rand_projs = torch.empty(num_codebooks, dim, codebook_dim)
         nn.init.xavier_normal_(rand_projs)  # before the codebook, from torch's generator: the reference's draws
@@ -41,15 +45,6 @@ class RandomProjectionQuantizer(nn.Module):
         self.vq.eval()  # always, as the reference: the random codebook never moves
         if indices is None:
             return self.vq(projected)[1]
-        # The cross entropy of the given codes under the cosine similarities, as the reference's
-        # VectorQuantize(indices=...) takes it (its similarities are unscaled logits; -1 is ignored).
-        b, n = projected.shape[:2]
-        project_in = getattr(self.vq, "project_in", None)  # the VQ's own projection (codebook_dim), as there
-        if project_in is not None:
-            projected = F.linear(projected.float(), project_in.weight, project_in.bias)
-        tokens = F.normalize(projected.float().reshape(b, n, self.num_codebooks, -1), dim=-1, eps=1e-6)
-        logits = torch.einsum("b n h d, h c d -> b c n h", tokens, self.vq._codebook.embed)
-        target = indices.long().reshape(b, n, self.num_codebooks)
-        if self.num_codebooks == 1:
-            logits, target = logits.squeeze(-1), target.squeeze(-1)
-        return F.cross_entropy(logits, target, ignore_index=-1)
+        # The cross entropy of the given codes under the cosine similarities (unscaled logits; -1
+        # ignored), as the reference's VectorQuantize(indices=...) takes it.
+        return self.vq(projected, indices=indices)[1]

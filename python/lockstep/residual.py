@@ -113,6 +113,9 @@ class ResidualVQ(_Residual):
         self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
         self.freeze_codebook = freeze_codebook
 
+    def _codebook_learned_by_commitment(self):
+        return self._spec[2].get("vq.learnable_codebook", False) and not self._spec[2].get("vq.orthogonal_reg_weight")
+
     @property
     def codebooks(self):
         """Every layer's codebook, (num_quantizers, codebook_size, dim): the layers' `_codebook.embed`."""

@@ -134,19 +134,41 @@ class VectorQuantize(LockstepQuantizer):
             out = out.reshape(*out.shape[:-1], self.heads, -1)
         return out.movedim(-1, 1) if self.accept_image_fmap else out
 
+    def _codebook_learned_by_commitment(self):
+        return self._spec[2].get("learnable_codebook", False) and not self.orthogonal_reg_weight
+
+    def _cross_entropy(self, x, indices):
+        """forward(x, indices=...): the cross entropy of the given codes (-1 ignored) under each code's
+        logit for each token (minus the distance, or the cosine similarity; liblockstep's), as the
+        reference's; the codebook as this call found it (the step's EMA update waits for backward)."""
+        logits = self._core.vq_code_logits(x)  # (b, n[, heads], K)
+        expected = logits.shape[:-1]
+        if tuple(indices.shape) != tuple(expected):
+            raise ValueError(f"lockstep.VectorQuantize: indices must have shape {tuple(expected)}, "
+                             f"got {tuple(indices.shape)}")
+        return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
+
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
                 return_loss_breakdown=False, codebook_transform_fn=None):
-        refuse_forward_options("lockstep.VectorQuantize", indices=indices,
-                               sample_codebook_temp=sample_codebook_temp, codebook_transform_fn=codebook_transform_fn)
+        refuse_forward_options("lockstep.VectorQuantize", sample_codebook_temp=sample_codebook_temp,
+                               codebook_transform_fn=codebook_transform_fn)
         # A training forward that leaves the codebook as it is (the module's setting unless given).
         freeze_codebook = self.freeze_codebook if freeze_codebook is None else bool(freeze_codebook)
         # Padded sequences: a masked token counts in no statistic (on any rank) and no loss.
         mask = padding_mask("lockstep.VectorQuantize", x, mask, lens)  # for (b, n, d) tokens only, as there
+        if indices is not None and (x.ndim != 3 or mask is not None):
+            raise ValueError("lockstep.VectorQuantize: indices= takes tokens (b, n, dim) and no mask (the "
+                             "reference's cross entropy fails on other shapes and ignores a mask)")
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
                                               self.heads, mask, freeze_codebook)
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
+        if indices is not None:
+            # The training call's state update rides on the backward of what is returned (the reference
+            # updates in forward): the cross entropy carries the call's graph at weight 0.
+            anchor = sum(losses.values()) if losses else out.sum()
+            return out, self._cross_entropy(x, indices) + 0.0 * anchor
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)

@@ -26,6 +26,7 @@
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
+#include "lockstep/quant/vq.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
@@ -358,6 +359,15 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("indices"), "LFQ: one codebook's indices (...) -> codes (..., bits), float32.")
       .def(
+          "vq_code_logits",
+          [](Quantizer& q, const at::Tensor& x) {
+            auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
+            LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
+            const lockstep::quant::NoAutocast fp32;
+            return vq->code_logits(x.is_floating_point() ? x.to(at::kFloat) : x);
+          },
+          py::arg("x"), "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable.")
+      .def(
           "layer",
           [](Quantizer& q, int64_t l) {
             const auto* residual = dynamic_cast<const lockstep::quant::Residual*>(&q);
@@ -480,8 +490,7 @@ PYBIND11_MODULE(_C, m) {
           [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, double temperature,
              bool straight_through, bool deterministic) {
             const lockstep::quant::NoAutocast fp32;
-            const lockstep::quant::BinaryMapping out =
-                b.map(logits.to(at::kFloat), temperature, straight_through, deterministic);
+            const lockstep::quant::BinaryMapping out = b.map(logits, temperature, straight_through, deterministic);
             return py::make_tuple(out.one_hot, out.indices);
           },
           py::arg("logits"), py::arg("temperature"), py::arg("straight_through"), py::arg("deterministic"),
@@ -490,14 +499,14 @@ PYBIND11_MODULE(_C, m) {
           "bit_entropy",
           [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits) {
             const lockstep::quant::NoAutocast fp32;
-            return b.bit_entropy(logits.to(at::kFloat));
+            return b.bit_entropy(logits);
           },
           py::arg("logits"))
       .def(
           "aux_kl_loss",
           [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, bool reduce) {
             const lockstep::quant::NoAutocast fp32;
-            return b.aux_kl_loss(logits.to(at::kFloat), reduce);
+            return b.aux_kl_loss(logits, reduce);
           },
           py::arg("logits"), py::arg("reduce"))
       .def(
@@ -505,7 +514,7 @@ PYBIND11_MODULE(_C, m) {
           [](const lockstep::quant::BinaryMapper& b, const at::Tensor& logits, const at::Tensor& indices,
              bool sum_bits) {
             const lockstep::quant::NoAutocast fp32;
-            return b.log_prob(logits.to(at::kFloat), indices, sum_bits);
+            return b.log_prob(logits, indices, sum_bits);
           },
           py::arg("logits"), py::arg("indices"), py::arg("sum_bits"));
 

@@ -56,6 +56,18 @@ def test_binary_mapper_in_evaluation_and_its_helpers_match_the_reference():
         assert torch.equal(copied(logits)[0], one_hot)
 
 
+def test_binary_mapper_computes_in_the_logits_dtype():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="Double"):  # the reference's straight-through fails on float64
+        Reference(bits=5)(logits)
+    x = logits.clone().requires_grad_(True)
+    one_hot, indices, aux = lockstep.BinaryMapper(bits=5)(x, return_indices=True)
+    assert one_hot.dtype == aux.dtype == torch.float64
+    torch.testing.assert_close(one_hot.detach(), torch.nn.functional.one_hot(indices, 32).double())
+    one_hot[..., 3].sum().backward()
+    assert x.grad.dtype == torch.float64 and x.grad.abs().sum() > 0
+
+
 def test_binary_mapper_refuses_what_it_cannot_map():
     with pytest.raises(ValueError, match=r"bits = 30 must lie in \[1, 24\]"):
         lockstep.BinaryMapper(bits=30)

@@ -253,6 +253,26 @@ def test_a_masked_residual_lfq_trains_as_the_reference_does():
     assert loss_masked_r.shape == (2,)
 
 
+def test_a_strided_or_broadcast_mask_is_read_as_its_values():
+    lfq = lockstep.LFQ(dim=4, codebook_size=16, frac_per_sample_entropy=0.5, seed=2)
+    x = torch.randn(2, 6, 4)
+    wide = torch.ones(2, 12, dtype=torch.bool)
+    wide[:, 1::2] = False  # every other column False: the strided view below is all True
+    for mask in (wide[:, ::2], torch.tensor(True).expand(2, 6)):
+        _, _, loss = lfq(x, mask=mask)
+        _, _, expected = lfq(x, mask=mask.contiguous())
+        torch.testing.assert_close(loss, expected)
+        _, _, unmasked = lfq(x)
+        torch.testing.assert_close(loss, unmasked)
+
+
+def test_freeze_codebook_with_a_learnable_codebook_is_refused_under_compile():
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True, ema_update=False)
+    run = torch.compile(vq, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="freeze_codebook with a learnable codebook"):
+        run(torch.randn(2, 5, 8), freeze_codebook=True)
+
+
 def test_lfq_padding_counts_in_no_loss():
     lfq = lockstep.LFQ(dim=4, codebook_size=16, commitment_loss_weight=0.5)
     mask = _mask(LENS, 9)

@@ -36,6 +36,12 @@ def test_random_projection_quantizer_matches_the_reference(options):
     torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
 
 
+def test_random_projection_quantizer_refuses_kmeans_init():
+    # lockstep runs k-means only in training; this quantizer never trains: its codebook would stay zero.
+    with pytest.raises(TypeError, match="kmeans_init"):
+        lockstep.RandomProjectionQuantizer(dim=8, codebook_size=16, codebook_dim=4, kmeans_init=True)
+
+
 def test_random_projection_quantizer_refuses_a_wrong_input_shape():
     rpq = lockstep.RandomProjectionQuantizer(dim=8, codebook_size=16, codebook_dim=4)
     with pytest.raises(ValueError, match=r"expected \(b, n, dim\)"):

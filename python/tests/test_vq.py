@@ -1,5 +1,7 @@
 """lockstep.VectorQuantize against vector_quantize_pytorch.VectorQuantize: identical initial
 codebook (the reference's state dict loads as is), then several training steps."""
+import copy
+
 import pytest
 import torch
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
@@ -140,6 +142,50 @@ def test_freeze_codebook_in_forward_overrides_the_module_s_setting_for_that_call
         assert torch.equal(embed, before) == freeze
         torch.testing.assert_close(embed, reference.state_dict()["_codebook.embed"], atol=1e-5, rtol=1e-5)
         assert torch.equal(compiled.state_dict()["_codebook.embed"], embed)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_cosine_sim=True), dict(codebook_dim=4),
+                                     dict(heads=2, separate_codebook_per_head=True),
+                                     dict(heads=2, codebook_dim=4),
+                                     dict(learnable_codebook=True, ema_update=False)],
+                         ids=["euclidean", "cosine", "projected", "heads_separate", "heads_shared", "learnable"])
+def test_indices_give_the_reference_s_cross_entropy(options):
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=8, codebook_size=16, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    heads = options.get("heads", 1)
+    for training in (True, False):
+        reference.train(training)
+        ours.train(training)
+        x = torch.randn(2, 12, 8)
+        indices = torch.randint(0, 16, (2, 12, heads) if heads > 1 else (2, 12))
+        indices[0, :2] = -1  # ignored, as there
+        # In training the reference's EMA step writes the codebook's .data inside forward, so its
+        # backward differentiates at the moved codebook (a deliberate difference): the gradient is
+        # compared with the reference's in evaluation from the same state, the gradient of the value.
+        unmoved = copy.deepcopy(reference).eval()
+        xs = [x.clone().requires_grad_(True) for _ in range(3)]
+        _, ce_ref = reference(xs[0], indices=indices)
+        _, ce_unmoved = unmoved(xs[2], indices=indices)
+        out, ce = ours(xs[1], indices=indices)
+        assert out.shape == x.shape  # the module's output (the reference returns its internal layout)
+        torch.testing.assert_close(ce, ce_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ce, ce_unmoved, atol=1e-5, rtol=1e-5)
+        ce_unmoved.backward()
+        ce.backward()
+        ce_ref.backward()
+        torch.testing.assert_close(xs[1].grad, xs[2].grad, atol=1e-5, rtol=1e-5)
+        if options.get("learnable_codebook"):
+            torch.testing.assert_close(ours._codebook.embed.grad, unmoved._codebook.embed.grad, atol=1e-5,
+                                       rtol=1e-5)
+            ours._codebook.embed.grad = None
+    torch.testing.assert_close(ours.state_dict()["_codebook.embed"], reference.state_dict()["_codebook.embed"],
+                               atol=1e-5, rtol=1e-5)  # the training call's EMA update happened in both
+    with pytest.raises(ValueError, match="indices must have shape"):
+        ours(torch.randn(2, 12, 8), indices=torch.zeros(2, 11, dtype=torch.long))
+    with pytest.raises(ValueError, match="no mask"):
+        ours(torch.randn(2, 12, 8), indices=indices, lens=torch.tensor([12, 3]))
 
 
 def test_unsupported_options_are_type_errors_naming_them():

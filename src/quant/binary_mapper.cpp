@@ -13,12 +13,13 @@ void BinaryMapperOptions::validate() const {
                      " must lie in [1, 24] (each token's one-hot holds 2^bits values)");
 }
 
-BinaryMapper::BinaryMapper(BinaryMapperOptions options) : options_(options) { options_.validate(); }
-
-at::Tensor BinaryMapper::codes(const at::Device& device) const {
+BinaryMapper::BinaryMapper(BinaryMapperOptions options) : options_(options) {
+  options_.validate();
   const at::Tensor powers = torch::pow(2, torch::arange(options_.bits(), torch::kInt64));
-  return torch::arange(num_codes(), torch::kInt64).unsqueeze(1).bitwise_and(powers).ne(0).to(device);
+  codes_ = torch::arange(num_codes(), torch::kInt64).unsqueeze(1).bitwise_and(powers).ne(0);
 }
+
+at::Tensor BinaryMapper::codes(const at::Device& device) const { return codes_.to(device); }
 
 at::Tensor BinaryMapper::flat_logits(const at::Tensor& logits) const {
   LOCKSTEP_CHECK_ARG(logits.dim() >= 1 && logits.size(-1) == options_.bits(), "binary mapper: logits must end in ",
@@ -26,20 +27,21 @@ at::Tensor BinaryMapper::flat_logits(const at::Tensor& logits) const {
   return logits.reshape({-1, options_.bits()});
 }
 
-BinaryMapping BinaryMapper::map(const at::Tensor& logits, double temperature, bool straight_through,
-                                bool deterministic, at::Generator generator) const {
+BinaryMapping BinaryMapper::map(const at::Tensor& logits, double temperature, bool straight_through, bool deterministic,
+                                at::Generator generator) const {
   LOCKSTEP_CHECK_ARG(temperature > 0, "binary mapper: temperature = ", temperature, " must be > 0");
   const at::Tensor flat = flat_logits(logits);
   const at::Tensor prob = (flat / temperature).sigmoid();
-  const at::Tensor bits = deterministic ? prob.gt(0.5).to(torch::kInt64)
-                                        : at::bernoulli(prob.detach(), generator).to(torch::kInt64);
+  const at::Tensor bits =
+      deterministic ? prob.gt(0.5).to(torch::kInt64) : at::bernoulli(prob.detach(), generator).to(torch::kInt64);
   const at::Tensor powers = torch::pow(2, torch::arange(options_.bits(), flat.options().dtype(torch::kInt64)));
   const at::Tensor indices = (bits * powers).sum(-1);
   at::Tensor one_hot = F::one_hot(indices, num_codes()).to(torch::kFloat32);
   if (straight_through) {
     // The codes' joint probability (at temperature 1, as the reference) carries the gradient.
-    const at::Tensor on = codes(flat.device()).to(torch::kFloat32);
-    const at::Tensor soft = (torch::matmul(F::logsigmoid(flat), on.t()) + torch::matmul(F::logsigmoid(-flat), (1 - on).t())).exp();
+    const at::Tensor on = codes(flat.device()).to(flat.scalar_type());
+    const at::Tensor soft =
+        (torch::matmul(F::logsigmoid(flat), on.t()) + torch::matmul(F::logsigmoid(-flat), (1 - on).t())).exp();
     one_hot = one_hot + soft - soft.detach();
   }
   std::vector<int64_t> lead(logits.sizes().begin(), logits.sizes().end() - 1);

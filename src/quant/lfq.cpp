@@ -103,7 +103,6 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   // Padding is quantized as any token (as the reference's LFQ) but kept out of the entropy and the
   // commitment loss.
   const at::Tensor mask = checked_mask(ctx, x, "lfq");
-  const at::Tensor counted = mask.defined() ? mask.reshape(-1).cpu() : at::Tensor();
   const at::Tensor z = to_code_space(x);  // (b, n, c, bits)
   const at::Tensor q = quantize_codes(z.detach());
   const int64_t c = options_.num_codebooks();
@@ -131,6 +130,7 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     const int64_t first_token = x.size(0) > 0 ? ctx.first_item * (local_tokens / x.size(0)) : 0;
     const auto frac = static_cast<float>(options_.frac_per_sample_entropy());
     std::vector<int64_t> chosen;
+    const at::Tensor counted = mask.defined() ? mask.reshape(-1).to(at::kCPU).contiguous() : at::Tensor();
     const bool* counts = counted.defined() ? counted.data_ptr<bool>() : nullptr;
     for (int64_t t = 0; t < local_tokens; ++t) {
       if ((!counts || counts[t]) && hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) {
@@ -138,8 +138,8 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
       }
     }
     tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
-  } else if (counted.defined()) {
-    tokens = tokens.index_select(0, counted.nonzero().squeeze(1).to(tokens.device()));
+  } else if (mask.defined()) {
+    tokens = tokens.index_select(0, mask.reshape(-1).nonzero().squeeze(1));
   }
   const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
                                                  : options_.codebook_scale();

@@ -137,8 +137,8 @@ OptionSection vq_section() {
             "the regulariser trains beside the EMA, as vector-quantize-pytorch does.")
            .at_least(0),
        boolean("ema_update", d.ema_update(),
-               "The EMA of assigned tokens moves the codebook; false keeps it (or, with learnable_codebook, leaves "
-               "it to the gradient)."),
+               "The EMA of assigned tokens moves the codebook; false keeps it (dead codes are still replaced) or, "
+               "with learnable_codebook, leaves it to the gradient."),
        boolean("learnable_codebook", d.learnable_codebook(),
                "The codebook is a parameter trained by the commitment loss (needs ema_update = false, cosine = "
                "false)."),

@@ -20,7 +20,7 @@ at::Tensor checked_mask(const QuantizeContext& ctx, const at::Tensor& x, const s
       ", got ", ctx.mask.sizes());
   LOCKSTEP_CHECK_ARG(ctx.mask.scalar_type() == torch::kBool, kind, ": the mask must be bool, got ",
                      ctx.mask.scalar_type());
-  return ctx.mask.to(x.device());
+  return ctx.mask.to(x.device()).contiguous();  // read by pointer on the host (LFQ's entropy subset)
 }
 
 void check_no_mask(const QuantizeContext& ctx, const std::string& kind) {

@@ -363,6 +363,22 @@ at::Tensor Vq::encode(const at::Tensor& x) {
   return ungroup_indices(assign(tokens, at::Generator(), 0), x.size(0), x.size(1));
 }
 
+at::Tensor Vq::code_logits(const at::Tensor& x) {
+  const at::Tensor tokens = prepare(group_by_codebook(x));  // (C, M, cd)
+  const at::Tensor codes = options_.learnable_codebook() ? embed_ : embed_.detach();
+  const at::Tensor dots = torch::matmul(tokens, codes.transpose(1, 2));  // (C, M, K)
+  at::Tensor logits = dots;
+  if (!options_.use_cosine_sim()) {  // the reference's cdist: sqrt(max(|x|^2 + |e|^2 - 2 x.e, 0))
+    const at::Tensor squared = tokens.pow(2).sum(-1, true) + codes.pow(2).sum(-1).unsqueeze(1) - 2 * dots;
+    logits = -squared.clamp_min(0).sqrt();
+  }
+  const int64_t b = x.size(0), n = x.size(1), heads = options_.heads(), k = options_.codebook_size();
+  const at::Tensor per_head = options_.separate_codebook_per_head()
+                                  ? logits.reshape({heads, b, n, k}).permute({1, 2, 0, 3})
+                                  : logits.reshape({b, n, heads, k});
+  return heads == 1 ? per_head.reshape({b, n, k}) : per_head;
+}
+
 at::Tensor Vq::decode(const at::Tensor& indices) {
   const int64_t heads = options_.heads();
   LOCKSTEP_CHECK_ARG(heads == 1 ? indices.dim() == 2 : (indices.dim() == 3 && indices.size(2) == heads),

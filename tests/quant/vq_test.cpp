@@ -285,6 +285,22 @@ TEST(Vq, MaskedTokensCountInNoStatisticAndNoLoss) {
   EXPECT_THROW(padded.quantize(torch::randn({3, 7, 4}), wrong), InvalidArgument);
 }
 
+// code_logits: minus the distance (or the cosine similarity) to every code, whose argmax is encode's
+// choice, laid out per head as the indices are.
+TEST(Vq, CodeLogitsPeakAtTheEncodedCode) {
+  for (const bool cosine : {false, true}) {
+    Vq vq(VqOptions(6, 10).heads(2).separate_codebook_per_head(true).use_cosine_sim(cosine), seeded(2));
+    const at::Tensor x = torch::randn({3, 4, 6});
+    const at::Tensor logits = vq.code_logits(x);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{3, 4, 2, 10}));
+    EXPECT_TRUE(torch::equal(logits.argmax(-1), vq.encode(x))) << "cosine " << cosine;
+  }
+  Vq vq(VqOptions(3, 5), seeded(3));
+  const at::Tensor x = torch::randn({1, 2, 3});
+  const at::Tensor expected = -torch::cdist(x[0], vq.embed()[0]);
+  EXPECT_TRUE(torch::allclose(vq.code_logits(x)[0], expected, 1e-4, 1e-5));
+}
+
 TEST(Vq, StateRoundTripsThroughNamedBuffers) {
   Vq a(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(1));
   for (int step = 0; step < 3; ++step) a.quantize(torch::randn({2, 30, 5}), {nullptr, seeded(step)});

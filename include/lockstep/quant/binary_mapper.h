@@ -25,7 +25,8 @@ struct BinaryMapperOptions {
   int64_t bits() const { return bits_; }
   double kl_loss_threshold() const { return kl_loss_threshold_; }
 
-  // InvalidArgument with the value: bits outside [1, 24] (a one-hot of 2^bits per token).
+  // InvalidArgument with the value: bits outside [1, 24] (a one-hot of 2^bits values per token; the
+  // reference sets no limit).
   void validate() const;
 
  private:
@@ -62,6 +63,7 @@ class BinaryMapper {
   at::Tensor flat_logits(const at::Tensor& logits) const;  // (..., bits) -> (N, bits), checked
 
   BinaryMapperOptions options_;
+  at::Tensor codes_;  // codes(CPU), made once
 };
 
 }  // namespace lockstep::quant

@@ -175,6 +175,10 @@ class Vq final : public Quantizer {
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
+  // x (b, n, dim) -> each code's logit for each token, (b, n, K) or (b, n, heads, K): minus the
+  // Euclidean distance, or the cosine similarity (the reference's `distances`, which it takes the
+  // cross entropy of given codes over). Differentiable in x, and in a learnable codebook; changes no state.
+  at::Tensor code_logits(const at::Tensor& x);
 
   const VqOptions& options() const { return options_; }
   // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
