@@ -25,6 +25,9 @@ NOISY = {  # modules whose forward draws random numbers, with the options that m
     "VectorQuantize with sampled codes and dead codes": lambda: lockstep.VectorQuantize(
         dim=8, codebook_size=16, stochastic_sample_codes=True, threshold_ema_dead_code=2,
         collective_timeout=10.0),
+    "VectorQuantize with a learnable codebook and dead codes": lambda: lockstep.VectorQuantize(
+        dim=8, codebook_size=16, learnable_codebook=True, ema_update=False, threshold_ema_dead_code=2,
+        collective_timeout=10.0),
 }
 BUILDERS = {**QUANTIZERS, **NOISY}
 
