@@ -313,3 +313,24 @@ def test_lfq_over_ranks_with_a_rank_of_padding_only_gives_one_process_s_gradient
     assert entropy.abs().max() > 1e-3
     torch.testing.assert_close(ranks[0], grads[0.5][:2] + entropy[:2], atol=1e-6, rtol=1e-5)
     assert torch.equal(ranks[1], torch.zeros_like(ranks[1]))  # padding gets no gradient
+
+
+def test_a_masked_grouped_residual_vq_trains_as_the_reference_does():
+    from vector_quantize_pytorch import GroupedResidualVQ as ReferenceGroupedResidualVQ
+
+    torch.manual_seed(6)
+    options = dict(dim=8, groups=2, num_quantizers=2, codebook_size=16)
+    reference = ReferenceGroupedResidualVQ(**options)
+    ours = lockstep.GroupedResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    mask = _mask(LENS, 9)
+    for step in range(2):
+        x = torch.randn(4, 9, 8)
+        weights = torch.linspace(-1, 1, x.numel()).reshape(x.shape)
+        (out_r, idx_r, loss_r, grad_r), (out, idx, loss, grad) = _step_pair(reference, ours, x, weights, mask=mask)
+        assert torch.equal(idx, idx_r.to(idx.dtype)), step
+        assert bool((idx[:, ~mask] == -1).all())
+        torch.testing.assert_close(out, out_r, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_r, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad, grad_r, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.codebooks, reference.codebooks, atol=1e-5, rtol=1e-5)
