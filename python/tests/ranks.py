@@ -34,6 +34,10 @@ def _entry(rank, world, store, results, target, args):
     # A collective that waits longer than this is a failure of the test (a rank out of step).
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
+    # Every rank has finished connecting before any starts: a rank whose target returns at once would
+    # otherwise close its connections while another is still making its own ("Gloo connectFullMesh
+    # failed ... Connection closed by peer", seen once under make test's load).
+    dist.barrier()
     try:
         results[rank] = target(rank, world, *args)
     finally:
