@@ -8,6 +8,7 @@ from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .binary_mapper import BinaryMapper
 from .fsq import FSQ
+from .hierarchical import HierarchicalVQ
 from .latent_quantize import LatentQuantize
 from .grouped import GroupedResidualFSQ, GroupedResidualLFQ, GroupedResidualVQ
 from .lfq import LFQ
@@ -19,4 +20,4 @@ from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
-           "RandomProjectionQuantizer", "BinaryMapper", "CollectiveMismatch", "CollectiveFailure"]
+           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "CollectiveMismatch", "CollectiveFailure"]
