@@ -64,9 +64,13 @@ class _Grouped(nn.Module):
         return x.chunk(self.groups, dim=self.split_dim)
 
     def _combine(self, outs, with_losses):
+        """The groups' results as the reference combines them: outputs concatenated, indices (and losses)
+        stacked group first; with return_all_codes, a last value holding each group's codes."""
         quantized = torch.cat([o[0] for o in outs], dim=self.split_dim)
         indices = torch.stack([o[1] for o in outs])
-        return (quantized, indices, torch.stack([o[2] for o in outs])) if with_losses else (quantized, indices)
+        result = (quantized, indices, torch.stack([o[2] for o in outs])) if with_losses else (quantized, indices)
+        codes_at = 3 if with_losses else 2
+        return (*result, tuple(o[codes_at] for o in outs)) if len(outs[0]) > codes_at else result
 
 
 class GroupedResidualVQ(_Grouped):
@@ -81,9 +85,13 @@ class GroupedResidualVQ(_Grouped):
                 mask=None):
         kwargs = dict(return_all_codes=return_all_codes, sample_codebook_temp=sample_codebook_temp,
                       freeze_codebook=freeze_codebook, mask=mask)
-        if indices is not None:  # the residual module refuses it, naming it
-            kwargs["indices"] = indices
-        return self._combine([rvq(chunk, **kwargs) for rvq, chunk in zip(self.rvqs, self._chunks(x))], True)
+        chunks = self._chunks(x)
+        if indices is not None and len(indices) > 0:  # one (b, n, num_quantizers) per group, as the reference
+            if len(indices) != self.groups:
+                raise ValueError(f"lockstep.GroupedResidualVQ: indices for {len(indices)} groups, not {self.groups}")
+            outs = [rvq(chunk, indices=i, **kwargs) for rvq, chunk, i in zip(self.rvqs, chunks, indices)]
+            return torch.cat([o[0] for o in outs], dim=self.split_dim), sum(o[1] for o in outs)
+        return self._combine([rvq(chunk, **kwargs) for rvq, chunk in zip(self.rvqs, chunks)], True)
 
 
 class GroupedResidualFSQ(_Grouped):

@@ -121,19 +121,54 @@ class ResidualVQ(_Residual):
         """Every layer's codebook, (num_quantizers, codebook_size, dim): the layers' `_codebook.embed`."""
         return torch.stack([self.get_buffer(f"layers.{q}._codebook.embed")[0] for q in range(self.num_quantizers)])
 
-    def forward(self, x, indices=None, return_all_codes=False, sample_codebook_temp=None, freeze_codebook=False,
-                mask=None, return_loss_breakdown=False):
-        refuse_forward_options("lockstep.ResidualVQ", indices=indices, return_all_codes=return_all_codes,
-                               sample_codebook_temp=sample_codebook_temp, return_loss_breakdown=return_loss_breakdown)
+    def forward(self, x, mask=None, indices=None, return_all_codes=False, sample_codebook_temp=None,
+                freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):
+        refuse_forward_options("lockstep.ResidualVQ", sample_codebook_temp=sample_codebook_temp, beam_size=beam_size,
+                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
         mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
+        if indices is not None:
+            indices = self._given_indices(x, indices, mask)
         # The layers' freeze_codebook holds unless forward freezes them (the reference's forward default,
         # False, overrides its layers' setting: a deliberate difference).
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook))
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
-        return out, idx, self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
+        losses = self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
+        if indices is not None:
+            # The training call's state update rides on the backward of what is returned (the reference
+            # updates in forward): the cross entropy carries the call's graph at weight 0.
+            return out, self._cross_entropy(x, indices) + 0.0 * losses.sum()
+        return (out, idx, losses, self.get_codes_from_indices(idx)) if return_all_codes else (out, idx, losses)
+
+    def _given_indices(self, x, indices, mask):
+        """forward(x, indices=...)'s indices as one (b, n, num_quantizers) tensor (a list of layers' is stacked
+        last, as the reference stacks it); ValueError for what the reference refuses."""
+        if isinstance(indices, (list, tuple)):
+            indices = torch.stack(list(indices), dim=-1)
+        if self.accept_image_fmap or x.ndim != 3 or mask is not None:
+            raise ValueError("lockstep.ResidualVQ: indices= takes tokens (b, n, dim) and no mask, as the reference")
+        if tuple(indices.shape) != (*x.shape[:-1], self.num_quantizers):
+            raise ValueError(f"lockstep.ResidualVQ: indices must have shape {(*x.shape[:-1], self.num_quantizers)}, "
+                             f"got {tuple(indices.shape)}")
+        if (indices == -1).any():
+            raise ValueError("lockstep.ResidualVQ: some of the given indices are -1 (a layer dropped by quantize "
+                             "dropout); take indices from the module in evaluation mode, as the reference requires")
+        return indices.long()
+
+    def _cross_entropy(self, x, indices):
+        """The sum over layers of the cross entropy of each layer's given code (liblockstep's logits: minus
+        the distance, or the cosine similarity) at the residual the given codes of the layers before it
+        leave, the codebooks as this call found them. The reference gives every layer the unquantized
+        input (a deliberate difference, docs/python.md)."""
+        residual, total = x.float(), 0.0
+        for q in range(self.num_quantizers):
+            layer = self._core.layer(q)
+            logits = layer.vq_code_logits(residual)
+            total = total + torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices[..., q])
+            residual = residual - layer.decode(indices[..., q])
+        return total
 
 
 class ResidualFSQ(_Residual):
@@ -172,12 +207,14 @@ class ResidualFSQ(_Residual):
                             for q in range(self.num_quantizers)])
 
     def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
-        refuse_forward_options("lockstep.ResidualFSQ", return_all_codes=return_all_codes,
+        refuse_forward_options("lockstep.ResidualFSQ",
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         out, idx, _ = self._quantize_any(x, self.is_channel_first, True, self.num_quantizers)
+        codes = self.get_codes_from_indices(idx) if return_all_codes else None  # (q, b, ..., d)
         if self.is_channel_first:  # the reference moves the layer axis first too: (b, q, ...)
             idx = idx.movedim(-1, 1)
-        return out, idx.to(torch.int32)  # the FSQ layers' index type, as the reference
+        idx = idx.to(torch.int32)  # the FSQ layers' index type, as the reference
+        return (out, idx, codes) if return_all_codes else (out, idx)
 
 
 class ResidualLFQ(_Residual):
@@ -214,11 +251,12 @@ class ResidualLFQ(_Residual):
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         check_forward_options("lockstep.ResidualLFQ", self.inv_temperature)
-        refuse_forward_options("lockstep.ResidualLFQ", return_all_codes=return_all_codes,
+        refuse_forward_options("lockstep.ResidualLFQ",
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)
         out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask)
-        return out, idx, self._per_layer_losses(losses, out.device)
+        result = (out, idx, self._per_layer_losses(losses, out.device))
+        return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result
 
 
 class ResidualSimVQ(_Residual):

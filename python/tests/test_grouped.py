@@ -75,3 +75,24 @@ def test_sequential_matches_the_reference():
         lockstep.Sequential(before, after)
     with pytest.raises(ValueError, match="got 2"):
         lockstep.Sequential(lockstep.FSQ(levels=[5, 5]), lockstep.FSQ(levels=[5, 5]))
+
+
+def test_grouped_return_all_codes_and_indices_as_the_reference():
+    torch.manual_seed(0)
+    options = dict(dim=8, groups=2, num_quantizers=2, codebook_size=16, kmeans_init=False)
+    reference, ours = ReferenceGroupedResidualVQ(**options), lockstep.GroupedResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    for module in (reference, ours):
+        module.eval()
+    x = torch.randn(3, 4, 8)
+    expected, got = reference(x, return_all_codes=True), ours(x, return_all_codes=True)
+    assert len(got) == len(expected) == 4 and len(got[3]) == 2  # a tuple of each group's codes, as there
+    for a, b in zip(got[3], expected[3]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    # indices=: one per group; the groups' cross entropies summed
+    given = [i.clone() for i in got[1]]
+    _, loss = ours(x, indices=given)
+    parts = [rvq(chunk, indices=i)[1] for rvq, chunk, i in zip(ours.rvqs, x.chunk(2, dim=-1), given)]
+    torch.testing.assert_close(loss, parts[0] + parts[1])
+    with pytest.raises(ValueError, match="3 groups"):
+        ours(x, indices=given + given[:1])

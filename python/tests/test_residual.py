@@ -144,7 +144,78 @@ def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="soft_clamp_input_value"):
         lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, soft_clamp_input_value=1.0)
     rlfq = lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2)
-    with pytest.raises(TypeError, match="return_all_codes"):
-        rlfq(torch.randn(1, 3, 4), return_all_codes=True)
     with pytest.raises(TypeError, match="rand_quantize_dropout_fixed_seed"):
         rlfq(torch.randn(1, 3, 4), rand_quantize_dropout_fixed_seed=3)
+
+
+@pytest.mark.parametrize("reference_class, ours_class, options", [
+    (ReferenceResidualVQ, lockstep.ResidualVQ, dict(dim=6, num_quantizers=3, codebook_size=16, kmeans_init=False)),
+    (ReferenceResidualVQ, lockstep.ResidualVQ, dict(dim=6, num_quantizers=3, codebook_size=16, quantize_dropout=True)),
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[5, 5, 5], num_quantizers=3, dim=6)),
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[5, 5, 5], num_quantizers=3, dim=6,
+                                                      quantize_dropout=True)),
+    (ReferenceResidualLFQ, lockstep.ResidualLFQ, dict(dim=6, num_quantizers=3, codebook_size=16)),
+], ids=["vq", "vq_dropout", "fsq", "fsq_dropout", "lfq"])
+def test_return_all_codes_gives_each_layer_s_codes_as_the_reference(reference_class, ours_class, options):
+    torch.manual_seed(0)
+    reference, ours = reference_class(**options), ours_class(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(4, 5, 6)
+    ours_result = ours(x, return_all_codes=True)  # in training: with quantize dropout, some layers dropped
+    codes = ours_result[-1]
+    assert codes.shape == (3, 4, 5, codes.shape[-1])
+    # the reference's codes of the same indices (its own dropout draws another cutoff)
+    torch.testing.assert_close(codes, reference.get_codes_from_indices(ours_result[1]), atol=1e-6, rtol=0)
+    for module in (reference, ours):
+        module.eval()
+    expected, got = reference(x, return_all_codes=True), ours(x, return_all_codes=True)
+    assert len(got) == len(expected)
+    assert torch.equal(got[1], expected[1].to(got[1].dtype))
+    torch.testing.assert_close(got[-1], expected[-1], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_cosine_sim=True)], ids=["euclidean", "cosine"])
+def test_residual_indices_give_each_layer_s_cross_entropy_at_its_residual(options):
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=8, num_quantizers=3, codebook_size=16, kmeans_init=False, **options)
+    ours = lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, kmeans_init=False, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 5, 8)
+    reference.eval()
+    with torch.no_grad():
+        _, given, _ = reference(x)
+    given[0, 0, 1] = (given[0, 0, 1] + 3) % 16  # not the nearest code: a cross entropy that is not minimal
+    xs = [x.clone().requires_grad_(True) for _ in range(3)]
+    # The reference's layers one by one, each at the residual the given codes before it leave.
+    residual, expected = xs[0], 0.0
+    for q, layer in enumerate(reference.layers):
+        _, cross_entropy = layer(residual, indices=given[..., q])
+        expected = expected + cross_entropy
+        residual = residual - layer.codebook[given[..., q]]
+    ours.eval()
+    out, loss = ours(xs[1], indices=given)
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, ours(x)[0])  # the first value is the module's usual output
+    (expected * 2).backward()
+    (loss * 2).backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+    _, listed = ours(xs[2], indices=list(given.unbind(-1)))  # a list of each layer's, as the reference takes
+    torch.testing.assert_close(listed, loss)
+    ours.train()
+    before = ours.codebooks.clone()
+    _, trained = ours(x, indices=given)
+    trained.backward()  # the training call's EMA update rides on the cross entropy's backward
+    assert not torch.equal(ours.codebooks, before)
+    with pytest.raises(ValueError, match="-1"):
+        ours(x, indices=torch.where(given == given[0, 0, 0], -1, given))
+    with pytest.raises(ValueError, match="shape"):
+        ours(x, indices=given[..., :2])
+    with pytest.raises(ValueError, match="no mask"):
+        ours(x, indices=given, mask=torch.ones(2, 5, dtype=torch.bool))
+
+
+def test_the_forward_takes_the_reference_s_arguments_in_order():
+    rvq = lockstep.ResidualVQ(dim=4, num_quantizers=2, codebook_size=8)
+    mask = torch.tensor([[True, True, False]])
+    out, indices, _ = rvq(torch.randn(1, 3, 4), mask)  # positionally, as the reference's forward(x, mask)
+    assert (indices[0, 2] == -1).all() and (out[0, 2] == 0).all()
