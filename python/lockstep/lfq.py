@@ -4,9 +4,11 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
+# The reference's second return value with return_loss_breakdown=True: each term unweighted.
+LossBreakdown = namedtuple("LossBreakdown", ["per_sample_entropy", "batch_entropy", "commitment"])
 
 
 def lfq_options(dim=None, codebook_size=None, entropy_loss_weight=0.1, commitment_loss_weight=0.0,
@@ -49,12 +51,11 @@ def bit_mask(codebook_size):
     return 2 ** torch.arange(bits - 1, -1, -1)
 
 
-def check_forward_options(module_name, made_with, inv_temperature=None, return_loss_breakdown=False):
+def check_forward_options(module_name, made_with, inv_temperature=None):
     """TypeError for LFQ forward options lockstep does not take (inv_temperature is set at construction)."""
     if inv_temperature is not None and float(inv_temperature) != made_with:
         raise TypeError(f"{module_name}: inv_temperature={inv_temperature} at forward; lockstep sets it when the "
                         f"module is made (inv_temperature={made_with})")
-    refuse_forward_options(module_name, return_loss_breakdown=return_loss_breakdown)
 
 
 def lfq_padding_mask(module_name, x, mask, channel_first):
@@ -105,10 +106,24 @@ class LFQ(LockstepQuantizer):
         return codes.movedim(-1, 1) if channel_first else codes
 
     def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
-        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature, return_loss_breakdown)
+        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature)
         channel_first = self.channel_first if self.channel_first is not None else x.ndim >= 4
         mask = lfq_padding_mask("lockstep.LFQ", x, mask, channel_first)
         out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks,
                                                   mask)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
-        return Return(out, indices, aux_loss)
+        if not return_loss_breakdown:
+            return Return(out, indices, aux_loss)
+        return Return(out, indices, aux_loss), self._loss_breakdown(x, channel_first, mask)
+
+    def _loss_breakdown(self, x, channel_first, mask):
+        """The unweighted terms of this call's loss, of this rank's tokens (liblockstep's Lfq::loss_terms:
+        the tokens the call counted). Zeros in evaluation, as the reference's."""
+        if torch.compiler.is_compiling():
+            raise ValueError("lockstep.LFQ: return_loss_breakdown is not supported under torch.compile; "
+                             "call the module eagerly for the breakdown")
+        if channel_first:
+            x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
+        group = self._lazy_group() if self.training else None
+        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, self._steps, group, mask)
+        return LossBreakdown(*terms)

@@ -130,6 +130,19 @@ const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
   return *fsq;
 }
 
+// The randomness and placement of one call as the Python modules make it: draws from (seed, step); with
+// a group, equal batches on every rank put this rank's first item at rank * b in the global batch.
+lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+                                              const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                              const std::optional<at::Tensor>& mask) {
+  lockstep::quant::QuantizeContext ctx;
+  if (mask) ctx.mask = *mask;
+  ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
+      lockstep::derive_seed(seed, static_cast<uint64_t>(step.item<int64_t>()), +lockstep::SeedPurpose::Quantizer));
+  if (group) ctx.first_item = group->rank() * x.size(0);
+  return ctx;
+}
+
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,
 // docs/python.md); in training, state updates and their collectives wait for backward.
@@ -139,11 +152,8 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
                                                const std::optional<at::Tensor>& mask, bool freeze_codebook) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
-  lockstep::quant::QuantizeContext ctx;
-  if (mask) ctx.mask = *mask;
+  lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
-  ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-      lockstep::derive_seed(seed, static_cast<uint64_t>(synced_steps), +lockstep::SeedPurpose::Quantizer));
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
   if (training) {
     // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
@@ -152,8 +162,6 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
       reducer =
           std::make_unique<lockstep::dist::BackwardReducer>(group, lockstep::dist::Phase::train_step(synced_steps + 1));
       ctx.reducer = reducer.get();
-      // Equal batches on every rank put this rank's first item here in the global batch.
-      ctx.first_item = group->rank() * x.size(0);
     }
   }
   // In float32 whatever torch.autocast says (quant/autocast.h).
@@ -358,6 +366,26 @@ PYBIND11_MODULE(_C, m) {
             return lfq->indices_to_codes(indices);
           },
           py::arg("indices"), "LFQ: one codebook's indices (...) -> codes (..., bits), float32.")
+      .def(
+          "lfq_loss_terms",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            lockstep::quant::LfqLossTerms terms;
+            {
+              py::gil_scoped_release no_gil;
+              q.train(training);
+              const lockstep::quant::NoAutocast fp32;
+              terms = lfq->loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                      call_context(x, seed, step, group, mask));
+            }
+            return py::make_tuple(terms.per_sample_entropy, terms.codebook_entropy, terms.commitment);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(),
+          "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
+          "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
       .def(
           "vq_code_logits",
           [](Quantizer& q, const at::Tensor& x) {

@@ -4,6 +4,7 @@ import torch
 from vector_quantize_pytorch import LFQ as ReferenceLFQ
 
 import lockstep
+from ranks import run_ranks
 
 
 def run(module, x):
@@ -71,5 +72,58 @@ def test_forward_options_lockstep_does_not_take_are_type_errors():
     x = torch.randn(1, 3, 4)
     with pytest.raises(TypeError, match="inv_temperature"):
         ours(x, inv_temperature=10.0)
-    with pytest.raises(TypeError, match="return_loss_breakdown"):
-        ours(x, return_loss_breakdown=True)
+
+
+@pytest.mark.parametrize("options", [dict(dim=6, codebook_size=16, commitment_loss_weight=0.25),
+                                     dict(dim=8, codebook_size=16, num_codebooks=2, commitment_loss_weight=1.0),
+                                     dict(dim=4, codebook_size=16, spherical=True, diversity_gamma=0.5)],
+                         ids=["projected", "two_codebooks", "spherical_no_commitment"])
+def test_return_loss_breakdown_gives_the_reference_s_unweighted_terms(options):
+    torch.manual_seed(0)
+    reference, ours = ReferenceLFQ(**options), lockstep.LFQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(3, 5, options["dim"])
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    (_, _, aux_ref), expected = reference(xs[0], return_loss_breakdown=True)
+    (_, _, aux), got = ours(xs[1], return_loss_breakdown=True)
+    assert type(got).__name__ == "LossBreakdown" and got._fields == expected._fields
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, aux_ref, atol=1e-5, rtol=1e-5)
+    sum(expected).backward()
+    sum(got).backward()  # unweighted terms: gradients of norm ~1, rounding ~2e-5
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-4, rtol=1e-4)
+    for module in (reference, ours):
+        module.eval()
+    assert all(float(t) == 0 for t in ours(x, return_loss_breakdown=True)[1])  # zeros in evaluation, as there
+
+
+def _weighted(terms, entropy_weight, gamma, commitment_weight):
+    return entropy_weight * (terms.per_sample_entropy - gamma * terms.batch_entropy) + commitment_weight * terms.commitment
+
+
+def test_the_breakdown_counts_the_tokens_the_call_counted():
+    # With a mask and an entropy subset, the weighted terms are the call's own loss: the same tokens.
+    lfq = lockstep.LFQ(dim=6, codebook_size=16, commitment_loss_weight=0.3, entropy_loss_weight=0.2,
+                       diversity_gamma=0.7, frac_per_sample_entropy=0.5, seed=4)
+    x, mask = torch.randn(4, 9, 6), torch.rand(4, 9) > 0.3
+    for step in range(3):
+        (_, _, aux), terms = lfq(x, mask=mask, return_loss_breakdown=True)
+        torch.testing.assert_close(_weighted(terms, 0.2, 0.7, 0.3), aux, atol=1e-6, rtol=1e-6)
+        aux.backward()
+    assert lfq.step == 3
+
+
+def _breakdown_ranks(rank, world, x):
+    lfq = lockstep.LFQ(dim=6, codebook_size=16, commitment_loss_weight=0.3, frac_per_sample_entropy=0.5, seed=4,
+                       collective_timeout=20.0)
+    (_, _, aux), terms = lfq(x.chunk(world)[rank], return_loss_breakdown=True)
+    aux.backward()  # the statistics' reduction over the ranks, in backward
+    return aux.detach(), _weighted(terms, 0.1, 1.0, 0.3).detach()
+
+
+def test_on_two_ranks_each_rank_s_breakdown_is_of_its_own_tokens():
+    # Each rank's subset is drawn by its tokens' global positions; its breakdown is of those tokens, as
+    # the loss value it returns (docs/python.md: forward returns the rank's own values).
+    for aux, weighted in run_ranks(2, _breakdown_ranks, torch.randn(4, 8, 6)):
+        torch.testing.assert_close(weighted, aux, atol=1e-6, rtol=1e-6)

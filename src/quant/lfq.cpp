@@ -114,35 +114,8 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   }
   out.quantized = from_code_space(z + (q - z).detach()).to(x.scalar_type());
 
-  at::Tensor tokens = z.reshape({-1, c, bits_});  // (N, c, bits)
-  const int64_t local_tokens = tokens.size(0);
-  const bool subset = options_.frac_per_sample_entropy() < 1;
-  if (subset) {
-    // Each token joins the entropy subset with probability frac, decided by a hash of its global
-    // position: W ranks choose exactly the tokens one process holding the batch would. (The
-    // reference takes exactly int(N * frac) tokens at random; the count here is binomial.)
-    at::Generator gen = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
-    uint64_t key = 0;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-    }
-    const int64_t first_token = x.size(0) > 0 ? ctx.first_item * (local_tokens / x.size(0)) : 0;
-    const auto frac = static_cast<float>(options_.frac_per_sample_entropy());
-    std::vector<int64_t> chosen;
-    const at::Tensor counted = mask.defined() ? mask.reshape(-1).to(at::kCPU).contiguous() : at::Tensor();
-    const bool* counts = counted.defined() ? counted.data_ptr<bool>() : nullptr;
-    for (int64_t t = 0; t < local_tokens; ++t) {
-      if ((!counts || counts[t]) && hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) {
-        chosen.push_back(t);
-      }
-    }
-    tokens = tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
-  } else if (mask.defined()) {
-    tokens = tokens.index_select(0, mask.reshape(-1).nonzero().squeeze(1));
-  }
-  const double code_value = options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
-                                                 : options_.codebook_scale();
+  const at::Tensor tokens = entropy_tokens(z, mask, ctx);  // (N, c, bits)
+  const double code_value = this->code_value();
   const double inv_t = options_.inv_temperature();
   // Everything the entropy loss needs is a sum over the chosen tokens of the global batch: their
   // count, their per-sample entropies (the reference's mean over (N, c)) and their code probabilities.
@@ -169,13 +142,74 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const at::Tensor aux = reducer->apply_to_sum(packed, aux_of, LOCKSTEP_CALL_SITE("lfq.avg_probs"));
   out.losses["entropy"] = aux * options_.entropy_loss_weight();
   if (options_.commitment_loss_weight() > 0) {
-    const at::Tensor counted_z = mask.defined() ? z.index({mask}) : z;
-    const at::Tensor counted_q = mask.defined() ? q.index({mask}) : q;
-    const at::Tensor commitment = counted_z.numel() == 0 ? torch::zeros({}, z.options()) + z.sum() * 0
-                                                         : torch::mse_loss(counted_z, counted_q.detach());
-    out.losses["commitment"] = commitment * options_.commitment_loss_weight();
+    out.losses["commitment"] = commitment_of(z, q, mask) * options_.commitment_loss_weight();
   }
   return out;
+}
+
+at::Tensor Lfq::entropy_tokens(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const {
+  const int64_t c = options_.num_codebooks();
+  const at::Tensor tokens = z.reshape({-1, c, bits_});  // (N, c, bits)
+  const int64_t local_tokens = tokens.size(0);
+  if (options_.frac_per_sample_entropy() >= 1) {
+    return mask.defined() ? tokens.index_select(0, mask.reshape(-1).nonzero().squeeze(1)) : tokens;
+  }
+  // Each token joins the entropy subset with probability frac, decided by a hash of its global
+  // position: W ranks choose exactly the tokens one process holding the batch would. (The
+  // reference takes exactly int(N * frac) tokens at random; the count here is binomial.)
+  at::Generator gen = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
+  uint64_t key = 0;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  }
+  const int64_t batch = z.size(0);
+  const int64_t first_token = batch > 0 ? ctx.first_item * (local_tokens / batch) : 0;
+  const auto frac = static_cast<float>(options_.frac_per_sample_entropy());
+  std::vector<int64_t> chosen;
+  const at::Tensor counted = mask.defined() ? mask.reshape(-1).to(at::kCPU).contiguous() : at::Tensor();
+  const bool* counts = counted.defined() ? counted.data_ptr<bool>() : nullptr;
+  for (int64_t t = 0; t < local_tokens; ++t) {
+    if ((!counts || counts[t]) && hashed_uniform(key, static_cast<uint64_t>(first_token + t)) < frac) {
+      chosen.push_back(t);
+    }
+  }
+  return tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
+}
+
+at::Tensor Lfq::commitment_of(const at::Tensor& z, const at::Tensor& q, const at::Tensor& mask) {
+  const at::Tensor counted_z = mask.defined() ? z.index({mask}) : z;
+  const at::Tensor counted_q = mask.defined() ? q.index({mask}) : q;
+  // No counted token: 0, still carrying z's graph (a loss with a gradient function, as any other call's).
+  return counted_z.numel() == 0 ? z.sum() * 0 : torch::mse_loss(counted_z, counted_q.detach());
+}
+
+double Lfq::code_value() const {
+  return options_.spherical() ? options_.codebook_scale() / std::sqrt(static_cast<double>(bits_))
+                              : options_.codebook_scale();
+}
+
+LfqLossTerms Lfq::loss_terms(const at::Tensor& x, const QuantizeContext& ctx) {
+  const at::Tensor mask = checked_mask(ctx, x, "lfq");
+  const at::Tensor z = to_code_space(x);
+  if (!is_training()) {
+    const at::Tensor zero = torch::zeros({}, z.options());
+    return {zero, zero, zero};
+  }
+  const at::Tensor tokens = entropy_tokens(z, mask, ctx);  // (N, c, bits)
+  const double inv_t = options_.inv_temperature();
+  LfqLossTerms terms;
+  if (tokens.size(0) == 0) {  // nothing counted: zeros, carrying z's graph
+    terms.per_sample_entropy = terms.codebook_entropy = z.sum() * 0;
+  } else {
+    terms.per_sample_entropy = lfq_per_sample_entropy(tokens.reshape({-1, bits_}), inv_t, code_value());
+    const at::Tensor avg_probs =
+        lfq_sum_probs(tokens.transpose(0, 1), inv_t, code_value()) / static_cast<double>(tokens.size(0));  // (c, K)
+    terms.codebook_entropy = lfq_clamped_entropy(avg_probs).mean();
+  }
+  terms.commitment = options_.commitment_loss_weight() > 0 ? commitment_of(z, quantize_codes(z.detach()), mask)
+                                                           : torch::zeros({}, z.options());
+  return terms;
 }
 
 at::Tensor Lfq::encode(const at::Tensor& x) {

@@ -447,6 +447,41 @@ TEST(Lfq, SampledFractionComesFromTheContextGeneratorAndTheGlobalPosition) {
   }
 }
 
+// The breakdown is of the tokens the same call counts: weighted, it is the call's loss, for a mask and
+// an entropy subset at another place in the batch; brute force gives its entropies; zeros in eval.
+TEST(Lfq, LossTermsAreTheCallsUnweightedTermsOfTheSameTokens) {
+  torch::manual_seed(5);
+  Lfq lfq(LfqOptions(16)
+              .dim(6)
+              .frac_per_sample_entropy(0.5)
+              .inv_temperature(1.0)
+              .diversity_gamma(0.7)
+              .entropy_loss_weight(0.2)
+              .commitment_loss_weight(0.3));
+  const at::Tensor x = torch::randn({3, 8, 6});
+  const at::Tensor mask = torch::rand({3, 8}) > 0.3;
+  const auto context = [&] {
+    QuantizeContext ctx;
+    ctx.generator = at::detail::createCPUGenerator(9);
+    ctx.first_item = 6;
+    ctx.mask = mask;
+    return ctx;
+  };
+  const QuantizerOutput out = lfq.quantize(x, context());
+  const LfqLossTerms terms = lfq.loss_terms(x, context());
+  EXPECT_NEAR((out.losses.at("entropy") + out.losses.at("commitment")).item<float>(),
+              (0.2 * (terms.per_sample_entropy - 0.7 * terms.codebook_entropy) + 0.3 * terms.commitment).item<float>(),
+              1e-6);
+  QuantizeContext elsewhere = context();
+  elsewhere.first_item = 0;  // another subset
+  EXPECT_NE(lfq.loss_terms(x, elsewhere).per_sample_entropy.item<float>(), terms.per_sample_entropy.item<float>());
+  lfq.eval();
+  const LfqLossTerms eval_terms = lfq.loss_terms(x, context());
+  for (const at::Tensor& t : {eval_terms.per_sample_entropy, eval_terms.codebook_entropy, eval_terms.commitment}) {
+    EXPECT_EQ(t.item<float>(), 0.0f);
+  }
+}
+
 TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
   for (bool spherical : {false, true}) {
     Lfq lfq(LfqOptions(8).spherical(spherical).inv_temperature(1.5).commitment_loss_weight(0.25).diversity_gamma(0.6));

@@ -89,6 +89,13 @@ struct LfqOptions {
   int64_t num_codebooks_ = 1;
 };
 
+// vector-quantize-pytorch's LossBreakdown of one LFQ call: the unweighted terms of its loss.
+struct LfqLossTerms {
+  at::Tensor per_sample_entropy;  // mean over the counted tokens of each token's code entropy
+  at::Tensor codebook_entropy;    // entropy of the counted tokens' mean code probabilities
+  at::Tensor commitment;          // mean squared distance to the codes (0 when its weight is 0)
+};
+
 class Lfq final : public Quantizer {
  public:
   explicit Lfq(LfqOptions options);
@@ -102,6 +109,10 @@ class Lfq final : public Quantizer {
   // Training: losses "entropy" (always, one reducer call "lfq.avg_probs") and "commitment" (when
   // its weight > 0). Eval: no losses, no reducer call.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  // The terms quantize() weights, of this holder's tokens alone (the tokens quantize() counts: the
+  // mask, and the entropy subset drawn from ctx as quantize() draws it), differentiable wrt x; no
+  // reducer call. Zeros in evaluation, as the reference's.
+  LfqLossTerms loss_terms(const at::Tensor& x, const QuantizeContext& ctx);
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
 
@@ -120,6 +131,12 @@ class Lfq final : public Quantizer {
   at::Tensor from_code_space(const at::Tensor& codes);
   // z (..., bits) -> q with the same shape: +-scale, normalised when spherical.
   at::Tensor quantize_codes(const at::Tensor& z) const;
+  // z (b, n, c, bits) -> the tokens (N, c, bits) that enter the entropy terms: the mask's, and of
+  // those the subset drawn from ctx with frac_per_sample_entropy < 1.
+  at::Tensor entropy_tokens(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const;
+  // The unweighted commitment loss of the counted tokens: mse(z, q) over the mask's tokens.
+  static at::Tensor commitment_of(const at::Tensor& z, const at::Tensor& q, const at::Tensor& mask);
+  double code_value() const;  // a code coordinate's magnitude
 
   LfqOptions options_;
   int64_t dim_;
