@@ -7,6 +7,7 @@ from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .binary_mapper import BinaryMapper
+from .fsp import FSP
 from .fsq import FSQ
 from .hierarchical import HierarchicalVQ
 from .latent_quantize import LatentQuantize
@@ -20,4 +21,4 @@ from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
-           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "CollectiveMismatch", "CollectiveFailure"]
+           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "CollectiveMismatch", "CollectiveFailure"]

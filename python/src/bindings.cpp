@@ -21,6 +21,7 @@
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/binary_mapper.h"
+#include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/quantizer.h"
@@ -91,6 +92,7 @@ OptionValue option_value(const std::string& key, const py::handle& value) {
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
   if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
     std::vector<int64_t> items;
     for (const py::handle item : value) {
@@ -101,7 +103,7 @@ OptionValue option_value(const std::string& key, const py::handle& value) {
     }
     return items;
   }
-  throw py::type_error("option '" + key + "' must be a bool, an int, a float or a list of ints, not " +
+  throw py::type_error("option '" + key + "' must be a bool, an int, a float, a string or a list of ints, not " +
                        std::string(py::str(py::type::handle_of(value).attr("__name__"))));
 }
 
@@ -121,6 +123,13 @@ py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
   py::dict out;
   for (const auto& item : named) out[py::str(item.key())] = item.value();
   return out;
+}
+
+// The FSP behind a module's core, or InvalidArgument naming what it is instead.
+lockstep::quant::Fsp& as_fsp(Quantizer& q) {
+  auto* fsp = dynamic_cast<lockstep::quant::Fsp*>(&q);
+  LOCKSTEP_CHECK_ARG(fsp, "an FSP method called on a ", q.kind(), " quantizer");
+  return *fsp;
 }
 
 // The FSQ behind a module's core, or InvalidArgument naming what it is instead.
@@ -386,6 +395,27 @@ PYBIND11_MODULE(_C, m) {
           py::arg("mask") = py::none(),
           "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
           "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
+      .def(
+          "fsp_diagnostics",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group) {
+            lockstep::quant::FspDiagnostics d;
+            {
+              py::gil_scoped_release no_gil;
+              q.train(training);
+              const lockstep::quant::NoAutocast fp32;
+              d = as_fsp(q).diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                        call_context(x, seed, step, group, std::nullopt));
+            }
+            return py::make_tuple(d.level_indices, d.mean, d.variance, d.skewness, d.kurtosis,
+                                  d.accept_rate.defined() ? py::cast(d.accept_rate) : py::none());
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          "(level indices, mean, variance, skewness, kurtosis, accept rate or None) of this rank's tokens "
+          "(quant/fsp.h, Fsp::diagnostics); the same draws as the call of quantize with these arguments.")
+      .def(
+          "fsp_level_indices", [](Quantizer& q, const at::Tensor& indices) { return as_fsp(q).level_indices(indices); },
+          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
       .def(
           "vq_code_logits",
           [](Quantizer& q, const at::Tensor& x) {

@@ -34,6 +34,7 @@ REQUIRED = {
     "RandomProjectionQuantizer": dict(dim=8, codebook_size=16, codebook_dim=4),
     "BinaryMapper": dict(),
     "HierarchicalVQ": dict(dim=8, codebook_size=16, scales=[1, 2]),
+    "FSP": dict(levels=[5, 5, 5]),
 }
 OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},

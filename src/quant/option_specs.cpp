@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
@@ -45,6 +46,11 @@ Spec real(std::string key, double value, std::string help) {
 }
 Spec int_list(std::string key, std::vector<int64_t> value, std::string help) {
   return option(std::move(key), OptionSpec::Type::IntList, std::move(value), std::move(help));
+}
+Spec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
+  Spec spec = option(std::move(key), OptionSpec::Type::String, std::move(value), std::move(help));
+  spec.s.choices = std::move(choices);
+  return spec;
 }
 
 // What the library takes as constructor arguments has no library default; these are the CLI's.
@@ -180,6 +186,29 @@ OptionSection latent_section() {
            .in_range(0, 1000)}};
 }
 
+OptionSection fsp_section() {
+  const FspOptions d(kFsqLevels);
+  return {"fsp",
+          {int_list("levels", kFsqLevels, "FSP bins per latent channel; the codebook size is their product.")
+               .in_range(2, 1 << 22)
+               .length(1, 16),
+           integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.")
+               .in_range(0, 4096),
+           boolean("projection_has_bias", d.projection_has_bias(), "The projections have biases."),
+           one_of("activation", fsp_activation_name(d.activation()), {"tanh", "sigmoid", "normal", "laplace", "cauchy"},
+                  "The CDF that maps each channel into [0, 1] before binning."),
+           real("quantize_rate", d.quantize_rate(),
+                "Training: the share of channels that take their bin's midpoint; the others take the "
+                "activation moved by uniform noise within half a bin.")
+               .in_range(0, 1),
+           boolean("need_inv_act", d.need_inv_act(),
+                   "Output the activation's inverse at the bin (straight-through) instead of the bin's "
+                   "standardised value."),
+           one_of("vector_norm", "var_tanh", {"none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"},
+                  "The regulariser's preset: which of the batch's mean, variance, skewness and kurtosis per "
+                  "channel are pulled to which targets (loss \"norm\").")}};
+}
+
 OptionSection grouped_section() {
   return {"grouped",
           {integer("groups", 2,
@@ -205,9 +234,9 @@ OptionSection residual_section() {
 }  // namespace
 
 const std::vector<OptionSection>& quantizer_option_sections() {
-  static const std::vector<OptionSection> sections = {fsq_section(),    lfq_section(),    vq_section(),
-                                                      simvq_section(),  latent_section(), residual_section(),
-                                                      grouped_section()};
+  static const std::vector<OptionSection> sections = {fsq_section(),      lfq_section(),    vq_section(),
+                                                      simvq_section(),    latent_section(), fsp_section(),
+                                                      residual_section(), grouped_section()};
   return sections;
 }
 
@@ -235,9 +264,7 @@ OptionReader default_option_reader(const std::string& section, std::map<std::str
   r.real = [section, o](const std::string& key) { return declared<double>(section, key, *o); };
   r.boolean = [section, o](const std::string& key) { return declared<bool>(section, key, *o); };
   r.int_list = [section, o](const std::string& key) { return declared<std::vector<int64_t>>(section, key, *o); };
-  r.string = [section](const std::string& key) -> std::string {
-    throw InvalidArgument(lockstep::detail::concat("no string quantizer option '", section, ".", key, "' is declared"));
-  };
+  r.string = [section, o](const std::string& key) { return declared<std::string>(section, key, *o); };
   r.section = [o](const std::string& other) { return default_option_reader(other, *o); };
   return r;
 }

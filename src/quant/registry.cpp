@@ -1,6 +1,7 @@
 #include "lockstep/quant/registry.h"
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/grouped.h"
 #include "lockstep/quant/latent_quantize.h"
@@ -76,6 +77,17 @@ LatentQuantizeOptions latent_options(const OptionReader& o) {
   return options;
 }
 
+FspOptions fsp_options(const OptionReader& o) {
+  FspOptions options(o.int_list("levels"));
+  options.projection_has_bias(o.boolean("projection_has_bias"))
+      .activation(fsp_activation(o.string("activation")))
+      .quantize_rate(o.real("quantize_rate"))
+      .need_inv_act(o.boolean("need_inv_act"))
+      .norm(FspNorm::preset(o.string("vector_norm")));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: len(levels)
+  return options;
+}
+
 ResidualOptions residual_options(const OptionReader& o) {
   ResidualOptions options(o.integer("num_quantizers"));
   options.quantize_dropout(o.boolean("quantize_dropout"))
@@ -102,7 +114,8 @@ RegistryEntry grouped_entry(const std::string& layer) {
 }  // namespace
 
 const std::vector<std::string>& option_sections() {
-  static const std::vector<std::string> sections = {"fsq", "lfq", "vq", "simvq", "latent", "residual", "grouped"};
+  static const std::vector<std::string> sections = {"fsq",    "lfq", "vq",       "simvq",
+                                                    "latent", "fsp", "residual", "grouped"};
   return sections;
 }
 
@@ -117,6 +130,8 @@ void validate_options(const std::string& section, const OptionReader& options) {
     simvq_options(options).validate();
   } else if (section == "latent") {
     latent_options(options).validate();
+  } else if (section == "fsp") {
+    fsp_options(options).validate();
   } else if (section == "residual") {
     residual_options(options).validate();
   } else if (section == "grouped") {
@@ -124,7 +139,7 @@ void validate_options(const std::string& section, const OptionReader& options) {
                        " must be >= 1");
   } else {
     throw InvalidArgument("no quantizer option section '" + section +
-                          "' (fsq, lfq, vq, simvq, latent, residual or grouped)");
+                          "' (fsq, lfq, vq, simvq, latent, fsp, residual or grouped)");
   }
 }
 
@@ -141,6 +156,8 @@ const std::vector<RegistryEntry>& quantizer_registry() {
        [](const OptionReader& o) { return std::make_shared<SimVq>(simvq_options(o)); }},
       {"latent", "latent quantization: each channel snaps to the nearest of its levels' values",
        [](const OptionReader& o) { return std::make_shared<LatentQuantize>(latent_options(o)); }},
+      {"fsp", "finite scalar perturbation: CDF-activated bins, perturbed within a bin in training",
+       [](const OptionReader& o) { return std::make_shared<Fsp>(fsp_options(o)); }},
       {"residual-vq", "residual VQ: quantizer.residual.num_quantizers VQ layers, each with quantizer.vq options",
        [](const OptionReader& o) {
          return make_residual_vq(residual_options(section_of(o, "residual")), vq_options(section_of(o, "vq")));

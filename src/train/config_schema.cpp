@@ -12,10 +12,11 @@ namespace {
 // One quantizer option as a key of the configuration ("quantizer.vq." + "decay").
 KeySpec key_spec(const std::string& prefix, const quant::OptionSpec& o) {
   using Type = quant::OptionSpec::Type;
-  KeySpec k = o.type == Type::Bool  ? KeySpec::boolean(prefix + o.key, std::get<bool>(o.default_value), o.help)
-              : o.type == Type::Int ? KeySpec::integer(prefix + o.key, std::get<int64_t>(o.default_value), o.help)
-              : o.type == Type::Float
-                  ? KeySpec::floating(prefix + o.key, std::get<double>(o.default_value), o.help)
+  KeySpec k = o.type == Type::Bool    ? KeySpec::boolean(prefix + o.key, std::get<bool>(o.default_value), o.help)
+              : o.type == Type::Int   ? KeySpec::integer(prefix + o.key, std::get<int64_t>(o.default_value), o.help)
+              : o.type == Type::Float ? KeySpec::floating(prefix + o.key, std::get<double>(o.default_value), o.help)
+              : o.type == Type::String
+                  ? KeySpec::string(prefix + o.key, std::get<std::string>(o.default_value), o.help).one_of(o.choices)
                   : KeySpec::int_list(prefix + o.key, std::get<std::vector<int64_t>>(o.default_value), o.help);
   k.min = o.min;
   k.max = o.max;
@@ -35,6 +36,7 @@ Schema build_schema() {
                                                 "vq",
                                                 "simvq",
                                                 "latent",
+                                                "fsp",
                                                 "residual-vq",
                                                 "residual-fsq",
                                                 "residual-lfq",

@@ -150,7 +150,8 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
 
 TEST(ConfigErrorTest, UnknownSectionListsValidSections) {
   const std::string sections =
-      "valid sections: data, eval, loss, model, quantizer, quantizer.fsq, quantizer.grouped, quantizer.latent, "
+      "valid sections: data, eval, loss, model, quantizer, quantizer.fsp, quantizer.fsq, quantizer.grouped, "
+      "quantizer.latent, "
       "quantizer.lfq, quantizer.residual, quantizer.simvq, quantizer.vq, train";
   expect_contains(load_error("[data]\ndataset = \"fashion-mnist\"\n[trian]\nepochs = 1\n"),
                   {"unknown section [trian]", "line 3", sections});
@@ -200,7 +201,7 @@ TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
   expect_contains(
       load_error("[quantizer]\nname = \"foo\"\n"),
       {"quantizer.name = \"foo\" is not valid", "line 2",
-       "choose one of: fsq, lfq, vq, simvq, latent, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
+       "choose one of: fsq, lfq, vq, simvq, latent, fsp, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
        "grouped-residual-vq, grouped-residual-fsq, grouped-residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: auto, fashion-mnist, folder"});
@@ -393,11 +394,11 @@ TEST(SchemaTest, ListsSectionsAndKeys) {
   const Schema& s = lockstep_schema();
   EXPECT_EQ(s.sections(),
             (std::vector<std::string>{"data", "model", "quantizer", "quantizer.fsq", "quantizer.lfq", "quantizer.vq",
-                                      "quantizer.simvq", "quantizer.latent", "quantizer.residual", "quantizer.grouped",
-                                      "train", "loss", "eval"}));
+                                      "quantizer.simvq", "quantizer.latent", "quantizer.fsp", "quantizer.residual",
+                                      "quantizer.grouped", "train", "loss", "eval"}));
   EXPECT_EQ(s.keys_in_section("eval"), (std::vector<std::string>{"batch_size", "fid_weights", "grid_images"}));
   EXPECT_EQ(s.subsections("quantizer"),
-            (std::vector<std::string>{"fsq", "grouped", "latent", "lfq", "residual", "simvq", "vq"}));
+            (std::vector<std::string>{"fsp", "fsq", "grouped", "latent", "lfq", "residual", "simvq", "vq"}));
   EXPECT_EQ(s.subsections(""), (std::vector<std::string>{"data", "eval", "loss", "model", "quantizer", "train"}));
   EXPECT_TRUE(s.is_section("quantizer.fsq"));
   EXPECT_FALSE(s.is_section("quantizer.fs"));
@@ -414,7 +415,7 @@ TEST(SchemaTest, DescribesConstraints) {
   EXPECT_EQ(s.find("train.steps")->constraint_text(), ">= 0");
   EXPECT_EQ(s.find("model.channels")->constraint_text(), "1 to 5 elements, each in [1, 1024]");
   EXPECT_EQ(s.find("quantizer.name")->constraint_text(),
-            "one of: fsq, lfq, vq, simvq, latent, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
+            "one of: fsq, lfq, vq, simvq, latent, fsp, residual-vq, residual-fsq, residual-lfq, residual-simvq, "
             "grouped-residual-vq, grouped-residual-fsq, grouped-residual-lfq");
   EXPECT_EQ(s.find("data.dir")->constraint_text(), "");
 }

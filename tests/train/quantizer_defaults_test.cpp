@@ -7,6 +7,7 @@
 #include <set>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/grouped.h"
 #include "lockstep/quant/latent_quantize.h"
@@ -43,6 +44,7 @@ std::shared_ptr<quant::Quantizer> library_default(const std::string& name) {
   if (name == "latent") {
     return std::make_shared<LatentQuantize>(LatentQuantizeOptions(default_option_reader("latent").int_list("levels")));
   }
+  if (name == "fsp") return std::make_shared<Fsp>(FspOptions(default_option_reader("fsp").int_list("levels")));
   if (name == "residual-simvq") return make_residual_simvq(residual(), simvq());
   if (name == "residual-vq") return make_residual_vq(residual(), vq());
   if (name == "residual-fsq") return make_residual_fsq(residual(), fsq());
@@ -108,6 +110,7 @@ TEST(QuantizerDefaults, EveryDeclaredOptionIsReadByTheRegistry) {
     r.real = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.real(k); };
     r.boolean = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.boolean(k); };
     r.int_list = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.int_list(k); };
+    r.string = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.string(k); };
     r.section = recording;
     return r;
   };

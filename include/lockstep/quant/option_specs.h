@@ -14,19 +14,20 @@
 namespace lockstep::quant {
 
 struct OptionSpec {
-  enum class Type { Bool, Int, Float, IntList };
+  enum class Type { Bool, Int, Float, IntList, String };
   std::string key;  // within its section: "decay"
   Type type = Type::Int;
-  std::variant<bool, int64_t, double, std::vector<int64_t>> default_value;
+  std::variant<bool, int64_t, double, std::vector<int64_t>, std::string> default_value;
   std::string help;  // one line
   // Limits of a number, or of each element of a list; strict when the flag says so.
   std::optional<double> min, max;
   bool min_exclusive = false, max_exclusive = false;
   std::optional<size_t> min_len, max_len;  // lists
+  std::vector<std::string> choices;        // strings: the values allowed
 };
 
-// The options of one section of the configuration: "fsq", "lfq", "vq" or "residual" (the layers of
-// the residual-* quantizers read the plain quantizer's section).
+// The options of one section of the configuration: "fsq", "lfq", "vq", "residual", ... (the layers
+// of the residual-* quantizers read the plain quantizer's section).
 struct OptionSection {
   std::string name;
   std::vector<OptionSpec> options;

@@ -1,0 +1,146 @@
+// Finite scalar perturbation (FSP, arXiv 2602.17133), as vector-quantize-pytorch's FSP defines it:
+// each latent channel is mapped into [0, 1] by a CDF activation and snapped to the midpoint of one
+// of `levels` equal bins (straight-through); in training, a share of the channels instead takes
+// the activation moved by uniform noise within half a bin. A regulariser pulls the batch's mean,
+// variance, skewness and kurtosis of each channel towards targets (docs/quantizers.md).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/linear.h>
+
+#include "lockstep/quant/quantizer.h"
+
+namespace lockstep::quant {
+
+// The CDF that maps a channel into [0, 1] (its inverse maps a bin back with need_inv_act).
+enum class FspActivation { Tanh, Sigmoid, Normal, Laplace, Cauchy };
+FspActivation fsp_activation(const std::string& name);  // "tanh", ...; InvalidArgument listing them
+std::string fsp_activation_name(FspActivation activation);
+
+// The regulariser's targets and weights, for mean, variance, skewness and excess kurtosis in that
+// order: sum_k weight_k * mean over channels of (statistic_k - target_k)^2.
+struct FspNorm {
+  std::array<double, 4> targets{};
+  std::array<double, 4> weights{};
+  // The reference's presets: "none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"
+  // (InvalidArgument listing them for another name).
+  static FspNorm preset(const std::string& name);
+  bool any() const { return weights[0] > 0 || weights[1] > 0 || weights[2] > 0 || weights[3] > 0; }
+};
+
+struct FspOptions {
+  explicit FspOptions(std::vector<int64_t> levels) : levels_(std::move(levels)) {}
+
+  // Input dimension; linear projections in and out when it differs from len(levels). Unset: none.
+  FspOptions& dim(int64_t d) {
+    dim_ = d;
+    return *this;
+  }
+  FspOptions& projection_has_bias(bool on) {
+    projection_has_bias_ = on;
+    return *this;
+  }
+  FspOptions& activation(FspActivation a) {
+    activation_ = a;
+    return *this;
+  }
+  // Training: each channel keeps its bin's midpoint with this probability, else takes the
+  // perturbed activation (the reference's quantize_rate; evaluation always quantizes).
+  FspOptions& quantize_rate(double r) {
+    quantize_rate_ = r;
+    return *this;
+  }
+  // The output is the activation's inverse at the bin (straight-through to the latent); without it,
+  // the bin's value (midpoint - 1/2) / sqrt(1/12), differentiable through the activation.
+  FspOptions& need_inv_act(bool on) {
+    need_inv_act_ = on;
+    return *this;
+  }
+  FspOptions& norm(FspNorm n) {
+    norm_ = n;
+    return *this;
+  }
+
+  const std::vector<int64_t>& levels() const { return levels_; }
+  int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
+  int64_t dim() const { return dim_.value_or(codebook_dim()); }
+  bool projection_has_bias() const { return projection_has_bias_; }
+  FspActivation activation() const { return activation_; }
+  double quantize_rate() const { return quantize_rate_; }
+  bool need_inv_act() const { return need_inv_act_; }
+  const FspNorm& norm() const { return norm_; }
+  int64_t codebook_size() const;  // the product of the levels
+
+  // Throws InvalidArgument with the value: no levels, a level < 2 or > 2^22, a product above 2^31,
+  // dim < 1, quantize_rate outside [0, 1], a negative or non-finite norm weight.
+  void validate() const;
+
+ private:
+  std::vector<int64_t> levels_;
+  std::optional<int64_t> dim_;
+  bool projection_has_bias_ = true;
+  FspActivation activation_ = FspActivation::Tanh;
+  double quantize_rate_ = 0.0;
+  bool need_inv_act_ = false;
+  FspNorm norm_ = FspNorm::preset("var_tanh");
+};
+
+// What the reference returns beside the output, of one call's tokens on this holder.
+struct FspDiagnostics {
+  at::Tensor level_indices;                          // (b, n, len(levels)) int64: each channel's bin
+  at::Tensor mean, variance, skewness, kurtosis;     // (len(levels),) of the holder's tokens
+  at::Tensor accept_rate;                            // share of perturbations inside (0, 1); undefined when none
+};
+
+class Fsp final : public Quantizer {
+ public:
+  // Projections, when needed, are initialised as torch.nn.Linear's from torch's default generator
+  // (in, then out, as the reference).
+  explicit Fsp(FspOptions options);
+
+  std::string kind() const override { return "fsp"; }
+  int64_t dim() const override { return options_.dim(); }
+  int64_t codebook_size() const override { return options_.codebook_size(); }
+
+  // Loss "norm" in training and evaluation, as the reference: in training of the global batch's
+  // statistics (one reducer call "fsp.moments": count and the channels' first four power sums, in
+  // float64), in evaluation of this holder's tokens (no reducer call). Perturbations draw one pair
+  // of keys from ctx.generator and hash each element's global position (ctx.first_item).
+  QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  at::Tensor encode(const at::Tensor& x) override;
+  at::Tensor decode(const at::Tensor& indices) override;  // the bins' values, projected out
+
+  // The reference's info: level indices, this holder's batch statistics and, in training with
+  // quantize_rate < 1, the share of accepted perturbations (the same draws as quantize's for ctx).
+  FspDiagnostics diagnostics(const at::Tensor& x, const QuantizeContext& ctx);
+  // Indices (...) -> each channel's bin (..., len(levels)), the first level least significant.
+  at::Tensor level_indices(const at::Tensor& indices) const;
+
+  const FspOptions& options() const { return options_; }
+
+ private:
+  at::Tensor latents(const at::Tensor& x);                      // (b, n, dim) -> (b, n, cd), projected in
+  at::Tensor activate(const at::Tensor& z) const;               // the CDF, elementwise
+  at::Tensor invert(const at::Tensor& p) const;                 // its inverse
+  at::Tensor bins(const at::Tensor& act) const;                 // (.., cd) -> float bin of each channel
+  at::Tensor value_of(const at::Tensor& act_of_bin) const;      // the output before project_out
+  // The uniform draws in [0, 1) of each element of z (b, n, cd) for perturbation and selection.
+  std::pair<at::Tensor, at::Tensor> draws(const at::Tensor& z, const QuantizeContext& ctx) const;
+
+  FspOptions options_;
+  at::Tensor levels_;  // float32 (cd,): buffer "_levels", as the reference names it
+  at::Tensor basis_;   // int64 (cd,): buffer "_basis"
+  torch::nn::Linear project_in_{nullptr};
+  torch::nn::Linear project_out_{nullptr};
+};
+
+// The regulariser's value for the global sums s = (count, sum z, sum z^2, sum z^3, sum z^4), each
+// power sum per channel (float64): differentiable wrt s. Exposed for tests.
+at::Tensor fsp_norm_loss(const at::Tensor& sums, const FspNorm& norm, int64_t channels);
+
+}  // namespace lockstep::quant
