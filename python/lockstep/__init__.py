@@ -7,6 +7,7 @@ from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
 from .binary_mapper import BinaryMapper
+from .evo_lfq import EvoLFQ
 from .fsp import FSP
 from .fsq import FSQ
 from .hierarchical import HierarchicalVQ
@@ -21,4 +22,4 @@ from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
-           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "CollectiveMismatch", "CollectiveFailure"]
+           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "EvoLFQ", "CollectiveMismatch", "CollectiveFailure"]

@@ -77,6 +77,7 @@ class LFQ(LockstepQuantizer):
         self.dim = self._core.dim
         self.codebook_size = module["codebook_size"]
         self.num_codebooks = options["num_codebooks"]
+        self.codebook_dim = int(self.codebook_size).bit_length() - 1  # bits per codebook, as the reference's
         self.keep_num_codebooks_dim = module["keep_num_codebooks_dim"]
         self.channel_first = module["channel_first"]
         self.inv_temperature = module["inv_temperature"]

@@ -35,12 +35,13 @@ REQUIRED = {
     "BinaryMapper": dict(),
     "HierarchicalVQ": dict(dim=8, codebook_size=16, scales=[1, 2]),
     "FSP": dict(levels=[5, 5, 5]),
+    "EvoLFQ": dict(encoder=torch.nn.Identity(), decoder=torch.nn.Identity(), dim=4),
 }
 OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},
                 "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
                 "codebook_transform": torch.nn.Linear(8, 8, bias=False), "ema_update": False,
-                "learnable_codebook": True}
+                "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4)}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False)}
 
