@@ -176,7 +176,7 @@ class LockstepQuantizer(nn.Module):
         """Loads a vector-quantize-pytorch state dict of the same configuration. Entries the reference
         stores for constants that lockstep derives from the options (LFQ's `mask`) are checked against
         them and dropped; everything else must match by name and shape, as load_state_dict requires."""
-        state_dict = dict(state_dict)
+        state_dict = self._affine_from_reference(dict(state_dict))
         for key in list(state_dict):
             expected = self._reference_constant(key)
             if expected is None:
@@ -208,6 +208,20 @@ class LockstepQuantizer(nn.Module):
         # A state dict without (seed, step), as the reference's, keeps the module's own.
         state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())  # torch passes its own copy
         super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _affine_from_reference(self, state_dict):
+        """A VQ codebook's affine statistics as the reference keeps them (`codebook_mean_needs_init` flags;
+        `batch_mean` absent before its first forward) -> lockstep's (`affine_initted`; every buffer present)."""
+        own = self.state_dict()
+        for key in [k for k in state_dict if k.endswith("codebook_mean_needs_init")]:
+            prefix = key[:-len("codebook_mean_needs_init")]
+            flags = [state_dict.pop(key), state_dict.pop(prefix + "codebook_variance_needs_init", True)]
+            needs_init = any(bool(flag) for flag in flags)
+            has_batch = prefix + "batch_mean" in state_dict
+            for name in ("batch_mean", "batch_variance"):
+                state_dict.setdefault(prefix + name, own[prefix + name])
+            state_dict[prefix + "affine_initted"] = torch.tensor(float(has_batch and not needs_init))
+        return state_dict
 
     def _reference_constant(self, key):
         """The value the reference stores under `key` when it is a constant lockstep derives; else None."""

@@ -25,9 +25,9 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
                   ("eps", "layernorm_after_project_in", "channel_last", "accept_3d_fmap",
                    "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
-                   "codebook_diversity_loss_weight", "straight_through", "directional_reparam", "sync_affine_param",
+                   "codebook_diversity_loss_weight", "straight_through", "directional_reparam",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
-                   "affine_param", "sync_update_v", "route_gradients_to_input"))
+                   "sync_update_v", "route_gradients_to_input"))
     # The statistics are reduced over the process group whenever there are some.
     if sync_codebook not in (None, True):
         refuse("lockstep.VectorQuantize", "sync_codebook", sync_codebook, "None or True")
@@ -50,7 +50,10 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    orthogonal_reg_weight=float(orthogonal_reg_weight), ema_update=ema_update,
                    learnable_codebook=learnable_codebook,
                    stochastic_sample_codes=bool(stochastic_sample_codes),
-                   sample_codebook_temp=float(sample_codebook_temp))
+                   sample_codebook_temp=float(sample_codebook_temp),
+                   # The statistics are the global batch's whatever sync_affine_param says (docs/python.md).
+                   affine_param=bool(affine_param), affine_param_batch_decay=float(affine_param_batch_decay),
+                   affine_param_codebook_decay=float(affine_param_codebook_decay))
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
     # The module's, not liblockstep's: liblockstep gives 0 at padding, the module the input when False.

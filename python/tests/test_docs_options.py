@@ -41,7 +41,8 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},
                 "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
                 "codebook_transform": torch.nn.Linear(8, 8, bias=False), "ema_update": False,
-                "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4)}
+                "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4),
+                "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False)}
 

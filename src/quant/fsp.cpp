@@ -95,10 +95,10 @@ Fsp::Fsp(FspOptions options) : Quantizer("FSP"), options_(std::move(options)) {
   const int64_t cd = options_.codebook_dim();
   if (options_.dim() != cd) {  // the reference's order of draws: in, then out
     const bool bias = options_.projection_has_bias();
-    project_in_ = register_module("project_in",
-                                  torch::nn::Linear(torch::nn::LinearOptions(options_.dim(), cd).bias(bias)));
-    project_out_ = register_module("project_out",
-                                   torch::nn::Linear(torch::nn::LinearOptions(cd, options_.dim()).bias(bias)));
+    project_in_ =
+        register_module("project_in", torch::nn::Linear(torch::nn::LinearOptions(options_.dim(), cd).bias(bias)));
+    project_out_ =
+        register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(cd, options_.dim()).bias(bias)));
   }
   std::vector<int64_t> basis(static_cast<size_t>(cd), 1);
   for (size_t i = 1; i < basis.size(); ++i) basis[i] = basis[i - 1] * options_.levels()[i - 1];
@@ -167,7 +167,9 @@ std::pair<at::Tensor, at::Tensor> Fsp::draws(const at::Tensor& z, const Quantize
 
 at::Tensor fsp_norm_loss(const at::Tensor& sums, const FspNorm& norm, int64_t channels) {
   const at::Tensor count = sums.narrow(0, 0, 1).detach();
-  const auto power_mean = [&](int64_t k) { return sums.narrow(0, 1 + (k - 1) * channels, channels) / count.clamp_min(1); };
+  const auto power_mean = [&](int64_t k) {
+    return sums.narrow(0, 1 + (k - 1) * channels, channels) / count.clamp_min(1);
+  };
   const at::Tensor e1 = power_mean(1), e2 = power_mean(2), e3 = power_mean(3), e4 = power_mean(4);
   const at::Tensor mean = e1;
   const at::Tensor central2 = (e2 - mean * mean).clamp_min(0);
@@ -240,9 +242,9 @@ at::Tensor Fsp::level_indices(const at::Tensor& indices) const {
 }
 
 at::Tensor Fsp::decode(const at::Tensor& indices) {
-  LOCKSTEP_CHECK_ARG(indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 &&
-                                              indices.max().item<int64_t>() < codebook_size()),
-                     "fsp: indices must lie in [0, ", codebook_size(), ")");
+  LOCKSTEP_CHECK_ARG(
+      indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < codebook_size()),
+      "fsp: indices must lie in [0, ", codebook_size(), ")");
   const at::Tensor act = (level_indices(indices).to(torch::kFloat32) + 0.5) / levels_;
   // The reference's eps here is 1e-6 (its indices_to_codes), not forward's machine epsilon.
   const at::Tensor q = options_.need_inv_act() ? invert(act.clamp(1e-6, 1.0 - 1e-6)) : value_of(act);

@@ -150,7 +150,17 @@ OptionSection vq_section() {
                "false)."),
        boolean("stochastic_sample_codes", d.stochastic_sample_codes(),
                "Training draws each code from softmax(-distance / temperature) instead of the nearest."),
-       real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0)}};
+       real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0),
+       boolean("affine_param", d.affine_param(),
+               "The search moves each codebook to EMAs of the global batch's per-dimension mean and variance "
+               "(Euclidean only)."),
+       real("affine_param_batch_decay", d.affine_param_batch_decay(), "EMA decay of the batch's mean and variance.")
+           .at_least(0)
+           .less_than(1),
+       real("affine_param_codebook_decay", d.affine_param_codebook_decay(),
+            "EMA decay of the codebook's mean and variance.")
+           .at_least(0)
+           .less_than(1)}};
 }
 
 OptionSection simvq_section() {

@@ -54,7 +54,10 @@ VqOptions vq_options(const OptionReader& o) {
       .ema_update(o.boolean("ema_update"))
       .learnable_codebook(o.boolean("learnable_codebook"))
       .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))
-      .sample_codebook_temp(o.real("sample_codebook_temp"));
+      .sample_codebook_temp(o.real("sample_codebook_temp"))
+      .affine_param(o.boolean("affine_param"))
+      .affine_param_batch_decay(o.real("affine_param_batch_decay"))
+      .affine_param_codebook_decay(o.real("affine_param_codebook_decay"));
   if (const int64_t cd = o.integer("codebook_dim"); cd != 0) options.codebook_dim(cd);  // 0: dim
   return options;
 }

@@ -94,6 +94,11 @@ void VqOptions::validate() const {
                      "by the EMA, not both)");
   LOCKSTEP_CHECK_ARG(!(learnable_codebook_ && use_cosine_sim_),
                      "vq: learnable_codebook = true needs cosine = false (as in vector-quantize-pytorch)");
+  LOCKSTEP_CHECK_ARG(!(affine_param_ && use_cosine_sim_),
+                     "vq: affine_param = true needs cosine = false (as in vector-quantize-pytorch)");
+  for (double d : {affine_param_batch_decay_, affine_param_codebook_decay_}) {
+    LOCKSTEP_CHECK_ARG(d >= 0 && d < 1, "vq: an affine_param decay is ", d, ", it must lie in [0, 1)");
+  }
 }
 
 Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(std::move(options)) {
@@ -124,6 +129,61 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
   cluster_size_ = register_buffer("cluster_size", torch::ones({codebooks, k}));
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   initted_ = register_buffer("initted", torch::tensor(options_.kmeans_init() ? 0.0f : 1.0f));
+  if (options_.affine_param()) {
+    batch_mean_ = register_buffer("batch_mean", torch::zeros({codebooks, 1, cd}));
+    batch_variance_ = register_buffer("batch_variance", torch::ones({codebooks, 1, cd}));
+    codebook_mean_ = register_buffer("codebook_mean", torch::zeros({codebooks, 1, cd}));
+    codebook_variance_ = register_buffer("codebook_variance", torch::ones({codebooks, 1, cd}));
+    affine_initted_ = register_buffer("affine_initted", torch::tensor(0.0f));
+  }
+}
+
+namespace {
+// A standard deviation from an EMA of a variance, floored as the reference floors it.
+at::Tensor std_of(const at::Tensor& variance) { return variance.clamp_min(1e-5).sqrt(); }
+}  // namespace
+
+at::Tensor Vq::searched_codebook() const {
+  const at::Tensor codes = options_.learnable_codebook() ? embed_ : embed_.detach();
+  if (!options_.affine_param() || affine_initted_.item<float>() == 0) return codes;
+  return (codes - codebook_mean_) * (std_of(batch_variance_) / std_of(codebook_variance_)) + batch_mean_;
+}
+
+at::Tensor Vq::in_codebook_frame(const at::Tensor& tokens) const {
+  if (affine_initted_.item<float>() == 0) return tokens;
+  return (tokens - batch_mean_) * (std_of(codebook_variance_) / std_of(batch_variance_)) + codebook_mean_;
+}
+
+void Vq::update_affine(const at::Tensor& tokens, Reducer& reducer) {
+  // The global batch's per-dimension count, sum and sum of squares (float64), in one transfer.
+  const at::Tensor t = tokens.to(torch::kDouble);  // (C, M, cd)
+  std::vector<at::Tensor> sums = {torch::full({t.size(0), 1, 1}, static_cast<double>(t.size(1)), t.options()),
+                                  t.sum(1, true), t.pow(2).sum(1, true)};
+  reducer.sum_(sums, LOCKSTEP_CALL_SITE("vq.affine"));
+  const at::Tensor count = sums[0].clamp_min(1);
+  const at::Tensor mean = sums[1] / count;
+  const at::Tensor variance = (sums[2] / count - mean.pow(2)).clamp_min(0);  // biased, as the reference's
+  const at::Tensor codes = embed_.detach();
+  const at::Tensor code_mean = codes.mean(1, true);
+  const at::Tensor code_variance = codes.var(1, /*unbiased=*/false, /*keepdim=*/true);
+  const bool first = affine_initted_.item<float>() == 0;
+  const auto fold = [first](at::Tensor& ema, const at::Tensor& value, double decay) {
+    if (first) {
+      ema.copy_(value);
+    } else {
+      ema.mul_(decay).add_(value.to(ema.scalar_type()) * (1 - decay));
+    }
+  };
+  // A batch without tokens anywhere leaves the batch statistics (the reference's mean would be NaN).
+  if (sums[0].min().item<double>() > 0) {
+    fold(batch_mean_, mean, options_.affine_param_batch_decay());
+    fold(batch_variance_, variance, options_.affine_param_batch_decay());
+  } else if (first) {
+    return;  // nothing to start from yet: the next call tries again
+  }
+  fold(codebook_mean_, code_mean, options_.affine_param_codebook_decay());
+  fold(codebook_variance_, code_variance, options_.affine_param_codebook_decay());
+  affine_initted_.fill_(1.0f);
 }
 
 bool Vq::initted() const { return initted_.item<float>() > 0; }
@@ -161,7 +221,8 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
   return options_.use_cosine_sim() ? l2norm(grouped) : grouped;
 }
 
-at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const {
+at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
+                      int64_t first_token) const {
   torch::NoGradGuard no_grad;  // a learnable codebook's search builds no graph
   uint64_t key = 0;
   if (generator.defined()) {        // one draw per call, the same on every rank
@@ -172,17 +233,17 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Generator& generator, 
   std::vector<at::Tensor> per_codebook;
   for (int64_t c = 0; c < tokens.size(0); ++c) {
     per_codebook.push_back(generator.defined()
-                               ? sample_codes(tokens[c], embed_[c], metric_, options_.sample_codebook_temp(),
+                               ? sample_codes(tokens[c], codebook[c], metric_, options_.sample_codebook_temp(),
                                               mix64(key + static_cast<uint64_t>(c)), first_token)
-                               : nearest_code(tokens[c], embed_[c], metric_).indices);
+                               : nearest_code(tokens[c], codebook[c], metric_).indices);
   }
   return torch::stack(per_codebook);
 }
 
-at::Tensor Vq::lookup(const at::Tensor& indices) const {
-  if (indices.size(0) == 1) return embed_[0].index_select(0, indices[0]).unsqueeze(0);
+at::Tensor Vq::lookup(const at::Tensor& codebook, const at::Tensor& indices) {
+  if (indices.size(0) == 1) return codebook[0].index_select(0, indices[0]).unsqueeze(0);
   std::vector<at::Tensor> per_codebook;
-  for (int64_t c = 0; c < indices.size(0); ++c) per_codebook.push_back(embed_[c].index_select(0, indices[c]));
+  for (int64_t c = 0; c < indices.size(0); ++c) per_codebook.push_back(codebook[c].index_select(0, indices[c]));
   return torch::stack(per_codebook);  // a copy: the EMA update changes embed_ afterwards
 }
 
@@ -242,9 +303,10 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
-  const at::Tensor indices =
-      assign(tokens, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * tokens_per_item);
-  const at::Tensor q = lookup(indices);
+  const at::Tensor codebook = searched_codebook();
+  const at::Tensor indices = assign(tokens, codebook, stochastic ? or_default(ctx.generator) : at::Generator(),
+                                    ctx.first_item * tokens_per_item);
+  const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
   const at::Tensor out = options_.estimator() == VqEstimator::RotationTrick
                              ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
@@ -266,7 +328,14 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     auto update = [this, tokens = counted_tokens, indices = only_counted(indices),
                    generator = or_default(ctx.generator)](Reducer& r) {
       torch::NoGradGuard no_grad;
-      ema_update(tokens, indices, r);
+      if (options_.affine_param()) {
+        // The statistics first, then the EMA of the tokens moved into the codebooks' frame with them
+        // (dead codes are replaced by tokens as they come, as the reference's).
+        update_affine(tokens, r);
+        ema_update(in_codebook_frame(tokens), indices, r);
+      } else {
+        ema_update(tokens, indices, r);
+      }
       if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, r, generator);
     };
     if (ctx.defer_updates) {
@@ -360,12 +429,12 @@ void Vq::expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Gener
 at::Tensor Vq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
   const at::Tensor tokens = prepare(group_by_codebook(x));
-  return ungroup_indices(assign(tokens, at::Generator(), 0), x.size(0), x.size(1));
+  return ungroup_indices(assign(tokens, searched_codebook(), at::Generator(), 0), x.size(0), x.size(1));
 }
 
 at::Tensor Vq::code_logits(const at::Tensor& x) {
   const at::Tensor tokens = prepare(group_by_codebook(x));  // (C, M, cd)
-  const at::Tensor codes = options_.learnable_codebook() ? embed_ : embed_.detach();
+  const at::Tensor codes = searched_codebook();
   const at::Tensor dots = torch::matmul(tokens, codes.transpose(1, 2));  // (C, M, K)
   at::Tensor logits = dots;
   if (!options_.use_cosine_sim()) {  // the reference's cdist: sqrt(max(|x|^2 + |e|^2 - 2 x.e, 0))
@@ -393,7 +462,7 @@ at::Tensor Vq::decode(const at::Tensor& indices) {
   // Back to the (C, M) layout quantize uses, then the same lookup and projection.
   const at::Tensor grouped = options_.separate_codebook_per_head() ? per_head.permute({2, 0, 1}).reshape({heads, -1})
                                                                    : per_head.reshape({1, -1});
-  return ungroup(lookup(grouped), b, n);
+  return ungroup(lookup(searched_codebook(), grouped), b, n);
 }
 
 }  // namespace lockstep::quant

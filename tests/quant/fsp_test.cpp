@@ -59,8 +59,8 @@ TEST(Fsp, NormLossFromPowerSumsEqualsTheBatchStatistics) {
   torch::manual_seed(3);
   const at::Tensor z = (torch::randn({40, 3}, torch::kDouble) * 1.7 + 0.4).requires_grad_(true);
   const FspNorm norm = FspNorm::preset("kurt");
-  const at::Tensor sums = torch::cat({torch::full({1}, 40.0, z.options()), z.sum(0), z.pow(2).sum(0),
-                                      z.pow(3).sum(0), z.pow(4).sum(0)});
+  const at::Tensor sums =
+      torch::cat({torch::full({1}, 40.0, z.options()), z.sum(0), z.pow(2).sum(0), z.pow(3).sum(0), z.pow(4).sum(0)});
   const at::Tensor got = fsp_norm_loss(sums, norm, 3);
   const auto [variance, mean] = torch::var_mean(z, 0, /*unbiased=*/true);
   const at::Tensor scores = (z - mean) / variance.sqrt();

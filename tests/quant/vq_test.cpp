@@ -165,6 +165,44 @@ TEST(Vq, EmaUpdateWithLaplaceSmoothingMatchesHandComputedValues) {
       << vq.embed();
 }
 
+// affine_param by hand: the first call searches unmoved and sets the statistics (then the EMA sums
+// the tokens moved into the codebook's frame); the next call searches the moved codebook.
+TEST(Vq, AffineParamSearchesTheCodebookMovedToTheBatchStatistics) {
+  Vq vq(VqOptions(1, 2)
+            .decay(0.5)
+            .affine_param(true)
+            .affine_param_batch_decay(0.5)
+            .affine_param_codebook_decay(0.5)
+            .estimator(VqEstimator::StraightThrough),
+        seeded(1));
+  set_buffer(vq, "embed", torch::tensor({{{-1.0f}, {1.0f}}}));  // codebook mean 0, variance 1
+  set_buffer(vq, "embed_avg", torch::tensor({{{-1.0f}, {1.0f}}}));
+  // Batch 10, 12, 14, 16: mean 13, variance 5. Unmoved, every token is nearest code 1.
+  const at::Tensor x = torch::tensor({10.0f, 12.0f, 14.0f, 16.0f}).reshape({1, 4, 1});
+  CountingReducer reducer;
+  const QuantizerOutput first = vq.quantize(x, {&reducer, seeded(2)});
+  EXPECT_TRUE(torch::equal(first.indices, torch::ones({1, 4}, torch::kInt64)));
+  EXPECT_EQ(reducer.tags, (std::vector<std::string>{"vq.affine", "vq.ema"}));
+  const auto buffer = [&](const std::string& name) { return vq.named_buffers()[name].item<float>(); };
+  EXPECT_NEAR(buffer("batch_mean"), 13.0f, 1e-5);
+  EXPECT_NEAR(buffer("batch_variance"), 5.0f, 1e-5);
+  EXPECT_NEAR(buffer("codebook_mean"), 0.0f, 1e-6);
+  EXPECT_NEAR(buffer("codebook_variance"), 1.0f, 1e-6);
+  EXPECT_EQ(buffer("affine_initted"), 1.0f);
+  // The EMA summed the tokens moved to the codebook's frame, (x - 13) / sqrt(5): their mean is 0.
+  EXPECT_NEAR(vq.embed_avg()[0][1].item<float>(), 0.5f * 1.0f + 0.5f * 0.0f, 1e-5);
+  // The moved codes are (e - 0) * sqrt(5) / 1 + 13: code 0 near 13 - sqrt(5) x e_0, code 1 above.
+  const at::Tensor e = vq.embed()[0].squeeze(1);
+  const at::Tensor moved = e * std::sqrt(5.0f) + 13.0f;
+  const at::Tensor y = torch::tensor({8.0f, 13.0f, 20.0f}).reshape({1, 3, 1});
+  const at::Tensor expected = (y.reshape({3, 1}) - moved.reshape({1, 2})).abs().argmin(1).reshape({1, 3});
+  EXPECT_TRUE(torch::equal(vq.encode(y), expected)) << vq.encode(y) << expected;
+  vq.eval();
+  const QuantizerOutput second = vq.quantize(y, {});
+  EXPECT_TRUE(torch::allclose(second.quantized.reshape(-1), moved.index_select(0, expected.reshape(-1)), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(vq.decode(second.indices), second.quantized, 0, 0)) << "decoding takes the moved codes";
+}
+
 TEST(Vq, EvaluationChangesNoStateAndCallsNoReducer) {
   Vq vq(VqOptions(4, 16).threshold_ema_dead_code(2.0), seeded(1));
   vq.eval();
@@ -359,6 +397,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "threshold_ema_dead_code") return 0.0;
     if (key == "orthogonal_reg_weight") return 0.5;
     if (key == "sample_codebook_temp") return 0.7;
+    if (key == "affine_param_batch_decay") return 0.8;
+    if (key == "affine_param_codebook_decay") return 0.6;
     throw InvalidArgument("unknown key " + key);
   };
   o.boolean = [](const std::string& key) -> bool {
@@ -366,6 +406,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "rotation_trick" || key == "stochastic_sample_codes") return false;
     if (key == "separate_codebook_per_head" || key == "learnable_codebook") return true;
     if (key == "ema_update") return false;
+    if (key == "affine_param") return true;
     throw InvalidArgument("unknown key " + key);
   };
   const auto q = make_quantizer("vq", o);
@@ -384,6 +425,9 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_DOUBLE_EQ(vq.options().sample_codebook_temp(), 0.7);
   EXPECT_TRUE(vq.options().learnable_codebook());
   EXPECT_FALSE(vq.options().ema_update());
+  EXPECT_TRUE(vq.options().affine_param());
+  EXPECT_DOUBLE_EQ(vq.options().affine_param_batch_decay(), 0.8);
+  EXPECT_DOUBLE_EQ(vq.options().affine_param_codebook_decay(), 0.6);
 }
 
 // learnable_codebook: the codebook is a parameter that only the commitment loss moves (the

@@ -92,9 +92,9 @@ struct FspOptions {
 
 // What the reference returns beside the output, of one call's tokens on this holder.
 struct FspDiagnostics {
-  at::Tensor level_indices;                          // (b, n, len(levels)) int64: each channel's bin
-  at::Tensor mean, variance, skewness, kurtosis;     // (len(levels),) of the holder's tokens
-  at::Tensor accept_rate;                            // share of perturbations inside (0, 1); undefined when none
+  at::Tensor level_indices;                       // (b, n, len(levels)) int64: each channel's bin
+  at::Tensor mean, variance, skewness, kurtosis;  // (len(levels),) of the holder's tokens
+  at::Tensor accept_rate;                         // share of perturbations inside (0, 1); undefined when none
 };
 
 class Fsp final : public Quantizer {
@@ -124,11 +124,11 @@ class Fsp final : public Quantizer {
   const FspOptions& options() const { return options_; }
 
  private:
-  at::Tensor latents(const at::Tensor& x);                      // (b, n, dim) -> (b, n, cd), projected in
-  at::Tensor activate(const at::Tensor& z) const;               // the CDF, elementwise
-  at::Tensor invert(const at::Tensor& p) const;                 // its inverse
-  at::Tensor bins(const at::Tensor& act) const;                 // (.., cd) -> float bin of each channel
-  at::Tensor value_of(const at::Tensor& act_of_bin) const;      // the output before project_out
+  at::Tensor latents(const at::Tensor& x);                  // (b, n, dim) -> (b, n, cd), projected in
+  at::Tensor activate(const at::Tensor& z) const;           // the CDF, elementwise
+  at::Tensor invert(const at::Tensor& p) const;             // its inverse
+  at::Tensor bins(const at::Tensor& act) const;             // (.., cd) -> float bin of each channel
+  at::Tensor value_of(const at::Tensor& act_of_bin) const;  // the output before project_out
   // The uniform draws in [0, 1) of each element of z (b, n, cd) for perturbation and selection.
   std::pair<at::Tensor, at::Tensor> draws(const at::Tensor& z, const QuantizeContext& ctx) const;
 

@@ -102,6 +102,24 @@ struct VqOptions {
     sample_codebook_temp_ = t;
     return *this;
   }
+  // The search takes each codebook moved to the batch's statistics: (e - m_c) * s_b / s_c + m_b per
+  // dimension, with EMAs of the global batch's mean and variance (m_b, s_b^2, decay
+  // affine_param_batch_decay) and of the codebook's (m_c, s_c^2, affine_param_codebook_decay); the EMA
+  // update sums the tokens moved back the other way. Each call uses the statistics through the last
+  // update, which adds the call's own (in the update); the first training call searches unmoved.
+  // Euclidean distance only, as in the reference.
+  VqOptions& affine_param(bool on) {
+    affine_param_ = on;
+    return *this;
+  }
+  VqOptions& affine_param_batch_decay(double d) {
+    affine_param_batch_decay_ = d;
+    return *this;
+  }
+  VqOptions& affine_param_codebook_decay(double d) {
+    affine_param_codebook_decay_ = d;
+    return *this;
+  }
 
   int64_t dim() const { return dim_; }
   int64_t codebook_size() const { return codebook_size_; }
@@ -125,12 +143,16 @@ struct VqOptions {
   bool codebook_is_parameter() const { return learnable_codebook_ || orthogonal_reg_weight_ > 0; }
   bool stochastic_sample_codes() const { return stochastic_sample_codes_; }
   double sample_codebook_temp() const { return sample_codebook_temp_; }
+  bool affine_param() const { return affine_param_; }
+  double affine_param_batch_decay() const { return affine_param_batch_decay_; }
+  double affine_param_codebook_decay() const { return affine_param_codebook_decay_; }
   // Codebooks held: heads with separate codebooks, else 1.
   int64_t num_codebooks() const { return separate_codebook_per_head_ ? heads_ : 1; }
 
   // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
   // outside [0, 1), eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
-  // learnable_codebook with ema_update or with cosine similarity.
+  // learnable_codebook with ema_update or with cosine similarity, affine_param with cosine
+  // similarity, an affine decay outside [0, 1).
   void validate() const;
 
  private:
@@ -152,6 +174,9 @@ struct VqOptions {
   bool learnable_codebook_ = false;
   bool stochastic_sample_codes_ = false;
   double sample_codebook_temp_ = 1.0;
+  bool affine_param_ = false;
+  double affine_param_batch_decay_ = 0.99;
+  double affine_param_codebook_decay_ = 0.9;
 };
 
 class Vq final : public Quantizer {
@@ -183,7 +208,9 @@ class Vq final : public Quantizer {
   const VqOptions& options() const { return options_; }
   // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
   // (C, K, cd), a buffer or, when options().codebook_is_parameter(), a parameter; buffers cluster_size
-  // (C, K), embed_avg (C, K, cd), initted () float (1 once the codebooks hold real codes).
+  // (C, K), embed_avg (C, K, cd), initted () float (1 once the codebooks hold real codes); with
+  // affine_param, batch_mean, batch_variance, codebook_mean, codebook_variance (C, 1, cd) and
+  // affine_initted () float (1 once a training update has set them).
   const at::Tensor& embed() const { return embed_; }
   const at::Tensor& cluster_size() const { return cluster_size_; }
   const at::Tensor& embed_avg() const { return embed_avg_; }
@@ -200,8 +227,17 @@ class Vq final : public Quantizer {
   at::Tensor prepare(const at::Tensor& grouped) const;
   // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined.
   // first_token: the global index of tokens' first row (sampled codes are keyed by it).
-  at::Tensor assign(const at::Tensor& tokens, const at::Generator& generator, int64_t first_token) const;
-  at::Tensor lookup(const at::Tensor& indices) const;  // (C, M) -> (C, M, cd)
+  at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
+                    int64_t first_token) const;
+  // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
+  static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
+  // The codebooks the search takes: embed (detached unless learnable), moved to the batch's
+  // statistics with affine_param once they are set.
+  at::Tensor searched_codebook() const;
+  // affine_param: folds the counted tokens' global statistics and the codebook's into the EMAs.
+  void update_affine(const at::Tensor& tokens, Reducer& reducer);
+  // Tokens (C, M, cd) moved from the batch's statistics to the codebooks' (identity until set).
+  at::Tensor in_codebook_frame(const at::Tensor& tokens) const;
   at::Tensor orthogonal_loss() const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
   void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer);
@@ -215,6 +251,7 @@ class Vq final : public Quantizer {
   at::Tensor cluster_size_;
   at::Tensor embed_avg_;
   at::Tensor initted_;
+  at::Tensor batch_mean_, batch_variance_, codebook_mean_, codebook_variance_, affine_initted_;  // affine_param
 };
 
 // The rotation trick's output (n, d) for tokens x (n, d) and their codes q (n, d): value q,
