@@ -61,6 +61,15 @@ class _Residual(LockstepQuantizer):
         """(num_quantizers, codebook_dim) factors of each layer's codes, or None."""
         return None
 
+    @staticmethod
+    def _one_token_per_item(forward, x, **kwargs):
+        """forward on (b, dim) input, one token per item as the reference takes it: run as (b, 1, dim),
+        the token axis dropped from the output, indices and each layer's codes."""
+        out, idx, *rest = forward(x.unsqueeze(1), **kwargs)
+        if kwargs.get("return_all_codes"):
+            rest[-1] = rest[-1].squeeze(2)  # (num_quantizers, b, 1, dim) -> (num_quantizers, b, dim)
+        return (out.squeeze(1), idx.squeeze(1), *rest)
+
     def _layer_codebook(self, q, method):
         """Layer q's every code in index order, from liblockstep's layer (`method`: its binding)."""
         return getattr(self._core.layer(q), method)(torch.arange(self.codebook_size, device=self.device))
@@ -125,6 +134,9 @@ class ResidualVQ(_Residual):
                 freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):
         refuse_forward_options("lockstep.ResidualVQ", sample_codebook_temp=sample_codebook_temp, beam_size=beam_size,
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        if x.ndim == 2 and not self.accept_image_fmap and mask is None and indices is None:
+            return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes,
+                                            freeze_codebook=freeze_codebook)
         # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
         mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
         if indices is not None:
@@ -308,6 +320,8 @@ class ResidualSimVQ(_Residual):
 
     def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         refuse_forward_options("lockstep.ResidualSimVQ", rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        if x.ndim == 2 and not self.channel_first:
+            return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes)
         out, idx, losses = self._quantize_any(x, self.channel_first, True, self.num_quantizers)
         result = (out, idx, self._per_layer_losses(losses, out.device))
         return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result

@@ -219,3 +219,26 @@ def test_the_forward_takes_the_reference_s_arguments_in_order():
     mask = torch.tensor([[True, True, False]])
     out, indices, _ = rvq(torch.randn(1, 3, 4), mask)  # positionally, as the reference's forward(x, mask)
     assert (indices[0, 2] == -1).all() and (out[0, 2] == 0).all()
+
+
+@pytest.mark.parametrize("name, options", [
+    ("ResidualVQ", dict(dim=4, num_quantizers=2, codebook_size=8, kmeans_init=False)),
+    ("ResidualSimVQ", dict(dim=4, num_quantizers=2, codebook_size=8)),
+    ("GroupedResidualVQ", dict(dim=4, groups=2, num_quantizers=2, codebook_size=8, kmeans_init=False)),
+])
+def test_one_token_per_item_as_the_reference_takes_it(name, options):
+    import vector_quantize_pytorch as vqp
+    torch.manual_seed(0)
+    reference, ours = getattr(vqp, name)(**options), getattr(lockstep, name)(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    for module in (reference, ours):
+        module.eval()
+    x = torch.randn(3, 4)
+    expected, got = reference(x, return_all_codes=True), ours(x, return_all_codes=True)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[1], expected[1])
+    codes = [torch.stack(c) if isinstance(c, tuple) else c for c in (got[3], expected[3])]
+    torch.testing.assert_close(codes[0], codes[1], atol=1e-6, rtol=0)
+    ours.train()
+    out, _, losses = ours(x.clone().requires_grad_(True))[:3]
+    assert out.shape == x.shape and losses.requires_grad  # trains as tokens (b, 1, dim)
