@@ -104,3 +104,14 @@ def test_autocast_leaves_the_quantizer_in_float32():
     assert torch.equal(mixed_indices, plain_indices)
     assert torch.equal(mixed, plain)
     assert torch.equal(bf16_indices, vq(x.bfloat16().float())[1])
+
+
+def test_the_bindings_refuse_an_undeclared_or_out_of_range_option_by_name():
+    # The options a module hands liblockstep are held to their declarations (quant/option_specs.h),
+    # as the configuration's keys are: nothing misspelt is silently left unread.
+    with pytest.raises(ValueError, match="unknown quantizer option 'vq.decayy'"):
+        lockstep._C.Quantizer("vq", "vq", {"dim": 4, "codebook_size": 8, "decayy": 0.5})
+    with pytest.raises(ValueError, match=r"'vq.decay' = 1.5 is out of range: must be in \[0, 1\)"):
+        lockstep.VectorQuantize(dim=4, codebook_size=8, decay=1.5)
+    with pytest.raises(ValueError, match="'fsp.activation' = \"relu\" is not one of"):
+        lockstep.FSP(levels=[5, 5], act_name="relu")

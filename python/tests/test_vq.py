@@ -191,5 +191,5 @@ def test_indices_give_the_reference_s_cross_entropy(options):
 def test_unsupported_options_are_type_errors_naming_them():
     with pytest.raises(TypeError, match="sync_codebook=False"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, sync_codebook=False)
-    with pytest.raises(TypeError, match="affine_param"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, affine_param=True)
+    with pytest.raises(TypeError, match="directional_reparam"):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, directional_reparam=True)

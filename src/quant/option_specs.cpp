@@ -1,6 +1,9 @@
 #include "lockstep/quant/option_specs.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <sstream>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsp.h"
@@ -121,7 +124,7 @@ OptionSection vq_section() {
       "vq",
       {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
        integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
-       real("decay", d.decay(), "EMA decay of the codebook statistics.").in_range(0, 0.9999),
+       real("decay", d.decay(), "EMA decay of the codebook statistics.").at_least(0).less_than(1),
        real("commitment_weight", d.commitment_weight(), "Weight of the commitment loss mse(q, x).").in_range(0, 1000),
        boolean("kmeans_init", d.kmeans_init(), "Initialise the codebook by k-means on the first training batch."),
        integer("kmeans_iters", d.kmeans_iters(), "Rounds of k-means when kmeans_init is on.").in_range(1, 1000),
@@ -251,6 +254,108 @@ const std::vector<OptionSection>& quantizer_option_sections() {
 }
 
 namespace {
+// The declaration of "section.key", or nullptr.
+const OptionSpec* find_spec(const std::string& section, const std::string& key) {
+  for (const auto& s : quantizer_option_sections()) {
+    if (s.name != section) continue;
+    for (const auto& o : s.options) {
+      if (o.key == key) return &o;
+    }
+  }
+  return nullptr;
+}
+
+std::string format_number(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// "in [0, 1)", ">= 1", ...: the limits as the configuration states them.
+std::string limits_text(const OptionSpec& o) {
+  if (o.min && o.max) {
+    return "in " + std::string(o.min_exclusive ? "(" : "[") + format_number(*o.min) + ", " + format_number(*o.max) +
+           (o.max_exclusive ? ")" : "]");
+  }
+  if (o.min) return (o.min_exclusive ? "> " : ">= ") + format_number(*o.min);
+  if (o.max) return (o.max_exclusive ? "< " : "<= ") + format_number(*o.max);
+  return "any value";
+}
+
+bool within(const OptionSpec& o, double v) {
+  if (o.min && (o.min_exclusive ? v <= *o.min : v < *o.min)) return false;
+  if (o.max && (o.max_exclusive ? v >= *o.max : v > *o.max)) return false;
+  return true;
+}
+
+const char* type_name(OptionSpec::Type t) {
+  switch (t) {
+    case OptionSpec::Type::Bool:
+      return "a bool";
+    case OptionSpec::Type::Int:
+      return "an integer";
+    case OptionSpec::Type::Float:
+      return "a number";
+    case OptionSpec::Type::IntList:
+      return "a list of integers";
+    case OptionSpec::Type::String:
+      return "a string";
+  }
+  return "?";
+}
+
+// An override checked against its declaration as the configuration checks a key: its type (an
+// integer is taken for a number), its limits (each element's, for lists), its length and choices.
+// Returns the value as declared; InvalidArgument naming the option, the value and what is allowed.
+OptionValue checked_override(const std::string& name, const OptionValue& given) {
+  const auto dot = name.find('.');
+  const OptionSpec* spec = dot == std::string::npos ? nullptr : find_spec(name.substr(0, dot), name.substr(dot + 1));
+  if (spec == nullptr) {
+    std::vector<std::string> keys;
+    for (const auto& s : quantizer_option_sections()) {
+      if (s.name != name.substr(0, dot)) continue;
+      for (const auto& o : s.options) keys.push_back(o.key);
+    }
+    throw InvalidArgument(keys.empty() ? lockstep::detail::concat("unknown quantizer option '", name, "'")
+                                       : lockstep::detail::concat("unknown quantizer option '", name,
+                                                                  "'; the options of ", name.substr(0, dot), ": ",
+                                                                  lockstep::detail::concat_list(keys)));
+  }
+  OptionValue value = given;
+  if (spec->type == OptionSpec::Type::Float && std::holds_alternative<int64_t>(value)) {
+    value = static_cast<double>(std::get<int64_t>(value));
+  }
+  const bool type_ok =
+      (spec->type == OptionSpec::Type::Bool && std::holds_alternative<bool>(value)) ||
+      (spec->type == OptionSpec::Type::Int && std::holds_alternative<int64_t>(value)) ||
+      (spec->type == OptionSpec::Type::Float && std::holds_alternative<double>(value)) ||
+      (spec->type == OptionSpec::Type::IntList && std::holds_alternative<std::vector<int64_t>>(value)) ||
+      (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value));
+  LOCKSTEP_CHECK_ARG(type_ok, "quantizer option '", name, "' must be ", type_name(spec->type));
+  if (const auto* v = std::get_if<int64_t>(&value)) {
+    LOCKSTEP_CHECK_ARG(within(*spec, static_cast<double>(*v)), "quantizer option '", name, "' = ", *v,
+                       " is out of range: must be ", limits_text(*spec));
+  } else if (const auto* d = std::get_if<double>(&value)) {
+    LOCKSTEP_CHECK_ARG(std::isfinite(*d) && within(*spec, *d), "quantizer option '", name, "' = ", *d,
+                       " is out of range: must be ", limits_text(*spec));
+  } else if (const auto* list = std::get_if<std::vector<int64_t>>(&value)) {
+    LOCKSTEP_CHECK_ARG(
+        (!spec->min_len || list->size() >= *spec->min_len) && (!spec->max_len || list->size() <= *spec->max_len),
+        "quantizer option '", name, "' has ", list->size(), " elements: must have ", spec->min_len.value_or(0), " to ",
+        spec->max_len.value_or(list->size()));
+    for (int64_t e : *list) {
+      LOCKSTEP_CHECK_ARG(within(*spec, static_cast<double>(e)), "quantizer option '", name, "' has the element ", e,
+                         ": each must be ", limits_text(*spec));
+    }
+  } else if (const auto* text = std::get_if<std::string>(&value)) {
+    LOCKSTEP_CHECK_ARG(
+        spec->choices.empty() || std::find(spec->choices.begin(), spec->choices.end(), *text) != spec->choices.end(),
+        "quantizer option '", name, "' = \"", *text,
+        "\" is not one of: ", lockstep::detail::concat_list(spec->choices));
+  }
+  return value;
+}
+
 template <typename T>
 T declared(const std::string& section, const std::string& key, const std::map<std::string, OptionValue>& overrides) {
   const std::string name = section + "." + key;
@@ -268,6 +373,9 @@ T declared(const std::string& section, const std::string& key, const std::map<st
 }  // namespace
 
 OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides) {
+  // Every override is a declared option within its limits: a misspelt or out-of-range key is an
+  // error here, as in the configuration, not a value silently left unread.
+  for (auto& [name, value] : overrides) value = checked_override(name, value);
   const auto o = std::make_shared<const std::map<std::string, OptionValue>>(std::move(overrides));
   OptionReader r;
   r.integer = [section, o](const std::string& key) { return declared<int64_t>(section, key, *o); };

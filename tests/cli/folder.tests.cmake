@@ -8,27 +8,12 @@ if(NOT LOCKSTEP_HAVE_OPENCV)  # a build without OpenCV cannot read image folders
   return()
 endif()
 set(LS $<TARGET_FILE:lockstep_cli>)
-set(COMPARE ${CMAKE_CURRENT_LIST_DIR}/compare_metrics.py)
 set(OPENCV_IMAGES ${CMAKE_BINARY_DIR}/test-data/opencv-images)
 set(IMAGES "bash ${CMAKE_CURRENT_LIST_DIR}/fetch_opencv_images.sh ${OPENCV_IMAGES} && cp -r ${OPENCV_IMAGES} images && echo junk > images/not-really.jpg")
 set(FOLDER "--buckets 64x64,80x64,64x80 --global-batch 8 --threads 1 --set data.eval_images=8 --set model.channels=[8,16] --set train.log_every=2")
 separate_arguments(FOLDER_ARGS UNIX_COMMAND "${FOLDER}")
 
-# G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets), with random crops
-# and flips, give the losses of one process on the whole batch (each image's draw belongs to its
-# slot of the global batch); each epoch's report counts the file that is not an image; `eval` of
-# the run repeats the figures of its final evaluation on the held-out images (never augmented).
-set(AUGMENT "--set data.random_flip=true --set data.random_zoom=1.3")
-lockstep_cli_test(folder_two_ranks_match_one_process_three_epochs EXIT 0
-                  OUTPUT "image folder images, held-out images, 8 images.*mse [0-9.]+  psnr" TIMEOUT 300
-                  SETUP "${IMAGES} && ${LS} train --data images --epochs 3 --run-dir one ${FOLDER} ${AUGMENT} > one.log && ${LS} launch -n 2 -- train --data images --epochs 3 --run-dir two ${FOLDER} ${AUGMENT} > two.log && python3 ${COMPARE} one/metrics.jsonl two/metrics.jsonl 1e-4 && grep -q 'rank 0/2. epoch 3 of 3 ended at step [0-9]*: 0 images replaced (failed to decode), 1 unreadable files left out' two.log && grep -q 'not-really.jpg' two/manifest.json && ${LS} eval two > eval.log && diff <(grep -o 'mse .*' two.log | tail -1) <(tail -1 eval.log)"
-                  ARGS eval two)
-# Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 ranks (3, 3 and 2 images)
-# continue the one-process sequence across the epoch boundary (10 steps per epoch), crops and
-# flips included.
-lockstep_cli_test(folder_resume_onto_three_ranks_matches_one_process EXIT 0 OUTPUT "step 14" TIMEOUT 300
-                  SETUP "${IMAGES} && ${LS} train --data images --steps 14 --run-dir one ${FOLDER} ${AUGMENT} > one.log && ${LS} launch -n 2 -- train --data images --steps 6 --run-dir run ${FOLDER} ${AUGMENT} > part1.log && ${LS} launch -n 3 -- train --resume run --steps 14 > part2.log && grep -q 'resumed at step 6 of 14' part2.log && python3 ${COMPARE} one/metrics.jsonl run/metrics.jsonl 1e-4"
-                  ARGS eval run --split train)
+# The runs on 2 and 3 ranks compared with one process (G5) are scenarios in tests/cli/scenarios.py.
 # The (plan hash, steps) check: rank 1's node holds one more image; both ranks stop at the first
 # epoch naming rank 1, instead of training on different data (exit 4: ranks differ).
 lockstep_cli_test(folder_ranks_with_different_folders_stop EXIT 4

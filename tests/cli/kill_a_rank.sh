@@ -7,8 +7,9 @@
 # LOCKSTEP_COMPARE_TOL: the relative loss tolerance against one process (1e-4).
 set -euo pipefail
 ls_bin=$1 compare=$2
-common=(--batch-size 24 --threads 1 --set data.train_subset=2400 --set data.test_subset=32
-        --set model.channels=[8,8] --set train.log_every=10 --set train.checkpoint_every=10)
+# The shared small run (tests/cli/small_run.toml) on more images, logged and saved every 10 steps.
+common=(--config "$(dirname "$(readlink -f "$0")")/small_run.toml" --set data.train_subset=2400
+        --set train.log_every=10 --set train.checkpoint_every=10)
 read -r -a extra <<< "${LOCKSTEP_TRAIN_EXTRA:-}"
 common+=("${extra[@]}")
 

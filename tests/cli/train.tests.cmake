@@ -4,7 +4,8 @@ set(LS $<TARGET_FILE:lockstep_cli>)
 set(MAKE_NPY ${CMAKE_CURRENT_LIST_DIR}/make_npy.py)
 set(MAKE_LPIPS ${CMAKE_CURRENT_LIST_DIR}/make_lpips_weights.py)
 # A few training steps on a slice of the data: the run directory the other tests use.
-set(TINY_RUN "${LS} train --run-dir run --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8] > /dev/null")
+# (the shared small run, tests/cli/small_run.toml, on fewer images)
+set(TINY_RUN "${LS} train --run-dir run --config ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --steps 4 --batch-size 16 --set data.train_subset=64 > /dev/null")
 
 lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a subcommand is required" ARGS)
 lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian'; valid: train, eval, encode, decode, doctor" ARGS trian)

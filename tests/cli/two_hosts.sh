@@ -60,8 +60,9 @@ err=$(ip netns exec "$switch" tc qdisc add dev "${ports[0]}" root pfifo limit 0 
 ip netns exec "$switch" tc qdisc del dev "${ports[0]}" root
 err=$(ip netns exec "${ns[0]}" unshare --uts true 2>&1) || skip "cannot give a host its own name (unshare --uts: $err)"
 
-common=(--batch-size 24 --threads 1 --set data.train_subset=2400 --set data.test_subset=32
-        --set 'model.channels=[8,8]' --set train.log_every=10 --set train.checkpoint_every=10)
+# The shared small run (tests/cli/small_run.toml) on more images, logged and saved every 10 steps.
+common=(--config "$(dirname "$(readlink -f "$0")")/small_run.toml" --set data.train_subset=2400
+        --set train.log_every=10 --set train.checkpoint_every=10)
 rm -rf one one.log h0 h1
 mkdir h0 h1
 started=$SECONDS

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""The multi-process CLI scenarios, as code: each runs the real `lockstep` binary (one process,
+`lockstep launch -n W`, torchrun) in its own directory and checks what the runs printed and wrote,
+most often that W ranks log the losses of one process (G4). ctest runs each as `cli.<name>`
+(tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
+is killed at the deadline and the scenario fails naming the command.
+
+    scenarios.py --list                    one line per scenario: name, time limit (s), needs
+    scenarios.py NAME --lockstep PATH --workdir DIR [--torchrun PATH] [--opencv-images DIR]
+
+Exit status 0: passed; 1: failed (the reason on stderr); 77: skipped (a tool it needs is missing)."""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from compare_metrics import figures  # noqa: E402
+
+SKIPPED = 77
+SCENARIOS = {}
+
+
+class Failure(Exception):
+    pass
+
+
+def scenario(timeout, needs=()):
+    """Registers a scenario: `timeout` seconds for everything it runs; `needs` names what it must be
+    given ("torchrun", "images")."""
+    def register(function):
+        SCENARIOS[function.__name__] = (function, timeout, tuple(needs))
+        return function
+    return register
+
+
+class Run:
+    """One scenario's directory and tools: runs the CLI there, keeps each command's output in a log."""
+
+    def __init__(self, lockstep, workdir, deadline, torchrun=None, opencv_images=None):
+        self.binary, self.dir, self.deadline = lockstep, Path(workdir), deadline
+        self.torchrun, self.opencv_images = torchrun, opencv_images
+
+    def command(self, argv, log, expect=0):
+        """Runs argv in the scenario's directory (in its own process group, all of it killed at the
+        deadline); writes its output to `log`; returns it. Failure when the exit status differs."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Failure(f"no time left for {argv[:4]}")
+        try:
+            process = subprocess.Popen([str(a) for a in argv], cwd=self.dir, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise Failure(f"cannot run {argv[0]}: {e}")
+        try:
+            output, _ = process.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            raise Failure(f"still running at the deadline: {' '.join(map(str, argv))}\n{output.decode()[-3000:]}")
+        text = output.decode(errors="replace")
+        (self.dir / log).write_text(text)
+        if process.returncode != expect:
+            raise Failure(f"exit status {process.returncode}, expected {expect}: {' '.join(map(str, argv))}\n"
+                          f"{text[-3000:]}")
+        return text
+
+    def lockstep(self, *args, log, expect=0):
+        return self.command([self.binary, *args], log, expect)
+
+    def train(self, run_dir, *args):
+        """One process: `lockstep train --run-dir RUN_DIR ARGS` (log RUN_DIR.log)."""
+        return self.lockstep("train", "--run-dir", run_dir, *args, log=f"{run_dir}.log")
+
+    def launch(self, ranks, run_dir, *args, log=None):
+        """`lockstep launch -n RANKS -- train --run-dir RUN_DIR ARGS` (log RUN_DIR.log)."""
+        return self.lockstep("launch", "-n", ranks, "--", "train", "--run-dir", run_dir, *args,
+                             log=log or f"{run_dir}.log")
+
+    def python(self, script, *args, log):
+        return self.command([sys.executable, HERE / script, *args], log)
+
+    def compare(self, one, other, tolerance, *names, first=None):
+        """Each of `names` (the loss by default; KIND:name for another record kind) of every logged step
+        of run `other` within `tolerance` (relative) of run `one`'s; the first `first` steps only."""
+        for spec in names or ("loss",):
+            kind, name = spec.split(":", 1) if ":" in spec else ("train", spec)
+            a = figures(self.dir / one / "metrics.jsonl", kind, name)
+            b = figures(self.dir / other / "metrics.jsonl", kind, name)
+            if not a or sorted(a) != sorted(b):
+                raise Failure(f"{kind} steps differ: {one} logged {sorted(a)}, {other} {sorted(b)}")
+            steps = sorted(a)[:first]
+            worst = max(abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps)
+            if worst > tolerance:
+                raise Failure(f"{other} vs {one}: {name} differs by {worst:.2e} (relative) over {len(steps)} "
+                              f"{kind} steps, beyond {tolerance:.0e}")
+
+    def expect(self, text, pattern, what):
+        if not re.search(pattern, text, re.S):
+            raise Failure(f"{what}: no match for {pattern!r} in\n{text[-3000:]}")
+
+    def images(self):
+        """OpenCV's example images in ./images, plus a file that is not an image (tests/cli/folder.tests.cmake)."""
+        self.command(["bash", HERE / "fetch_opencv_images.sh", self.opencv_images], "fetch.log")
+        shutil.copytree(self.opencv_images, self.dir / "images")
+        (self.dir / "images" / "not-really.jpg").write_text("junk\n")
+
+
+# The small run (tests/cli/small_run.toml) for 12 steps.
+SMALL = ("--config", HERE / "small_run.toml", "--steps", "12")
+
+
+def one_and_ranks(run, ranks, *args, tolerance=1e-4, names=(), two="two"):
+    """Trains `args` on one process (run `one`) and on `ranks` ranks (run `two`); the logged losses (or
+    `names`) within `tolerance`; then `eval` of the ranks' run reports its final figures."""
+    run.train("one", *SMALL, *args)
+    log = run.launch(ranks, two, *SMALL, *args)
+    run.expect(log, rf"rank {ranks - 1}/{ranks}\] trained 12 steps", "the last rank finished")
+    run.compare("one", two, tolerance, *names)
+    run.expect(run.lockstep("eval", two, "--limit", "32", log="eval.log"), r"step 12.*mse [0-9.]+  psnr",
+               "eval of the ranks' run")
+    return log
+
+
+@scenario(240)
+def launch_three_ranks_match_one_process(run):
+    # 3 ranks (24 images = 8 each) give the losses of one process on the whole batch, with gradients
+    # sent in several 8 KiB buckets during backward, a warm-up and cosine decay, and gradients clipped
+    # to a norm below theirs (every rank clips the mean identically); rank 0 alone writes the run.
+    scheduled = ("--set", "train.warmup_steps=3", "--set", "train.lr_decay=cosine", "--set", "train.grad_clip=0.02")
+    run.train("one", *SMALL, *scheduled)
+    log = run.launch(3, "three", *SMALL, *scheduled, "--set", "train.grad_bucket_kb=8")
+    run.expect(log, r"rank 2/3\] trained 12 steps", "rank 2 finished")
+    run.compare("one", "three", 1e-4)
+    run.expect(run.lockstep("eval", "three", "--limit", "32", log="eval.log"), r"step 12.*mse [0-9.]+  psnr",
+               "eval of the ranks' run")
+
+
+ADVERSARIAL = ("--set", "loss.l1=1", "--set", "loss.adversarial=0.5", "--set", "loss.gan_start_step=4",
+               "--set", "loss.lecam=0.1", "--set", "loss.disc_channels=8", "--set", "loss.disc_layers=2")
+
+
+@scenario(240)
+def launch_two_ranks_adversarial_match_one_process(run):
+    # A discriminator with GroupNorm (nothing per rank), VQGAN's adaptive weight from gradients summed
+    # over the ranks, and LeCam averages that follow global means: one process's losses.
+    one_and_ranks(run, 2, *ADVERSARIAL, "--set", "train.grad_bucket_kb=8",
+                  names=("loss", "disc_loss", "adversarial_factor"))
+
+
+@scenario(240)
+def launch_two_ranks_adversarial_accumulating_match_one_process(run):
+    # The same over 2 micro-batches: the adaptive weight per micro-batch, the discriminator accumulating too.
+    one_and_ranks(run, 2, *ADVERSARIAL, "--set", "train.grad_accum=2", names=("loss", "disc_loss", "adversarial_factor"))
+
+
+@scenario(240)
+def launch_two_ranks_accumulating_match_one_process(run):
+    # LFQ's entropy is the batch's: each micro-batch is the same 8 images on 1 rank or 2 (4 each).
+    one_and_ranks(run, 2, "--quantizer", "lfq", "--set", "quantizer.lfq.codebook_size=64", "--set",
+                  "train.grad_accum=3")
+
+
+@scenario(240)
+def launch_two_ranks_match_one_process_vqgan(run):
+    # GroupNorm normalises each image alone; attention at 14x14 and in the middle (measured 2.5e-8 apart).
+    one_and_ranks(run, 2, "--set", "model.channels=[8,16]", "--set", "model.architecture=vqgan", "--set",
+                  "model.norm_groups=4", "--set", "model.attention_levels=1")
+
+
+@scenario(240)
+def launch_two_ranks_bfloat16_match_one_process(run):
+    # bfloat16 autocast keeps G4 within its documented 1e-3 (measured 1.2e-5; float32 and bfloat16
+    # runs differ by 1.1e-4 over these steps).
+    one_and_ranks(run, 2, "--set", "train.precision=bfloat16", tolerance=1e-3)
+
+
+@scenario(300)
+def launch_two_ranks_perceptual_and_weight_average_match_one_process(run):
+    # LPIPS (random weights a script writes) and the weight average keep G4, and rank 0 evaluating
+    # alone at steps 4 and 8 reports one process's figures (random LPIPS weights magnify rounding:
+    # 3.7e-5 measured, tolerance 1e-3).
+    run.python("make_lpips_weights.py", "w.safetensors", log="weights.log")
+    args = ("--set", "loss.perceptual=1", "--set", "loss.lpips_weights=w.safetensors", "--set",
+            "train.ema_decay=0.9", "--set", "train.eval_every=4")
+    log = one_and_ranks(run, 2, *args)
+    run.expect(log, r"rank 0/2\] eval at step 4", "rank 0's evaluation mid-training")
+    run.compare("one", "two", 1e-3, "eval:psnr_db", "eval:lpips", "eval_ema:psnr_db", "eval_ema:lpips",
+                "eval_ema:perplexity")
+
+
+@scenario(240)
+def launch_uneven_ranks_match_one_process(run):
+    # 24 images on 5 ranks (5, 5, 5, 5, 4), VQ with k-means and dead codes: the first step within
+    # float32 rounding (G4's promise, on any CPU); the whole run within 2e-2, since a near-tie
+    # nearest-code flip (its step depends on the CPU's kernels: 1.2e-3 by step 12 with oneDNN limited
+    # to SSE4.1, 3.3e-3 on an AMD EPYC) lets runs drift, while a wrong weighting moves the first step by far more.
+    args = ("--quantizer", "vq", "--set", "quantizer.vq.kmeans_init=true", "--set",
+            "quantizer.vq.threshold_ema_dead_code=1", "--set", "train.log_every=1")
+    run.train("one", *SMALL, *args)
+    run.launch(5, "five", *SMALL, *args)
+    run.compare("one", "five", 1e-5, first=1)
+    run.compare("one", "five", 2e-2)
+
+
+@scenario(240)
+def launch_two_ranks_residual_simvq_match_one_process(run):
+    # Quantize dropout: the dropped layers' maps get zero gradients on every rank alike.
+    one_and_ranks(run, 2, "--quantizer", "residual-simvq", "--set", "quantizer.simvq.codebook_size=64", "--set",
+                  "quantizer.residual.num_quantizers=3", "--set", "quantizer.residual.quantize_dropout=true")
+
+
+@scenario(240)
+def launch_two_ranks_grouped_residual_vq_match_one_process(run):
+    # Quantize dropout: every group keeps the same layers, on every rank alike.
+    one_and_ranks(run, 2, "--quantizer", "grouped-residual-vq", "--set", "quantizer.vq.dim=4", "--set",
+                  "quantizer.vq.codebook_size=32", "--set", "quantizer.residual.num_quantizers=2", "--set",
+                  "quantizer.residual.quantize_dropout=true")
+
+
+@scenario(240)
+def launch_two_ranks_fsp_match_one_process(run):
+    # FSP: its regulariser's moments are the global batch's and its perturbations are drawn by each
+    # element's place in the global batch, so 2 ranks train as one process.
+    one_and_ranks(run, 2, "--quantizer", "fsp", "--set", "quantizer.fsp.quantize_rate=0.5", "--set",
+                  "quantizer.fsp.vector_norm=kurt")
+
+
+@scenario(240)
+def launch_two_ranks_affine_vq_match_one_process(run):
+    # VQ with affine_param: the batch statistics the codebook is moved to are the global batch's.
+    one_and_ranks(run, 2, "--quantizer", "vq", "--set", "quantizer.vq.affine_param=true", "--set",
+                  "quantizer.vq.codebook_size=64")
+
+
+@scenario(300)
+def launch_resume_onto_more_ranks_matches_one_process(run):
+    # A 2-rank run resumed on 3 ranks (the same global batch) continues the one-process sequence.
+    run.train("one", *SMALL)
+    run.launch(2, "run", "--config", HERE / "small_run.toml", "--steps", "6", log="part1.log")
+    log = run.lockstep("launch", "-n", 3, "--", "train", "--resume", "run", "--steps", 12, log="part2.log")
+    run.expect(log, "resumed at step 6 of 12", "the resumed run")
+    run.compare("one", "run", 1e-4)
+
+
+@scenario(300, needs=("torchrun",))
+def torchrun_two_ranks_match_launch_and_one_process(run):
+    # torchrun's agent hosts the store, so rank 0 connects as a client: 2 ranks under torchrun give
+    # exactly what `lockstep launch -n 2` gives, and one process's losses.
+    run.train("one", *SMALL)
+    run.launch(2, "launched", *SMALL)
+    log = run.command([run.torchrun, "--standalone", "--nproc-per-node", 2, "--no-python", run.binary, "train",
+                       "--run-dir", "torchrun", *SMALL], "torchrun.log")
+    if len(re.findall("trained 12 steps", log)) != 2:
+        raise Failure(f"both torchrun ranks should report 12 steps:\n{log[-3000:]}")
+    run.compare("one", "torchrun", 1e-4)
+    run.compare("launched", "torchrun", 0)
+
+
+FOLDER = ("--buckets", "64x64,80x64,64x80", "--global-batch", 8, "--threads", 1, "--set", "data.eval_images=8",
+          "--set", "model.channels=[8,16]", "--set", "train.log_every=2", "--set", "data.random_flip=true",
+          "--set", "data.random_zoom=1.3")
+
+
+@scenario(300, needs=("images",))
+def folder_two_ranks_match_one_process_three_epochs(run):
+    # G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets), with random crops
+    # and flips, give one process's losses (each image's draw belongs to its slot of the global batch);
+    # each epoch's report counts the file that is not an image; `eval` repeats the run's final figures.
+    run.images()
+    run.train("one", "--data", "images", "--epochs", 3, *FOLDER)
+    log = run.launch(2, "two", "--data", "images", "--epochs", 3, *FOLDER)
+    run.compare("one", "two", 1e-4)
+    run.expect(log, r"rank 0/2\] epoch 3 of 3 ended at step [0-9]+: 0 images replaced \(failed to decode\), "
+               r"1 unreadable files left out", "the epoch report")
+    if "not-really.jpg" not in (run.dir / "two" / "manifest.json").read_text():
+        raise Failure("the manifest does not name the file that is not an image")
+    final = re.findall(r"mse .*", log)[-1]
+    evaluated = run.lockstep("eval", "two", log="eval.log").strip().splitlines()[-1]
+    if evaluated != final:
+        raise Failure(f"eval reports {evaluated!r}, the run's final evaluation {final!r}")
+
+
+@scenario(300, needs=("images",))
+def folder_resume_onto_three_ranks_matches_one_process(run):
+    # Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 (3, 3 and 2 images)
+    # continue the one-process sequence across the epoch boundary (10 steps per epoch), crops and flips included.
+    run.images()
+    run.train("one", "--data", "images", "--steps", 14, *FOLDER)
+    run.launch(2, "run", "--data", "images", "--steps", 6, *FOLDER, log="part1.log")
+    log = run.lockstep("launch", "-n", 3, "--", "train", "--resume", "run", "--steps", 14, log="part2.log")
+    run.expect(log, "resumed at step 6 of 14", "the resumed run")
+    run.compare("one", "run", 1e-4)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("name", nargs="?")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--lockstep")
+    parser.add_argument("--workdir")
+    parser.add_argument("--torchrun")
+    parser.add_argument("--opencv-images")
+    args = parser.parse_args()
+    if args.list:
+        for name, (_, timeout, needs) in SCENARIOS.items():
+            print(name, timeout, ",".join(needs) or "-")
+        return 0
+    if args.name not in SCENARIOS:
+        parser.error(f"no scenario {args.name!r}; --list names them")
+    function, timeout, needs = SCENARIOS[args.name]
+    missing = [n for n, given in (("torchrun", args.torchrun), ("images", args.opencv_images)) if n in needs and not given]
+    if missing:
+        print(f"skipped: {args.name} needs {', '.join(missing)}")
+        return SKIPPED
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    # A few seconds under ctest's limit, so that this process reports which command was still running.
+    absolute = [str(Path(p).resolve()) if p else p for p in (args.lockstep, args.opencv_images)]
+    run = Run(absolute[0], workdir, time.monotonic() + timeout - 10, args.torchrun, absolute[1])
+    try:
+        function(run)
+    except Failure as failure:
+        print(f"FAILED {args.name}: {failure}", file=sys.stderr)
+        return 1
+    print(f"ok: {args.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
