@@ -155,8 +155,8 @@ class ResidualVQ(_Residual):
         return (out, idx, losses, self.get_codes_from_indices(idx)) if return_all_codes else (out, idx, losses)
 
     def _given_indices(self, x, indices, mask):
-        """forward(x, indices=...)'s indices as one (b, n, num_quantizers) tensor (a list of layers' is stacked
-        last, as the reference stacks it); ValueError for what the reference refuses."""
+        """forward(x, indices=...)'s indices as one (b, n, num_quantizers) tensor (a list of each layer's
+        (b, n) is stacked on the last axis); ValueError for what the reference refuses."""
         if isinstance(indices, (list, tuple)):
             indices = torch.stack(list(indices), dim=-1)
         if self.accept_image_fmap or x.ndim != 3 or mask is not None:

@@ -120,3 +120,17 @@ def test_two_ranks_hold_the_global_batch_s_statistics():
         assert torch.equal(states[0][key], states[1][key]), key
         torch.testing.assert_close(states[0][key], value, atol=1e-5, rtol=1e-5, msg=key)
     assert float(states[0]["_codebook.affine_initted"]) == 1
+
+
+@pytest.mark.parametrize("options, forward", [(dict(learnable_codebook=True, ema_update=False), {}),
+                                              ({}, dict(freeze_codebook=True))],
+                         ids=["learnable_codebook", "frozen"])
+def test_the_statistics_follow_training_calls_that_leave_the_codebook_to_others(options, forward):
+    # The reference updates its affine statistics in every forward, whether or not its EMA moves the codebook.
+    vq = lockstep.VectorQuantize(dim=6, codebook_size=16, affine_param=True, **options)
+    before = vq._codebook.embed.detach().clone()
+    out, _, loss = vq(torch.randn(3, 5, 6) * 2 + 1, **forward)
+    (out.sum() + loss).backward()
+    assert float(vq._codebook.affine_initted) == 1
+    assert not torch.equal(vq._codebook.batch_mean, torch.zeros_like(vq._codebook.batch_mean))
+    assert torch.equal(vq._codebook.embed.detach(), before)  # the codebook moves only by its optimizer

@@ -16,6 +16,7 @@ constexpr double kSqrt2 = 1.4142135623730951;
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kBinStd = 0.28867513459481287;  // sqrt(1/12): the std of a uniform bin value in [0, 1]
 constexpr double kStdFloor = 1e-8;               // the regulariser's floor on a channel's std
+constexpr double kConstantSpread = 1e-6;         // variance / mean^2 below which a channel counts as constant
 
 struct Activation {
   const char* name;
@@ -178,8 +179,12 @@ at::Tensor fsp_norm_loss(const at::Tensor& sums, const FspNorm& norm, int64_t ch
   const at::Tensor std = variance.sqrt().clamp_min(kStdFloor);
   const at::Tensor central3 = e3 - 3 * mean * e2 + 2 * mean.pow(3);
   const at::Tensor central4 = e4 - 4 * mean * e3 + 6 * mean.pow(2) * e2 - 3 * mean.pow(4);
-  const at::Tensor skewness = central3 / std.pow(3);
-  const at::Tensor kurtosis = central4 / std.pow(4) - 3.0;
+  // Power sums cannot resolve the third and fourth moments of a channel whose spread is below 1e-3
+  // of its mean (their rounding, ~1e-16 of mean^4, outgrows std^4): such a channel counts as constant
+  // there, skewness 0 and kurtosis -3, as the reference's exactly constant channel.
+  const at::Tensor resolved = central2 > mean.pow(2) * kConstantSpread;
+  const at::Tensor skewness = torch::where(resolved, central3 / std.pow(3), torch::zeros_like(central3));
+  const at::Tensor kurtosis = torch::where(resolved, central4 / std.pow(4), torch::zeros_like(central4)) - 3.0;
   const at::Tensor stats[4] = {mean, variance, skewness, kurtosis};
   at::Tensor loss = torch::zeros({}, sums.options());
   for (size_t k = 0; k < 4; ++k) {

@@ -1,9 +1,7 @@
 #include "lockstep/quant/option_specs.h"
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
-#include <sstream>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsp.h"
@@ -265,29 +263,6 @@ const OptionSpec* find_spec(const std::string& section, const std::string& key) 
   return nullptr;
 }
 
-std::string format_number(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
-// "in [0, 1)", ">= 1", ...: the limits as the configuration states them.
-std::string limits_text(const OptionSpec& o) {
-  if (o.min && o.max) {
-    return "in " + std::string(o.min_exclusive ? "(" : "[") + format_number(*o.min) + ", " + format_number(*o.max) +
-           (o.max_exclusive ? ")" : "]");
-  }
-  if (o.min) return (o.min_exclusive ? "> " : ">= ") + format_number(*o.min);
-  if (o.max) return (o.max_exclusive ? "< " : "<= ") + format_number(*o.max);
-  return "any value";
-}
-
-bool within(const OptionSpec& o, double v) {
-  if (o.min && (o.min_exclusive ? v <= *o.min : v < *o.min)) return false;
-  if (o.max && (o.max_exclusive ? v >= *o.max : v > *o.max)) return false;
-  return true;
-}
-
 const char* type_name(OptionSpec::Type t) {
   switch (t) {
     case OptionSpec::Type::Bool:
@@ -304,9 +279,10 @@ const char* type_name(OptionSpec::Type t) {
   return "?";
 }
 
-// An override checked against its declaration as the configuration checks a key: its type (an
-// integer is taken for a number), its limits (each element's, for lists), its length and choices.
-// Returns the value as declared; InvalidArgument naming the option, the value and what is allowed.
+// An override checked against its declaration: its key, its type (an integer is taken for a number)
+// and, for a string, its choices. Returns the value as declared; InvalidArgument naming the option.
+// The numeric limits stated here are the configuration's (KeySpec); the library's own, which the
+// options' validate() applies to whatever reads them, may be wider (FSQ levels up to 2^22).
 OptionValue checked_override(const std::string& name, const OptionValue& given) {
   const auto dot = name.find('.');
   const OptionSpec* spec = dot == std::string::npos ? nullptr : find_spec(name.substr(0, dot), name.substr(dot + 1));
@@ -332,22 +308,7 @@ OptionValue checked_override(const std::string& name, const OptionValue& given) 
       (spec->type == OptionSpec::Type::IntList && std::holds_alternative<std::vector<int64_t>>(value)) ||
       (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value));
   LOCKSTEP_CHECK_ARG(type_ok, "quantizer option '", name, "' must be ", type_name(spec->type));
-  if (const auto* v = std::get_if<int64_t>(&value)) {
-    LOCKSTEP_CHECK_ARG(within(*spec, static_cast<double>(*v)), "quantizer option '", name, "' = ", *v,
-                       " is out of range: must be ", limits_text(*spec));
-  } else if (const auto* d = std::get_if<double>(&value)) {
-    LOCKSTEP_CHECK_ARG(std::isfinite(*d) && within(*spec, *d), "quantizer option '", name, "' = ", *d,
-                       " is out of range: must be ", limits_text(*spec));
-  } else if (const auto* list = std::get_if<std::vector<int64_t>>(&value)) {
-    LOCKSTEP_CHECK_ARG(
-        (!spec->min_len || list->size() >= *spec->min_len) && (!spec->max_len || list->size() <= *spec->max_len),
-        "quantizer option '", name, "' has ", list->size(), " elements: must have ", spec->min_len.value_or(0), " to ",
-        spec->max_len.value_or(list->size()));
-    for (int64_t e : *list) {
-      LOCKSTEP_CHECK_ARG(within(*spec, static_cast<double>(e)), "quantizer option '", name, "' has the element ", e,
-                         ": each must be ", limits_text(*spec));
-    }
-  } else if (const auto* text = std::get_if<std::string>(&value)) {
+  if (const auto* text = std::get_if<std::string>(&value)) {
     LOCKSTEP_CHECK_ARG(
         spec->choices.empty() || std::find(spec->choices.begin(), spec->choices.end(), *text) != spec->choices.end(),
         "quantizer option '", name, "' = \"", *text,
@@ -373,8 +334,8 @@ T declared(const std::string& section, const std::string& key, const std::map<st
 }  // namespace
 
 OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides) {
-  // Every override is a declared option within its limits: a misspelt or out-of-range key is an
-  // error here, as in the configuration, not a value silently left unread.
+  // Every override is a declared option of its type: a misspelt key is an error here, as in the
+  // configuration, not a value silently left unread.
   for (auto& [name, value] : overrides) value = checked_override(name, value);
   const auto o = std::make_shared<const std::map<std::string, OptionValue>>(std::move(overrides));
   OptionReader r;

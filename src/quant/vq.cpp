@@ -323,19 +323,18 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   result.losses["commitment"] = commitment * options_.commitment_weight();
   // Without the EMA and dead codes a training call keeps no statistics: no update, no collective.
   const bool keeps_statistics = options_.ema_update() || options_.threshold_ema_dead_code() > 0;
-  if (may_change_state && keeps_statistics && !ctx.freeze_codebook) {
+  const bool trains_codebook = keeps_statistics && !ctx.freeze_codebook;
+  // The affine statistics follow every training call, frozen codebook or not, as the reference's.
+  if (may_change_state && (trains_codebook || options_.affine_param())) {
     // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
-    auto update = [this, tokens = counted_tokens, indices = only_counted(indices),
+    auto update = [this, trains_codebook, tokens = counted_tokens, indices = only_counted(indices),
                    generator = or_default(ctx.generator)](Reducer& r) {
       torch::NoGradGuard no_grad;
-      if (options_.affine_param()) {
-        // The statistics first, then the EMA of the tokens moved into the codebooks' frame with them
-        // (dead codes are replaced by tokens as they come, as the reference's).
-        update_affine(tokens, r);
-        ema_update(in_codebook_frame(tokens), indices, r);
-      } else {
-        ema_update(tokens, indices, r);
-      }
+      // The statistics first, then the EMA of the tokens moved into the codebooks' frame with them
+      // (dead codes are replaced by tokens as they come, as the reference's).
+      if (options_.affine_param()) update_affine(tokens, r);
+      if (!trains_codebook) return;
+      ema_update(options_.affine_param() ? in_codebook_frame(tokens) : tokens, indices, r);
       if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, r, generator);
     };
     if (ctx.defer_updates) {

@@ -40,6 +40,24 @@ def scenario(timeout, needs=()):
     return register
 
 
+def stop(process):
+    """Ends a command's process group: SIGTERM first (torchrun passes it on to its workers, which run
+    in sessions of their own), SIGKILL after 5 s; returns what it printed. Never waits longer."""
+    output = b""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            output, _ = process.communicate(timeout=5)
+            return output
+        except subprocess.TimeoutExpired:
+            continue
+    process.stdout.close()  # a descendant outside the group still holds the pipe: stop reading it
+    return output
+
+
 class Run:
     """One scenario's directory and tools: runs the CLI there, keeps each command's output in a log."""
 
@@ -61,9 +79,9 @@ class Run:
         try:
             output, _ = process.communicate(timeout=left)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            raise Failure(f"still running at the deadline: {' '.join(map(str, argv))}\n{output.decode()[-3000:]}")
+            output = stop(process)
+            raise Failure(f"still running at the deadline: {' '.join(map(str, argv))}\n"
+                          f"{output.decode(errors='replace')[-3000:]}")
         text = output.decode(errors="replace")
         (self.dir / log).write_text(text)
         if process.returncode != expect:
@@ -116,16 +134,21 @@ class Run:
 SMALL = ("--config", HERE / "small_run.toml", "--steps", "12")
 
 
-def one_and_ranks(run, ranks, *args, tolerance=1e-4, names=(), two="two"):
+def one_and_ranks(run, ranks, *args, tolerance=1e-4, names=(), two="two", eval_args=()):
     """Trains `args` on one process (run `one`) and on `ranks` ranks (run `two`); the logged losses (or
     `names`) within `tolerance`; then `eval` of the ranks' run reports its final figures."""
     run.train("one", *SMALL, *args)
     log = run.launch(ranks, two, *SMALL, *args)
     run.expect(log, rf"rank {ranks - 1}/{ranks}\] trained 12 steps", "the last rank finished")
     run.compare("one", two, tolerance, *names)
-    run.expect(run.lockstep("eval", two, "--limit", "32", log="eval.log"), r"step 12.*mse [0-9.]+  psnr",
-               "eval of the ranks' run")
+    evaluate(run, two, "step 12", "--limit", "32", *eval_args)
     return log
+
+
+def evaluate(run, run_dir, step, *args):
+    """`lockstep eval RUN_DIR ARGS` reports the run's figures at its last step."""
+    run.expect(run.lockstep("eval", run_dir, *args, log="eval.log"), rf"{step}.*mse [0-9.]+  psnr",
+               f"eval of {run_dir}")
 
 
 @scenario(240)
@@ -138,8 +161,7 @@ def launch_three_ranks_match_one_process(run):
     log = run.launch(3, "three", *SMALL, *scheduled, "--set", "train.grad_bucket_kb=8")
     run.expect(log, r"rank 2/3\] trained 12 steps", "rank 2 finished")
     run.compare("one", "three", 1e-4)
-    run.expect(run.lockstep("eval", "three", "--limit", "32", log="eval.log"), r"step 12.*mse [0-9.]+  psnr",
-               "eval of the ranks' run")
+    evaluate(run, "three", "step 12", "--limit", "32")
 
 
 ADVERSARIAL = ("--set", "loss.l1=1", "--set", "loss.adversarial=0.5", "--set", "loss.gan_start_step=4",
@@ -189,7 +211,7 @@ def launch_two_ranks_perceptual_and_weight_average_match_one_process(run):
     run.python("make_lpips_weights.py", "w.safetensors", log="weights.log")
     args = ("--set", "loss.perceptual=1", "--set", "loss.lpips_weights=w.safetensors", "--set",
             "train.ema_decay=0.9", "--set", "train.eval_every=4")
-    log = one_and_ranks(run, 2, *args)
+    log = one_and_ranks(run, 2, *args, eval_args=("--ema",))
     run.expect(log, r"rank 0/2\] eval at step 4", "rank 0's evaluation mid-training")
     run.compare("one", "two", 1e-3, "eval:psnr_db", "eval:lpips", "eval_ema:psnr_db", "eval_ema:lpips",
                 "eval_ema:perplexity")
@@ -207,6 +229,7 @@ def launch_uneven_ranks_match_one_process(run):
     run.launch(5, "five", *SMALL, *args)
     run.compare("one", "five", 1e-5, first=1)
     run.compare("one", "five", 2e-2)
+    evaluate(run, "five", "step 12", "--limit", "32")
 
 
 @scenario(240)
@@ -247,6 +270,7 @@ def launch_resume_onto_more_ranks_matches_one_process(run):
     log = run.lockstep("launch", "-n", 3, "--", "train", "--resume", "run", "--steps", 12, log="part2.log")
     run.expect(log, "resumed at step 6 of 12", "the resumed run")
     run.compare("one", "run", 1e-4)
+    evaluate(run, "run", "step 12", "--limit", "16")
 
 
 @scenario(300, needs=("torchrun",))
@@ -261,6 +285,7 @@ def torchrun_two_ranks_match_launch_and_one_process(run):
         raise Failure(f"both torchrun ranks should report 12 steps:\n{log[-3000:]}")
     run.compare("one", "torchrun", 1e-4)
     run.compare("launched", "torchrun", 0)
+    evaluate(run, "torchrun", "step 12", "--limit", "32")
 
 
 FOLDER = ("--buckets", "64x64,80x64,64x80", "--global-batch", 8, "--threads", 1, "--set", "data.eval_images=8",
@@ -297,6 +322,7 @@ def folder_resume_onto_three_ranks_matches_one_process(run):
     log = run.lockstep("launch", "-n", 3, "--", "train", "--resume", "run", "--steps", 14, log="part2.log")
     run.expect(log, "resumed at step 6 of 14", "the resumed run")
     run.compare("one", "run", 1e-4)
+    evaluate(run, "run", "step 14", "--split", "train")
 
 
 def main():

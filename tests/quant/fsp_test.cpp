@@ -73,6 +73,12 @@ TEST(Fsp, NormLossFromPowerSumsEqualsTheBatchStatistics) {
   EXPECT_TRUE(torch::allclose(g_got, g_expected, 1e-9, 1e-10));
   const at::Tensor one = torch::tensor({1.0, 2.0, 4.0, 8.0, 16.0}, torch::kDouble);  // one token of value 2
   EXPECT_TRUE(torch::isfinite(fsp_norm_loss(one, norm, 1)).item<bool>()) << "one token: variance 0, not n / 0";
+  // A constant channel of a value power sums do not cancel exactly (0.3): skewness 0 and kurtosis -3,
+  // as the reference's, not rounding over std^4 (1e15 before the guard).
+  const at::Tensor constant = torch::full({64, 1}, 0.3, torch::kDouble);
+  const at::Tensor constant_sums = torch::cat({torch::full({1}, 64.0, constant.options()), constant.sum(0),
+                                               constant.pow(2).sum(0), constant.pow(3).sum(0), constant.pow(4).sum(0)});
+  EXPECT_NEAR(fsp_norm_loss(constant_sums, norm, 1).item<double>(), 0.1 * 0.09 + 0.07 * 1 + 0.05 * 9, 1e-9);
 }
 
 // Training: the statistics are the global batch's (one reducer call), the draws the global batch's:
