@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "lockstep/core/error.h"
-#include "lockstep/core/random.h"
 #include "lockstep/data/bucket_table.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/dist/backward_reducer.h"
@@ -21,6 +20,7 @@
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/binary_mapper.h"
+#include "lockstep/quant/call_context.h"
 #include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/lfq.h"
@@ -144,11 +144,9 @@ const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
 lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,
                                               const std::optional<at::Tensor>& mask) {
-  lockstep::quant::QuantizeContext ctx;
+  lockstep::quant::QuantizeContext ctx = lockstep::quant::seeded_context(
+      seed, static_cast<uint64_t>(step.item<int64_t>()), group ? group->rank() * x.size(0) : 0);
   if (mask) ctx.mask = *mask;
-  ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-      lockstep::derive_seed(seed, static_cast<uint64_t>(step.item<int64_t>()), +lockstep::SeedPurpose::Quantizer));
-  if (group) ctx.first_item = group->rank() * x.size(0);
   return ctx;
 }
 

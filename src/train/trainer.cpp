@@ -14,12 +14,12 @@
 #include "lockstep/core/error.h"
 #include "lockstep/core/hash.h"
 #include "lockstep/core/memory.h"
-#include "lockstep/core/random.h"
 #include "lockstep/core/threads.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/quant/autocast.h"
+#include "lockstep/quant/call_context.h"
 #include "lockstep/train/adam.h"
 #include "lockstep/train/adversary.h"
 #include "lockstep/train/checkpoint.h"
@@ -336,12 +336,10 @@ struct Trainer::State {
       first += x.size(0);
       // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
       // function of (seed, step, micro-batch): the same on every rank and after a resume, with no collective.
-      quant::QuantizeContext ctx;
+      quant::QuantizeContext ctx = quant::seeded_context(
+          static_cast<uint64_t>(config.get_int("train.seed")), static_cast<uint64_t>(step * micro_batches + j),
+          data::EpochPlan::rank_offset(batch_size / micro_batches, group->size(), group->rank()));
       ctx.reducer = reducer.get();
-      ctx.first_item = data::EpochPlan::rank_offset(batch_size / micro_batches, group->size(), group->rank());
-      ctx.generator = at::make_generator<at::CPUGeneratorImpl>(
-          derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
-                      static_cast<uint64_t>(step * micro_batches + j), +SeedPurpose::Quantizer));
       // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
       // gives exactly the gradient of the global batch's loss (G4).
       const double weight = static_cast<double>(x.size(0)) * group->size() / static_cast<double>(batch_size);
