@@ -4,6 +4,25 @@ import torch
 from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
 
 
+def backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers=(), rtol=1e-5,
+                                   step=None):
+    """Backward of the same weighted sum of both modules' outputs plus their losses; the input gradients
+    (xs: the reference's input, then ours) within 1e-5 absolute, each parameter's within 5e-5 (it sums
+    over every token), both `rtol` relative; then a step of each optimizer."""
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    ((out_ref * weights).sum() + loss_ref).backward()
+    ((out * weights).sum() + loss).backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=rtol)
+    reference_parameters = dict(reference.named_parameters())
+    for name, parameter in ours.named_parameters():
+        if parameter.grad is not None or reference_parameters[name].grad is not None:
+            torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=rtol,
+                                       msg=lambda m, name=name: f"step {step}, {name}: {m}")
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1.0, orthogonal=None,
                            optimizer=None):
     """Both modules, from the reference's state, on the same inputs (randn(shape) * scale): indices
@@ -35,18 +54,6 @@ def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1
             torch.testing.assert_close(loss[0].detach(), expected.reshape(loss[0].shape), atol=1e-5, rtol=1e-5)
         loss_ref = loss_ref[0].sum() if loss_ref else 0
         loss = loss[0].sum() if loss else 0
-        weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
-        ((out_ref * weights).sum() + loss_ref).backward()
-        ((out * weights).sum() + loss).backward()
-        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
-        reference_parameters = dict(reference.named_parameters())
-        for name, parameter in ours.named_parameters():
-            if parameter.grad is not None or reference_parameters[name].grad is not None:
-                # a parameter's gradient sums over every token: 5e-5 absolute for its rounding
-                torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-5,
-                                           msg=lambda m, name=name: f"step {step}, {name}: {m}")
-        for o in optimizers:
-            o.step()
-            o.zero_grad()
+        backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers, step=step)
         for key in state_keys:
             torch.testing.assert_close(ours.state_dict()[key], reference.state_dict()[key], atol=1e-5, rtol=1e-5)

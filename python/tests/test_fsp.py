@@ -6,6 +6,7 @@ import torch
 
 import lockstep
 from ranks import run_ranks
+from reference_steps import backward_and_compare_gradients
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
 
@@ -49,16 +50,8 @@ def test_matches_the_reference_over_steps(case, training):
         for name, value in info_ref["norm_info"].items():
             torch.testing.assert_close(info["norm_info"][name], value.detach(), atol=1e-5, rtol=1e-4)
         assert "p_accept_prob" not in info
-        weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
-        ((out_ref * weights).sum() + loss_ref).backward()
-        ((out * weights).sum() + loss).backward()
-        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-4)
-        reference_parameters = dict(reference.named_parameters())
-        for name, parameter in ours.named_parameters():
-            torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-4)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad()
+        backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers, rtol=1e-4,
+                                       step=step)
 
 
 def test_decoding_and_index_helpers_match_the_reference():

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 import lockstep
 from ranks import run_ranks
+from reference_steps import backward_and_compare_gradients
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
 
@@ -47,16 +48,7 @@ def _step(reference, ours, x, lens, optimizers, cutoffs=None):
         assert torch.equal(a, b.long()), level
     torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
-    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
-    ((out_ref * weights).sum() + loss_ref).backward()
-    ((out * weights).sum() + loss).backward()
-    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
-    reference_parameters = dict(reference.named_parameters())
-    for name, parameter in ours.named_parameters():
-        torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-5)
-    for optimizer in optimizers:
-        optimizer.step()
-        optimizer.zero_grad()
+    backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers)
     reference_state = reference.state_dict()
     for key, value in ours.state_dict().items():
         if not key.endswith("_extra_state"):
