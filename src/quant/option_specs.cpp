@@ -320,13 +320,9 @@ OptionValue checked_override(const std::string& name, const OptionValue& given) 
 template <typename T>
 T declared(const std::string& section, const std::string& key, const std::map<std::string, OptionValue>& overrides) {
   const std::string name = section + "." + key;
-  const OptionValue* value = nullptr;
-  for (const auto& s : quantizer_option_sections()) {
-    for (const auto& o : s.options) {
-      if (s.name == section && o.key == key) value = &o.default_value;
-    }
-  }
-  LOCKSTEP_CHECK_ARG(value != nullptr, "no quantizer option '", name, "' is declared");
+  const OptionSpec* spec = find_spec(section, key);
+  LOCKSTEP_CHECK_ARG(spec != nullptr, "no quantizer option '", name, "' is declared");
+  const OptionValue* value = &spec->default_value;
   if (auto it = overrides.find(name); it != overrides.end()) value = &it->second;
   LOCKSTEP_CHECK_ARG(std::holds_alternative<T>(*value), "quantizer option '", name, "' is read as another type");
   return std::get<T>(*value);
