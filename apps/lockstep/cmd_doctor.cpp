@@ -29,7 +29,7 @@
 #include "lockstep/dist/backends.h"
 #include "lockstep/io/image_decode.h"
 #include "lockstep/model/autoencoder.h"
-#include "lockstep/train/config.h"
+#include "lockstep/train/run_settings.h"
 
 namespace lockstep::cli {
 namespace {
@@ -95,19 +95,19 @@ struct Findings {
 // What `lockstep train --data DIR` with the default settings would refuse in readable files, in the
 // trainer's words: test images of another size, sides the default model cannot halve, too few images.
 std::string default_training_refuses(const data::ImageSet& train, const data::ImageSet& test) {
-  const train::Config defaults(train::lockstep_schema());
+  const train::RunSettings defaults;
   if (test.width != train.width || test.height != train.height) {
     return detail::concat("its test images are ", test.width, "x", test.height, " but its training images ",
                           train.width, "x", train.height);
   }
-  const auto& channels = defaults.get_int_list("model.channels");
+  const auto& channels = defaults.model.channels();
   const int64_t factor = model::AutoencoderOptions(train.channels, channels).downsampling();
   if (train.width % factor != 0 || train.height % factor != 0) {
     return detail::concat("training images of ", train.width, "x", train.height, " cannot pass through the model's ",
                           channels.size(), " levels: each side must be a multiple of ", factor,
                           " (use fewer model.channels entries)");
   }
-  const int64_t batch = defaults.get_int("train.batch_size");
+  const int64_t batch = defaults.train.batch_size();
   if (batch > train.count) {
     return detail::concat("train.batch_size = ", batch, " exceeds the ", train.count, " training images");
   }

@@ -45,7 +45,7 @@ data::ImageSet load_inputs(const EncodeArgs& args, const train::TrainedModel& t)
     }
     return data::image_set_from_images(images, channels);
   }
-  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  const std::string dir = args.data_dir.empty() ? t.settings.data.dir() : args.data_dir;
   data::ImageSet set = data::load_fashion_mnist(dir, args.split == "train" ? data::Split::Train : data::Split::Test);
   return data::first_images(std::move(set), args.limit);
 }
@@ -91,10 +91,10 @@ int encode_folder(const EncodeArgs& args, train::TrainedModel& t, const std::str
 int run_encode(const EncodeArgs& args) {
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
-  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  const std::string dir = args.data_dir.empty() ? t.settings.data.dir() : args.data_dir;
   // The run's own data: its folder even when that folder has moved (the error then says so); other
   // data: a folder unless it holds Fashion-MNIST's files.
-  const bool folder_run = t.config.get_string("data.dataset") == "folder";
+  const bool folder_run = t.settings.data.dataset() == "folder";
   if (args.images.empty() &&
       ((args.data_dir.empty() && folder_run) || (!args.data_dir.empty() && is_image_folder(dir))))
     return encode_folder(args, t, dir);

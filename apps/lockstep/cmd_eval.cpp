@@ -29,16 +29,16 @@ struct EvalArgs {
 int run_eval(const EvalArgs& args) {
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
-  const bool folder_run = t.config.get_string("data.dataset") == "folder";
-  const std::string dir = args.data_dir.empty() ? t.config.get_string("data.dir") : args.data_dir;
+  const bool folder_run = t.settings.data.dataset() == "folder";
+  const std::string dir = args.data_dir.empty() ? t.settings.data.dir() : args.data_dir;
   train::EvalOptions options = train::EvalOptions().batch_size(args.batch_size).grid_images(args.grid.empty() ? 0 : 16);
-  const std::string lpips_path = args.lpips.empty() ? t.config.get_string("loss.lpips_weights") : args.lpips;
+  const std::string lpips_path = args.lpips.empty() ? t.settings.loss.lpips_weights() : args.lpips;
   if (!lpips_path.empty()) {
     model::Lpips lpips = train::load_lpips(lpips_path, args.lpips.empty() ? "the run's loss.lpips_weights" : "--lpips");
     lpips->to(t.model->parameters().front().device());
     options.lpips(lpips.ptr());
   }
-  const std::string fid_path = args.fid.empty() ? t.config.get_string("eval.fid_weights") : args.fid;
+  const std::string fid_path = args.fid.empty() ? t.settings.eval.fid_weights() : args.fid;
   if (!fid_path.empty()) {
     model::FidInception fid =
         train::load_fid_inception(fid_path, args.fid.empty() ? "the run's eval.fid_weights" : "--fid");

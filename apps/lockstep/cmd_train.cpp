@@ -12,9 +12,8 @@
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group.h"
 #include "lockstep/dist/process_group.h"
-#include "lockstep/quant/option_check.h"
 #include "lockstep/train/device.h"
-#include "lockstep/train/model_factory.h"
+#include "lockstep/train/resolve_run.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "progress.h"
@@ -72,38 +71,19 @@ std::vector<std::string> overrides(const TrainArgs& args) {
 int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group);
 
 // A new run's configuration: the defaults, then --config's file, then the overrides in order.
-train::Config new_run_config(const TrainArgs& args) {
-  train::Config config(train::lockstep_schema());
-  if (!args.config_file.empty()) config.load_toml_file(args.config_file);
-  for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-  // Every quantizer section, not only the chosen one's: a value that would fail later is refused now.
-  for (const auto& section : quant::option_sections()) {
-    try {
-      quant::validate_options(section, train::quantizer_options(config, section));
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(std::string("[quantizer.") + section + "] " + e.what());
-    }
-  }
-  return config;
-}
+train::ResolvedRun new_run(const TrainArgs& args) { return train::resolve_new_run(args.config_file, overrides(args)); }
 
 // This rank's CUDA device by the run's train.device (-1: the CPU), read before the group exists
 // because NCCL is set up on it. A run directory without config.toml is left to --resume to report.
 int cuda_device_of(const TrainArgs& args) {
-  if (args.resume.empty()) {
-    return train::cuda_index_for(train::parse_device_spec(new_run_config(args).get_string("train.device")));
-  }
-  const std::string path = train::config_path(args.resume);
-  if (!std::filesystem::exists(path)) return -1;
-  train::Config config(train::lockstep_schema());
-  config.load_toml_file(path);
-  for (const auto& assignment : overrides(args)) config.set_from_string(assignment);
-  return train::cuda_index_for(train::parse_device_spec(config.get_string("train.device")));
+  if (args.resume.empty()) return train::cuda_device_index(new_run(args).settings);
+  if (!std::filesystem::exists(train::config_path(args.resume))) return -1;
+  return train::cuda_device_index(train::resolve_resumed_run(args.resume, overrides(args)).settings);
 }
 
 int run_train(const TrainArgs& args) {
   if (args.print_config && args.resume.empty()) {
-    std::cout << new_run_config(args).to_toml();
+    std::cout << new_run(args).config.to_toml();
     return kExitOk;
   }
   // Started as one rank of several (lockstep launch, torchrun): join the others.
@@ -161,11 +141,11 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
                        "--config or --run-dir");
     trainer = train::Trainer::resume(args.resume, overrides(args), group, print_line);
   } else {
-    trainer = train::Trainer::create(new_run_config(args), args.run_dir.empty() ? default_run_dir() : args.run_dir,
+    trainer = train::Trainer::create(new_run(args).config, args.run_dir.empty() ? default_run_dir() : args.run_dir,
                                      group, print_line);
   }
 
-  ProgressPrinter progress(stdout_is_terminal(), trainer->config().get_int("train.log_every"));
+  ProgressPrinter progress(stdout_is_terminal(), trainer->settings().train.log_every());
   train::TrainCallbacks callbacks;
   int64_t total_steps = 0;
   callbacks.on_step = [&](const train::StepReport& r) {
@@ -250,21 +230,12 @@ void add_train_command(CLI::App& app, Runner& run) {
                   "Continue the run in this directory from its checkpoint, exactly where it stopped")
       ->type_name("RUN_DIR");
   cmd->add_flag("--print-config", args->print_config, "Print the resolved configuration as TOML and exit");
-  add_shortcut(*cmd, *args, "--epochs", "INT", "train.epochs", "Epochs to train");
-  add_shortcut(*cmd, *args, "--steps", "INT", "train.steps", "Stop after this many steps (0 = all epochs)");
-  add_shortcut(*cmd, *args, "--batch-size", "INT", "train.batch_size", "Images per step, over all ranks");
-  add_shortcut(*cmd, *args, "--global-batch", "INT", "train.batch_size",
-               "Images per step, over all ranks: each rank takes its part (the same as --batch-size)");
-  add_shortcut(*cmd, *args, "--lr", "FLOAT", "train.lr", "Learning rate");
-  add_shortcut(*cmd, *args, "--seed", "INT", "train.seed", "Seed of every random choice");
-  add_shortcut(*cmd, *args, "--threads", "INT", "train.threads", kThreadsHelp);
-  add_shortcut(*cmd, *args, "--device", "DEVICE", "train.device",
-               "cpu, cuda (under a launcher, each rank its LOCAL_RANK'th GPU) or cuda:N");
-  add_shortcut(*cmd, *args, "--quantizer", "NAME", "quantizer.name", "Quantizer");
-  add_shortcut(*cmd, *args, "--data", "DIR", "data.dir",
-               "Fashion-MNIST's directory of .gz files, or a folder of images (any depth; see docs/data.md)");
-  add_shortcut(*cmd, *args, "--buckets", "WxH,...", "data.buckets",
-               "Image folders: bucket sizes, e.g. 256x256,384x192 (default: 7 sizes of about 256x256)");
+  // The flags that set a key, as the run settings' table declares them.
+  for (const train::RunKey& k : train::run_keys()) {
+    for (const auto& shortcut : k.spec.shortcuts) {
+      add_shortcut(*cmd, *args, shortcut.flag, shortcut.type_name, k.spec.key, shortcut.help);
+    }
+  }
   cmd->callback([&run, args] { run = [args] { return run_train(*args); }; });
 }
 

@@ -26,15 +26,14 @@ int64_t FolderInput::images() const {
 
 FolderInput open_folder_input(const train::TrainedModel& model, const std::string& checkpoint_or_run_dir,
                               const std::string& dir, FolderSelection selection, int64_t limit) {
-  const train::Config& config = model.config;
+  const train::RunSettings& run = model.settings;
   LOCKSTEP_CHECK_ARG(fs::is_directory(dir), "image folder ", dir, " is not a directory",
-                     dir == config.get_string("data.dir")
-                         ? " (it is where this run trained: pass --data with where the "
-                           "images are now)"
-                         : "");
+                     dir == run.data.dir() ? " (it is where this run trained: pass --data with where the "
+                                             "images are now)"
+                                           : "");
   const int channels = static_cast<int>(model.model->options().in_channels());
   FolderInput in;
-  in.table = data::parse_bucket_table(config.get_string("data.buckets"));
+  in.table = data::parse_bucket_table(run.data.buckets());
   data::check_bucket_table(in.table, model.model->options().downsampling());
 
   // The run's manifest (when the run directory is at hand): the images it trained and held out.
@@ -59,9 +58,9 @@ FolderInput open_folder_input(const train::TrainedModel& model, const std::strin
   data::FolderSplit split;  // of the run's folder
   if (run_manifest || selection != FolderSelection::All) {
     const data::Manifest& trained = run_manifest ? *run_manifest : in.manifest;
-    split = train::run_folder_split(config, trained);
+    split = train::run_folder_split(run.data, trained);
     run_data =
-        std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(config), split.excluded);
+        std::make_unique<data::FolderDataset>(trained, in.table, channels, train::plan_options(run), split.excluded);
     bucket_map = run_data->bucket_map();
   }
 

@@ -9,17 +9,17 @@ namespace {
 constexpr int64_t kMostAutoEvalImages = 64;
 }  // namespace
 
-data::PlanOptions plan_options(const Config& config) {
+data::PlanOptions plan_options(const RunSettings& settings) {
   data::PlanOptions o;
-  o.global_batch = config.get_int("train.batch_size");
-  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  o.remainder = config.get_string("data.remainder") == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
-  o.micro_batches = config.get_int("train.grad_accum");
+  o.global_batch = settings.train.batch_size();
+  o.seed = static_cast<uint64_t>(settings.train.seed());
+  o.remainder = settings.data.remainder() == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
+  o.micro_batches = settings.train.grad_accum();
   return o;
 }
 
-int64_t eval_image_count(const Config& config, int64_t readable) {
-  const int64_t asked = config.get_int("data.eval_images");
+int64_t eval_image_count(const DataSettings& data, int64_t readable) {
+  const int64_t asked = data.eval_images();
   const int64_t count = asked > 0 ? asked : std::clamp<int64_t>(readable / 10, 1, kMostAutoEvalImages);
   LOCKSTEP_CHECK_ARG(count<readable, "data.eval_images = ", asked, asked> 0 ? "" : " (chosen: 1)",
                      " would hold out every one of the ", readable, " readable images for evaluation; ",
@@ -27,16 +27,15 @@ int64_t eval_image_count(const Config& config, int64_t readable) {
   return count;
 }
 
-std::string describe_eval_images(const Config& config, int64_t readable) {
-  const int64_t count = eval_image_count(config, readable);
-  if (config.get_int("data.eval_images") > 0) return detail::concat(count, " held out for evaluation");
+std::string describe_eval_images(const DataSettings& data, int64_t readable) {
+  const int64_t count = eval_image_count(data, readable);
+  if (data.eval_images() > 0) return detail::concat(count, " held out for evaluation");
   return detail::concat(count, " held out for evaluation (data.eval_images = 0: a tenth of the ", readable,
                         " readable images, at most ", kMostAutoEvalImages, ")");
 }
 
-data::FolderSplit run_folder_split(const Config& config, const data::Manifest& manifest) {
-  return data::split_folder(manifest, eval_image_count(config, manifest.readable_count()),
-                            config.get_int("data.train_subset"));
+data::FolderSplit run_folder_split(const DataSettings& data, const data::Manifest& manifest) {
+  return data::split_folder(manifest, eval_image_count(data, manifest.readable_count()), data.train_subset());
 }
 
 }  // namespace lockstep::train

@@ -56,6 +56,7 @@ class FolderData final : public TrainData {
   int64_t channels() const override { return dataset_->channels(); }
   int64_t training_images() const override { return dataset_->training_images(); }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  int64_t global_batch() const override { return dataset_->plan_options().global_batch; }
   uint64_t data_hash() const override { return dataset_->manifest().hash(); }
   data::EpochPlan plan(int64_t epoch) const override { return dataset_->plan(epoch); }
   int64_t unreadable() const override { return dataset_->unreadable(); }
@@ -155,22 +156,22 @@ data::Manifest scan_with_progress(const std::string& root, const data::Manifest*
   });
 }
 
-// train.batch_size left at its default, but more than any bucket of the folder holds: the global
-// batch becomes the fullest bucket's count (a multiple of train.grad_accum, at least one image per
-// rank in each micro-batch), and the smaller buckets join their nearest full one as usual. A batch
-// size the user gave keeps FolderDataset's error, as does a folder too small for the ranks.
-void fit_default_batch(Config& config, const data::Manifest& manifest, const std::vector<data::BucketSize>& table,
-                       const std::vector<int64_t>& excluded, const DataContext& context) {
-  if (!config.is_default("train.batch_size")) return;
+// The run's global batch: train.batch_size, unless it was left at its default but is more than any
+// bucket of the folder holds; then the global batch becomes the fullest bucket's count (a multiple of train.grad_accum,
+// at least one image per rank in each micro-batch), and the smaller buckets join their nearest full one as usual. A
+// batch size the user gave keeps FolderDataset's error, as does a folder too small for the ranks.
+int64_t fit_default_batch(const TrainSettings& train, const data::Manifest& manifest,
+                          const std::vector<data::BucketSize>& table, const std::vector<int64_t>& excluded,
+                          const DataContext& context) {
+  const int64_t batch = train.batch_size(), micro = train.grad_accum();
+  if (!context.batch_size_is_default) return batch;
   std::vector<int64_t> counts;
   for (const auto& members : data::training_buckets(manifest, table, excluded)) {
     counts.push_back(static_cast<int64_t>(members.size()));
   }
   const auto fullest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
-  const int64_t batch = config.get_int("train.batch_size"), micro = config.get_int("train.grad_accum");
   const int64_t fits = counts[fullest] / micro * micro;
-  if (counts[fullest] >= batch || fits / micro < context.world_size) return;
-  config.set("train.batch_size", fits);
+  if (counts[fullest] >= batch || fits / micro < context.world_size) return batch;
   if (context.rank == 0 && context.on_info) {
     int64_t images = 0;
     for (int64_t n : counts) images += n;
@@ -180,15 +181,17 @@ void fit_default_batch(Config& config, const data::Manifest& manifest, const std
         " of the ", images, " training images), so this run trains with a global batch of ", fits,
         "; the other buckets' images join their nearest full bucket. Set --batch-size to choose"));
   }
+  return fits;
 }
 
 }  // namespace
 
-std::unique_ptr<TrainData> open_image_folder(Config& config, const DataContext& context) {
-  const std::string root = config.get_string("data.dir");
-  const auto channels = static_cast<int>(config.get_int("data.channels"));
+std::unique_ptr<TrainData> open_image_folder(const RunSettings& settings, const DataContext& context) {
+  const DataSettings& d = settings.data;
+  const std::string root = d.dir();
+  const auto channels = static_cast<int>(d.channels());
   LOCKSTEP_CHECK_ARG(channels == 1 || channels == 3, "data.channels = ", channels, " must be 1 (gray) or 3 (RGB)");
-  const std::vector<data::BucketSize> table = data::parse_bucket_table(config.get_string("data.buckets"));
+  const std::vector<data::BucketSize> table = data::parse_bucket_table(d.buckets());
   data::check_bucket_table(table, 1);  // positive sides, distinct aspect ratios (the model checks the rest)
 
   // The run's manifest: written when it starts, the cache of every later scan, and on resume the
@@ -215,17 +218,18 @@ std::unique_ptr<TrainData> open_image_folder(Config& config, const DataContext& 
   LOCKSTEP_CHECK_ARG(readable > 0, "image folder ", root, ": none of its ", manifest.entries.size(),
                      " image files can be decoded (the errors are in ", saved_path, ")");
   FolderSettings s;
-  s.split = run_folder_split(config, manifest);
-  s.eval_note = describe_eval_images(config, readable);
+  s.split = run_folder_split(d, manifest);
+  s.eval_note = describe_eval_images(d, readable);
   s.rank = context.rank;
   s.world_size = context.world_size;
-  s.workers = static_cast<int>(config.get_int("data.workers"));
-  s.prefetch = static_cast<int>(config.get_int("data.prefetch"));
+  s.workers = static_cast<int>(d.workers());
+  s.prefetch = static_cast<int>(d.prefetch());
   s.manifest_file = saved_path;
-  s.augmentation.flip = config.get_bool("data.random_flip");
-  s.augmentation.max_zoom = config.get_float("data.random_zoom");
-  fit_default_batch(config, manifest, table, s.split.excluded, context);
-  return std::make_unique<FolderData>(std::move(manifest), table, channels, plan_options(config), s);
+  s.augmentation.flip = d.random_flip();
+  s.augmentation.max_zoom = d.random_zoom();
+  data::PlanOptions plan = plan_options(settings);
+  plan.global_batch = fit_default_batch(settings.train, manifest, table, s.split.excluded, context);
+  return std::make_unique<FolderData>(std::move(manifest), table, channels, plan, s);
 }
 
 }  // namespace lockstep::train

@@ -76,6 +76,21 @@ KeySpec& KeySpec::length(size_t lo, size_t hi) {
   return *this;
 }
 
+KeySpec& KeySpec::may_change_on_resume() {
+  resumable = true;
+  return *this;
+}
+
+KeySpec& KeySpec::may_differ_per_rank() {
+  per_rank = true;
+  return *this;
+}
+
+KeySpec& KeySpec::shortcut(std::string flag, std::string type_name, std::string help) {
+  shortcuts.push_back({std::move(flag), std::move(type_name), std::move(help)});
+  return *this;
+}
+
 std::string KeySpec::section() const { return parent_of(key); }
 std::string KeySpec::name() const { return key.substr(key.rfind('.') + 1); }
 

@@ -1,6 +1,5 @@
 // Fashion-MNIST as training data (one bucket of 28x28 images, the test split for evaluation), and
 // the choice between it and an image folder.
-#include <filesystem>
 #include <numeric>
 
 #include "lockstep/core/error.h"
@@ -33,6 +32,7 @@ class FashionMnistData final : public TrainData {
   int64_t channels() const override { return train_.channels; }
   int64_t training_images() const override { return train_.count; }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  int64_t global_batch() const override { return plan_options_.global_batch; }
   std::vector<data::BucketSize> image_sizes() const override { return {{train_.width, train_.height}}; }
   uint64_t data_hash() const override { return hash_; }
 
@@ -78,41 +78,26 @@ class FashionMnistData final : public TrainData {
 
 }  // namespace
 
-std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataContext& context) {
-  const std::string dir = config.get_string("data.dir");
-  const int64_t subset = config.get_int("data.train_subset");
-  auto d = std::make_unique<FashionMnistData>(
-      data::first_images(data::load_fashion_mnist(dir, data::Split::Train), subset),
-      data::first_images(data::load_fashion_mnist(dir, data::Split::Test), config.get_int("data.test_subset")),
-      plan_options(config), subset, dir);
-  d->set_rank(context.rank, context.world_size);
-  return d;
+std::unique_ptr<TrainData> open_fashion_mnist(const RunSettings& settings, const DataContext& context) {
+  const DataSettings& d = settings.data;
+  auto data = std::make_unique<FashionMnistData>(
+      data::first_images(data::load_fashion_mnist(d.dir(), data::Split::Train), d.train_subset()),
+      data::first_images(data::load_fashion_mnist(d.dir(), data::Split::Test), d.test_subset()), plan_options(settings),
+      d.train_subset(), d.dir());
+  data->set_rank(context.rank, context.world_size);
+  return data;
 }
 
-std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context) {
-  const int64_t batch = config.get_int("train.batch_size"), micro = config.get_int("train.grad_accum");
-  LOCKSTEP_CHECK_ARG(batch % micro == 0, "train.grad_accum = ", micro, " must divide train.batch_size = ", batch,
-                     " (each step's global batch is cut into micro-batches of equal size)");
+std::unique_ptr<TrainData> open_train_data(const RunSettings& settings, const DataContext& context) {
+  const int64_t batch = settings.train.batch_size(), micro = settings.train.grad_accum();
   LOCKSTEP_CHECK_ARG(batch / micro >= context.world_size, "train.batch_size = ", batch, " is the global batch",
                      micro > 1 ? detail::concat(", cut into ", micro, " micro-batches of ", batch / micro) : "",
                      ": it needs at least one image for each of the ", context.world_size, " ranks",
                      micro > 1 ? " in each micro-batch" : "");
-  if (config.get_string("data.dataset") == "auto") {
-    const std::string dir = config.get_string("data.dir");
-    // Without throwing for a name the system refuses (too long): the loader then says what is wrong.
-    std::error_code ec;
-    const bool mnist = std::filesystem::exists(data::fashion_mnist_images_path(dir, data::Split::Train), ec);
-    // A missing Fashion-MNIST directory keeps its own error (which names the Debian package).
-    const bool folder = !mnist && std::filesystem::is_directory(dir, ec);
-    config.set("data.dataset", std::string(folder ? "folder" : "fashion-mnist"));
-  }
-  if (config.get_string("data.dataset") == "folder") return open_image_folder(config, context);
-  // Fashion-MNIST's 28x28 images are used as they are.
-  LOCKSTEP_CHECK_ARG(!config.get_bool("data.random_flip") && config.get_float("data.random_zoom") == 1.0,
-                     "data.random_flip and data.random_zoom apply to image folders; this run trains on Fashion-MNIST "
-                     "(data.dir = ",
-                     config.get_string("data.dir"), ")");
-  return open_fashion_mnist(config, context);
+  LOCKSTEP_CHECK_ARG(settings.data.dataset() != "auto", "open_train_data: data.dataset = auto must be resolved first ",
+                     "(resolve_dataset)");
+  if (settings.data.dataset() == "folder") return open_image_folder(settings, context);
+  return open_fashion_mnist(settings, context);
 }
 
 }  // namespace lockstep::train

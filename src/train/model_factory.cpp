@@ -15,16 +15,17 @@ quant::OptionReader quantizer_options(const Config& config, const std::string& n
   return r;
 }
 
-model::Autoencoder build_model(const Config& config, int64_t in_channels) {
-  const std::string name = config.get_string("quantizer.name");
+model::Autoencoder build_model(const RunSettings& settings, const Config& config, int64_t in_channels) {
+  const std::string& name = settings.quantizer.name();
   auto quantizer = quant::make_quantizer(name, quantizer_options(config, name));
-  model::AutoencoderOptions options(in_channels, config.get_int_list("model.channels"));
-  options.architecture(model::parse_architecture(config.get_string("model.architecture")))
-      .res_blocks(config.get_int("model.res_blocks"))
-      .batch_norm(config.get_bool("model.batch_norm"))
-      .attention_levels(config.get_int_list("model.attention_levels"))
-      .mid_attention(config.get_bool("model.mid_attention"))
-      .norm_groups(config.get_int("model.norm_groups"));
+  const ModelSettings& m = settings.model;
+  model::AutoencoderOptions options(in_channels, m.channels());
+  options.architecture(model::parse_architecture(m.architecture()))
+      .res_blocks(m.res_blocks())
+      .batch_norm(m.batch_norm())
+      .attention_levels(m.attention_levels())
+      .mid_attention(m.mid_attention())
+      .norm_groups(m.norm_groups());
   return model::Autoencoder(options, quantizer);
 }
 
@@ -46,11 +47,12 @@ TrainedModel load_trained_model(const std::string& checkpoint_or_run_dir, bool w
   Checkpoint c = load_checkpoint(path);
   TrainedModel t;
   t.config.load_toml_string(c.config_toml, path + " (embedded config)");
+  t.settings = run_settings(t.config);
   // The input channel count is the data's, not the config's: read it off the first convolution.
   auto first = c.model.find("encoder.0.weight");
   LOCKSTEP_THROW_IF_NOT(first != c.model.end() && first->second.dim() == 4, CorruptInput, path,
                         ": checkpoint has no encoder.0.weight of shape (out, in, kh, kw)");
-  t.model = build_model(t.config, first->second.size(1));
+  t.model = build_model(t.settings, t.config, first->second.size(1));
   LOCKSTEP_CHECK_ARG(!weight_average || !c.ema.empty(), path,
                      " holds no moving average of the weights: its run had train.ema_decay = 0");
   load_module_state(*t.model, weight_average ? c.ema : c.model, weight_average ? path + " (weight average)" : path);

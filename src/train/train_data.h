@@ -14,7 +14,6 @@
 #include "lockstep/data/buckets.h"
 #include "lockstep/data/image_set.h"
 #include "lockstep/data/plan.h"
-#include "lockstep/train/config.h"
 #include "lockstep/train/data_settings.h"
 
 namespace lockstep::train {
@@ -32,6 +31,8 @@ class TrainData {
   virtual int64_t channels() const = 0;
   virtual int64_t training_images() const = 0;
   virtual int64_t steps_per_epoch() const = 0;  // the same in every epoch
+  // Images per step over all ranks: train.batch_size, or what an image folder chose (open_train_data).
+  virtual int64_t global_batch() const = 0;
   // Every image size a training batch can have (the model must accept each).
   virtual std::vector<data::BucketSize> image_sizes() const = 0;
   // Of the data itself (image bytes or the manifest): ranks compare it with the plan.
@@ -55,18 +56,21 @@ struct DataContext {
   bool resuming = false;
   int rank = 0;
   int world_size = 1;
+  // train.batch_size was left at its default, so an image folder whose buckets cannot fill it may
+  // train with a smaller global batch (global_batch() says which).
+  bool batch_size_is_default = false;
   std::function<void(const std::string&)> on_info;  // progress of long work (scanning a folder)
 };
 
-// Opens what `config` describes, first resolving data.dataset = "auto" in `config` to what
-// data.dir holds. Throws before any training for missing data, an empty folder, a bucket table
-// no image fits, or a global batch that no bucket can fill. A train.batch_size left at its default
-// that no bucket of an image folder can fill is lowered in `config` to what the fullest bucket
-// holds, said through context.on_info on rank 0 (a small folder trains with the defaults).
-std::unique_ptr<TrainData> open_train_data(Config& config, const DataContext& context);
+// Opens what `settings` describes; data.dataset must be resolved (resolve_dataset). Throws before
+// any training for missing data, an empty folder, a bucket table no image fits, or a global batch
+// that no bucket can fill. A default train.batch_size (context.batch_size_is_default) that no bucket
+// of an image folder can fill becomes what the fullest bucket holds, said through context.on_info
+// on rank 0 (a small folder trains with the defaults); the caller records global_batch().
+std::unique_ptr<TrainData> open_train_data(const RunSettings& settings, const DataContext& context);
 
 // The two kinds (src/train/mnist_data.cpp, src/train/folder_data.cpp).
-std::unique_ptr<TrainData> open_fashion_mnist(const Config& config, const DataContext& context);
-std::unique_ptr<TrainData> open_image_folder(Config& config, const DataContext& context);
+std::unique_ptr<TrainData> open_fashion_mnist(const RunSettings& settings, const DataContext& context);
+std::unique_ptr<TrainData> open_image_folder(const RunSettings& settings, const DataContext& context);
 
 }  // namespace lockstep::train

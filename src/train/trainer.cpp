@@ -32,7 +32,9 @@
 #include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/model_factory.h"
+#include "lockstep/train/resolve_run.h"
 #include "lockstep/train/run_dir.h"
+#include "lockstep/train/run_settings.h"
 #include "lockstep/train/weight_ema.h"
 #include "lockstep/train/weights_file.h"
 #include "rank_agreement.h"
@@ -43,31 +45,6 @@ namespace lockstep::train {
 namespace fs = std::filesystem;
 
 namespace {
-// Keys that change neither the model nor the order of the data, so a resumed run may alter them.
-const std::vector<std::string> kResumableKeys = {"train.epochs",
-                                                 "train.steps",
-                                                 "train.log_every",
-                                                 "train.grad_bucket_kb",
-                                                 "train.checkpoint_every",
-                                                 "train.eval_every",
-                                                 "eval.batch_size",
-                                                 "eval.grid_images",
-                                                 "data.dir",
-                                                 "data.workers",
-                                                 "data.prefetch",
-                                                 "train.threads",
-                                                 "train.device",
-                                                 "loss.lpips_weights",
-                                                 "eval.fid_weights"};
-// Keys each rank may set for itself: where its copy of the data is, how it uses its cores, its device.
-// The LPIPS file's path may differ too; its contents are compared (check_same_config).
-const std::vector<std::string> kPerRankKeys = {"data.dir",     "train.threads",      "data.workers",    "data.prefetch",
-                                               "train.device", "loss.lpips_weights", "eval.fid_weights"};
-
-bool is_resumable(const std::string& key) {
-  return std::find(kResumableKeys.begin(), kResumableKeys.end(), key) != kResumableKeys.end();
-}
-
 // What travels with the last gradient bucket of every step, summed over the ranks.
 struct StepControl {
   double loss = 0;       // each rank's (weighted) loss; summed, divide by the ranks for the mean
@@ -90,7 +67,8 @@ struct StepControl {
 }  // namespace
 
 struct Trainer::State {
-  Config config{lockstep_schema()};
+  Config config{lockstep_schema()};  // what config.toml and the checkpoint record
+  RunSettings run;                   // the same, typed: what the code below reads
   std::string run_dir;
   std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0, which writes the run directory
   std::shared_ptr<dist::Group> group;
@@ -137,10 +115,10 @@ struct Trainer::State {
     train::check_replicas(*group, replicated_modules(), when);
   }
 
-  // Every rank must train with the same configuration (except kPerRankKeys).
+  // Every rank must train with the same configuration, except keys each may set for itself.
   void check_same_config() {
     Config shared = config;
-    for (const auto& key : kPerRankKeys) shared.set(key, lockstep_schema().find(key)->default_value);
+    for (const auto& key : per_rank_keys()) shared.set(key, lockstep_schema().find(key)->default_value);
     train::check_same_config(*group, shared.to_toml(), lpips_hash);
   }
 
@@ -168,12 +146,12 @@ struct Trainer::State {
     LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
     // One step path for any number of ranks: a group of one makes every collective an identity.
     reducer = std::make_unique<dist::GroupReducer>(group);
-    const ThreadChoice threads = choose_threads(config.get_int("train.threads"), "train.threads");
+    const ThreadChoice threads = choose_threads(run.train.threads(), "train.threads");
     at::set_num_threads(threads.threads);
     if (on_info && is_root()) {
       on_info(detail::concat("intra-op threads: ", threads.threads, " per rank (", threads.reason, ")"));
     }
-    torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
+    torch::manual_seed(static_cast<uint64_t>(run.train.seed()));
     choose_device(on_info);
 
     DataContext context;
@@ -187,22 +165,28 @@ struct Trainer::State {
       if (on_info) on_info(text);
     };
     group->set_progress("opening the data");
-    data = open_train_data(config, context);
+    resolve_dataset(run.data);  // a new run's "auto"; a resumed run's config.toml records the choice
+    check_run_settings(run);
+    context.batch_size_is_default = config.is_default("train.batch_size");
+    data = open_train_data(run, context);
     if (on_info && is_root()) on_info(data->describe());
-    batch_size = config.get_int("train.batch_size");
+    // What the data chose (a small folder's global batch) is recorded as the run's setting.
+    run.train.batch_size(data->global_batch());
+    record_run_settings(run, config);
+    batch_size = run.train.batch_size();
     steps_per_epoch = data->steps_per_epoch();
-    const int64_t steps = config.get_int("train.steps");
-    total_steps = steps > 0 ? steps : config.get_int("train.epochs") * steps_per_epoch;
+    const int64_t steps = run.train.steps();
+    total_steps = steps > 0 ? steps : run.train.epochs() * steps_per_epoch;
     data->set_end_step(total_steps);
 
-    model = build_model(config, data->channels());  // on the CPU: the same initial weights on any device
+    model = build_model(run, config, data->channels());  // on the CPU: the same initial weights on any device
     model->to(device);
-    if (config.get_float("train.ema_decay") > 0) {
+    if (run.train.ema_decay() > 0) {
       // Its initial weights are replaced by the model's: built without drawing from torch's generator,
       // so a run with an average trains exactly as one without.
       at::Generator generator = at::detail::getDefaultCPUGenerator();
       const at::Tensor before = generator.get_state();
-      ema_model = build_model(config, data->channels());
+      ema_model = build_model(run, config, data->channels());
       generator.set_state(before);
       ema_model->to(device);
       ema_model->eval();
@@ -212,12 +196,12 @@ struct Trainer::State {
       LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
                          size.height, " cannot pass through the model's ", model->options().channels().size(),
                          " levels: each side must be a multiple of ", f, " (",
-                         config.get_string("data.dataset") == "folder" ? "change data.buckets, or " : "",
+                         run.data.dataset() == "folder" ? "change data.buckets, or " : "",
                          "use fewer model.channels entries)");
     }
     build_losses(data->channels());  // after the model: the discriminator draws from torch's generator next
     if (device.is_cpu()) {           // a step that cannot fit is named now, not by a failed allocation later
-      const int64_t micro = batch_size / config.get_int("train.grad_accum");
+      const int64_t micro = batch_size / run.train.grad_accum();
       const int64_t per_rank = (micro + group->size() - 1) / group->size();
       for (const auto& size : data->image_sizes()) {
         int64_t floats = model->activation_floats_per_image(size.height, size.width);
@@ -228,7 +212,7 @@ struct Trainer::State {
             4.0 * static_cast<double>(per_rank) * static_cast<double>(floats),
             detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
                            " per rank (train.batch_size = ", batch_size,
-                           ", train.grad_accum = ", config.get_int("train.grad_accum"),
+                           ", train.grad_accum = ", run.train.grad_accum(),
                            "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
       }
     }
@@ -238,29 +222,23 @@ struct Trainer::State {
       if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers.push_back(b.value());
     }
     trained_params = model->parameters(true);
-    grad_sync = std::make_unique<GradientSync>(group, trained_params, config.get_int("train.grad_bucket_kb") * 1024);
-    adam = std::make_unique<Adam>(
-        std::move(params),
-        AdamOptions().lr(config.get_float("train.lr")).weight_decay(config.get_float("train.weight_decay")));
+    grad_sync = std::make_unique<GradientSync>(group, trained_params, run.train.grad_bucket_kb() * 1024);
+    adam = std::make_unique<Adam>(std::move(params),
+                                  AdamOptions().lr(run.train.lr()).weight_decay(run.train.weight_decay()));
     // A resumed run that extends train.steps stretches the decay over the new total from then on.
     lr_schedule = std::make_unique<LrSchedule>(LrScheduleOptions()
-                                                   .lr(config.get_float("train.lr"))
-                                                   .warmup_steps(config.get_int("train.warmup_steps"))
-                                                   .decay(config.get_string("train.lr_decay"))
-                                                   .final_ratio(config.get_float("train.lr_final_ratio")),
+                                                   .lr(run.train.lr())
+                                                   .warmup_steps(run.train.warmup_steps())
+                                                   .decay(run.train.lr_decay())
+                                                   .final_ratio(run.train.lr_final_ratio()),
                                                total_steps);
   }
 
   // The reconstruction terms, the LPIPS network and the adversary, from the loss.* keys.
   void build_losses(int64_t channels) {
-    bfloat16 = config.get_string("train.precision") == "bfloat16";
-    loss_options.l2(config.get_float("loss.l2"))
-        .l1(config.get_float("loss.l1"))
-        .perceptual(config.get_float("loss.perceptual"));
-    const std::string lpips_path = config.get_string("loss.lpips_weights");
-    LOCKSTEP_CHECK_ARG(loss_options.perceptual_ == 0 || !lpips_path.empty(),
-                       "loss.perceptual = ", loss_options.perceptual_,
-                       " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");
+    bfloat16 = run.train.precision() == "bfloat16";
+    loss_options.l2(run.loss.l2()).l1(run.loss.l1()).perceptual(run.loss.perceptual());
+    const std::string& lpips_path = run.loss.lpips_weights();  // given when perceptual > 0 (check_run_settings)
     // A network only evaluation uses is loaded on rank 0 alone (which evaluates); every rank checks
     // its file is there, so that all stop at the same point.
     if (!lpips_path.empty()) {
@@ -273,7 +251,7 @@ struct Trainer::State {
       // The loss must be the same network on every rank.
       if (loss_options.perceptual_ > 0) lpips_hash = checksum(lpips->buffers());
     }
-    const std::string fid_path = config.get_string("eval.fid_weights");
+    const std::string& fid_path = run.eval.fid_weights();
     if (!fid_path.empty()) {
       require_weights_file(fid_path, "eval.fid_weights", "See docs/losses.md");
       if (is_root()) {
@@ -281,23 +259,20 @@ struct Trainer::State {
         fid->to(device);
       }
     }
-    const double adversarial = config.get_float("loss.adversarial");
+    const double adversarial = run.loss.adversarial();
     if (adversarial <= 0) return;
-    const bool adaptive = config.get_bool("loss.adaptive_weight");
-    LOCKSTEP_CHECK_ARG(!adaptive || loss_options.l2_ + loss_options.l1_ + loss_options.perceptual_ > 0,
-                       "loss.adaptive_weight compares the adversarial loss's gradient with the reconstruction "
-                       "losses', but loss.l2, loss.l1 and loss.perceptual are all 0");
-    const double disc_lr = config.get_float("loss.disc_lr");
+    const bool adaptive = run.loss.adaptive_weight();  // with a reconstruction loss (check_run_settings)
+    const double disc_lr = run.loss.disc_lr();
     AdversaryOptions options;
     options.weight = adversarial;
-    options.objective = config.get_string("loss.gan_loss");
-    options.start_step = config.get_int("loss.gan_start_step");
+    options.objective = run.loss.gan_loss();
+    options.start_step = run.loss.gan_start_step();
     options.adaptive_weight = adaptive;
-    options.lecam = config.get_float("loss.lecam");
-    options.lr = disc_lr > 0 ? disc_lr : config.get_float("train.lr");
-    options.channels = config.get_int("loss.disc_channels");
-    options.layers = config.get_int("loss.disc_layers");
-    options.bucket_bytes = config.get_int("train.grad_bucket_kb") * 1024;
+    options.lecam = run.loss.lecam();
+    options.lr = disc_lr > 0 ? disc_lr : run.train.lr();
+    options.channels = run.loss.disc_channels();
+    options.layers = run.loss.disc_layers();
+    options.bucket_bytes = run.train.grad_bucket_kb() * 1024;
     options.bfloat16 = bfloat16;
     adversary = std::make_unique<Adversary>(options, channels, group, device);
     for (const auto& size : data->image_sizes()) adversary->discriminator().check_image_size(size.height, size.width);
@@ -317,7 +292,7 @@ struct Trainer::State {
     const at::Tensor images = batch.images.to(device);
     // Gradient accumulation: micro-batch j is the same images on any number of ranks (the plan
     // gives each rank its part of each), so each forward's statistics are a global micro-batch's.
-    const int64_t micro_batches = config.get_int("train.grad_accum");
+    const int64_t micro_batches = run.train.grad_accum();
     const std::vector<int64_t> counts =
         data::EpochPlan::rank_micro_counts(batch_size, micro_batches, group->size(), group->rank());
     const bool adversarial = adversary && adversary->active(step + 1);
@@ -337,7 +312,7 @@ struct Trainer::State {
       // Quantizer randomness (k-means seeds, dead-code samples) comes from a generator that is a pure
       // function of (seed, step, micro-batch): the same on every rank and after a resume, with no collective.
       quant::QuantizeContext ctx = quant::seeded_context(
-          static_cast<uint64_t>(config.get_int("train.seed")), static_cast<uint64_t>(step * micro_batches + j),
+          static_cast<uint64_t>(run.train.seed()), static_cast<uint64_t>(step * micro_batches + j),
           data::EpochPlan::rank_offset(batch_size / micro_batches, group->size(), group->rank()));
       ctx.reducer = reducer.get();
       // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
@@ -382,14 +357,13 @@ struct Trainer::State {
     facts.image_height = images.size(2);
     // Every rank sees the same summed loss, so every rank stops here together; nothing of this
     // step reaches the parameters or the checkpoint.
-    LOCKSTEP_THROW_IF_NOT(
-        std::isfinite(facts.loss), TrainingDiverged, "step ", step + 1, ": the loss is ", facts.loss,
-        ": training diverged (train.lr is ", config.get_float("train.lr"), "; a lower one may help). ",
-        saved_step >= 0
-            ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step, ", before the divergence")
-            : std::string("No checkpoint was written yet"));
+    LOCKSTEP_THROW_IF_NOT(std::isfinite(facts.loss), TrainingDiverged, "step ", step + 1, ": the loss is ", facts.loss,
+                          ": training diverged (train.lr is ", run.train.lr(), "; a lower one may help). ",
+                          saved_step >= 0 ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step,
+                                                           ", before the divergence")
+                                          : std::string("No checkpoint was written yet"));
     // The gradients are the same on every rank now, so are their norm and the clipping.
-    const double clip = config.get_float("train.grad_clip");
+    const double clip = run.train.grad_clip();
     if (clip > 0) {
       facts.grad_norm = clip_grad_norm(trained_params, clip);
     } else if (logged) {
@@ -399,7 +373,7 @@ struct Trainer::State {
     adam->set_lr(facts.lr);
     adam->step();
     sync_buffers();
-    if (ema_model) update_weight_ema(*ema_model, *model, config.get_float("train.ema_decay"));
+    if (ema_model) update_weight_ema(*ema_model, *model, run.train.ema_decay());
     if (adversarial) {
       facts.disc_loss = adversary->train_step(reals, fakes, weights);
       facts.adversarial_factor = factor_sum / static_cast<double>(micro_batches);
@@ -412,7 +386,7 @@ struct Trainer::State {
 
   // train.device for this rank; a distributed run's group must carry tensors there (NCCL on CUDA).
   void choose_device(const std::function<void(const std::string&)>& on_info) {
-    const std::string spec = config.get_string("train.device");
+    const std::string spec = run.train.device();
     const int index = cuda_index_for(parse_device_spec(spec));
     device = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
     LOCKSTEP_CHECK_ARG(group->carries(device), "rank ", group->rank(), " of ", group->size(), ": train.device = ", spec,
@@ -462,8 +436,8 @@ struct Trainer::State {
   EvalResult evaluate_test(bool weight_average = false) {
     EvalResult r = evaluate(weight_average ? *ema_model : *model, data->evaluation_images(),
                             EvalOptions()
-                                .batch_size(config.get_int("eval.batch_size"))
-                                .grid_images(config.get_int("eval.grid_images"))
+                                .batch_size(run.eval.batch_size())
+                                .grid_images(run.eval.grid_images())
                                 .lpips(lpips.is_empty() ? nullptr : lpips.ptr())
                                 .fid(fid.is_empty() ? nullptr : fid.ptr()));
     r.weight_average = weight_average;
@@ -479,13 +453,18 @@ struct Trainer::State {
 Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
 Trainer::~Trainer() = default;
 const Config& Trainer::config() const { return s_->config; }
+const RunSettings& Trainer::settings() const { return s_->run; }
 int64_t Trainer::step() const { return s_->step; }
-const std::vector<std::string>& Trainer::resumable_keys() { return kResumableKeys; }
+const std::vector<std::string>& Trainer::resumable_keys() {
+  static const std::vector<std::string> keys = train::resumable_keys();
+  return keys;
+}
 
 std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->config = config;
+  s->run = run_settings(config);
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
@@ -513,15 +492,9 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
                              detail::concat_list(removed)));
     }
   }
-  s->config.load_toml_file(config_path(run_dir));
-  for (const auto& assignment : overrides) {
-    std::string key = assignment.substr(0, assignment.find('='));
-    key.erase(0, key.find_first_not_of(" \t"));
-    key.erase(key.find_last_not_of(" \t") + 1);
-    LOCKSTEP_CHECK_ARG(is_resumable(key), "cannot change '", key, "' when resuming: it would change the model or",
-                       " the data order; keys a resumed run may change: ", detail::concat_list(kResumableKeys));
-    s->config.set_from_string(assignment);
-  }
+  ResolvedRun resolved = resolve_resumed_run(run_dir, overrides);
+  s->config = std::move(resolved.config);
+  s->run = std::move(resolved.settings);
   const std::string path = checkpoint_path(run_dir);
   LOCKSTEP_THROW_IF_NOT(fs::exists(path), IoError, "cannot resume ", run_dir, ": it has no checkpoint (", path,
                         "); the run stopped before its first checkpoint, so start it again");
@@ -546,7 +519,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
                         detail::concat_list(lost), lost_count > lost.size() ? ", ..." : "",
                         "); the file was cut short or edited: restore it");
   for (const auto& spec : lockstep_schema().keys()) {
-    LOCKSTEP_THROW_IF_NOT(is_resumable(spec.key) || saved.get(spec.key) == s->config.get(spec.key), CorruptInput,
+    LOCKSTEP_THROW_IF_NOT(spec.resumable || saved.get(spec.key) == s->config.get(spec.key), CorruptInput,
                           "cannot resume ", run_dir, ": '", spec.key, "' is ", format_value(s->config.get(spec.key)),
                           " in ", config_path(run_dir), " but ", format_value(saved.get(spec.key)),
                           " in the checkpoint");
@@ -555,11 +528,11 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   load_module_state(*s->model, c.model, path);
   LOCKSTEP_THROW_IF_NOT(c.ema.empty() == !s->ema_model, CorruptInput, path, ": ",
                         c.ema.empty() ? "holds no weight average" : "holds a weight average",
-                        ", but its run has train.ema_decay = ", s->config.get_float("train.ema_decay"));
+                        ", but its run has train.ema_decay = ", s->run.train.ema_decay());
   if (s->ema_model) load_module_state(*s->ema_model, c.ema, path + " (weight average)");
   LOCKSTEP_THROW_IF_NOT(c.discriminator.empty() == !s->adversary, CorruptInput, path, ": ",
                         c.discriminator.empty() ? "holds no discriminator" : "holds a discriminator",
-                        ", but its run has loss.adversarial = ", s->config.get_float("loss.adversarial"));
+                        ", but its run has loss.adversarial = ", s->run.loss.adversarial());
   if (s->adversary) {
     load_module_state(s->adversary->discriminator(), c.discriminator, path + " (discriminator)");
     s->adversary->optimizer().load_state(c.disc_optimizer, c.disc_optimizer_steps);
@@ -592,10 +565,10 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   shape.total_steps = s.total_steps;
   shape.steps_per_epoch = s.steps_per_epoch;
   shape.batch_size = s.batch_size;
-  shape.log_every = s.config.get_int("train.log_every");
+  shape.log_every = s.run.train.log_every();
   RunReport report(s.is_root() ? metrics_path(s.run_dir) : std::string(), s.step, shape, cb, s.is_root());
-  const int64_t checkpoint_every = s.config.get_int("train.checkpoint_every");
-  const int64_t eval_every = s.config.get_int("train.eval_every");
+  const int64_t checkpoint_every = s.run.train.checkpoint_every();
+  const int64_t eval_every = s.run.train.eval_every();
   if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.total_steps));
 
   TrainSummary summary;

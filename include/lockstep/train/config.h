@@ -40,6 +40,17 @@ struct KeySpec {
   // For strings whose valid values are a pattern rather than a list: throws to refuse one.
   std::function<void(const std::string&)> check;
   std::string check_text;  // the pattern in words ("cpu, cuda or cuda:N")
+  // A resumed run may change it: it alters neither the model nor the order of the data.
+  bool resumable = false;
+  // Each rank may set its own (where its data is, its threads, its device); the rest must agree.
+  bool per_rank = false;
+  // Command-line flags of `lockstep train` that set this key ("--batch-size" for train.batch_size).
+  struct Shortcut {
+    std::string flag;       // "--batch-size"
+    std::string type_name;  // "INT", shown in --help
+    std::string help;       // one line for --help
+  };
+  std::vector<Shortcut> shortcuts;
 
   static KeySpec boolean(std::string key, bool default_value, std::string help);
   static KeySpec integer(std::string key, int64_t default_value, std::string help);
@@ -56,6 +67,9 @@ struct KeySpec {
   KeySpec& one_of(std::vector<std::string> allowed);
   KeySpec& matching(std::string text, std::function<void(const std::string&)> check);
   KeySpec& length(size_t lo, size_t hi);
+  KeySpec& may_change_on_resume();
+  KeySpec& may_differ_per_rank();
+  KeySpec& shortcut(std::string flag, std::string type_name, std::string help);
 
   std::string section() const;  // "quantizer.fsq" for "quantizer.fsq.levels"
   std::string name() const;     // "levels"

@@ -4,13 +4,15 @@
 #include "lockstep/model/autoencoder.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/train/config.h"
+#include "lockstep/train/run_settings.h"
 
 namespace lockstep::train {
 
 // Reads "quantizer.<name>.<key>" from `config`.
 quant::OptionReader quantizer_options(const Config& config, const std::string& name);
-// `in_channels` comes from the data (1 for Fashion-MNIST).
-model::Autoencoder build_model(const Config& config, int64_t in_channels);
+// The model that `settings` describe, its quantizer's options from `config`'s section of
+// settings.quantizer.name. `in_channels` comes from the data (1 for Fashion-MNIST).
+model::Autoencoder build_model(const RunSettings& settings, const Config& config, int64_t in_channels);
 
 }  // namespace lockstep::train
 
@@ -19,6 +21,7 @@ namespace lockstep::train {
 // A trained model restored from a checkpoint file or a run directory holding one.
 struct TrainedModel {
   Config config{lockstep_schema()};  // the configuration embedded in the checkpoint
+  RunSettings settings;              // the same, typed
   model::Autoencoder model{nullptr};
   int64_t step = 0;
   std::string checkpoint;  // the file it came from

@@ -13,6 +13,7 @@
 #include "lockstep/dist/group.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/evaluate.h"
+#include "lockstep/train/run_settings.h"
 
 namespace lockstep::train {
 
@@ -70,6 +71,7 @@ class Trainer {
   ~Trainer();
   TrainSummary run(const TrainCallbacks& callbacks);
   const Config& config() const;
+  const RunSettings& settings() const;  // config(), typed
   int64_t step() const;
 
  private:

@@ -1,0 +1,197 @@
+// The run settings' table: each key bound to its own member, the uses marked on the keys, the
+// checks across keys, and resolving a run (new or resumed) the same way for the CLI and trainer.
+#include "lockstep/train/run_settings.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "error_of.h"
+#include "lockstep/core/error.h"
+#include "lockstep/train/resolve_run.h"
+#include "lockstep/train/run_dir.h"
+
+namespace lockstep::train {
+namespace {
+
+namespace fs = std::filesystem;
+using test_util::error_of;
+
+// A value `key` accepts other than its default: the first candidate its schema entry takes.
+Value another_value(const KeySpec& spec) {
+  std::vector<Value> candidates;
+  switch (spec.type) {
+    case ValueType::Bool:
+      candidates = {!std::get<bool>(spec.default_value)};
+      break;
+    case ValueType::Int: {
+      const int64_t d = std::get<int64_t>(spec.default_value);
+      candidates = {d + 1, d - 1};
+      break;
+    }
+    case ValueType::Float: {
+      const double d = std::get<double>(spec.default_value);
+      candidates = {d + 0.5, d / 2, d - 0.5};
+      break;
+    }
+    case ValueType::String:
+      for (const auto& choice : spec.choices) candidates.emplace_back(choice);
+      for (const char* s : {"64x64", "cuda:1", "elsewhere"}) candidates.emplace_back(std::string(s));
+      break;
+    case ValueType::IntList:
+      candidates = {std::vector<int64_t>{2}, std::vector<int64_t>{8, 8}};
+      break;
+    case ValueType::FloatList:
+      candidates = {std::vector<double>{0.5}};
+      break;
+  }
+  for (Value& v : candidates) {
+    if (v == spec.default_value) continue;
+    Config probe(lockstep_schema());
+    try {
+      probe.set(spec.key, v);
+      return v;
+    } catch (const InvalidArgument&) {
+    }
+  }
+  ADD_FAILURE() << "no other value found for " << spec.key;
+  return spec.default_value;
+}
+
+TEST(RunSettings, EveryKeyIsReadIntoItsOwnMemberAndWrittenBackFromIt) {
+  const Config defaults(lockstep_schema());
+  for (const RunKey& changed : run_keys()) {
+    const Value value = another_value(changed.spec);
+    Config config(lockstep_schema());
+    config.set(changed.spec.key, value);
+    RunSettings settings;
+    for (const RunKey& k : run_keys()) k.read(settings, config.get(k.spec.key));
+    // Only the changed key's member moved: no two keys share a member, none reads another's.
+    for (const RunKey& k : run_keys()) {
+      const Value expected = k.spec.key == changed.spec.key ? value : defaults.get(k.spec.key);
+      EXPECT_EQ(k.write(settings), expected) << k.spec.key << " after setting " << changed.spec.key;
+    }
+  }
+}
+
+TEST(RunSettings, TheSchemaHoldsEveryRunKeyWithTheMembersDefault) {
+  const RunSettings defaults;
+  for (const RunKey& k : run_keys()) {
+    const KeySpec* spec = lockstep_schema().find(k.spec.key);
+    ASSERT_NE(spec, nullptr) << k.spec.key;
+    EXPECT_EQ(spec->default_value, k.write(defaults)) << k.spec.key;
+    EXPECT_EQ(spec->resumable, k.spec.resumable) << k.spec.key;
+  }
+  // The quantizer's sections are the quantizers' own tables: none of them may change on resume.
+  for (const KeySpec& spec : lockstep_schema().keys()) {
+    if (spec.key.rfind("quantizer.", 0) == 0) EXPECT_FALSE(spec.resumable || spec.per_rank) << spec.key;
+  }
+}
+
+TEST(RunSettings, WhatEachRankMaySetForItselfAResumedRunMayChange) {
+  const std::vector<std::string> resumable = resumable_keys();
+  for (const std::string& key : per_rank_keys()) {
+    EXPECT_NE(std::find(resumable.begin(), resumable.end(), key), resumable.end()) << key;
+  }
+  EXPECT_NE(std::find(resumable.begin(), resumable.end(), "train.device"), resumable.end());
+  EXPECT_EQ(std::find(resumable.begin(), resumable.end(), "train.batch_size"), resumable.end());
+}
+
+TEST(RunSettings, ChecksAcrossKeysNameTheKeysAndValues) {
+  RunSettings s;
+  s.train.batch_size(10).grad_accum(4);
+  const std::string accum = error_of<InvalidArgument>([&] { check_run_settings(s); });
+  EXPECT_NE(accum.find("train.grad_accum = 4 must divide train.batch_size = 10"), std::string::npos) << accum;
+
+  s = RunSettings();
+  s.data.dataset("fashion-mnist").random_flip(true);
+  EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("apply to image folders"),
+            std::string::npos);
+  s.data.dataset("folder");
+  EXPECT_NO_THROW(check_run_settings(s));
+
+  s = RunSettings();
+  s.loss.perceptual(0.5);
+  EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("needs loss.lpips_weights"),
+            std::string::npos);
+
+  s = RunSettings();
+  s.loss.adversarial(0.1).l2(0);
+  EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("loss.adaptive_weight"), std::string::npos);
+  s.loss.adaptive_weight(false);
+  EXPECT_NO_THROW(check_run_settings(s));
+}
+
+TEST(RunSettings, RecordingSetsOnlyTheKeysTheRunChose) {
+  Config config(lockstep_schema());
+  config.set("train.lr", 1e-3);
+  RunSettings s = run_settings(config);
+  s.data.dataset("folder");
+  s.train.batch_size(16);
+  record_run_settings(s, config);
+  EXPECT_EQ(config.explicitly_set_keys(), (std::vector<std::string>{"data.dataset", "train.batch_size", "train.lr"}));
+  EXPECT_EQ(config.get_string("data.dataset"), "folder");
+  EXPECT_EQ(config.get_int("train.batch_size"), 16);
+}
+
+// A scratch directory removed when the test ends.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / (std::string("lockstep_run_settings_") + info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() { fs::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+TEST(ResolveRun, AResumedRunTakesOverridesOfResumableKeysOnly) {
+  const ScratchDir dir;
+  ResolvedRun first = resolve_new_run("", {"train.batch_size=32", "train.device=cpu"});
+  std::ofstream(config_path(dir.path())) << first.config.to_toml();
+
+  const ResolvedRun resumed = resolve_resumed_run(dir.path(), {"train.steps=9", " data.workers = 3"});
+  EXPECT_EQ(resumed.settings.train.batch_size(), 32);
+  EXPECT_EQ(resumed.settings.train.steps(), 9);
+  EXPECT_EQ(resumed.settings.data.workers(), 3);
+
+  for (const char* fixed : {"train.batch_size=16", "quantizer.fsq.levels=[4,4]", "train.nonsense=1"}) {
+    const std::string e = error_of<InvalidArgument>([&] { resolve_resumed_run(dir.path(), {fixed}); });
+    EXPECT_NE(e.find("when resuming"), std::string::npos) << e;
+    EXPECT_NE(e.find("train.device"), std::string::npos) << "lists what may change: " << e;
+  }
+  EXPECT_THROW(resolve_resumed_run(dir.path() + "/absent", {}), IoError);
+}
+
+TEST(ResolveRun, ANewRunRefusesABadQuantizerSectionItDoesNotUse) {
+  const std::string e = error_of<InvalidArgument>([] { resolve_new_run("", {"quantizer.lfq.codebook_size=1000"}); });
+  EXPECT_NE(e.find("[quantizer.lfq] lfq: codebook_size = 1000 must be a power of two"), std::string::npos) << e;
+  EXPECT_EQ(cuda_device_index(resolve_new_run("", {}).settings), -1);
+}
+
+TEST(ResolveRun, AutoDatasetIsWhatTheDirectoryHolds) {
+  const ScratchDir dir;
+  DataSettings data;
+  data.dir(dir.path());
+  resolve_dataset(data);
+  EXPECT_EQ(data.dataset(), "folder");
+
+  data.dataset("auto").dir(dir.path() + "/absent");
+  resolve_dataset(data);
+  EXPECT_EQ(data.dataset(), "fashion-mnist") << "a missing directory keeps Fashion-MNIST's error";
+
+  data.dataset("fashion-mnist").dir(dir.path());
+  resolve_dataset(data);
+  EXPECT_EQ(data.dataset(), "fashion-mnist") << "a chosen dataset stays";
+}
+
+}  // namespace
+}  // namespace lockstep::train
