@@ -12,7 +12,7 @@ namespace lockstep::train {
 
 struct ResolvedRun {
   Config config{lockstep_schema()};  // every key: what config.toml records
-  RunSettings settings;               // the same, typed (quantizer sections stay in config)
+  RunSettings settings;              // the same, typed (quantizer sections stay in config)
 };
 
 // A new run: the defaults, then `config_file` (when not empty), then the "key=value" overrides in

@@ -1,0 +1,66 @@
+// One optimizer step of a run on this rank's part of the global batch: the forward passes over the
+// micro-batches, the loss weighted for the global batch (G4), gradients averaged over the ranks
+// during backward, clipping, the optimizer, the buffers' sync, the weight average and the
+// discriminator's step.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/dist/group.h"
+#include "lockstep/model/lpips.h"
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/train/grad_sync.h"
+#include "lockstep/train/losses.h"
+#include "lockstep/train/lr_schedule.h"
+#include "lockstep/train/run_settings.h"
+#include "run_report.h"
+#include "train_data.h"
+#include "trained_modules.h"
+
+namespace lockstep::train {
+
+// The losses a step computes besides the quantizer's.
+struct StepLosses {
+  ReconstructionLossOptions reconstruction;  // loss.l2, loss.l1, loss.perceptual
+  model::Lpips lpips{nullptr};               // the perceptual loss's network, when loss.perceptual > 0
+  bool bfloat16 = false;                     // train.precision
+};
+
+class StepRunner {
+ public:
+  // `modules` (built, on their device) must outlive the runner. `global_batch`: the run's, which
+  // an image folder may have chosen. `total_steps` stretches the learning-rate schedule.
+  StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch,
+             int64_t total_steps, TrainedModules& modules, StepLosses losses);
+
+  // Step `step` + 1 on `batch`, this rank's part of its global batch. `stop_here`: this rank was
+  // asked to stop; the returned `stop` is true when any rank was (every rank sees the same).
+  // `logged`: the step's metrics are written, so its gradient norm is wanted even without
+  // clipping. Throws TrainingDiverged before the parameters change when the loss is not finite;
+  // `diverged_note` then says what the run directory still holds.
+  StepFacts take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
+                 bool* stop, const std::function<std::string()>& diverged_note);
+
+ private:
+  void sync_buffers();
+
+  std::shared_ptr<dist::Group> group_;
+  RunSettings settings_;
+  int64_t global_batch_;
+  TrainedModules& modules_;
+  StepLosses losses_;
+  at::Tensor decoder_last_weight_;            // where the adaptive weight compares gradients
+  std::vector<at::Tensor> trained_params_;
+  std::vector<at::Tensor> local_buffers_;     // float buffers outside the quantizer (BatchNorm statistics)
+  std::unique_ptr<quant::Reducer> reducer_;   // quantizer statistics over the global batch
+  std::unique_ptr<GradientSync> grad_sync_;   // gradients averaged over the ranks during backward
+  std::unique_ptr<LrSchedule> lr_schedule_;   // the rate of each step, from the step alone
+};
+
+}  // namespace lockstep::train
