@@ -43,3 +43,7 @@ lockstep_cli_test(doctor_reads_the_data_set EXIT 0
                   OUTPUT "Fashion-MNIST +damaged in data.*WARNING: Fashion-MNIST in data cannot be read: .*t10k-images-idx3-ubyte.gz"
                   SETUP "cp -r /usr/share/datasets/fashion-mnist data && head -c 5000 /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz > data/t10k-images-idx3-ubyte.gz"
                   ARGS doctor --quick --threads 1 --data data)
+# These run against Debian's LibTorch 1.13 too (.ci/run: ctest -L channel).
+get_property(doctor_tests DIRECTORY PROPERTY TESTS)
+list(FILTER doctor_tests INCLUDE REGEX "^cli\\.doctor_")
+set_property(TEST ${doctor_tests} APPEND PROPERTY LABELS channel)
