@@ -23,7 +23,7 @@ ResolvedRun resolve_new_run(const std::string& config_file, const std::vector<st
       throw InvalidArgument(std::string("[quantizer.") + section + "] " + e.what());
     }
   }
-  run.settings = run_settings(run.config);
+  run.settings = read_run_settings(run.config);
   return run;
 }
 
@@ -43,7 +43,7 @@ ResolvedRun resolve_resumed_run(const std::string& run_dir, const std::vector<st
                        detail::concat_list(resumable));
     run.config.set_from_string(assignment);
   }
-  run.settings = run_settings(run.config);
+  run.settings = read_run_settings(run.config);
   return run;
 }
 

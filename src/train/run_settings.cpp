@@ -293,9 +293,14 @@ const std::vector<RunKey>& run_keys() {
   return keys;
 }
 
-RunSettings run_settings(const Config& config) {
+RunSettings read_run_settings(const Config& config) {
   RunSettings settings;
   for (const RunKey& k : run_keys()) k.read(settings, config.get(k.spec.key));
+  return settings;
+}
+
+RunSettings run_settings(const Config& config) {
+  RunSettings settings = read_run_settings(config);
   check_run_settings(settings);
   return settings;
 }

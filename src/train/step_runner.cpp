@@ -71,8 +71,8 @@ void StepRunner::sync_buffers() {
   for (auto& b : local_buffers_) b.div_(group_->size());
 }
 
-StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here,
-                           bool logged, bool* stop, const std::function<std::string()>& diverged_note) {
+StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
+                           bool* stop, const std::function<std::string()>& diverged_note) {
   const at::Tensor images = batch.images.to(device);
   // Gradient accumulation: micro-batch j is the same images on any number of ranks (the plan
   // gives each rank its part of each), so each forward's statistics are a global micro-batch's.
@@ -110,7 +110,8 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
       if (losses_.bfloat16) bf16.emplace(device.type(), at::kBFloat16);
       const model::AutoencoderOutput out = modules_.model->forward(x, ctx);
       reconstruction = out.reconstruction.to(at::kFloat);
-      nll = reconstruction_loss(reconstruction, x, losses_.reconstruction, losses_.lpips.is_empty() ? nullptr : losses_.lpips.get());
+      nll = reconstruction_loss(reconstruction, x, losses_.reconstruction,
+                                losses_.lpips.is_empty() ? nullptr : losses_.lpips.get());
       loss = nll + out.quant.total_loss();
       if (adversarial) g_loss = modules_.adversary->generator_loss(reconstruction);
     }

@@ -36,8 +36,8 @@ class StepRunner {
  public:
   // `modules` (built, on their device) must outlive the runner. `global_batch`: the run's, which
   // an image folder may have chosen. `total_steps` stretches the learning-rate schedule.
-  StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch,
-             int64_t total_steps, TrainedModules& modules, StepLosses losses);
+  StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch, int64_t total_steps,
+             TrainedModules& modules, StepLosses losses);
 
   // Step `step` + 1 on `batch`, this rank's part of its global batch. `stop_here`: this rank was
   // asked to stop; the returned `stop` is true when any rank was (every rank sees the same).
@@ -55,12 +55,12 @@ class StepRunner {
   int64_t global_batch_;
   TrainedModules& modules_;
   StepLosses losses_;
-  at::Tensor decoder_last_weight_;            // where the adaptive weight compares gradients
+  at::Tensor decoder_last_weight_;  // where the adaptive weight compares gradients
   std::vector<at::Tensor> trained_params_;
-  std::vector<at::Tensor> local_buffers_;     // float buffers outside the quantizer (BatchNorm statistics)
-  std::unique_ptr<quant::Reducer> reducer_;   // quantizer statistics over the global batch
-  std::unique_ptr<GradientSync> grad_sync_;   // gradients averaged over the ranks during backward
-  std::unique_ptr<LrSchedule> lr_schedule_;   // the rate of each step, from the step alone
+  std::vector<at::Tensor> local_buffers_;    // float buffers outside the quantizer (BatchNorm statistics)
+  std::unique_ptr<quant::Reducer> reducer_;  // quantizer statistics over the global batch
+  std::unique_ptr<GradientSync> grad_sync_;  // gradients averaged over the ranks during backward
+  std::unique_ptr<LrSchedule> lr_schedule_;  // the rate of each step, from the step alone
 };
 
 }  // namespace lockstep::train

@@ -461,7 +461,16 @@ TEST(SchemaTest, DocsListEveryKey) {
   for (std::istringstream lines(text.str()); std::getline(lines, line);) {
     if (line.rfind("| `", 0) != 0) continue;
     std::string key = line.substr(3, line.find('`', 3) - 3);
-    EXPECT_NE(schema.find(key), nullptr) << docs << " documents '" << key << "', which the schema lacks";
+    const KeySpec* spec = schema.find(key);
+    EXPECT_NE(spec, nullptr) << docs << " documents '" << key << "', which the schema lacks";
+    if (!spec) continue;
+    // | `key` | type | `default` | allowed | description |: the default as the schema declares it.
+    std::vector<std::string> cells;
+    for (size_t start = 1, bar; (bar = line.find(" |", start)) != std::string::npos; start = bar + 2) {
+      cells.push_back(line.substr(start + 1, bar - start - 1));
+    }
+    ASSERT_GE(cells.size(), 3u) << line;
+    EXPECT_EQ(cells[2], "`" + format_value(spec->default_value) + "`") << docs << ": the default of " << key;
   }
 }
 

@@ -10,6 +10,8 @@
 
 namespace lockstep::train {
 
+// Each key's own limits are checked here; the checks across keys (check_run_settings) are the
+// trainer's, after a resumed run's configuration has been compared with its checkpoint's.
 struct ResolvedRun {
   Config config{lockstep_schema()};  // every key: what config.toml records
   RunSettings settings;              // the same, typed (quantizer sections stay in config)

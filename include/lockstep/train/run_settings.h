@@ -110,7 +110,9 @@ struct RunKey {
 // Every key of RunSettings, in the configuration's order (src/train/run_settings.cpp).
 const std::vector<RunKey>& run_keys();
 
-// The typed settings of a resolved configuration, checked across keys (check_run_settings).
+// The typed settings of a configuration, as they are.
+RunSettings read_run_settings(const Config& config);
+// The same, checked across keys (check_run_settings).
 RunSettings run_settings(const Config& config);
 
 // Sets in `config` every key whose member in `settings` differs from it (a value the run chose,
