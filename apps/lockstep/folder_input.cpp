@@ -9,13 +9,17 @@
 #include "lockstep/data/folder_loader.h"
 #include "lockstep/data/image_set.h"
 #include "lockstep/train/data_settings.h"
+#include "lockstep/train/resolve_run.h"
 #include "lockstep/train/run_dir.h"
 
 namespace lockstep::cli {
 namespace fs = std::filesystem;
 
 bool is_image_folder(const std::string& dir) {
-  return fs::is_directory(dir) && !fs::exists(data::fashion_mnist_images_path(dir, data::Split::Train));
+  train::DataSettings data;
+  data.dir(dir);
+  train::resolve_dataset(data);  // the trainer's choice for data.dataset = auto
+  return data.dataset() == "folder";
 }
 
 int64_t FolderInput::images() const {

@@ -326,7 +326,7 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->config = config;
-  s->run = run_settings(config);
+  s->run = read_run_settings(config);  // checked across keys once data.dataset is resolved (build)
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
