@@ -148,8 +148,8 @@ FolderBatch FolderDataset::load(const EpochPlan& plan, int64_t epoch, int64_t st
   const auto& members = buckets_[static_cast<size_t>(out.bucket)];
   const std::vector<int64_t> mine = plan.rank_part(step, world_size, rank);
   // Each sample's slot in the global batch: replacements and augmentation depend on the slot.
-  const std::vector<int64_t> slots =
-      EpochPlan::rank_slots(plan_options_.global_batch, plan_options_.micro_batches, world_size, rank);
+  const std::vector<int64_t> slots = EpochPlan::rank_slots(plan_options_.global_batch, plan_options_.micro_batches,
+                                                           world_size, rank, plan_options_.shard_size);
   for (size_t i = 0; i < mine.size(); ++i) {
     int64_t id = mine[i];
     const std::string& original = manifest_.entries[static_cast<size_t>(id)].path;

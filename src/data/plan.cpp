@@ -62,30 +62,41 @@ PlannedBatch EpochPlan::batch(int64_t step) const {
   return out;
 }
 
-int64_t EpochPlan::rank_offset(int64_t global_batch, int world_size, int rank) {
-  const int64_t base = global_batch / world_size, extra = global_batch % world_size;
-  return rank * base + std::min<int64_t>(rank, extra);
+int64_t EpochPlan::rank_offset(int64_t global_batch, int world_size, int rank, int64_t shard) {
+  const int64_t shards = global_batch / shard;
+  const int64_t base = shards / world_size, extra = shards % world_size;
+  return shard * (rank * base + std::min<int64_t>(rank, extra));
 }
 
-std::vector<int64_t> EpochPlan::rank_micro_counts(int64_t global_batch, int64_t micro_batches, int world_size,
-                                                  int rank) {
+std::vector<int64_t> EpochPlan::rank_micro_counts(int64_t global_batch, int64_t micro_batches, int world_size, int rank,
+                                                  int64_t shard) {
   LOCKSTEP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "data plan: rank ", rank, " of a world of ",
                      world_size);
   LOCKSTEP_CHECK_ARG(micro_batches >= 1 && global_batch % micro_batches == 0, "data plan: a global batch of ",
                      global_batch, " cannot be cut into ", micro_batches, " micro-batches of equal size");
   const int64_t micro = global_batch / micro_batches;
-  LOCKSTEP_CHECK_ARG(micro >= world_size, "data plan: a ", micro_batches > 1 ? "micro-batch" : "global batch", " of ",
-                     micro, " cannot give each of ", world_size, " ranks a sample");
-  const int64_t count = micro / world_size + (rank < micro % world_size ? 1 : 0);
+  const char* what = micro_batches > 1 ? "micro-batch" : "global batch";
+  LOCKSTEP_CHECK_ARG(shard >= 1 && micro % shard == 0, "data plan: a ", what, " of ", micro,
+                     " cannot be cut into shards of train.shard_size = ", shard);
+  const int64_t shards = micro / shard;
+  if (shard == 1) {
+    LOCKSTEP_CHECK_ARG(micro >= world_size, "data plan: a ", what, " of ", micro, " cannot give each of ", world_size,
+                       " ranks a sample");
+  } else {
+    LOCKSTEP_CHECK_ARG(shards >= world_size, "data plan: a ", what, " of ", micro, " in shards of ", shard, " (",
+                       shards, ") cannot give each of ", world_size, " ranks a shard");
+  }
+  const int64_t count = shard * (shards / world_size + (rank < shards % world_size ? 1 : 0));
   return std::vector<int64_t>(static_cast<size_t>(micro_batches), count);
 }
 
-std::vector<int64_t> EpochPlan::rank_slots(int64_t global_batch, int64_t micro_batches, int world_size, int rank) {
-  const std::vector<int64_t> counts = rank_micro_counts(global_batch, micro_batches, world_size, rank);
+std::vector<int64_t> EpochPlan::rank_slots(int64_t global_batch, int64_t micro_batches, int world_size, int rank,
+                                           int64_t shard) {
+  const std::vector<int64_t> counts = rank_micro_counts(global_batch, micro_batches, world_size, rank, shard);
   const int64_t micro = global_batch / micro_batches;
   std::vector<int64_t> slots;
   for (int64_t j = 0; j < micro_batches; ++j) {
-    const int64_t first = j * micro + rank_offset(micro, world_size, rank);
+    const int64_t first = j * micro + rank_offset(micro, world_size, rank, shard);
     for (int64_t i = 0; i < counts[static_cast<size_t>(j)]; ++i) slots.push_back(first + i);
   }
   return slots;
@@ -94,7 +105,8 @@ std::vector<int64_t> EpochPlan::rank_slots(int64_t global_batch, int64_t micro_b
 std::vector<int64_t> EpochPlan::rank_part(int64_t step, int world_size, int rank) const {
   const PlannedBatch all = batch(step);
   std::vector<int64_t> out;
-  for (int64_t slot : rank_slots(options_.global_batch, options_.micro_batches, world_size, rank)) {
+  for (int64_t slot :
+       rank_slots(options_.global_batch, options_.micro_batches, world_size, rank, options_.shard_size)) {
     out.push_back(all.samples[static_cast<size_t>(slot)]);
   }
   return out;

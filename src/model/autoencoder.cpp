@@ -219,11 +219,18 @@ AutoencoderOutput AutoencoderImpl::forward(const at::Tensor& x, const quant::Qua
   {
     // The quantizer computes in float32 even inside an autocast region (train.precision = bf16).
     const quant::NoAutocast fp32;
-    out.quant = quantizer_->quantize(tokens.to(at::kFloat), ctx);
+    out.latents = tokens.to(at::kFloat);
+    out.quant = quantizer_->quantize(out.latents, ctx);
   }
   out.quant.indices = indices_as_grid(out.quant.indices, x.size(0), h, w);
   out.reconstruction = decode_tokens(out.quant.quantized, h, w);
   return out;
+}
+
+at::Tensor AutoencoderImpl::latents(const at::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  int64_t h = 0, w = 0;
+  return latent_tokens(x, &h, &w).to(at::kFloat);
 }
 
 at::Tensor AutoencoderImpl::encode(const at::Tensor& x) {

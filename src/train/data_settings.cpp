@@ -15,6 +15,7 @@ data::PlanOptions plan_options(const RunSettings& settings) {
   o.seed = static_cast<uint64_t>(settings.train.seed());
   o.remainder = settings.data.remainder() == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
   o.micro_batches = settings.train.grad_accum();
+  o.shard_size = std::max<int64_t>(1, settings.train.shard_size());
   return o;
 }
 

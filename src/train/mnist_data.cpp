@@ -1,5 +1,6 @@
 // Fashion-MNIST as training data (one bucket of 28x28 images, the test split for evaluation), and
 // the choice between it and an image folder.
+#include <algorithm>
 #include <numeric>
 
 #include "lockstep/core/error.h"
@@ -94,6 +95,11 @@ std::unique_ptr<TrainData> open_train_data(const RunSettings& settings, const Da
                      micro > 1 ? detail::concat(", cut into ", micro, " micro-batches of ", batch / micro) : "",
                      ": it needs at least one image for each of the ", context.world_size, " ranks",
                      micro > 1 ? " in each micro-batch" : "");
+  const int64_t shard = std::max<int64_t>(1, settings.train.shard_size());
+  LOCKSTEP_CHECK_ARG(shard == 1 || batch / micro / shard >= context.world_size, "train.batch_size = ", batch,
+                     micro > 1 ? detail::concat(" in micro-batches of ", batch / micro) : "", " holds ",
+                     batch / micro / shard, " shards of train.shard_size = ", shard, micro > 1 ? " each" : "",
+                     ": it needs at least one for each of the ", context.world_size, " ranks");
   LOCKSTEP_CHECK_ARG(settings.data.dataset() != "auto", "open_train_data: data.dataset = auto must be resolved first ",
                      "(resolve_dataset)");
   if (settings.data.dataset() == "folder") return open_image_folder(settings, context);

@@ -185,6 +185,13 @@ std::vector<RunKey> build_run_keys() {
       "Gradient accumulation: each step's global batch is cut into this many micro-batches, run "
       "forward and backward one after the other (memory for one); it must divide train.batch_size.")
       .in_range(1, 4096);
+  add(keys, LOCKSTEP_RUN_KEY(train, shard_size),
+      "0: each rank's part of a micro-batch is one forward and backward, and gradients are summed over "
+      "ranks in float32 (each step equals one process's to rounding). n > 0: the global batch is cut "
+      "into shards of n images that ranks hold whole; each shard is its own forward and backward, and "
+      "gradients and losses are summed exactly, so a run on any number of ranks is bit for bit the "
+      "one-process run, step after step (with the same train.threads).")
+      .in_range(0, 65536);
   add(keys, LOCKSTEP_RUN_KEY(train, ema_decay),
       "Keep a moving average of the weights (a <- decay a + (1 - decay) w after each step), saved and "
       "evaluated beside them; 0: none.")
@@ -322,6 +329,18 @@ void check_run_settings(const RunSettings& s) {
                      "data.random_flip and data.random_zoom apply to image folders; this run trains on Fashion-MNIST "
                      "(data.dir = ",
                      s.data.dir(), ")");
+  LOCKSTEP_CHECK_ARG(t.shard_size() == 0 || (t.batch_size() / t.grad_accum()) % t.shard_size() == 0,
+                     "train.shard_size = ", t.shard_size(), " must divide the ",
+                     t.grad_accum() > 1 ? "micro-batch" : "global batch", " of ", t.batch_size() / t.grad_accum(),
+                     " (ranks hold whole shards)");
+  // Shards are whole passes: statistics of one pass (BatchNorm's) or gradients compared over the
+  // whole batch (VQGAN's adaptive weight) would be a shard's.
+  LOCKSTEP_CHECK_ARG(t.shard_size() == 0 || !s.model.batch_norm(), "train.shard_size = ", t.shard_size(),
+                     " runs each shard as its own pass, so model.batch_norm would normalise with a shard's "
+                     "statistics; set one of them off");
+  LOCKSTEP_CHECK_ARG(t.shard_size() == 0 || s.loss.adversarial() <= 0, "train.shard_size = ", t.shard_size(),
+                     " does not support loss.adversarial = ", s.loss.adversarial(),
+                     " (the discriminator's step and the adaptive weight take the whole batch); set one of them to 0");
   const LossSettings& l = s.loss;
   LOCKSTEP_CHECK_ARG(l.perceptual() == 0 || !l.lpips_weights().empty(), "loss.perceptual = ", l.perceptual(),
                      " needs loss.lpips_weights, the LPIPS-VGG weights file (docs/losses.md)");

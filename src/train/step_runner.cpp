@@ -3,21 +3,23 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "lockstep/core/error.h"
+#include "lockstep/dist/exact_sum.h"
 #include "lockstep/dist/group_reducer.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/call_context.h"
+#include "lockstep/quant/initialisation.h"
 #include "lockstep/train/grad_clip.h"
 #include "lockstep/train/trainer.h"
 #include "lockstep/train/weight_ema.h"
 
 namespace lockstep::train {
-namespace {
 
 // What travels with the last gradient bucket of every step, summed over the ranks.
-struct StepControl {
+struct StepRunner::StepControl {
   double loss = 0;       // each rank's (weighted) loss; summed, divide by the ranks for the mean
   bool stop = false;     // a rank was asked to stop (Ctrl-C, SIGTERM); summed: any rank was
   int64_t replaced = 0;  // images that failed to decode and were replaced; summed
@@ -35,6 +37,27 @@ struct StepControl {
   }
 };
 
+namespace {
+
+// The reducer of a shard's quantizer call (train.shard_size): a quantizer whose forward takes
+// statistics of the whole batch (LFQ's entropy, FSP's moments) cannot be split into shards.
+class ShardsTakeNoBatchSums final : public quant::Reducer {
+ public:
+  explicit ShardsTakeNoBatchSums(int64_t shard_size) : shard_size_(shard_size) {}
+  void sum_(std::vector<at::Tensor>&, const CallSite& site) override { refuse(site); }
+  at::Tensor sum(const at::Tensor&, const CallSite& site) override { refuse(site); }
+  at::Tensor gather(const at::Tensor&, const CallSite& site) override { refuse(site); }
+
+ private:
+  [[noreturn]] void refuse(const CallSite& site) const {
+    LOCKSTEP_THROW_IF_NOT(false, InvalidArgument, "train.shard_size = ", shard_size_,
+                          ": this quantizer's forward takes statistics of the whole batch (", site.to_string(),
+                          "), which passes over shards cannot split; set train.shard_size = 0");
+    std::abort();  // unreachable: the macro throws
+  }
+  int64_t shard_size_;
+};
+
 }  // namespace
 
 StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch,
@@ -50,7 +73,10 @@ StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& se
     if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers_.push_back(b.value());
   }
   trained_params_ = modules_.model->parameters(true);
-  grad_sync_ = std::make_unique<GradientSync>(group_, trained_params_, settings_.train.grad_bucket_kb() * 1024);
+  // In shards, gradients are summed exactly once all shards are done (sharded_gradients).
+  if (settings_.train.shard_size() == 0) {
+    grad_sync_ = std::make_unique<GradientSync>(group_, trained_params_, settings_.train.grad_bucket_kb() * 1024);
+  }
   if (modules_.adversary) decoder_last_weight_ = modules_.model->output_weight();
   // A resumed run that extends train.steps stretches the decay over the new total from then on.
   lr_schedule_ = std::make_unique<LrSchedule>(LrScheduleOptions()
@@ -71,24 +97,13 @@ void StepRunner::sync_buffers() {
   for (auto& b : local_buffers_) b.div_(group_->size());
 }
 
-StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
-                           bool* stop, const std::function<std::string()>& diverged_note) {
-  const at::Tensor images = batch.images.to(device);
+StepRunner::StepControl StepRunner::gradients(int64_t step, const at::Tensor& images, StepControl here,
+                                              bool adversarial, DiscriminatorInputs* disc) {
   // Gradient accumulation: micro-batch j is the same images on any number of ranks (the plan
   // gives each rank its part of each), so each forward's statistics are a global micro-batch's.
   const int64_t micro_batches = settings_.train.grad_accum();
   const std::vector<int64_t> counts =
       data::EpochPlan::rank_micro_counts(global_batch_, micro_batches, group_->size(), group_->rank());
-  const bool adversarial = modules_.adversary && modules_.adversary->active(step + 1);
-  StepFacts facts;
-  // This rank's loss, stop request and replaced images travel summed with the last gradient
-  // bucket, so every rank stops after the same step, whichever rank was asked.
-  StepControl here;
-  here.stop = stop_here;
-  here.replaced = batch.replaced;
-  std::vector<at::Tensor> reals, fakes;  // per micro-batch, for the discriminator's step
-  std::vector<double> weights;
-  double factor_sum = 0;
   int64_t first = 0;
   for (int64_t j = 0; j < micro_batches; ++j) {
     const at::Tensor x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
@@ -107,7 +122,7 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
       // train.precision = losses_.bfloat16: the forward under autocast (the quantizer opts out); backward
       // and everything after it outside.
       std::optional<quant::Autocast> bf16;
-      if (losses_.bfloat16) bf16.emplace(device.type(), at::kBFloat16);
+      if (losses_.bfloat16) bf16.emplace(images.device().type(), at::kBFloat16);
       const model::AutoencoderOutput out = modules_.model->forward(x, ctx);
       reconstruction = out.reconstruction.to(at::kFloat);
       nll = reconstruction_loss(reconstruction, x, losses_.reconstruction,
@@ -119,11 +134,11 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
       // The factor's gradients are not the step's: the sync (begun by an earlier micro-batch) ignores them.
       const GradientSync::Paused paused(*grad_sync_);
       const double factor = modules_.adversary->factor(nll * weight, g_loss * weight, decoder_last_weight_);
-      factor_sum += factor;
+      disc->factor_sum += factor;
       loss = loss + g_loss * factor;
-      reals.push_back(x);
-      fakes.push_back(reconstruction.detach());
-      weights.push_back(weight);
+      disc->reals.push_back(x);
+      disc->fakes.push_back(reconstruction.detach());
+      disc->weights.push_back(weight);
     }
     loss = loss * weight;
     here.loss += loss.item<double>();
@@ -134,8 +149,120 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
     if (j == micro_batches - 1) grad_sync_->set_control(here.pack());
     loss.backward();
   }
-  const StepControl all = StepControl::unpack(grad_sync_->finish());  // gradients now the mean over ranks
-  facts.loss = all.loss / group_->size();
+  return StepControl::unpack(grad_sync_->finish());  // gradients now the mean over ranks
+}
+
+StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Tensor& images, StepControl here) {
+  const int64_t micro_batches = settings_.train.grad_accum();
+  const int64_t shard = settings_.train.shard_size();
+  const int64_t micro = global_batch_ / micro_batches;
+  const int world = group_->size(), rank = group_->rank();
+  const std::vector<int64_t> counts =
+      data::EpochPlan::rank_micro_counts(global_batch_, micro_batches, world, rank, shard);
+  quant::Quantizer& quantizer = modules_.model->quantizer();
+  ShardsTakeNoBatchSums no_batch_sums(shard);
+  // One piece per shard: the gradient of every trained parameter, then the shard's loss.
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::Tensor> differentiated;  // the parameters that take gradients
+  std::vector<size_t> places;              // their places in trained_params_
+  for (size_t i = 0; i < trained_params_.size(); ++i) {
+    if (!trained_params_[i].requires_grad()) continue;
+    differentiated.push_back(trained_params_[i]);
+    places.push_back(i);
+    shapes.push_back(trained_params_[i].sizes().vec());
+  }
+  shapes.push_back({});
+  dist::ExactSum sum(group_, shapes, global_batch_ / shard);
+  // A shard's loss weighs as its share of the global batch, the same factor on any number of ranks.
+  const double share = static_cast<double>(shard) / static_cast<double>(global_batch_);
+  int64_t first = 0;
+  for (int64_t j = 0; j < micro_batches; ++j) {
+    const at::Tensor x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
+    first += x.size(0);
+    const int64_t offset = data::EpochPlan::rank_offset(micro, world, rank, shard);
+    // Every pass over micro-batch j draws as one pass over all of it would (seeded_context).
+    const auto context = [&](int64_t first_item, quant::Reducer* reducer) {
+      quant::QuantizeContext ctx = quant::seeded_context(static_cast<uint64_t>(settings_.train.seed()),
+                                                         static_cast<uint64_t>(step * micro_batches + j), first_item);
+      ctx.reducer = reducer;
+      ctx.defer_updates = true;  // the state changes once, after every shard used it as the step found it
+      return ctx;
+    };
+    const int64_t shards = x.size(0) / shard;
+    if (quant::awaits_initialisation(quantizer)) {
+      // k-means sees the whole micro-batch before any shard is quantized, as in one pass.
+      std::vector<at::Tensor> latents;
+      for (int64_t k = 0; k < shards; ++k) {
+        std::optional<quant::Autocast> bf16;  // train.precision, as in gradients()
+        if (losses_.bfloat16) bf16.emplace(images.device().type(), at::kBFloat16);
+        latents.push_back(modules_.model->latents(x.narrow(0, k * shard, shard)));
+      }
+      quantizer.quantize(torch::cat(latents), context(offset, reducer_.get()));
+    }
+    std::vector<at::Tensor> latents;
+    bool updates = false;
+    for (int64_t k = 0; k < shards; ++k) {
+      const at::Tensor xs = x.narrow(0, k * shard, shard);
+      at::Tensor loss;
+      {
+        std::optional<quant::Autocast> bf16;  // train.precision, as in gradients()
+        if (losses_.bfloat16) bf16.emplace(images.device().type(), at::kBFloat16);
+        const model::AutoencoderOutput out = modules_.model->forward(xs, context(offset + k * shard, &no_batch_sums));
+        const at::Tensor reconstruction = out.reconstruction.to(at::kFloat);
+        loss = reconstruction_loss(reconstruction, xs, losses_.reconstruction,
+                                   losses_.lpips.is_empty() ? nullptr : losses_.lpips.get()) +
+               out.quant.total_loss();
+        updates = updates || static_cast<bool>(out.quant.update);
+        latents.push_back(out.latents.detach());
+      }
+      loss = loss * share;
+      std::vector<at::Tensor> piece = torch::autograd::grad({loss}, differentiated, /*grad_outputs=*/{},
+                                                            /*retain_graph=*/false, /*create_graph=*/false,
+                                                            /*allow_unused=*/true);
+      piece.push_back(loss.detach());
+      sum.add(piece);
+    }
+    if (updates) {
+      // The quantizer's state follows micro-batch j once, from all its tokens (its collectives here).
+      const quant::QuantizerOutput whole = quantizer.quantize(torch::cat(latents), context(offset, reducer_.get()));
+      if (whole.update) whole.update(*reducer_);
+    }
+  }
+  modules_.adam->zero_grad();
+  const std::vector<at::Tensor> summed = sum.finish(LOCKSTEP_CALL_SITE("train.exact_grads"));
+  for (size_t i = 0; i < differentiated.size(); ++i) {
+    trained_params_[places[i]].mutable_grad() = summed[i].to(trained_params_[places[i]].device());
+  }
+  // The stop requests and replaced images (small integers: float sums are exact).
+  std::vector<at::Tensor> control{torch::tensor({here.stop ? 1.0f : 0.0f, static_cast<float>(here.replaced)})};
+  group_->all_reduce(control, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.control"));
+  StepControl all;
+  all.loss = summed.back().item<double>();
+  all.stop = control[0][0].item<float>() > 0;
+  all.replaced = std::lround(control[0][1].item<float>());
+  return all;
+}
+
+StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
+                           bool* stop, const std::function<std::string()>& diverged_note) {
+  const at::Tensor images = batch.images.to(device);
+  StepFacts facts;
+  // This rank's loss, stop request and replaced images travel summed with the last gradient
+  // bucket, so every rank stops after the same step, whichever rank was asked.
+  StepControl here;
+  here.stop = stop_here;
+  here.replaced = batch.replaced;
+  DiscriminatorInputs disc;
+  const int64_t micro_batches = settings_.train.grad_accum();
+  const bool adversarial = modules_.adversary && modules_.adversary->active(step + 1);
+  StepControl all;
+  if (settings_.train.shard_size() > 0) {
+    all = sharded_gradients(step, images, here);
+    facts.loss = all.loss;
+  } else {
+    all = gradients(step, images, here, adversarial, &disc);
+    facts.loss = all.loss / group_->size();
+  }
   facts.replaced = all.replaced;
   facts.waited_s = batch.waited_s;
   facts.image_width = images.size(3);
@@ -158,8 +285,8 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
   sync_buffers();
   if (modules_.ema_model) update_weight_ema(*modules_.ema_model, *modules_.model, settings_.train.ema_decay());
   if (adversarial) {
-    facts.disc_loss = modules_.adversary->train_step(reals, fakes, weights);
-    facts.adversarial_factor = factor_sum / static_cast<double>(micro_batches);
+    facts.disc_loss = modules_.adversary->train_step(disc.reals, disc.fakes, disc.weights);
+    facts.adversarial_factor = disc.factor_sum / static_cast<double>(micro_batches);
   }
   facts.adversary = modules_.adversary != nullptr;
   *stop = all.stop;

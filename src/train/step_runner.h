@@ -48,6 +48,21 @@ class StepRunner {
                  bool* stop, const std::function<std::string()>& diverged_note);
 
  private:
+  struct StepControl;
+  // What the discriminator's step takes from the generator's: per micro-batch.
+  struct DiscriminatorInputs {
+    std::vector<at::Tensor> reals, fakes;
+    std::vector<double> weights;
+    double factor_sum = 0;  // the adaptive factors, summed
+  };
+  // Each micro-batch's part as one forward and backward; gradients averaged over the ranks by the
+  // GradientSync during backward. Returns `here` summed over the ranks.
+  StepControl gradients(int64_t step, const at::Tensor& images, StepControl here, bool adversarial,
+                        DiscriminatorInputs* disc);
+  // train.shard_size: each shard its own forward and backward, gradients and loss summed exactly
+  // (dist::ExactSum), the quantizer's state updated once per micro-batch. Returns `here` summed, its
+  // loss the global batch's.
+  StepControl sharded_gradients(int64_t step, const at::Tensor& images, StepControl here);
   void sync_buffers();
 
   std::shared_ptr<dist::Group> group_;

@@ -174,6 +174,17 @@ struct Trainer::State {
     if (device.is_cpu()) {
       const int64_t micro = batch_size / run.train.grad_accum();
       const int64_t per_rank = (micro + group->size() - 1) / group->size();
+      // In shards, a pass holds one shard's activations, and each of the rank's shards keeps its
+      // gradients until the step's exact sum.
+      const int64_t shard = run.train.shard_size();
+      const int64_t per_pass = shard > 0 ? shard : per_rank;
+      double kept = 0;
+      if (shard > 0) {
+        const int64_t shards = (batch_size / shard + group->size() - 1) / group->size();
+        int64_t params = 0;
+        for (const auto& p : modules.model->parameters(true)) params += p.numel();
+        kept = 4.0 * static_cast<double>(shards) * static_cast<double>(params + 1);
+      }
       for (const auto& size : data->image_sizes()) {
         int64_t floats = modules.model->activation_floats_per_image(size.height, size.width);
         if (losses.reconstruction.perceptual_ > 0)
@@ -181,10 +192,13 @@ struct Trainer::State {
         if (modules.adversary)
           floats += modules.adversary->discriminator().activation_floats_per_image(size.height, size.width);
         check_fits_in_memory(
-            4.0 * static_cast<double>(per_rank) * static_cast<double>(floats),
-            detail::concat("a training step on ", per_rank, " images of ", size.width, "x", size.height,
-                           " per rank (train.batch_size = ", batch_size,
+            4.0 * static_cast<double>(per_pass) * static_cast<double>(floats) + kept,
+            detail::concat("a training step on ", per_pass, " images of ", size.width, "x", size.height,
+                           shard > 0 ? " per pass" : " per rank", " (train.batch_size = ", batch_size,
                            ", train.grad_accum = ", run.train.grad_accum(),
+                           shard > 0
+                               ? detail::concat(", train.shard_size = ", shard, ", whose gradients each rank keeps")
+                               : std::string(),
                            "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
       }
     }

@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "error_of.h"
 #include "lockstep/core/error.h"
 
 namespace lockstep::data {
@@ -152,6 +153,32 @@ TEST(Plan, MicroBatchesAreSlicedForEachRank) {
           << e.what();
     }
   }
+}
+
+// train.shard_size: each rank's part of a micro-batch is whole shards, the first ranks holding one
+// shard more; a shard size of 1 is the split above.
+TEST(Plan, RanksHoldWholeShards) {
+  EXPECT_EQ(EpochPlan::rank_slots(12, 1, 2, 0, 4), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(EpochPlan::rank_slots(12, 1, 2, 1, 4), (std::vector<int64_t>{8, 9, 10, 11}));
+  EXPECT_EQ(EpochPlan::rank_slots(16, 2, 3, 0, 2), (std::vector<int64_t>{0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_EQ(EpochPlan::rank_slots(16, 2, 3, 2, 2), (std::vector<int64_t>{6, 7, 14, 15}));
+  EXPECT_EQ(EpochPlan::rank_offset(8, 3, 1, 2), 4);
+  EXPECT_EQ(EpochPlan::rank_micro_counts(16, 2, 3, 1, 2), (std::vector<int64_t>{2, 2}));
+  for (int rank = 0; rank < 5; ++rank) {
+    EXPECT_EQ(EpochPlan::rank_slots(24, 1, 5, rank, 1), EpochPlan::rank_slots(24, 1, 5, rank));
+  }
+  PlanOptions o;
+  o.global_batch = 6;
+  o.shard_size = 3;
+  const EpochPlan plan({{10, 11, 12, 13, 14, 15}}, o, 0);
+  const PlannedBatch all = plan.batch(0);
+  EXPECT_EQ(plan.rank_part(0, 2, 1), (std::vector<int64_t>{all.samples[3], all.samples[4], all.samples[5]}));
+  const std::string uncut = test_util::error_of<InvalidArgument>([] { EpochPlan::rank_slots(12, 2, 1, 0, 4); });
+  EXPECT_NE(uncut.find("a micro-batch of 6 cannot be cut into shards of train.shard_size = 4"), std::string::npos)
+      << uncut;
+  const std::string few = test_util::error_of<InvalidArgument>([] { EpochPlan::rank_slots(12, 1, 4, 0, 4); });
+  EXPECT_NE(few.find("a global batch of 12 in shards of 4 (3) cannot give each of 4 ranks a shard"), std::string::npos)
+      << few;
 }
 
 TEST(Plan, ImpossibleBatchesAreClearErrorsBeforeTraining) {

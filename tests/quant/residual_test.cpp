@@ -6,6 +6,7 @@
 #include <set>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/initialisation.h"
 #include "recording_reducer.h"
 
 namespace lockstep::quant {
@@ -49,6 +50,24 @@ TEST(Residual, MoreLayersLeaveLessErrorAfterTraining) {
   };
   const float one = error_with(1), three = error_with(3);
   EXPECT_LT(three, 0.5f * one) << three << " vs " << one;
+}
+
+// A caller that splits a batch into passes (train.shard_size) asks first: every layer's k-means must
+// see the whole batch, and once a training call ran it, none waits.
+TEST(Residual, AwaitsInitialisationUntilItsLayersKMeansRan) {
+  auto plain = make_residual_vq(ResidualOptions(2), VqOptions(4, 8), seeded(1));
+  EXPECT_FALSE(awaits_initialisation(*plain));
+  auto rvq = make_residual_vq(ResidualOptions(2), VqOptions(4, 8).kmeans_init(true), seeded(1));
+  EXPECT_TRUE(awaits_initialisation(*rvq));
+  const at::Tensor x = torch::randn({2, 16, 4}, seeded(2));
+  rvq->eval();
+  rvq->quantize(x, {nullptr, seeded(3)});
+  EXPECT_TRUE(awaits_initialisation(*rvq)) << "an evaluation call initialises nothing";
+  rvq->train();
+  rvq->quantize(x, {nullptr, seeded(3)});
+  EXPECT_FALSE(awaits_initialisation(*rvq));
+  EXPECT_TRUE(awaits_initialisation(Vq(VqOptions(4, 8).kmeans_init(true), seeded(1))));
+  EXPECT_FALSE(awaits_initialisation(*make_residual_fsq(ResidualOptions(2), FsqOptions({5, 4}))));
 }
 
 // A residual FSQ over levels {5, 4} with two layers, each `layer`: layer 0 quantizes z, layer 1 the

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "data/idx_writer.h"
 #include "dist/rank_threads.h"
@@ -10,6 +12,7 @@
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
 #include "lockstep/dist/collective.h"
+#include "lockstep/io/safetensors.h"
 #include "lockstep/train/trainer.h"
 #include "train/small_run.h"
 
@@ -31,6 +34,64 @@ Config tiny(int64_t steps) {
   r.grid_images = 2;
   r.no_checkpoints = false;
   return ::lockstep::test_util::small_run(r);
+}
+
+// The tensors of a run directory's checkpoint, as bytes.
+std::map<std::string, std::string> checkpoint_bytes(const std::string& run_dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, t] : io::load_safetensors(run_dir + "/checkpoint.safetensors").tensors) out[name] = t.bytes;
+  return out;
+}
+
+// train.shard_size = 1: 3 ranks holding 3, 3 and 2 of 8 images train VQ with dead codes to one
+// process's checkpoint bit for bit (model, optimizer and codebooks); shards of 2 (4 shards on 3
+// ranks: 4, 2 and 2 images) likewise. Both resume one run after its first step (k-means): rank
+// threads build their models from one global generator at once, so a new run's rank 0 would not
+// start from one process's weights (tests/cli/scenarios.py runs processes from step 0).
+TEST(DistributedTrainer, UnevenRanksInShardsTrainOneProcessesRunBitForBit) {
+  for (const int64_t shard : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "train.shard_size = " << shard);
+    ::lockstep::test_util::TempDir tmp;
+    Config c = tiny(1);
+    c.set("quantizer.name", std::string("vq"));
+    c.set("quantizer.vq.kmeans_init", true);
+    c.set("quantizer.vq.threshold_ema_dead_code", 1.0);
+    c.set("train.shard_size", shard);
+    Trainer::create(c, tmp.file("one"), dist::make_single_process_group())->run({});
+    std::filesystem::copy(tmp.file("one"), tmp.file("three"));
+    Trainer::resume(tmp.file("one"), {"train.steps=6"}, dist::make_single_process_group())->run({});
+    const auto errors = dist::test_util::run_ranks(3, [&](dist::Group& g, int) {
+      Trainer::resume(tmp.file("three"), {"train.steps=6"}, std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))
+          ->run({});
+    });
+    for (int r = 0; r < 3; ++r) ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+    const auto one = checkpoint_bytes(tmp.file("one")), three = checkpoint_bytes(tmp.file("three"));
+    ASSERT_FALSE(one.empty());
+    for (const auto& [name, bytes] : one) EXPECT_TRUE(three.count(name) && three.at(name) == bytes) << name;
+  }
+}
+
+// A quantizer whose forward takes statistics of the whole batch (LFQ's entropy) is refused in
+// shards, by name, on every rank, at the first step.
+TEST(DistributedTrainer, ShardsRefuseAQuantizerThatTakesWholeBatchStatistics) {
+  ::lockstep::test_util::TempDir tmp;
+  std::vector<std::string> messages(2);
+  const auto errors = dist::test_util::run_ranks(2, [&](dist::Group& g, int r) {
+    Config c = tiny(2);
+    c.set("quantizer.name", std::string("lfq"));
+    c.set("train.shard_size", int64_t{2});
+    try {
+      Trainer::create(c, tmp.file("run"), std::shared_ptr<dist::Group>(&g, [](dist::Group*) {}))->run({});
+    } catch (const InvalidArgument& e) {
+      messages[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(errors[r]) << dist::test_util::message_of<std::exception>(errors[r]);
+    EXPECT_NE(messages[r].find("train.shard_size = 2: this quantizer's forward takes statistics of the whole batch"),
+              std::string::npos)
+        << "rank " << r << ": " << messages[r];
+  }
 }
 
 TEST(DistributedTrainer, RanksStartedWithDifferentSettingsAreToldBeforeTraining) {

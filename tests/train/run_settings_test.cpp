@@ -115,6 +115,19 @@ TEST(RunSettings, ChecksAcrossKeysNameTheKeysAndValues) {
   EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("loss.adaptive_weight"), std::string::npos);
   s.loss.adaptive_weight(false);
   EXPECT_NO_THROW(check_run_settings(s));
+
+  s = RunSettings();
+  s.train.batch_size(24).grad_accum(2).shard_size(5);
+  const std::string shard = error_of<InvalidArgument>([&] { check_run_settings(s); });
+  EXPECT_NE(shard.find("train.shard_size = 5 must divide the micro-batch of 12"), std::string::npos) << shard;
+  s.train.shard_size(4);
+  EXPECT_NO_THROW(check_run_settings(s));
+  s.model.batch_norm(true);
+  EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("model.batch_norm"), std::string::npos);
+  s.model.batch_norm(false);
+  s.loss.adversarial(0.1);
+  EXPECT_NE(error_of<InvalidArgument>([&] { check_run_settings(s); }).find("does not support loss.adversarial"),
+            std::string::npos);
 }
 
 TEST(RunSettings, RecordingSetsOnlyTheKeysTheRunChose) {

@@ -29,6 +29,9 @@ struct PlanOptions {
   // equal size, and each rank takes its part of each one, so that micro-batch j is the same
   // samples on any number of ranks. 1: the global batch is one micro-batch.
   int64_t micro_batches = 1;
+  // Ranks hold whole shards of this many samples (train.shard_size): each micro-batch is cut into
+  // shards, and each rank's part is a contiguous run of them. 1: any split.
+  int64_t shard_size = 1;
 };
 
 struct PlannedBatch {
@@ -48,16 +51,19 @@ class EpochPlan {
   PlannedBatch batch(int64_t step) const;
   // This rank's part of global batch `step`: the samples at rank_slots(), micro-batch by micro-batch.
   std::vector<int64_t> rank_part(int64_t step, int world_size, int rank) const;
-  // Where `rank`'s part starts in a global batch of `global_batch` split over `world_size` ranks.
-  static int64_t rank_offset(int64_t global_batch, int world_size, int rank);
+  // Where `rank`'s part starts in a global batch of `global_batch` split over `world_size` ranks
+  // in whole shards of `shard` samples.
+  static int64_t rank_offset(int64_t global_batch, int world_size, int rank, int64_t shard = 1);
   // The positions in the global batch of `rank`'s samples: of each micro-batch (consecutive
-  // global_batch / micro_batches positions) a contiguous part, in rank order, the first
-  // (micro-batch size) % world ranks holding one sample more (the trainer's split). Throws
-  // InvalidArgument when micro_batches does not divide global_batch or a micro-batch would leave
-  // a rank without a sample.
-  static std::vector<int64_t> rank_slots(int64_t global_batch, int64_t micro_batches, int world_size, int rank);
+  // global_batch / micro_batches positions) a contiguous part of whole shards, in rank order, the
+  // first (shards per micro-batch) % world ranks holding one shard more (the trainer's split).
+  // Throws InvalidArgument when micro_batches does not divide global_batch, the shard size does
+  // not divide a micro-batch, or a micro-batch would leave a rank without a shard.
+  static std::vector<int64_t> rank_slots(int64_t global_batch, int64_t micro_batches, int world_size, int rank,
+                                         int64_t shard = 1);
   // How many of `rank`'s samples fall in each micro-batch.
-  static std::vector<int64_t> rank_micro_counts(int64_t global_batch, int64_t micro_batches, int world_size, int rank);
+  static std::vector<int64_t> rank_micro_counts(int64_t global_batch, int64_t micro_batches, int world_size, int rank,
+                                                int64_t shard = 1);
   // A hash of the whole epoch's sequence (buckets and samples), for ranks to compare at the start
   // of each epoch and for pinned-value tests.
   uint64_t hash() const;

@@ -89,6 +89,7 @@ struct AutoencoderOptions {
 struct AutoencoderOutput {
   at::Tensor reconstruction;     // (b, c, h, w)
   quant::QuantizerOutput quant;  // indices as (b, h', w') or (b, h', w', k)
+  at::Tensor latents;            // (b, h'*w', dim) float32: the tokens the quantizer was given
 };
 
 class AutoencoderImpl : public torch::nn::Module {
@@ -97,6 +98,8 @@ class AutoencoderImpl : public torch::nn::Module {
 
   // x: (b, c, h, w) scaled to [-1, 1].
   AutoencoderOutput forward(const at::Tensor& x, const quant::QuantizeContext& ctx);
+  // x: (b, c, h, w) -> the tokens forward hands the quantizer, (b, h'*w', dim) float32; no gradient.
+  at::Tensor latents(const at::Tensor& x);
   // x: (b, c, h, w) -> indices (b, h', w') or (b, h', w', k); no gradient, no state change.
   at::Tensor encode(const at::Tensor& x);
   // indices from encode -> reconstruction (b, c, h, w).

@@ -59,6 +59,7 @@ struct TrainSettings {
   TORCH_ARG(double, grad_clip) = 0.0;
   TORCH_ARG(std::string, precision) = "float32";
   TORCH_ARG(int64_t, grad_accum) = 1;
+  TORCH_ARG(int64_t, shard_size) = 0;
   TORCH_ARG(double, ema_decay) = 0.0;
   TORCH_ARG(double, weight_decay) = 0.0;
   TORCH_ARG(int64_t, seed) = 0;
