@@ -136,7 +136,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   expect_contains(msg, {"unknown key 'train.batch'", "config file " + file.path() + ", line 2",
                         "valid keys in [train]: batch_size, checkpoint_every, device, ema_decay, epochs, eval_every, "
                         "grad_accum, grad_bucket_kb, grad_clip, log_every, lr, lr_decay, lr_final_ratio, precision, "
-                        "seed, steps, threads, warmup_steps, weight_decay"});
+                        "seed, shard_size, steps, threads, warmup_steps, weight_decay"});
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2",
                    "valid keys in [quantizer.fsq]: bound_hard_clamp, dim, levels, noise_dropout, num_codebooks, "
