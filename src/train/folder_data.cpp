@@ -157,21 +157,23 @@ data::Manifest scan_with_progress(const std::string& root, const data::Manifest*
 }
 
 // The run's global batch: train.batch_size, unless it was left at its default but is more than any
-// bucket of the folder holds; then the global batch becomes the fullest bucket's count (a multiple of train.grad_accum,
-// at least one image per rank in each micro-batch), and the smaller buckets join their nearest full one as usual. A
-// batch size the user gave keeps FolderDataset's error, as does a folder too small for the ranks.
+// bucket of the folder holds; then the global batch becomes the fullest bucket's count (a multiple of train.grad_accum
+// times train.shard_size, at least one shard per rank in each micro-batch), and the smaller buckets join their nearest
+// full one as usual. A batch size the user gave keeps FolderDataset's error, as does a folder too small for the ranks.
 int64_t fit_default_batch(const TrainSettings& train, const data::Manifest& manifest,
                           const std::vector<data::BucketSize>& table, const std::vector<int64_t>& excluded,
                           const DataContext& context) {
   const int64_t batch = train.batch_size(), micro = train.grad_accum();
+  const int64_t shard = std::max<int64_t>(1, train.shard_size());
   if (!context.batch_size_is_default) return batch;
   std::vector<int64_t> counts;
   for (const auto& members : data::training_buckets(manifest, table, excluded)) {
     counts.push_back(static_cast<int64_t>(members.size()));
   }
   const auto fullest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
-  const int64_t fits = counts[fullest] / micro * micro;
-  if (counts[fullest] >= batch || fits / micro < context.world_size) return batch;
+  // Whole micro-batches of whole shards (train.shard_size), at least one shard per rank in each.
+  const int64_t fits = counts[fullest] / (micro * shard) * (micro * shard);
+  if (counts[fullest] >= batch || fits / (micro * shard) < context.world_size) return batch;
   if (context.rank == 0 && context.on_info) {
     int64_t images = 0;
     for (int64_t n : counts) images += n;

@@ -172,7 +172,7 @@ StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Te
     shapes.push_back(trained_params_[i].sizes().vec());
   }
   shapes.push_back({});
-  dist::ExactSum sum(group_, shapes, global_batch_ / shard);
+  dist::ExactSum sum(group_, shapes, global_batch_ / shard, images.device());
   // A shard's loss weighs as its share of the global batch, the same factor on any number of ranks.
   const double share = static_cast<double>(shard) / static_cast<double>(global_batch_);
   int64_t first = 0;

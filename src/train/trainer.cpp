@@ -180,7 +180,7 @@ struct Trainer::State {
       const int64_t per_pass = shard > 0 ? shard : per_rank;
       double kept = 0;
       if (shard > 0) {
-        const int64_t shards = (batch_size / shard + group->size() - 1) / group->size();
+        const int64_t shards = run.train.grad_accum() * ((micro / shard + group->size() - 1) / group->size());
         int64_t params = 0;
         for (const auto& p : modules.model->parameters(true)) params += p.numel();
         kept = 4.0 * static_cast<double>(shards) * static_cast<double>(params + 1);

@@ -60,6 +60,11 @@ lockstep_cli_test(folder_small_trains_with_the_default_batch EXIT 0
                   OUTPUT "rank 0/2. train.batch_size: the default global batch of 64 is more than any bucket of small holds \\(the fullest, [0-9]+x[0-9]+, holds [0-9]+ of the 27 training images\\), so this run trains with a global batch of [0-9]+.*trained 2 steps"
                   TIMEOUT 240 SETUP "${SMALL_FOLDER}"
                   ARGS launch -n 2 -- train ${SMALL_FOLDER_ARGS})
+# In shards (train.shard_size = 8) the batch chosen is whole shards, at least one per rank.
+lockstep_cli_test(folder_small_in_shards_trains_with_whole_shards EXIT 0
+                  OUTPUT "so this run trains with a global batch of (16|24|32|40|48|56);.*trained 2 steps"
+                  TIMEOUT 240 SETUP "${SMALL_FOLDER}"
+                  ARGS launch -n 2 -- train ${SMALL_FOLDER_ARGS} --set train.shard_size=8)
 lockstep_cli_test(folder_small_with_a_batch_given_is_refused EXIT 1
                   OUTPUT "no bucket can fill one global batch of 64 images; the fullest, [0-9]+x[0-9]+, holds [0-9]+ of the 27 training images"
                   REJECT "so this run trains with" TIMEOUT 120 SETUP "${SMALL_FOLDER}"

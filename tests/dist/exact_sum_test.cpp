@@ -108,6 +108,31 @@ TEST(ExactSum, AValueThatIsNotFiniteMakesItsTensorNanOnEveryRank) {
   }
 }
 
+// Tensors whose largest values are tiny (a scale of 2^200) or near float32's largest (2^-64): the
+// sums are the float64 sums rounded, on a rank with pieces and on one without.
+TEST(ExactSum, SumsTinyAndHugeValuesAndARankWithoutPieces) {
+  const std::vector<std::vector<int64_t>> shapes{{3}, {2}};
+  const std::vector<at::Tensor> a{torch::tensor({3e-40f, -1e-40f, 0.0f}), torch::tensor({1e38f, -3e38f})};
+  const std::vector<at::Tensor> b{torch::tensor({1e-45f, 2e-40f, -5e-41f}), torch::tensor({2e38f, 1e38f})};
+  std::vector<std::vector<at::Tensor>> results(3);
+  const auto errors = test_util::run_ranks(
+      3,
+      [&](Group& g, int r) {
+        ExactSum sum(std::shared_ptr<Group>(&g, [](Group*) {}), shapes, 2);
+        if (r == 0) sum.add(a);
+        if (r == 2) sum.add(b);
+        results[static_cast<size_t>(r)] = sum.finish(LOCKSTEP_CALL_SITE("test.exact_sum"));
+      },
+      Join::InMemory);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(errors[r], nullptr) << test_util::message_of<std::exception>(errors[r]);
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      const at::Tensor expected = (a[t].to(torch::kFloat64) + b[t].to(torch::kFloat64)).to(torch::kFloat32);
+      EXPECT_TRUE(results[r][t].equal(expected)) << "rank " << r << ", tensor " << t << ": " << results[r][t];
+    }
+  }
+}
+
 TEST(ExactSum, RefusesMorePiecesThanItLeftRoomFor) {
   const auto errors = test_util::run_ranks(
       1,

@@ -43,8 +43,8 @@ std::map<std::string, std::string> checkpoint_bytes(const std::string& run_dir) 
   return out;
 }
 
-// train.shard_size = 1: 3 ranks holding 3, 3 and 2 of 8 images train VQ with dead codes to one
-// process's checkpoint bit for bit (model, optimizer and codebooks); shards of 2 (4 shards on 3
+// train.shard_size = 1: 3 ranks holding 3, 3 and 2 of 8 images train VQ with dead codes and sampled
+// codes to one process's checkpoint bit for bit (model, optimizer and codebooks); shards of 2 (4 shards on 3
 // ranks: 4, 2 and 2 images) likewise. Both resume one run after its first step (k-means): rank
 // threads build their models from one global generator at once, so a new run's rank 0 would not
 // start from one process's weights (tests/cli/scenarios.py runs processes from step 0).
@@ -56,6 +56,7 @@ TEST(DistributedTrainer, UnevenRanksInShardsTrainOneProcessesRunBitForBit) {
     c.set("quantizer.name", std::string("vq"));
     c.set("quantizer.vq.kmeans_init", true);
     c.set("quantizer.vq.threshold_ema_dead_code", 1.0);
+    c.set("quantizer.vq.stochastic_sample_codes", true);  // per-token draws keyed by global position
     c.set("train.shard_size", shard);
     Trainer::create(c, tmp.file("one"), dist::make_single_process_group())->run({});
     std::filesystem::copy(tmp.file("one"), tmp.file("three"));
