@@ -73,6 +73,9 @@ StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& se
     if (b.key().rfind("quantizer.", 0) != 0 && b.value().is_floating_point()) local_buffers_.push_back(b.value());
   }
   trained_params_ = modules_.model->parameters(true);
+  for (const at::Tensor& p : trained_params_) {
+    if (p.requires_grad()) differentiated_params_.push_back(p);
+  }
   // In shards, gradients are summed exactly once all shards are done (sharded_gradients).
   if (settings_.train.shard_size() == 0) {
     grad_sync_ = std::make_unique<GradientSync>(group_, trained_params_, settings_.train.grad_bucket_kb() * 1024);
@@ -161,25 +164,18 @@ StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Te
       data::EpochPlan::rank_micro_counts(global_batch_, micro_batches, world, rank, shard);
   quant::Quantizer& quantizer = modules_.model->quantizer();
   ShardsTakeNoBatchSums no_batch_sums(shard);
-  // One piece per shard: the gradient of every trained parameter, then the shard's loss.
+  // One piece per shard: the gradient of every parameter that takes one, then the shard's loss.
   std::vector<std::vector<int64_t>> shapes;
-  std::vector<at::Tensor> differentiated;  // the parameters that take gradients
-  std::vector<size_t> places;              // their places in trained_params_
-  for (size_t i = 0; i < trained_params_.size(); ++i) {
-    if (!trained_params_[i].requires_grad()) continue;
-    differentiated.push_back(trained_params_[i]);
-    places.push_back(i);
-    shapes.push_back(trained_params_[i].sizes().vec());
-  }
+  for (const at::Tensor& p : differentiated_params_) shapes.push_back(p.sizes().vec());
   shapes.push_back({});
   dist::ExactSum sum(group_, shapes, global_batch_ / shard, images.device());
   // A shard's loss weighs as its share of the global batch, the same factor on any number of ranks.
   const double share = static_cast<double>(shard) / static_cast<double>(global_batch_);
+  const int64_t offset = data::EpochPlan::rank_offset(micro, world, rank, shard);  // in each micro-batch
   int64_t first = 0;
   for (int64_t j = 0; j < micro_batches; ++j) {
     const at::Tensor x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
     first += x.size(0);
-    const int64_t offset = data::EpochPlan::rank_offset(micro, world, rank, shard);
     // Every pass over micro-batch j draws as one pass over all of it would (seeded_context).
     const auto context = [&](int64_t first_item, quant::Reducer* reducer) {
       quant::QuantizeContext ctx = quant::seeded_context(static_cast<uint64_t>(settings_.train.seed()),
@@ -216,7 +212,7 @@ StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Te
         latents.push_back(out.latents.detach());
       }
       loss = loss * share;
-      std::vector<at::Tensor> piece = torch::autograd::grad({loss}, differentiated, /*grad_outputs=*/{},
+      std::vector<at::Tensor> piece = torch::autograd::grad({loss}, differentiated_params_, /*grad_outputs=*/{},
                                                             /*retain_graph=*/false, /*create_graph=*/false,
                                                             /*allow_unused=*/true);
       piece.push_back(loss.detach());
@@ -230,16 +226,15 @@ StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Te
   }
   modules_.adam->zero_grad();
   const std::vector<at::Tensor> summed = sum.finish(LOCKSTEP_CALL_SITE("train.exact_grads"));
-  for (size_t i = 0; i < differentiated.size(); ++i) {
-    trained_params_[places[i]].mutable_grad() = summed[i].to(trained_params_[places[i]].device());
+  for (size_t i = 0; i < differentiated_params_.size(); ++i) {
+    differentiated_params_[i].mutable_grad() = summed[i].to(differentiated_params_[i].device());
   }
-  // The stop requests and replaced images (small integers: float sums are exact).
-  std::vector<at::Tensor> control{torch::tensor({here.stop ? 1.0f : 0.0f, static_cast<float>(here.replaced)})};
+  // The stop requests and replaced images (small integers: float sums are exact); the loss is the exact sum's.
+  here.loss = 0;
+  std::vector<at::Tensor> control{here.pack()};
   group_->all_reduce(control, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.control"));
-  StepControl all;
+  StepControl all = StepControl::unpack(control[0]);
   all.loss = summed.back().item<double>();
-  all.stop = control[0][0].item<float>() > 0;
-  all.replaced = std::lround(control[0][1].item<float>());
   return all;
 }
 

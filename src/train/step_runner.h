@@ -72,10 +72,11 @@ class StepRunner {
   StepLosses losses_;
   at::Tensor decoder_last_weight_;  // where the adaptive weight compares gradients
   std::vector<at::Tensor> trained_params_;
-  std::vector<at::Tensor> local_buffers_;    // float buffers outside the quantizer (BatchNorm statistics)
-  std::unique_ptr<quant::Reducer> reducer_;  // quantizer statistics over the global batch
-  std::unique_ptr<GradientSync> grad_sync_;  // gradients averaged over the ranks during backward
-  std::unique_ptr<LrSchedule> lr_schedule_;  // the rate of each step, from the step alone
+  std::vector<at::Tensor> differentiated_params_;  // those that take gradients (in shards, ExactSum's pieces)
+  std::vector<at::Tensor> local_buffers_;          // float buffers outside the quantizer (BatchNorm statistics)
+  std::unique_ptr<quant::Reducer> reducer_;        // quantizer statistics over the global batch
+  std::unique_ptr<GradientSync> grad_sync_;        // gradients averaged over the ranks during backward
+  std::unique_ptr<LrSchedule> lr_schedule_;        // the rate of each step, from the step alone
 };
 
 }  // namespace lockstep::train
