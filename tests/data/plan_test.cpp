@@ -164,9 +164,9 @@ TEST(Plan, RanksHoldWholeShards) {
   EXPECT_EQ(EpochPlan::rank_slots(16, 2, 3, 2, 2), (std::vector<int64_t>{6, 7, 14, 15}));
   EXPECT_EQ(EpochPlan::rank_offset(8, 3, 1, 2), 4);
   EXPECT_EQ(EpochPlan::rank_micro_counts(16, 2, 3, 1, 2), (std::vector<int64_t>{2, 2}));
-  for (int rank = 0; rank < 5; ++rank) {
-    EXPECT_EQ(EpochPlan::rank_slots(24, 1, 5, rank, 1), EpochPlan::rank_slots(24, 1, 5, rank));
-  }
+  // Shards of 1: 24 images on 5 ranks are 5, 5, 5, 5 and 4, as without shards.
+  EXPECT_EQ(EpochPlan::rank_slots(24, 1, 5, 3, 1), (std::vector<int64_t>{15, 16, 17, 18, 19}));
+  EXPECT_EQ(EpochPlan::rank_slots(24, 1, 5, 4, 1), (std::vector<int64_t>{20, 21, 22, 23}));
   PlanOptions o;
   o.global_batch = 6;
   o.shard_size = 3;
