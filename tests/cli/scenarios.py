@@ -258,7 +258,41 @@ def launch_uneven_ranks_in_shards_are_one_process_bitwise(run):
         run.launch(5, f"five{i}", *args, env=env)
         run.compare(f"one{i}", f"five{i}", 0)
         run.same_checkpoint(f"one{i}", f"five{i}")
+    # VQ's affine_param: the statistics it moves the codebook to are sums of squares (float64).
+    affine = (*SMALL, *UNEVEN_VQ, "--set", "train.shard_size=1", "--set", "quantizer.vq.affine_param=true")
+    run.train("one_affine", *affine)
+    run.launch(5, "five_affine", *affine)
+    run.compare("one_affine", "five_affine", 0)
+    run.same_checkpoint("one_affine", "five_affine")
     evaluate(run, "five0", "step 12", "--limit", "32")
+
+
+@scenario(240)
+def launch_resume_in_shards_onto_other_ranks_is_one_process_bitwise(run):
+    # G5 and G6 together: in shards, a run on 2 ranks for 5 steps, resumed on 5 ranks to step 9 and
+    # then on one process to step 12, is the uninterrupted one-process run bit for bit.
+    args = ("--config", HERE / "small_run.toml", *UNEVEN_VQ, "--set", "train.shard_size=1")
+    run.train("one", *args, "--steps", 12)
+    run.launch(2, "run", *args, "--steps", 5, log="part1.log")
+    log = run.lockstep("launch", "-n", 5, "--", "train", "--resume", "run", "--steps", 9, log="part2.log")
+    run.expect(log, r"rank 4/5\] resumed at step 5 of 9", "the run resumed on 5 ranks")
+    log = run.lockstep("train", "--resume", "run", "--steps", 12, log="part3.log")
+    run.expect(log, "resumed at step 9 of 12", "the run resumed on one process")
+    run.compare("one", "run", 0)
+    run.same_checkpoint("one", "run")
+
+
+@scenario(240)
+def launch_resume_on_the_same_ranks_is_bitwise(run):
+    # G6 on ranks, without shards: 5 uneven ranks (5, 5, 5, 5 and 4 images) stopped at step 5 and
+    # resumed on 5 ranks give the uninterrupted 5-rank run bit for bit.
+    args = ("--config", HERE / "small_run.toml", *UNEVEN_VQ)
+    run.launch(5, "whole", *args, "--steps", 12)
+    run.launch(5, "run", *args, "--steps", 5, log="part1.log")
+    log = run.lockstep("launch", "-n", 5, "--", "train", "--resume", "run", "--steps", 12, log="part2.log")
+    run.expect(log, r"rank 4/5\] resumed at step 5 of 12", "the resumed run")
+    run.compare("whole", "run", 0)
+    run.same_checkpoint("whole", "run")
 
 
 @scenario(240)
