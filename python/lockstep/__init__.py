@@ -6,6 +6,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
+from ._quantizer import reference_state_dict
 from .binary_mapper import BinaryMapper
 from .evo_lfq import EvoLFQ
 from .fsp import FSP
@@ -22,4 +23,5 @@ from .vq import VectorQuantize
 
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
-           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "EvoLFQ", "CollectiveMismatch", "CollectiveFailure"]
+           "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "EvoLFQ", "CollectiveMismatch", "CollectiveFailure",
+           "reference_state_dict"]

@@ -4,6 +4,7 @@ what liblockstep computes with), and the randomness it draws from (seed, step)."
 import copy
 import datetime
 import inspect
+import math
 import re
 
 import torch
@@ -23,7 +24,7 @@ def refuse_forward_options(module_name, **given):
     """TypeError naming a forward option given another value than its default (None or False)."""
     for name, value in given.items():
         if value is not None and value is not False:
-            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep")
+            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep; see docs/python.md")
 
 
 def only_defaults(module_name, function, given, names):
@@ -34,6 +35,30 @@ def only_defaults(module_name, function, given, names):
         default = parameters[name].default
         if given[name] != default:
             refuse(module_name, name, given[name], repr(default))
+
+
+def as_indices(module_name, indices):
+    """Code indices as int64; TypeError for floating-point, complex or bool values (a float index would
+    be truncated to another code without a word)."""
+    indices = torch.as_tensor(indices)
+    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        raise TypeError(f"{module_name}: indices must be integers, got {indices.dtype}")
+    return indices.long()
+
+
+def reference_state_dict(module):
+    """module.state_dict() as the same model built on vector-quantize-pytorch holds it, for its
+    load_state_dict: for every lockstep quantizer inside (the module itself, or layers of a model),
+    (seed, step) left out and the reference's constants (LFQ's `mask`) and affine flags put in. The
+    inverse of load_reference_state_dict."""
+    state = module.state_dict()
+    for name, quantizer in module.named_modules():
+        if isinstance(quantizer, LockstepQuantizer):
+            prefix = f"{name}." if name else ""
+            state.pop(prefix + "_extra_state", None)
+            state.update({prefix + key: value for key, value in quantizer._reference_constants().items()})
+            quantizer._affine_to_reference(state, prefix)
+    return state
 
 
 def padding_mask(module_name, x, mask, lens):
@@ -60,6 +85,9 @@ def padding_mask(module_name, x, mask, lens):
 
 
 class LockstepQuantizer(nn.Module):
+    # How the module takes feature maps, for the error naming what it takes (" or ..."; "" for none).
+    _maps_hint = ""
+
     def __init__(self, name, section, options, seed=None, process_group=None, collective_timeout=300.0,
                  rename=None, persistent=None):
         super().__init__()
@@ -177,8 +205,9 @@ class LockstepQuantizer(nn.Module):
         stores for constants that lockstep derives from the options (LFQ's `mask`) are checked against
         them and dropped; everything else must match by name and shape, as load_state_dict requires."""
         state_dict = self._affine_from_reference(dict(state_dict))
+        constants = self._reference_constants()
         for key in list(state_dict):
-            expected = self._reference_constant(key)
+            expected = constants.get(key)
             if expected is None:
                 continue
             value = state_dict.pop(key)
@@ -223,9 +252,21 @@ class LockstepQuantizer(nn.Module):
             state_dict[prefix + "affine_initted"] = torch.tensor(float(has_batch and not needs_init))
         return state_dict
 
-    def _reference_constant(self, key):
-        """The value the reference stores under `key` when it is a constant lockstep derives; else None."""
-        return None
+    def _affine_to_reference(self, state_dict, prefix):
+        """The inverse of _affine_from_reference, in place on the entries under `prefix`: `affine_initted`
+        -> the reference's two `*_needs_init` flags, the batch statistics left out before they exist."""
+        for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("affine_initted")]:
+            at = key[:-len("affine_initted")]
+            initted = bool(state_dict.pop(key))
+            for name in ("codebook_mean_needs_init", "codebook_variance_needs_init"):
+                state_dict[at + name] = torch.tensor(not initted)
+            if not initted:  # the reference registers them at its first training forward
+                for name in ("batch_mean", "batch_variance"):
+                    state_dict.pop(at + name, None)
+
+    def _reference_constants(self):
+        """{key: value} of the constants the reference stores that lockstep derives from the options."""
+        return {}
 
     def _owner(self, dotted):
         """The (sub)module that holds `dotted` ("project_in.weight"), made on first use."""
@@ -243,10 +284,17 @@ class LockstepQuantizer(nn.Module):
         shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`. `mask`
         (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there).
         `freeze_codebook`: a training call that leaves the codebooks as they are."""
+        name = f"lockstep.{type(self).__name__}"
+        if not x.is_floating_point():  # quantizing int or bool input would truncate the codes on the way out
+            raise TypeError(f"{name}: the input must be floating point, got {x.dtype}")
         if channel_first:
+            if x.ndim < 2:
+                raise ValueError(f"{name}: expected a channel-first map (b, {self.dim}, ...), got shape {tuple(x.shape)}")
             x = x.movedim(1, -1)
             spatial = x.shape[1:-1]
-            x = x.reshape(x.shape[0], -1, x.shape[-1])
+            x = x.reshape(x.shape[0], math.prod(spatial), x.shape[-1])  # -1 is ambiguous for an empty batch
+        elif x.ndim != 3:
+            raise ValueError(f"{name}: expected tokens (b, n, {self.dim}){self._maps_hint}, got shape {tuple(x.shape)}")
         if x.shape[-1] != self.dim:
             raise ValueError(f"lockstep.{type(self).__name__}: expected dimension {self.dim} but found {x.shape[-1]}")
         out, indices, losses = self._quantize(x.float(), mask, freeze_codebook)

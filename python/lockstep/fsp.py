@@ -1,8 +1,10 @@
 """Finite scalar perturbation (vector_quantize_pytorch.FSP's arguments and return values): CDF-activated
 bins, perturbed within a bin in training, with a regulariser on each channel's batch moments."""
+import math
+
 import torch
 
-from ._quantizer import LockstepQuantizer, refuse
+from ._quantizer import LockstepQuantizer, as_indices, refuse
 
 
 class FSP(LockstepQuantizer):
@@ -37,7 +39,7 @@ class FSP(LockstepQuantizer):
 
     def indices_to_level_indices(self, indices):
         """Indices (...) -> each channel's bin (..., len(levels)), the first level least significant."""
-        return self._core.fsp_level_indices(indices.long())
+        return self._core.fsp_level_indices(as_indices("lockstep.FSP", indices))
 
     def level_indices_to_indices(self, level_indices):
         """Each channel's bin (..., len(levels)) -> the index (...), int32 as the reference's."""
@@ -49,23 +51,26 @@ class FSP(LockstepQuantizer):
         if eps != 1e-6:
             refuse("lockstep.FSP", "eps", eps, "1e-6, the reference's default")
         shape = indices.shape
-        codes = self._core.decode(indices.long().reshape(1, -1)).reshape(*shape, self.dim)
+        codes = self._core.decode(as_indices("lockstep.FSP", indices).reshape(1, -1)).reshape(*shape, self.dim)
         return codes.movedim(-1, 1) if self.channel_first else codes
 
     def forward(self, z, eps=None):
         if eps is not None:
             refuse("lockstep.FSP", "eps", eps, "None: float32's machine epsilon, the reference's default")
+        if not z.is_floating_point():  # int input would come back as truncated codes
+            raise TypeError(f"lockstep.FSP: the input must be floating point, got {z.dtype}")
         if self.channel_first:
             z = z.movedim(1, -1)
         if z.shape[-1] != self.dim:
             raise ValueError(f"lockstep.FSP: expected dimension of {self.dim} but found dimension of {z.shape[-1]}")
         shape = z.shape
-        tokens = z.reshape(shape[0] if z.ndim > 1 else 1, -1, self.dim)  # (b, n, dim): the first axis the batch
+        # (b, n, dim): the first axis the batch (n given, not -1, which an empty batch leaves ambiguous)
+        tokens = z.reshape(shape[0], math.prod(shape[1:-1]), self.dim) if z.ndim > 1 else z.reshape(1, 1, self.dim)
         out, indices, losses = self._quantize(tokens.float())
         out = out.to(z.dtype).reshape(shape)
         indices = indices.reshape(shape[:-1]).to(torch.int32)
         info = self._info(tokens)
-        info["level_indices"] = info["level_indices"].reshape(*shape[:-1], -1)
+        info["level_indices"] = info["level_indices"].reshape(*shape[:-1], self.codebook_dim)
         if self.channel_first:
             out = out.movedim(-1, 1)
         return out, indices, losses["norm"], info

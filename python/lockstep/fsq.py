@@ -1,7 +1,7 @@
 """Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults
+from ._quantizer import LockstepQuantizer, as_indices, only_defaults
 
 
 def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, scale=None,
@@ -33,6 +33,7 @@ class FSQ(LockstepQuantizer):
     """FSQ(levels, dim=None, num_codebooks=1, ...) as vector-quantize-pytorch's FSQ: forward(z)
     takes (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices).
     The bound, rounding, indices and straight-through gradient run in liblockstep (float32)."""
+    _maps_hint = " or channel-first maps (b, dim, ...) of two or more spatial axes, or with channel_first=True"
 
     def __init__(self, levels, dim=None, num_codebooks=1, *reference_args, seed=None, process_group=None,
                  collective_timeout=300.0, **options):
@@ -57,9 +58,10 @@ class FSQ(LockstepQuantizer):
     def indices_to_codes(self, indices):
         """Indices as forward returns them -> the quantized vectors, projected out; channel first
         for feature maps (two or more spatial axes) or with channel_first."""
+        indices = as_indices("lockstep.FSQ", indices)
         keep = int(self.keep_num_codebooks_dim)
         spatial = indices.shape[1:indices.ndim - keep]
-        flat = indices.long().reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
+        flat = indices.reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
         if keep and self.num_codebooks == 1:
             flat = flat.squeeze(-1)
         codes = self._core.decode(flat)

@@ -58,10 +58,24 @@ class _Grouped(nn.Module):
             raise ValueError(f"lockstep.{type(self).__name__}: the reference state has entries of no group: {unknown}")
 
     def _chunks(self, x):
+        if x.ndim < 2:
+            raise ValueError(f"lockstep.{type(self).__name__}: expected a batch (b, ..., {self.dim}), got shape "
+                             f"{tuple(x.shape)}")
         if x.shape[self.split_dim] != self.dim:
             raise ValueError(f"lockstep.{type(self).__name__}: the input's feature axis ({self.split_dim}) has "
                              f"{x.shape[self.split_dim]} values, not dim={self.dim}")
         return x.chunk(self.groups, dim=self.split_dim)
+
+    def _each(self, call, chunks, *per_group):
+        """call(rvq, chunk, *that group's values) for each group; an input error names the group."""
+        outs = []
+        for g, (rvq, chunk, *values) in enumerate(zip(self.rvqs, chunks, *per_group)):
+            try:
+                outs.append(call(rvq, chunk, *values))
+            except ValueError as e:
+                raise ValueError(f"lockstep.{type(self).__name__}, group {g} of {self.groups} "
+                                 f"({self.dim // self.groups} of the {self.dim} features): {e}") from e
+        return outs
 
     def _combine(self, outs, with_losses):
         """The groups' results as the reference combines them: outputs concatenated, indices (and losses)
@@ -89,9 +103,9 @@ class GroupedResidualVQ(_Grouped):
         if indices is not None and len(indices) > 0:  # one (b, n, num_quantizers) per group, as the reference
             if len(indices) != self.groups:
                 raise ValueError(f"lockstep.GroupedResidualVQ: indices for {len(indices)} groups, not {self.groups}")
-            outs = [rvq(chunk, indices=i, **kwargs) for rvq, chunk, i in zip(self.rvqs, chunks, indices)]
+            outs = self._each(lambda rvq, chunk, i: rvq(chunk, indices=i, **kwargs), chunks, indices)
             return torch.cat([o[0] for o in outs], dim=self.split_dim), sum(o[1] for o in outs)
-        return self._combine([rvq(chunk, **kwargs) for rvq, chunk in zip(self.rvqs, chunks)], True)
+        return self._combine(self._each(lambda rvq, chunk: rvq(chunk, **kwargs), chunks), True)
 
 
 class GroupedResidualFSQ(_Grouped):
@@ -103,8 +117,8 @@ class GroupedResidualFSQ(_Grouped):
         super().__init__(dim, groups, accept_image_fmap, seed, kwargs)
 
     def forward(self, x, return_all_codes=False):
-        return self._combine([rvq(chunk, return_all_codes=return_all_codes)
-                              for rvq, chunk in zip(self.rvqs, self._chunks(x))], False)
+        return self._combine(self._each(lambda rvq, chunk: rvq(chunk, return_all_codes=return_all_codes),
+                                        self._chunks(x)), False)
 
 
 class GroupedResidualLFQ(_Grouped):
@@ -116,5 +130,5 @@ class GroupedResidualLFQ(_Grouped):
         super().__init__(dim, groups, accept_image_fmap, seed, kwargs)
 
     def forward(self, x, mask=None, return_all_codes=False):
-        return self._combine([rvq(chunk, mask=mask, return_all_codes=return_all_codes)
-                              for rvq, chunk in zip(self.rvqs, self._chunks(x))], True)
+        return self._combine(self._each(lambda rvq, chunk: rvq(chunk, mask=mask, return_all_codes=return_all_codes),
+                                        self._chunks(x)), True)

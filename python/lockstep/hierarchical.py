@@ -234,9 +234,8 @@ class HierarchicalVQ(nn.Module):
         full_shape = self.level_shapes[-1] if full_shape is None else _level_shape(full_shape, self.spatial_dims)
         reconstruction = None
         for level, level_indices in enumerate(indices):
-            flat = level_indices.reshape(level_indices.shape[0], -1).long()
-            q = self.get_vq(level).get_output_from_indices(flat.clamp(min=0))
-            q = torch.where((flat != -1).unsqueeze(-1), q, 0.0)
+            flat = level_indices.reshape(level_indices.shape[0], -1)
+            q = self.get_vq(level).get_output_from_indices(flat)  # zeros at -1
             q = q.transpose(1, 2).reshape(q.shape[0], self.dim, *self.level_shapes[level])
             q = self._upsample(q, full_shape, level)
             reconstruction = q if reconstruction is None else reconstruction + q

@@ -2,7 +2,7 @@
 latent channel snaps to the nearest of its level's values."""
 import torch
 
-from ._quantizer import LockstepQuantizer, refuse
+from ._quantizer import LockstepQuantizer, as_indices, refuse
 
 
 class LatentQuantize(LockstepQuantizer):
@@ -79,7 +79,7 @@ class LatentQuantize(LockstepQuantizer):
     def indices_to_codes(self, indices, project_out=True):
         """Indices as forward returns them -> codes (b, d, ...), channel first, projected out unless
         project_out=False, as the reference's (on the level grid)."""
-        index = indices.long().unsqueeze(-1)
+        index = as_indices("lockstep.LatentQuantize", indices).unsqueeze(-1)
         codes = self._grid((index // self._basis.to(index.device)) % torch.tensor(self.levels, device=index.device))
         if self.keep_num_codebooks_dim:
             codes = codes.reshape(*codes.shape[:-2], -1)

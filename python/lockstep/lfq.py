@@ -4,7 +4,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse
+from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 # The reference's second return value with return_loss_breakdown=True: each term unweighted.
@@ -70,6 +70,7 @@ class LFQ(LockstepQuantizer):
     """LFQ(dim=None, codebook_size=None, ...) as vector-quantize-pytorch's LFQ: forward(x) takes
     (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices, aux_loss).
     Quantization, the entropy and commitment losses and their gradients run in liblockstep."""
+    _maps_hint = " or channel-first maps (b, dim, h, w, ...) of two or more spatial axes"
 
     def __init__(self, *, seed=None, process_group=None, collective_timeout=300.0, **options):
         options, module = lfq_options(**options)
@@ -85,17 +86,18 @@ class LFQ(LockstepQuantizer):
         bits = int(self.codebook_size).bit_length() - 1
         self._code_value = options["codebook_scale"] / (bits**0.5 if options["spherical"] else 1.0)
 
-    def _reference_constant(self, key):
-        return bit_mask(self.codebook_size) if key == "mask" else None
+    def _reference_constants(self):
+        return {"mask": bit_mask(self.codebook_size)}
 
     def indices_to_codes(self, indices, project_out=True):
         """Indices as forward returns them -> the codes, projected out to dim (forward's output) or,
         with project_out=False, in code space (num_codebooks * log2(codebook_size) values of
         +-codebook_scale, on the sphere when spherical); channel first for feature maps."""
+        indices = as_indices("lockstep.LFQ", indices)
         keep = int(self.keep_num_codebooks_dim)
         is_map = indices.ndim >= 3 + keep
         channel_first = self.channel_first if self.channel_first is not None else is_map
-        flat = indices.long().reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
+        flat = indices.reshape(indices.shape[0], -1, *indices.shape[indices.ndim - keep:])
         spatial = indices.shape[1:indices.ndim - keep]
         if project_out:
             codes = self._core.decode(flat.squeeze(-1) if keep and self.num_codebooks == 1 else flat)

@@ -4,10 +4,18 @@ import re
 
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse, refuse_forward_options
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
 from .vq import vq_options
+
+
+def refuse_layer_layout(module_name, layer_kwargs, allowed):
+    """TypeError for a layer argument about the layer's own input or index layout (`allowed`: name ->
+    (accepted values, what to use instead)), which the stack decides: named, never dropped."""
+    for name, (accepted, instead) in allowed.items():
+        if name in layer_kwargs and layer_kwargs[name] not in accepted:
+            refuse(module_name, name, layer_kwargs[name], instead)
 
 
 class _Residual(LockstepQuantizer):
@@ -42,7 +50,7 @@ class _Residual(LockstepQuantizer):
         """Indices (b, ..., q) as forward returns them, q up to num_quantizers (fewer, or -1 for a
         dropped layer, with quantize dropout) -> each layer's code as it enters the sum (scaled where
         the layers are), (num_quantizers, b, ..., codebook_dim); zeros where a layer was dropped."""
-        indices = indices.long()
+        indices = as_indices(f"lockstep.{type(self).__name__}", indices)
         if indices.shape[-1] < self.num_quantizers:
             if not self.quantize_dropout:
                 raise ValueError(f"lockstep.{type(self).__name__}: indices for {indices.shape[-1]} of "
@@ -77,7 +85,7 @@ class _Residual(LockstepQuantizer):
     def get_output_from_indices(self, indices):
         """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the
         summed codes, projected out: (b, ..., dim)."""
-        flat = indices.long().reshape(indices.shape[0], -1, indices.shape[-1])
+        flat = as_indices(f"lockstep.{type(self).__name__}", indices).reshape(indices.shape[0], -1, indices.shape[-1])
         out = self._core.decode(flat)
         return out.reshape(*indices.shape[:-1], out.shape[-1])
 
@@ -87,6 +95,7 @@ class ResidualVQ(_Residual):
     a VectorQuantize (its arguments are passed on) quantizing what the layers before left; forward(x)
     returns (quantized, indices (b, n, num_quantizers), per-layer commitment losses). Each layer's
     buffers carry the reference's names (`layers.0._codebook.embed`, ...)."""
+    _maps_hint = " or (b, dim) vectors, or (b, dim, h, w) maps with accept_image_fmap=True"
 
     def __init__(self, *, dim, num_quantizers, codebook_size, codebook_dim=None, shared_codebook=False,
                  diveq=False, heads=1, quantize_dropout=False, quantize_dropout_cutoff_index=0,
@@ -189,6 +198,7 @@ class ResidualFSQ(_Residual):
     the input is first squashed to tanh(x / c) c, c = 1 + 1/(L-1), and the layers clamp. forward(x) takes
     (b, n, dim) tokens, or (b, dim, ...) maps with is_channel_first, and returns (quantized, indices
     (b, n, num_quantizers), or (b, num_quantizers, ...) for maps)."""
+    _maps_hint = " or channel-first maps (b, dim, ...) with is_channel_first=True"
 
     def __init__(self, *, levels, num_quantizers, dim=None, is_channel_first=False, quantize_dropout=False,
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, soft_clamp_input_value=None,
@@ -196,6 +206,11 @@ class ResidualFSQ(_Residual):
         only_defaults("lockstep.ResidualFSQ", ResidualFSQ.__init__, locals(), ("soft_clamp_input_value",))
         if "preserve_symmetry" in fsq_kwargs:  # as the reference, which sets it for its layers
             raise TypeError("lockstep.ResidualFSQ: preserve_symmetry is always True for the layers")
+        refuse_layer_layout("lockstep.ResidualFSQ", fsq_kwargs, {
+            "num_codebooks": ((1,), "1: each layer quantizes the whole residual"),
+            "keep_num_codebooks_dim": ((None, False), "None: indices are (b, n, num_quantizers)"),
+            "channel_first": ((None, False), "False; is_channel_first=True takes channel-first maps"),
+            "return_indices": ((True,), "True")})
         layer, _ = fsq_options(levels, bound_hard_clamp=bound_hard_clamp, **fsq_kwargs)
         options = {f"fsq.{key}": value for key, value in layer.items()}
         if dim is not None:
@@ -234,6 +249,7 @@ class ResidualLFQ(_Residual):
     (its arguments are passed on), layer q with codebook scale 2^-q; forward(x) takes (b, n, dim) tokens
     or (b, dim, ...) feature maps and returns (quantized, indices (..., num_quantizers), per-layer aux
     losses)."""
+    _maps_hint = " or channel-first maps (b, dim, h, w, ...) of two or more spatial axes"
 
     def __init__(self, *, dim, num_quantizers, codebook_size, quantize_dropout=False, quantize_dropout_cutoff_index=0,
                  quantize_dropout_multiple_of=1, soft_clamp_input_value=None, seed=None, process_group=None,
@@ -241,6 +257,9 @@ class ResidualLFQ(_Residual):
         only_defaults("lockstep.ResidualLFQ", ResidualLFQ.__init__, locals(), ("soft_clamp_input_value",))
         if "codebook_scale" in lfq_kwargs:  # as the reference, which sets 2^-q for layer q
             raise TypeError("lockstep.ResidualLFQ: codebook_scale is set per layer (2^-q)")
+        refuse_layer_layout("lockstep.ResidualLFQ", lfq_kwargs, {
+            "channel_first": ((None, False), "None: maps of two or more spatial axes are taken channel first"),
+            "keep_num_codebooks_dim": ((None,), "None: indices are (..., num_quantizers)")})
         bits = int(codebook_size).bit_length() - 1
         layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
         layer.pop("dim")  # the layers take the residual's dimension
@@ -258,8 +277,8 @@ class ResidualLFQ(_Residual):
         +-2^-q (on the sphere when spherical)."""
         return torch.stack([self._layer_codebook(q, "lfq_indices_to_codes") for q in range(self.num_quantizers)])
 
-    def _reference_constant(self, key):
-        return bit_mask(self.codebook_size) if re.fullmatch(r"layers\.\d+\.mask", key) else None
+    def _reference_constants(self):
+        return {f"layers.{q}.mask": bit_mask(self.codebook_size) for q in range(self.num_quantizers)}
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         check_forward_options("lockstep.ResidualLFQ", self.inv_temperature)
@@ -277,6 +296,7 @@ class ResidualSimVQ(_Residual):
     before left; forward(x) takes (b, n, dim) tokens or (b, dim, ...) with channel_first and returns
     (quantized, indices (..., num_quantizers), per-layer commitment losses). The layers' tensors carry
     the reference's names (`layers.0.frozen_codebook`, `layers.0.code_transform.weight`)."""
+    _maps_hint = " or (b, dim) vectors, or channel-first maps (b, dim, ...) with channel_first=True"
 
     def __init__(self, *, dim, num_quantizers, codebook_size, heads=1, quantize_dropout=False,
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, channel_first=False,

@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._quantizer import LockstepQuantizer, refuse
+from ._quantizer import LockstepQuantizer, as_indices, refuse
 
 
 class SimVQ(LockstepQuantizer):
@@ -47,7 +47,8 @@ class SimVQ(LockstepQuantizer):
     def indices_to_codes(self, indices):
         """Indices as forward returns them -> the quantized vectors (b, ..., dim), channel first with
         channel_first; differentiable in the map, as the reference's."""
-        flat = indices.long().reshape(indices.shape[0], -1)
+        indices = as_indices("lockstep.SimVQ", indices)
+        flat = indices.reshape(indices.shape[0], -1)
         codes = self._core.decode(flat).reshape(*indices.shape, self.dim)
         return codes.movedim(-1, 1) if self.channel_first else codes
 

@@ -4,7 +4,7 @@ from collections import namedtuple
 
 import torch
 
-from ._quantizer import LockstepQuantizer, only_defaults, padding_mask, refuse, refuse_forward_options
+from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse, refuse_forward_options
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -72,6 +72,17 @@ def _reference_name(name):
 LossBreakdown = namedtuple("LossBreakdown", ["commitment", "codebook_diversity", "orthogonal_reg", "inplace_optimize"])
 
 
+def _padding_apart(indices):
+    """Indices as forward returns them -> (int64 indices with code 0 at padding, bool mask of the
+    padding, the -1s of a masked forward); ValueError for any other negative index."""
+    indices = as_indices("lockstep.VectorQuantize", indices)
+    padding = indices == -1
+    if (indices < -1).any():
+        raise ValueError(f"lockstep.VectorQuantize: indices must be -1 (padding) or lie in [0, codebook_size); "
+                         f"got {int(indices.min())}")
+    return indices.masked_fill(padding, 0), padding
+
+
 def _unweighted(losses, name, weight, device):
     """Loss `name` of a call divided by its weight; zero where the term is off (weight 0), as the reference."""
     if weight <= 0 or name not in losses:
@@ -85,6 +96,7 @@ class VectorQuantize(LockstepQuantizer):
     (quantized, indices, commitment_loss). The search, the EMA update of the codebook (its buffers
     are `_codebook.embed`, `_codebook.cluster_size`, `_codebook.embed_avg`, `_codebook.initted`, as
     the reference names them), k-means initialisation and dead-code replacement run in liblockstep."""
+    _maps_hint = " or (b, dim) vectors, or (b, dim, h, w) maps with accept_image_fmap=True"
 
     def __init__(self, dim, codebook_size, *reference_args, seed=None, process_group=None, collective_timeout=300.0,
                  **options):
@@ -112,24 +124,27 @@ class VectorQuantize(LockstepQuantizer):
         """Indices as forward returns them -> the codebook's vectors (before any projection out), as
         the reference gives them: separate codebooks per head concatenated, (b, n, heads * codebook_dim);
         one codebook, (b, n, codebook_dim) or (b, n, heads, codebook_dim); channel first with
-        accept_image_fmap."""
+        accept_image_fmap. A -1 (padding, as a masked forward returns it) gives zeros."""
         codebook = self._codebook.embed  # (codebooks, codebook_size, codebook_dim)
-        indices = indices.long()
+        indices, padding = _padding_apart(indices)
         if codebook.shape[0] == 1:
-            codes = codebook[0][indices]
+            codes = codebook[0][indices].masked_fill(padding.unsqueeze(-1), 0.0)
         else:
             flat = indices.reshape(indices.shape[0], -1, self.heads)  # (b, n, heads)
-            per_head = [codebook[h][flat[..., h]] for h in range(self.heads)]
+            gone = padding.reshape(flat.shape).unsqueeze(-1)
+            per_head = [codebook[h][flat[..., h]].masked_fill(gone[..., h, :], 0.0) for h in range(self.heads)]
             codes = torch.cat(per_head, dim=-1).reshape(*indices.shape[:-1], -1)
         return codes.movedim(-1, 1) if self.accept_image_fmap else codes
 
     def get_output_from_indices(self, indices):
         """Indices as forward returns them -> forward's quantized output (projected out), from
-        liblockstep's decode: (b, n, dim), or channel first with accept_image_fmap."""
-        indices = indices.long()
+        liblockstep's decode: (b, n, dim), or channel first with accept_image_fmap. A -1 (padding, as a
+        masked forward returns it) gives zeros, as forward gives at padding."""
+        indices, padding = _padding_apart(indices)
         spatial = indices.shape[1:-1] if self.heads > 1 else indices.shape[1:]
         flat = indices.reshape(indices.shape[0], -1, *([self.heads] if self.heads > 1 else []))
-        out = self._core.decode(flat)
+        padding = padding.reshape(flat.shape[0], flat.shape[1], -1).any(-1, keepdim=True)  # (b, n, 1)
+        out = self._core.decode(flat).masked_fill(padding, 0.0)
         out = out.reshape(out.shape[0], *spatial, out.shape[-1])
         projected = any(name.startswith("project_out.") for name in self._parameter_names)
         if self.heads > 1 and self._codebook.embed.shape[0] == 1 and not projected:
@@ -151,10 +166,16 @@ class VectorQuantize(LockstepQuantizer):
                              f"got {tuple(indices.shape)}")
         return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
 
-    def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, freeze_codebook=None,
-                return_loss_breakdown=False, codebook_transform_fn=None):
-        refuse_forward_options("lockstep.VectorQuantize", sample_codebook_temp=sample_codebook_temp,
-                               codebook_transform_fn=codebook_transform_fn)
+    def forward(self, x, indices=None, mask=None, lens=None, topk=None, sample_codebook_temp=None,
+                freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
+                accum_ema_update=False, ema_update=None):
+        # The reference's forward arguments, in its order; those lockstep does not implement are named.
+        refuse_forward_options("lockstep.VectorQuantize", topk=topk, sample_codebook_temp=sample_codebook_temp,
+                               codebook_transform_fn=codebook_transform_fn, ema_update_weight=ema_update_weight,
+                               accum_ema_update=accum_ema_update)
+        if ema_update is not None and bool(ema_update) != self._spec[2]["ema_update"]:
+            refuse("lockstep.VectorQuantize", "ema_update (at forward)", ema_update,
+                   f"the module's own, {self._spec[2]['ema_update']}; freeze_codebook=True leaves the codebook as it is")
         # A training forward that leaves the codebook as it is (the module's setting unless given).
         freeze_codebook = self.freeze_codebook if freeze_codebook is None else bool(freeze_codebook)
         # Padded sequences: a masked token counts in no statistic (on any rank) and no loss.

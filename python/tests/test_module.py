@@ -116,3 +116,42 @@ def test_the_bindings_refuse_an_undeclared_or_out_of_range_option_by_name():
     assert lockstep.FSQ(levels=[512, 8]).codebook_size == 4096  # beyond the CLI's limits, within the library's
     with pytest.raises(ValueError, match="'fsp.activation' = \"relu\" is not one of"):
         lockstep.FSP(levels=[5, 5], act_name="relu")
+
+
+REFERENCE_TWINS = {
+    "VectorQuantize": dict(dim=8, codebook_size=16),
+    "VectorQuantize-affine": dict(dim=8, codebook_size=16, affine_param=True),
+    "ResidualVQ": dict(dim=8, codebook_size=16, num_quantizers=2),
+    "LFQ": dict(dim=8, codebook_size=16),
+    "ResidualLFQ": dict(dim=8, codebook_size=16, num_quantizers=2),
+    "GroupedResidualLFQ": dict(dim=8, codebook_size=16, num_quantizers=2, groups=2),
+    "ResidualFSQ": dict(levels=[5, 5, 5], num_quantizers=2, dim=8),
+}
+
+
+@pytest.mark.parametrize("name", REFERENCE_TWINS)
+@pytest.mark.parametrize("trained", [False, True])
+def test_reference_state_dict_loads_into_the_reference_module(name, trained):
+    import vector_quantize_pytorch
+    cls = name.split("-")[0]
+    ours = getattr(lockstep, cls)(**REFERENCE_TWINS[name])
+    reference = getattr(vector_quantize_pytorch, cls)(**REFERENCE_TWINS[name])
+    x = torch.randn(2, 6, 8)
+    if trained:  # statistics moved by training steps; the reference's affine buffers exist after a forward
+        for _ in range(2):
+            out, _, *losses = ours(x.clone().requires_grad_(True))
+            (out.sum() + sum(loss.sum() for loss in losses)).backward()
+        reference(x)
+    state = lockstep.reference_state_dict(ours)
+    assert "_extra_state" not in " ".join(state)
+    reference.load_state_dict(state, strict=True)  # every entry the reference has, and no other
+    ours.eval()
+    reference.eval()
+    if trained or name != "VectorQuantize-affine":  # untrained, the reference's evaluation takes the batch's statistics
+        with torch.no_grad():
+            assert torch.allclose(ours(x)[0], reference(x)[0], atol=1e-5)
+    # And back: the reference's state loads into a fresh lockstep module that then quantizes alike.
+    back = getattr(lockstep, cls)(**REFERENCE_TWINS[name])
+    back.load_reference_state_dict(reference.state_dict())
+    with torch.no_grad():
+        assert torch.equal(back.eval()(x)[0], ours(x)[0])

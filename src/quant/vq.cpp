@@ -308,7 +308,10 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
                                     ctx.first_item * tokens_per_item);
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
-  const at::Tensor out = options_.estimator() == VqEstimator::RotationTrick
+  // Evaluation gives the codes exactly, as the reference does (x + (q - x) rounds), with the
+  // straight-through gradient where the input takes one (x - x is exactly 0).
+  const at::Tensor out = !is_training() ? q.detach() + (grouped - grouped.detach())
+                         : options_.estimator() == VqEstimator::RotationTrick
                              ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
                              : grouped + (q - grouped).detach();
   QuantizerOutput result;
