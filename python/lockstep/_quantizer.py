@@ -52,7 +52,7 @@ def reference_state_dict(module):
     (seed, step) left out and the reference's constants (LFQ's `mask`) and affine flags put in. The
     inverse of load_reference_state_dict."""
     state = module.state_dict()
-    for name, quantizer in module.named_modules():
+    for name, quantizer in module.named_modules(remove_duplicate=False):  # every name state_dict() uses
         if isinstance(quantizer, LockstepQuantizer):
             prefix = f"{name}." if name else ""
             state.pop(prefix + "_extra_state", None)

@@ -70,7 +70,12 @@ class LFQ(LockstepQuantizer):
     """LFQ(dim=None, codebook_size=None, ...) as vector-quantize-pytorch's LFQ: forward(x) takes
     (b, n, dim) tokens or (b, dim, ...) feature maps and returns (quantized, indices, aux_loss).
     Quantization, the entropy and commitment losses and their gradients run in liblockstep."""
-    _maps_hint = " or channel-first maps (b, dim, h, w, ...) of two or more spatial axes"
+
+    @property
+    def _maps_hint(self):
+        if self.channel_first is False:
+            return ""
+        return " or channel-first maps (b, dim, ...)" + ("" if self.channel_first else " of two or more spatial axes")
 
     def __init__(self, *, seed=None, process_group=None, collective_timeout=300.0, **options):
         options, module = lfq_options(**options)

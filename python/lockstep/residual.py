@@ -85,7 +85,8 @@ class _Residual(LockstepQuantizer):
     def get_output_from_indices(self, indices):
         """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the
         summed codes, projected out: (b, ..., dim)."""
-        flat = as_indices(f"lockstep.{type(self).__name__}", indices).reshape(indices.shape[0], -1, indices.shape[-1])
+        indices = as_indices(f"lockstep.{type(self).__name__}", indices)
+        flat = indices.reshape(indices.shape[0], -1, indices.shape[-1])
         out = self._core.decode(flat)
         return out.reshape(*indices.shape[:-1], out.shape[-1])
 
@@ -259,7 +260,7 @@ class ResidualLFQ(_Residual):
             raise TypeError("lockstep.ResidualLFQ: codebook_scale is set per layer (2^-q)")
         refuse_layer_layout("lockstep.ResidualLFQ", lfq_kwargs, {
             "channel_first": ((None, False), "None: maps of two or more spatial axes are taken channel first"),
-            "keep_num_codebooks_dim": ((None,), "None: indices are (..., num_quantizers)")})
+            "keep_num_codebooks_dim": ((None, False), "None: indices are (..., num_quantizers)")})
         bits = int(codebook_size).bit_length() - 1
         layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
         layer.pop("dim")  # the layers take the residual's dimension

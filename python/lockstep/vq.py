@@ -139,7 +139,7 @@ class VectorQuantize(LockstepQuantizer):
     def get_output_from_indices(self, indices):
         """Indices as forward returns them -> forward's quantized output (projected out), from
         liblockstep's decode: (b, n, dim), or channel first with accept_image_fmap. A -1 (padding, as a
-        masked forward returns it) gives zeros, as forward gives at padding."""
+        masked forward returns it) gives zeros, as forward gives at padding by default."""
         indices, padding = _padding_apart(indices)
         spatial = indices.shape[1:-1] if self.heads > 1 else indices.shape[1:]
         flat = indices.reshape(indices.shape[0], -1, *([self.heads] if self.heads > 1 else []))

@@ -32,7 +32,8 @@ def test_float_indices_are_refused_not_truncated(name):
     shape = MODULES[name][1]
     _, indices, *_ = module(torch.randn(shape))
     decode = getattr(module, "get_output_from_indices", None) or module.indices_to_codes
-    decode(indices)  # the module's own indices decode
+    decode(indices)  # the module's own indices decode, also as a list
+    decode(indices.tolist())
     with pytest.raises(TypeError, match="indices must be integers, got torch.float32"):
         decode(indices.float() + 0.5)
 
@@ -50,6 +51,9 @@ def test_residual_lfq_refuses_layer_layouts_it_would_drop(given):
     (name, _), = given.items()
     with pytest.raises(TypeError, match=f"ResidualLFQ: option {name}=True is not supported"):
         lockstep.ResidualLFQ(dim=16, codebook_size=16, num_quantizers=2, **given)
+    # Their defaults, given explicitly, change nothing.
+    rlfq = lockstep.ResidualLFQ(dim=16, codebook_size=16, num_quantizers=2, **{name: False})
+    assert rlfq(torch.randn(2, 5, 16))[1].shape == (2, 5, 2)
 
 
 def test_a_token_layout_error_names_the_module_and_what_it_takes():

@@ -155,3 +155,11 @@ def test_reference_state_dict_loads_into_the_reference_module(name, trained):
     back.load_reference_state_dict(reference.state_dict())
     with torch.no_grad():
         assert torch.equal(back.eval()(x)[0], ours(x)[0])
+
+
+def test_reference_state_dict_converts_a_quantizer_under_every_name_a_model_gives_it():
+    import vector_quantize_pytorch
+    lfq = lockstep.LFQ(dim=8, codebook_size=16)
+    state = lockstep.reference_state_dict(torch.nn.ModuleDict({"a": lfq, "b": lfq}))
+    twin = vector_quantize_pytorch.LFQ(dim=8, codebook_size=16)
+    torch.nn.ModuleDict({"a": twin, "b": twin}).load_state_dict(state, strict=True)

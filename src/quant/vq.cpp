@@ -310,7 +310,8 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const int64_t cd = options_.codebook_dim();
   // Evaluation gives the codes exactly, as the reference does (x + (q - x) rounds), with the
   // straight-through gradient where the input takes one (x - x is exactly 0).
-  const at::Tensor out = !is_training() ? q.detach() + (grouped - grouped.detach())
+  const at::Tensor out = !is_training()
+                             ? (grouped.requires_grad() ? q.detach() + (grouped - grouped.detach()) : q.detach())
                          : options_.estimator() == VqEstimator::RotationTrick
                              ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
                              : grouped + (q - grouped).detach();
