@@ -1,5 +1,6 @@
 """The deliberate differences from vector-quantize-pytorch that docs/python.md lists, each asserted
 beside the reference's behaviour on the same input."""
+import pytest
 import torch
 from vector_quantize_pytorch import FSQ as ReferenceFSQ
 from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
@@ -80,3 +81,23 @@ def test_spherical_residual_lfq_decodes_the_codes_forward_adds():
         stored = reference.codebooks  # +-2^-q per coordinate
         on_sphere = torch.nn.functional.normalize(stored, dim=-1) * stored.abs().amax(-1, keepdim=True)
         torch.testing.assert_close(ours.codebooks, on_sphere, atol=1e-6, rtol=0)
+
+
+def test_a_call_s_outputs_and_losses_are_backwarded_together():
+    x = torch.randn(2, 6, 8, requires_grad=True)
+    reference = ReferenceVQ(dim=8, codebook_size=16)
+    out, _, loss = reference(x)
+    out.square().mean().backward()
+    loss.backward()  # the reference keeps no graph between its outputs and its loss
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16)
+    out, _, loss = ours(x)
+    before = ours._codebook.embed.clone()
+    out.square().mean().backward(retain_graph=True)  # the first reaches the node: the update and the step
+    after = ours._codebook.embed.clone()
+    assert not torch.equal(after, before) and ours.step == 1
+    loss.backward()
+    assert torch.equal(ours._codebook.embed, after) and ours.step == 1  # once per call
+    out, _, loss = ours(x)
+    out.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
