@@ -37,6 +37,13 @@ def only_defaults(module_name, function, given, names):
             refuse(module_name, name, given[name], repr(default))
 
 
+def check_floating(module_name, x):
+    """TypeError for integer or bool input: quantized in float32 and cast back, its codes would come
+    back truncated without a word."""
+    if not x.is_floating_point():
+        raise TypeError(f"{module_name}: the input must be floating point, got {x.dtype}")
+
+
 def as_indices(module_name, indices):
     """Code indices as int64; TypeError for floating-point, complex or bool values (a float index would
     be truncated to another code without a word)."""
@@ -285,8 +292,7 @@ class LockstepQuantizer(nn.Module):
         (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there).
         `freeze_codebook`: a training call that leaves the codebooks as they are."""
         name = f"lockstep.{type(self).__name__}"
-        if not x.is_floating_point():  # quantizing int or bool input would truncate the codes on the way out
-            raise TypeError(f"{name}: the input must be floating point, got {x.dtype}")
+        check_floating(name, x)
         if channel_first:
             if x.ndim < 2:
                 raise ValueError(f"{name}: expected a channel-first map (b, {self.dim}, ...), got shape {tuple(x.shape)}")
@@ -296,7 +302,7 @@ class LockstepQuantizer(nn.Module):
         elif x.ndim != 3:
             raise ValueError(f"{name}: expected tokens (b, n, {self.dim}){self._maps_hint}, got shape {tuple(x.shape)}")
         if x.shape[-1] != self.dim:
-            raise ValueError(f"lockstep.{type(self).__name__}: expected dimension {self.dim} but found {x.shape[-1]}")
+            raise ValueError(f"{name}: expected dimension {self.dim} but found {x.shape[-1]}")
         out, indices, losses = self._quantize(x.float(), mask, freeze_codebook)
         out = out.to(x.dtype)
         if num_codebooks == 1 and keep_codebook_axis:

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, refuse
+from ._quantizer import LockstepQuantizer, as_indices, check_floating, refuse
 
 
 class FSP(LockstepQuantizer):
@@ -57,8 +57,7 @@ class FSP(LockstepQuantizer):
     def forward(self, z, eps=None):
         if eps is not None:
             refuse("lockstep.FSP", "eps", eps, "None: float32's machine epsilon, the reference's default")
-        if not z.is_floating_point():  # int input would come back as truncated codes
-            raise TypeError(f"lockstep.FSP: the input must be floating point, got {z.dtype}")
+        check_floating("lockstep.FSP", z)
         if self.channel_first:
             z = z.movedim(1, -1)
         if z.shape[-1] != self.dim:
