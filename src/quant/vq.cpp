@@ -308,13 +308,16 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
                                     ctx.first_item * tokens_per_item);
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
-  // Evaluation gives the codes exactly, as the reference does (x + (q - x) rounds), with the
-  // straight-through gradient where the input takes one (x - x is exactly 0).
-  const at::Tensor out = !is_training()
-                             ? (grouped.requires_grad() ? q.detach() + (grouped - grouped.detach()) : q.detach())
-                         : options_.estimator() == VqEstimator::RotationTrick
-                             ? rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes())
-                             : grouped + (q - grouped).detach();
+  at::Tensor out;
+  if (!is_training()) {
+    // The codes exactly, as the reference gives them (x + (q - x) rounds), with the straight-through
+    // gradient where the input takes one (x - x is exactly 0).
+    out = grouped.requires_grad() ? q.detach() + (grouped - grouped.detach()) : q.detach();
+  } else if (options_.estimator() == VqEstimator::RotationTrick) {
+    out = rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes());
+  } else {
+    out = grouped + (q - grouped).detach();
+  }
   QuantizerOutput result;
   // The commitment loss is reported in evaluation too (the reference returns 0 there); the mean
   // over the tokens that count, 0 when none does.
