@@ -1,6 +1,7 @@
 """The multi-process harness of the distributed tests: real processes (torch.multiprocessing, spawn),
 torch.distributed with Gloo on CPU over a file rendezvous, and a hard time limit per run."""
 import datetime
+import faulthandler
 import os
 import signal
 import subprocess
@@ -31,6 +32,9 @@ def run_ranks(world, target, *args):
 
 
 def _entry(rank, world, store, results, target, args):
+    # A rank still running shortly before the limit prints where each of its threads is (to the
+    # test's captured stderr), so a hang names its place before the rank is killed.
+    faulthandler.dump_traceback_later(TIME_LIMIT - 10, exit=False)
     # A collective that waits longer than this is a failure of the test (a rank out of step).
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
