@@ -8,13 +8,13 @@
 #include <sstream>
 
 #include "lockstep/core/error.h"
+#include "rendezvous.h"
 
 namespace lockstep::dist {
 namespace {
 
 std::string status_key(int rank) { return detail::concat("lockstep/status/", rank); }
 std::string process_key(int rank) { return detail::concat("lockstep/proc/", rank); }
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 std::string host_name() {
   char name[256] = {};
@@ -52,7 +52,7 @@ Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
   shared_->rank = rank;
   shared_->size = size;
   shared_->processes.resize(size);
-  shared_->store->set(process_key(rank_), to_bytes(detail::concat(host_name(), "|", ::getpid())));
+  shared_->store->set(process_key(rank_), store_bytes(detail::concat(host_name(), "|", ::getpid())));
   heartbeat_ = std::thread(heartbeat_loop, shared_);
 }
 
@@ -110,7 +110,7 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
     const std::string value = detail::concat(++beat, "|", s->where_sequence, "|", s->inside ? 1 : 0, "|", text);
     lock.unlock();
     try {
-      s->store->set(status_key(s->rank), to_bytes(value));
+      s->store->set(status_key(s->rank), store_bytes(value));
     } catch (const std::exception&) {
       // The store (rank 0) is gone; the collective that notices says so.
     }

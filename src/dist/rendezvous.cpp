@@ -11,7 +11,6 @@
 namespace lockstep::dist {
 namespace {
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string world_key(int rank) { return detail::concat("lockstep/world/", rank); }
 
 }  // namespace
@@ -37,7 +36,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(GroupOptions& options) {
   if (o.isServer && options.on_listening) options.on_listening(options.master_port);
 
   const int64_t claims = store->add(detail::concat("lockstep/claim/", options.rank), 1);
-  store->set(world_key(options.rank), to_bytes(std::to_string(options.size)));
+  store->set(world_key(options.rank), store_bytes(std::to_string(options.size)));
   LOCKSTEP_THROW_IF_NOT(claims == 1, CollectiveFailure, "rank ", options.rank, " of ", options.size,
                         ": another process already joined as rank ", options.rank,
                         " (check RANK / --node-rank on every process)");

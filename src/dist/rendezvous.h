@@ -5,6 +5,10 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "lockstep/dist/process_group.h"
 
 namespace lockstep::dist {
@@ -14,5 +18,8 @@ namespace lockstep::dist {
 // CollectiveFailure naming the ranks that did not arrive within connect_timeout, a rank number
 // claimed twice, a world size that differs, or the master address that could not be reached.
 c10::intrusive_ptr<c10d::Store> rendezvous(GroupOptions& options);
+
+// The store holds bytes; the values lockstep puts there are text.
+inline std::vector<uint8_t> store_bytes(const std::string& text) { return {text.begin(), text.end()}; }
 
 }  // namespace lockstep::dist

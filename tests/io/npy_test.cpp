@@ -111,13 +111,13 @@ TEST(Npy, SaveAndLoadFile) {
   EXPECT_THROW(lockstep::io::load_npy(dir.file("missing.npy")), lockstep::IoError);
 }
 
-struct CorruptCase {
+struct NpyCorruptCase {
   const char* name;
   std::string file;
   const char* expect;
 };
 
-std::vector<CorruptCase> corrupt_cases() {
+std::vector<NpyCorruptCase> npy_corrupt_cases() {
   const std::string f8(8, '\0');
   const std::string good = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
   std::string long_header = npy_file(1, good, f8);
@@ -150,10 +150,10 @@ std::vector<CorruptCase> corrupt_cases() {
   };
 }
 
-class NpyCorrupt : public ::testing::TestWithParam<CorruptCase> {};
+class NpyCorrupt : public ::testing::TestWithParam<NpyCorruptCase> {};
 
 TEST_P(NpyCorrupt, ThrowsCorruptInputNamingOrigin) {
-  const CorruptCase& c = GetParam();
+  const NpyCorruptCase& c = GetParam();
   try {
     decode_npy(c.file, "/data/bad.npy");
     FAIL() << "expected CorruptInput";
@@ -164,7 +164,7 @@ TEST_P(NpyCorrupt, ThrowsCorruptInputNamingOrigin) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(NpyCorrupt, NpyCorrupt, ::testing::ValuesIn(corrupt_cases()),
+INSTANTIATE_TEST_SUITE_P(NpyCorrupt, NpyCorrupt, ::testing::ValuesIn(npy_corrupt_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "lockstep/train/config.h"
 #include "lockstep/train/model_factory.h"
 #include "recording_reducer.h"
+#include "seeded.h"
 
 namespace lockstep::quant {
 namespace {
@@ -96,7 +97,7 @@ std::shared_ptr<Quantizer> build(const Variant& v, uint64_t seed) {
   return make_quantizer(v.quantizer, train::quantizer_options(config, v.quantizer));
 }
 
-at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+using test_util::seeded;
 
 std::map<std::string, at::Tensor> state_of(Quantizer& q) {
   std::map<std::string, at::Tensor> out;

@@ -13,7 +13,7 @@
 namespace lockstep::quant {
 namespace {
 
-QuantizeContext seeded(uint64_t seed, int64_t first_item = 0, Reducer* reducer = nullptr) {
+QuantizeContext seeded_context(uint64_t seed, int64_t first_item = 0, Reducer* reducer = nullptr) {
   QuantizeContext ctx;
   ctx.generator = at::detail::createCPUGenerator(seed);
   ctx.first_item = first_item;
@@ -87,19 +87,20 @@ TEST(Fsp, TwoHoldersGetTheWholeBatchsStatisticsAndDraws) {
   torch::manual_seed(8);
   Fsp fsp(FspOptions({5, 4, 3}).dim(6).quantize_rate(0.4));
   const at::Tensor x = torch::randn({4, 5, 6});
-  const QuantizerOutput whole = fsp.quantize(x, seeded(7));
+  const QuantizerOutput whole = fsp.quantize(x, seeded_context(7));
   test_util::RecordingReducer capture;  // the second holder's sums
-  fsp.quantize(x.slice(0, 2), seeded(7, 2, &capture));
+  fsp.quantize(x.slice(0, 2), seeded_context(7, 2, &capture));
   ASSERT_EQ(capture.tags, std::vector<std::string>{"fsp.moments"});
   test_util::RecordingReducer two;
   two.other = capture.last_local;
-  const QuantizerOutput first = fsp.quantize(x.slice(0, 0, 2), seeded(7, 0, &two));
+  const QuantizerOutput first = fsp.quantize(x.slice(0, 0, 2), seeded_context(7, 0, &two));
   EXPECT_NEAR(first.losses.at("norm").item<float>(), whole.losses.at("norm").item<float>(), 1e-6);
   // (1e-6: the projections' matrix products round by the batch's size)
   EXPECT_TRUE(torch::allclose(first.quantized, whole.quantized.slice(0, 0, 2), 1e-6, 1e-6));
-  const QuantizerOutput second = fsp.quantize(x.slice(0, 2), seeded(7, 2));
+  const QuantizerOutput second = fsp.quantize(x.slice(0, 2), seeded_context(7, 2));
   EXPECT_TRUE(torch::allclose(second.quantized, whole.quantized.slice(0, 2), 1e-6, 1e-6)) << "the second half's draws";
-  EXPECT_GT((fsp.quantize(x.slice(0, 2), seeded(7, 0)).quantized - second.quantized).abs().max().item<float>(), 1e-3)
+  EXPECT_GT((fsp.quantize(x.slice(0, 2), seeded_context(7, 0)).quantized - second.quantized).abs().max().item<float>(),
+            1e-3)
       << "another place in the batch, other draws";
 }
 
@@ -107,9 +108,9 @@ TEST(Fsp, PerturbationStaysWithinHalfABinAndLeavesTheIndices) {
   torch::manual_seed(2);
   Fsp fsp(FspOptions({8, 8}).quantize_rate(0.0));
   const at::Tensor z = torch::randn({3, 50, 2});
-  const QuantizerOutput trained = fsp.quantize(z, seeded(1));
+  const QuantizerOutput trained = fsp.quantize(z, seeded_context(1));
   fsp.eval();
-  const QuantizerOutput evaluated = fsp.quantize(z, seeded(1));
+  const QuantizerOutput evaluated = fsp.quantize(z, seeded_context(1));
   fsp.train();
   EXPECT_TRUE(torch::equal(trained.indices, evaluated.indices));
   const at::Tensor a = (torch::tanh(z) + 1) / 2;
@@ -117,10 +118,10 @@ TEST(Fsp, PerturbationStaysWithinHalfABinAndLeavesTheIndices) {
   EXPECT_TRUE((moved.abs() <= 1.0 / 16 + 1e-6).all().item<bool>());
   EXPECT_GT(moved.abs().max().item<float>(), 0.01) << "rate 0: every element perturbed";
   Fsp always(FspOptions({8, 8}).quantize_rate(1.0));
-  EXPECT_TRUE(torch::allclose(always.quantize(z, seeded(1)).quantized, evaluated.quantized, 0, 0));
+  EXPECT_TRUE(torch::allclose(always.quantize(z, seeded_context(1)).quantized, evaluated.quantized, 0, 0));
   // The gradient reaches the latent through the activation: d/dz of (a - 1/2) / sqrt(1/12).
   const at::Tensor zg = z.clone().requires_grad_(true);
-  fsp.quantize(zg, seeded(1)).quantized.sum().backward();
+  fsp.quantize(zg, seeded_context(1)).quantized.sum().backward();
   const at::Tensor expected = (1 - torch::tanh(z).pow(2)) / 2 / 0.28867513459481287;
   EXPECT_TRUE(torch::allclose(zg.grad(), expected, 1e-5, 1e-6));
 }
@@ -130,15 +131,15 @@ TEST(Fsp, EvaluationTakesTheHoldersOwnStatisticsAndCallsNothing) {
   fsp.eval();
   test_util::RecordingReducer reducer;
   const at::Tensor x = torch::randn({2, 7, 2});
-  const QuantizerOutput out = fsp.quantize(x, seeded(1, 0, &reducer));
+  const QuantizerOutput out = fsp.quantize(x, seeded_context(1, 0, &reducer));
   EXPECT_TRUE(reducer.tags.empty());
-  const FspDiagnostics d = fsp.diagnostics(x, seeded(1));
+  const FspDiagnostics d = fsp.diagnostics(x, seeded_context(1));
   const at::Tensor expected = (d.mean - 0).pow(2).mean() * 0.1 + (d.variance - 0.8225).pow(2).mean() * 0.07;
   EXPECT_NEAR(out.losses.at("norm").item<float>(), expected.item<float>(), 1e-6);
   EXPECT_FALSE(d.accept_rate.defined()) << "evaluation perturbs nothing";
   Fsp none(FspOptions({5, 5}).norm(FspNorm::preset("none")));
   test_util::RecordingReducer unused;
-  const QuantizerOutput zero = none.quantize(x, seeded(1, 0, &unused));
+  const QuantizerOutput zero = none.quantize(x, seeded_context(1, 0, &unused));
   EXPECT_TRUE(unused.tags.empty()) << "no weight, no statistics to reduce";
   EXPECT_EQ(zero.losses.at("norm").item<float>(), 0.0f);
 }

@@ -8,11 +8,12 @@
 #include "lockstep/core/error.h"
 #include "lockstep/quant/initialisation.h"
 #include "recording_reducer.h"
+#include "seeded.h"
 
 namespace lockstep::quant {
 namespace {
 
-at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+using test_util::seeded;
 
 TEST(Residual, VqLayersQuantizeWhatThePreviousLayersLeft) {
   auto rvq = make_residual_vq(ResidualOptions(3), VqOptions(4, 16), seeded(1));

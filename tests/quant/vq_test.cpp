@@ -11,11 +11,10 @@
 #include "lockstep/quant/kmeans.h"
 #include "lockstep/quant/registry.h"
 #include "recording_reducer.h"
+#include "seeded.h"
 
 namespace lockstep::quant {
 namespace {
-
-using CountingReducer = test_util::RecordingReducer;
 
 void set_buffer(Vq& vq, const std::string& name, const at::Tensor& value) {
   torch::NoGradGuard no_grad;
@@ -28,7 +27,7 @@ std::map<std::string, at::Tensor> snapshot(Vq& vq) {
   return out;
 }
 
-at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+using test_util::seeded;
 
 class VqEstimators : public ::testing::TestWithParam<std::tuple<bool, VqEstimator>> {};
 
@@ -39,7 +38,7 @@ TEST_P(VqEstimators, DecodeOfEncodeIsTheForwardValue) {
   const at::Tensor x = torch::randn({3, 20, 6}, torch::requires_grad());
   const at::Tensor indices = vq.encode(x);
   const at::Tensor decoded = vq.decode(indices);  // before the training call moves the codebook
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   const QuantizerOutput out = vq.quantize(x, {&reducer, seeded(3)});
   ASSERT_EQ(out.indices.sizes(), (std::vector<int64_t>{3, 20}));
   EXPECT_GE(out.indices.min().item<int64_t>(), 0);
@@ -179,7 +178,7 @@ TEST(Vq, AffineParamSearchesTheCodebookMovedToTheBatchStatistics) {
   set_buffer(vq, "embed_avg", torch::tensor({{{-1.0f}, {1.0f}}}));
   // Batch 10, 12, 14, 16: mean 13, variance 5. Unmoved, every token is nearest code 1.
   const at::Tensor x = torch::tensor({10.0f, 12.0f, 14.0f, 16.0f}).reshape({1, 4, 1});
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   const QuantizerOutput first = vq.quantize(x, {&reducer, seeded(2)});
   EXPECT_TRUE(torch::equal(first.indices, torch::ones({1, 4}, torch::kInt64)));
   EXPECT_EQ(reducer.tags, (std::vector<std::string>{"vq.affine", "vq.ema"}));
@@ -207,7 +206,7 @@ TEST(Vq, EvaluationChangesNoStateAndCallsNoReducer) {
   Vq vq(VqOptions(4, 16).threshold_ema_dead_code(2.0), seeded(1));
   vq.eval();
   const auto before = snapshot(vq);
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   vq.quantize(torch::randn({2, 9, 4}), {&reducer, seeded(2)});
   EXPECT_TRUE(reducer.tags.empty());
   for (const auto& [name, value] : snapshot(vq)) EXPECT_TRUE(torch::equal(value, before.at(name))) << name;
@@ -215,7 +214,7 @@ TEST(Vq, EvaluationChangesNoStateAndCallsNoReducer) {
 
 TEST(Vq, ReducesExactlyOncePerTrainingCallEvenForAnEmptyBatch) {
   Vq vq(VqOptions(4, 16).threshold_ema_dead_code(0.9), seeded(1));
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   const QuantizerOutput out = vq.quantize(torch::randn({0, 7, 4}, torch::requires_grad()), {&reducer, seeded(2)});
   const std::vector<std::string> per_call = {"vq.ema", "vq.dead_code.samples"};
   EXPECT_EQ(reducer.tags, per_call);
@@ -237,7 +236,7 @@ TEST(Vq, KmeansInitLowersInertiaOnClusteredData) {
   Vq random_init(VqOptions(4, 8), seeded(1));
   Vq kmeans(VqOptions(4, 8).kmeans_init(true).kmeans_iters(10), seeded(1));
   EXPECT_FALSE(kmeans.initted());
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   random_init.quantize(x, {});
   kmeans.quantize(x, {&reducer, seeded(2)});
   EXPECT_TRUE(kmeans.initted());
@@ -276,7 +275,7 @@ TEST(Vq, ADeferredUpdateLeavesTheStateAnEagerCallLeaves) {
   Vq eager(options, seeded(1)), deferred(options, seeded(1));
   torch::manual_seed(3);
   const at::Tensor x = torch::randn({2, 30, 4});
-  CountingReducer eager_calls, deferred_calls;
+  test_util::RecordingReducer eager_calls, deferred_calls;
   eager.quantize(x, {&eager_calls, seeded(5)});
   const auto before = snapshot(deferred);
   QuantizeContext ctx{&deferred_calls, seeded(5)};
@@ -305,7 +304,7 @@ TEST(Vq, MaskedTokensCountInNoStatisticAndNoLoss) {
   const at::Tensor mask = torch::arange(7).unsqueeze(0) < lengths;
   for (int step = 0; step < 3; ++step) {
     const at::Tensor x = torch::randn({3, 7, 4});
-    CountingReducer padded_calls, packed_calls;
+    test_util::RecordingReducer padded_calls, packed_calls;
     QuantizeContext ctx{&padded_calls, seeded(10 + step)};
     ctx.mask = mask;
     const QuantizerOutput out = padded.quantize(x, ctx);
@@ -438,7 +437,7 @@ TEST(Vq, ALearnableCodebookIsTrainedByTheCommitmentLossAlone) {
   const at::Tensor before = vq.embed().detach().clone();
   torch::manual_seed(2);
   const at::Tensor x = torch::randn({2, 4, 3}).requires_grad_(true);
-  CountingReducer calls;
+  test_util::RecordingReducer calls;
   const QuantizerOutput out = vq.quantize(x, {&calls, seeded(3)});
   EXPECT_TRUE(calls.tags.empty());
   EXPECT_TRUE(torch::equal(vq.embed().detach(), before));  // no EMA
@@ -453,7 +452,7 @@ TEST(Vq, ALearnableCodebookIsTrainedByTheCommitmentLossAlone) {
   // ema_update = false alone: the codebook is a buffer nothing moves.
   Vq frozen(VqOptions(3, 5).ema_update(false), seeded(1));
   const at::Tensor kept = frozen.embed().clone();
-  CountingReducer none;
+  test_util::RecordingReducer none;
   frozen.quantize(x.detach(), {&none, seeded(3)});
   EXPECT_TRUE(torch::equal(frozen.embed(), kept));
   EXPECT_TRUE(none.tags.empty());
@@ -494,7 +493,7 @@ TEST(Vq, SeparateCodebooksPerHeadUseTheirOwnCodesAndOneReduction) {
   torch::manual_seed(4);
   const at::Tensor x = torch::randn({4, 7, 6});
   const at::Tensor codes = vq.embed().clone();
-  CountingReducer reducer;
+  test_util::RecordingReducer reducer;
   const QuantizerOutput out = vq.quantize(x, {&reducer, seeded(2)});
   EXPECT_EQ(reducer.tags, std::vector<std::string>{"vq.ema"});
   EXPECT_EQ(reducer.first_totals, std::vector<double>{3 * 28.0});  // every head's counts in one tensor
