@@ -14,6 +14,24 @@ from torch import nn
 from . import _C, _ops
 
 
+def identity(t):
+    """The reference's default `init_fn`: t itself."""
+    return t
+
+
+def declare_reference_signature(cls, options_function):
+    """Gives cls.__init__ the signature a user of the reference expects (inspect, IDEs, the import-compatibility
+    test): `options_function`'s parameters, which declare the reference's constructor in its order with its
+    defaults, then lockstep's own keyword-only options (seed, process_group, collective_timeout)."""
+    own = [p for p in inspect.signature(cls.__init__).parameters.values()
+           if p.name in ("seed", "process_group", "collective_timeout")]
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    parameters += list(inspect.signature(options_function).parameters.values())
+    parameters += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+    cls.__init__.__signature__ = inspect.Signature(parameters)
+    return cls
+
+
 def refuse(module_name, name, value, supported):
     """TypeError naming an option given a value lockstep does not implement, and what it does."""
     raise TypeError(f"{module_name}: option {name}={value!r} is not supported by lockstep (only {supported}); "
@@ -89,6 +107,26 @@ def padding_mask(module_name, x, mask, lens):
         raise ValueError(f"{module_name}: mask must be bool of shape (b, n) = {tuple(x.shape[:2])}; "
                          f"got {mask.dtype} of shape {tuple(mask.shape)}")
     return mask
+
+
+def _module_channel(module_name, group, timeout):
+    """lockstep's checked channel for a module's statistics over `group`, made by liblockstep at its first
+    use (a backward). It meets under the group's own store and name, which every member agrees on and no
+    other group shares, numbered by the channels this process made over the group in the order of their
+    first uses (a module each); its first collective compares the module and the group's ranks across
+    ranks. Ranks in no common group never meet, whatever order each made its modules in (issue #37)."""
+    from .distributed import _store_of  # noqa: PLC0415 (distributed registers a backend on import)
+    store = _store_of(group)
+    name = group.group_name
+    ranks = dist.get_process_group_ranks(group)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+
+    def make_gloo(prefix):  # lockstep's own Gloo group, for a process group without one (NCCL alone)
+        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, datetime.timedelta(seconds=timeout))
+
+    identity = f"lockstep.{module_name} over process group {name!r} of global ranks {ranks}"
+    return _C.LazyGroup(group, store, timeout, f"lockstep/python/{name}", numbered=True, identity=identity,
+                        make_gloo=make_gloo)
 
 
 class LockstepQuantizer(nn.Module):
@@ -315,7 +353,7 @@ class LockstepQuantizer(nn.Module):
     def _lazy_group(self):
         """lockstep's checked channel over the process group, described here and made by liblockstep at
         its first collective, in a backward (making it is a rendezvous: never in a forward)."""
-        if not (dist.is_available() and dist.is_initialized()):
+        if not (dist.is_available() and dist.is_initialized()) or not self._reduces_over_group():
             return None
         group = self._process_group if self._process_group is not None else dist.group.WORLD
         if dist.get_world_size(group) == 1:
@@ -325,14 +363,7 @@ class LockstepQuantizer(nn.Module):
             # user's are numbered in one sequence and a pairing of the two is a CollectiveMismatch.
             self._group = group._channel
         if self._group is None:
-            store = dist.distributed_c10d._get_default_store()
-            rank, size, timeout = dist.get_rank(group), dist.get_world_size(group), self._collective_timeout
-
-            def make_gloo(prefix):  # lockstep's own Gloo group, for a process group without one (NCCL alone)
-                return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
-                                             datetime.timedelta(seconds=timeout))
-
-            self._group = _C.LazyGroup(group, store, timeout, make_gloo)
+            self._group = _module_channel(type(self).__name__, group, self._collective_timeout)
         return self._group
 
     def _quantize(self, x, mask=None, freeze_codebook=False):
@@ -366,6 +397,11 @@ class LockstepQuantizer(nn.Module):
                     names |= set(losses)
             self._signature = (tuple(sorted(self._all_loss_names(names))), tuple(indices.shape[2:]))
         return self._signature
+
+    def _reduces_over_group(self):
+        """Whether the statistics are the process group's (False: this rank's alone, VectorQuantize's
+        sync_codebook=False)."""
+        return True
 
     def _codebook_learned_by_commitment(self):
         """Whether a codebook is a parameter that only the commitment loss trains (learnable_codebook)."""

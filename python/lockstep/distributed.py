@@ -195,8 +195,9 @@ class CheckedProcessGroup(dist.ProcessGroup):
             return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=seconds))
 
-        self._channel = _C.LazyGroup(inner, store, seconds, make_gloo)
-        self._channel.set_prefix("lockstep/checked")  # `store` is this group's own, the same on every rank
+        # `store` is this group's own, the same on every rank: one channel meets under it.
+        self._channel = _C.LazyGroup(inner, store, seconds, "lockstep/checked", numbered=False, identity="",
+                                     make_gloo=make_gloo)
         self._channel.connect()  # heartbeats from now on, not from the first collective
         # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
         # torch looks the group's name up through its default backend (the first device's).

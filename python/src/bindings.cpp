@@ -73,6 +73,26 @@ lockstep::dist::GlooMaker gloo_from_python(py::function make) {
   };
 }
 
+// A LazyGroup's deleter: its channel may own a ProcessGroupGloo (made by `make_gloo`), whose destructor
+// joins Gloo's worker threads, and a worker may be freeing a finished job whose thread-local state
+// holds a Python object, which needs the GIL. Deleted with the GIL held (a module released by Python),
+// the two waited for each other forever (issue #37's subgroup test, a hang at the end of a run). While
+// Python finalizes the group is left to the process's end, as gloo_from_python's callable is.
+void delete_without_gil(lockstep::dist::LazyGroup* group) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (!Py_IsInitialized() || finalizing) return;
+  if (PyGILState_Check()) {
+    py::gil_scoped_release no_gil;
+    delete group;
+  } else {
+    delete group;
+  }
+}
+
 // Rethrows a lockstep error as TypedPythonError; returns for anything else.
 void translate_for_autograd(std::exception_ptr e) {
   try {
@@ -443,16 +463,26 @@ PYBIND11_MODULE(_C, m) {
   // A checked group made at its first collective, in a backward (dist/backward_reducer.h).
   py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
-                       const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, py::function make_gloo) {
-             auto group = std::make_shared<lockstep::dist::LazyGroup>(
-                 process_group, store, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
-                 gloo_from_python(std::move(make_gloo)));
+                       const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, const std::string& prefix,
+                       bool numbered, const std::string& identity, py::function make_gloo) {
+             lockstep::dist::LazyGroupOptions options;
+             options.prefix = prefix;
+             options.numbered = numbered;
+             options.identity = identity;
+             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+             options.make_gloo = gloo_from_python(std::move(make_gloo));
+             std::shared_ptr<lockstep::dist::LazyGroup> group(
+                 new lockstep::dist::LazyGroup(process_group, store, std::move(options)), delete_without_gil);
              group->set_error_translator(translate_for_autograd);
              return group;
            }),
-           py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("make_gloo"),
-           "make_gloo(prefix) -> a ProcessGroupGloo over the store under `prefix`, for a process group "
-           "without a built-in Gloo backend")
+           py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("prefix"), py::kw_only(),
+           py::arg("numbered"), py::arg("identity"), py::arg("make_gloo"),
+           "See dist/backward_reducer.h's LazyGroupOptions. prefix: where under the store the channel meets (the "
+           "same on every rank of the group, unique to the channel); numbered: append the count of channels this "
+           "process made under the prefix, in order of first use; identity: this rank's description of the "
+           "channel, compared across ranks at its first use ('' for none); make_gloo(prefix) -> a "
+           "ProcessGroupGloo over the store under `prefix`, for a process group without a built-in Gloo backend")
       .def(
           "check",
           [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,
@@ -465,9 +495,6 @@ PYBIND11_MODULE(_C, m) {
           "Checks a torch.distributed collective before it runs (lockstep.distributed): the ranks agree on op, "
           "dtypes, shapes and tag, or all raise CollectiveMismatch naming each rank's call; a rank that died or "
           "stalled is a CollectiveFailure. Moves no data.")
-      .def("set_prefix", &lockstep::dist::LazyGroup::set_prefix, py::arg("prefix"),
-           "Where under the store the channel keeps heartbeats and statuses (the same on every rank), before "
-           "its first use.")
       .def(
           "connect", [](lockstep::dist::LazyGroup& lazy) { lazy.get(); }, py::call_guard<py::gil_scoped_release>(),
           "Makes the checked channel now (a rendezvous of every rank) instead of at its first collective.")

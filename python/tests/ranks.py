@@ -16,7 +16,8 @@ TIME_LIMIT = 120  # seconds per test: a rank that waits for another fails the te
 
 
 def run_ranks(world, target, *args):
-    """Runs target(rank, world, *args) on `world` processes; returns their results."""
+    """Runs target(rank, world, *args) on `world` processes; returns their results (None for a rank that
+    ended its process without returning, as a test's killed rank does with os._exit(0))."""
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         results = mp.get_context("spawn").Manager().dict()
@@ -28,7 +29,7 @@ def run_ranks(world, target, *args):
                 for p in context.processes:
                     p.kill()
                 pytest.fail(f"ranks still running after {TIME_LIMIT} s: one is waiting for another")
-        return [results[r] for r in range(world)]
+        return [results.get(r) for r in range(world)]
 
 
 def _entry(rank, world, store, results, target, args):

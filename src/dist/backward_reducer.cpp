@@ -4,9 +4,11 @@
 
 #include <torch/torch.h>
 
-#include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 
+#include "lockstep/dist/collective.h"
 #include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
 
@@ -94,33 +96,47 @@ struct RunOnBackward : public torch::autograd::Function<RunOnBackward> {
   }
 };
 
-std::atomic<int64_t> groups_made{0};
+// The channels this process made under each prefix so far (LazyGroupOptions::numbered).
+int64_t next_channel_number(const std::string& prefix) {
+  static std::mutex mutex;
+  static std::map<std::string, int64_t> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  return ++made[prefix];
+}
 
 }  // namespace
 
 LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
-                     std::chrono::milliseconds timeout, GlooMaker make_gloo)
-    : process_group_(std::move(process_group)),
+                     LazyGroupOptions options)
+    : options_(std::move(options)),
+      process_group_(std::move(process_group)),
       store_(std::move(store)),
-      timeout_(timeout),
-      make_gloo_(std::move(make_gloo)),
       rank_(process_group_->getRank()),
-      size_(process_group_->getSize()) {}
-
-void LazyGroup::set_prefix(std::string prefix) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  LOCKSTEP_CHECK_ARG(!group_, "LazyGroup::set_prefix(\"", prefix, "\"): the channel is made already");
-  prefix_ = std::move(prefix);
+      size_(process_group_->getSize()) {
+  LOCKSTEP_CHECK_ARG(!options_.prefix.empty(), "LazyGroup: no store prefix given (it names the channel on every rank)");
 }
 
 std::shared_ptr<Group> LazyGroup::get() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!group_) {
     ExistingGroupOptions options;
-    options.prefix = prefix_.empty() ? "lockstep/python/" + std::to_string(++groups_made) : prefix_;
-    options.timeout = timeout_;
-    options.make_gloo = make_gloo_;
-    group_ = make_group_over(process_group_, store_, options);
+    options.prefix = options_.prefix;
+    std::string identity = options_.identity;
+    if (options_.numbered) {
+      const int64_t n = next_channel_number(options_.prefix);
+      options.prefix += "/" + std::to_string(n);
+      identity += detail::concat(", channel ", n);
+    }
+    options.timeout = options_.timeout;
+    options.make_gloo = options_.make_gloo;
+    options.name = identity;
+    std::shared_ptr<Group> group = make_group_over(process_group_, store_, options);
+    if (!options_.identity.empty()) {
+      // The op's name carries the identity: ranks with different views disagree on the fingerprint.
+      check_foreign_collective(*group, "join " + identity, {}, CollectiveOptions(LOCKSTEP_CALL_SITE("channel made")),
+                               /*compare_site=*/false);
+    }
+    group_ = std::move(group);
   }
   return group_;
 }

@@ -251,9 +251,8 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
       const std::vector<int> dead = watch.check();
       if (!dead.empty()) {
         mark_failed(call);
-        throw PeerLost(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(),
-                                      " cannot finish: rank(s) ", join(dead), " died (no heartbeat for ",
-                                      Liveness::kDeadAfter.count(),
+        throw PeerLost(detail::concat(who(), ": ", call.describe(), " cannot finish: rank(s) ", join(dead),
+                                      " died (no heartbeat for ", Liveness::kDeadAfter.count(),
                                       " ms, process gone); where every rank was:", liveness_->where_everyone_is()),
                        dead);
       }
@@ -275,11 +274,10 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
       silent.empty() ? std::string()
                      : detail::concat("; no heartbeat from rank(s) ", join(silent), " for over ",
                                       Liveness::kDeadAfter.count(), " ms (stopped, or cut off from this rank)");
-  throw CollectiveTimeout(
-      detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " timed out after ",
-                     timeout.count(), " ms", waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
-                     no_beat, "; where every rank is:", where),
-      waiting);
+  throw CollectiveTimeout(detail::concat(who(), ": ", call.describe(), " timed out after ", timeout.count(), " ms",
+                                         waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
+                                         no_beat, "; where every rank is:", where),
+                          waiting);
 }
 
 // The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
@@ -288,11 +286,16 @@ void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
   mark_failed(call);
   const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
   const std::string message =
-      detail::concat("rank ", options_.rank, " of ", options_.size, ": ", call.describe(), " failed",
+      detail::concat(who(), ": ", call.describe(), " failed",
                      dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "),
                      e.what(), "; where every rank was:", liveness_->where_everyone_is());
   if (!dead.empty()) throw PeerLost(message, dead);
   throw CollectiveFailure(message);
+}
+
+std::string CheckedGroup::who() const {
+  const std::string rank = detail::concat("rank ", options_.rank, " of ", options_.size);
+  return options_.name.empty() ? rank : detail::concat(rank, " (", options_.name, ")");
 }
 
 void CheckedGroup::mark_failed(const CollectiveCall& call) {
@@ -312,8 +315,8 @@ void CheckedGroup::require_usable(const char* op, const CollectiveOptions& opts)
     const std::lock_guard<std::mutex> lock(failure_mutex_);
     failed_call = failed_call_;
   }
-  throw CollectiveFailure(detail::concat("rank ", options_.rank, " of ", options_.size, ": ", op, " at ",
-                                         opts.site.to_string(), " refused: this group is unusable since ", failed_call,
+  throw CollectiveFailure(detail::concat(who(), ": ", op, " at ", opts.site.to_string(),
+                                         " refused: this group is unusable since ", failed_call,
                                          " failed (ranks stopped at different points); make a new group"));
 }
 

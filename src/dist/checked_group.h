@@ -27,6 +27,9 @@ struct CheckedGroupOptions {
   int rank = 0;
   int size = 1;
   std::string where;  // for describe(): "gloo, rank 1 of 2 via 127.0.0.1:29500"
+  // What the group is, where ranks are numbered within it (a subgroup): errors then say "rank 0 of 2
+  // (<name>)", so that a reader can tell which processes they mean. Empty: "rank 0 of 2".
+  std::string name;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool checked = true;  // exchange fingerprints (off only to measure what the check costs)
   // After a failure rank 0 keeps the store (which the others read their reports from) up this long.
@@ -77,6 +80,8 @@ class CheckedGroup final : public Group {
   [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e);
   // The group is unusable after a failed collective: ranks stopped at different points.
   void mark_failed(const CollectiveCall& call);
+  // "rank 1 of 2", with the group's name when it has one: how errors name this rank.
+  std::string who() const;
   // Refuses a collective on a failed group at once, naming the collective that failed.
   void require_usable(const char* op, const CollectiveOptions& opts) const;
 

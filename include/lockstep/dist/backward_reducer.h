@@ -19,20 +19,30 @@
 
 namespace lockstep::dist {
 
+struct LazyGroupOptions {
+  // Where under the store the channel meets and keeps its heartbeats and statuses. It must be the same
+  // on every rank of the group and differ from every other channel's on that store: derive it from
+  // what the group's members agree on (its name, its ranks), never from a count kept by the process
+  // alone, which ranks of different groups would share (issue #37).
+  std::string prefix;
+  // Appends "/<n>" to the prefix, n counting the channels this process made under that prefix, in the
+  // order of their first uses: several channels over one group (a module each), which every member
+  // makes in the same order (their first backwards).
+  bool numbered = false;
+  // This rank's description of the channel (the module, the group, its ranks), when not empty: the
+  // channel's first collective compares it across ranks, so ranks that met under one prefix with
+  // different views are a CollectiveMismatch on every rank at once, before any data moves.
+  std::string identity;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  GlooMaker make_gloo;  // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
+};
+
 // A checked group over the caller's process group, made at its first use. Making it is a
-// rendezvous, so that first use must be where every rank is (a backward), never a forward. Its
-// store prefix counts the groups this process has made, in the order their first uses came, which
-// every rank shares. Thread-safe.
+// rendezvous, so that first use must be where every rank is (a backward), never a forward. Thread-safe.
 class LazyGroup {
  public:
-  // `make_gloo`: see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over).
   LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::intrusive_ptr<c10d::Store> store,
-            std::chrono::milliseconds timeout, GlooMaker make_gloo = {});
-
-  // Where under the store the channel keeps its heartbeats and statuses; must be the same on every rank
-  // of the group. Unset: "lockstep/python/<n>", n counting the groups this process made (which agrees
-  // across ranks only when every rank makes the same groups in the same order). Before the first get().
-  void set_prefix(std::string prefix);
+            LazyGroupOptions options);
   int rank() const { return rank_; }  // known without communicating
   int size() const { return size_; }
   std::shared_ptr<Group> get();
@@ -45,11 +55,9 @@ class LazyGroup {
 
  private:
   std::function<void(std::exception_ptr)> translate_;
-  std::string prefix_;
+  LazyGroupOptions options_;
   c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
   c10::intrusive_ptr<c10d::Store> store_;
-  std::chrono::milliseconds timeout_;
-  GlooMaker make_gloo_;
   int rank_;
   int size_;
   std::mutex mutex_;

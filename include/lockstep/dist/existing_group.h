@@ -31,6 +31,8 @@ using GlooMaker = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const std
 struct ExistingGroupOptions {
   std::string prefix = "lockstep";  // must be the same on every rank, and differ between groups
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // What the group is (its members as the caller numbers them), for errors: "rank 0 of 2 (<name>)".
+  std::string name;
   // Makes lockstep's own Gloo group for a process group without a built-in one (LibTorch 2). Unset:
   // lockstep makes it itself, which needs Gloo's headers at build time; the Python package built
   // without them hands torch's ProcessGroupGloo over instead.
