@@ -1,6 +1,8 @@
 """lockstep for PyTorch users: quantizers for image tokenizers whose forward and backward run in
 liblockstep (C++), as drop-in torch.nn.Modules that take vector-quantize-pytorch's argument names.
 See docs/python.md."""
+import sys
+
 import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
 from . import _C  # noqa: F401
@@ -25,3 +27,8 @@ __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "Residua
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
            "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "EvoLFQ", "CollectiveMismatch", "CollectiveFailure",
            "reference_state_dict"]
+
+# vector-quantize-pytorch's module paths (lockstep.residual_vq, lockstep.finite_scalar_perturbation, ...).
+from . import _reference_paths  # noqa: E402
+
+_reference_paths.install(sys.modules[__name__])

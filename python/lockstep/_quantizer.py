@@ -323,12 +323,15 @@ class LockstepQuantizer(nn.Module):
             owner = owner._modules[part]
         return owner, name
 
-    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks, mask=None, freeze_codebook=False):
+    def _quantize_any(self, x, channel_first, keep_codebook_axis, num_codebooks, mask=None, freeze_codebook=False,
+                      **vq_call):
         """(b, n, dim) tokens, or (b, dim, ...) maps when `channel_first` -> (quantized in x's
         layout and dtype, indices (b, n[, c]) or (b, ...[, c]), {name: loss}), as the reference
         shapes them: the codebook axis kept for one codebook when `keep_codebook_axis`. `mask`
         (b, n) bool, for tokens only: padding counts in no statistic or loss (0 and -1 there).
-        `freeze_codebook`: a training call that leaves the codebooks as they are."""
+        `freeze_codebook`: a training call that leaves the codebooks as they are. `vq_call`: VQ's per-call EMA
+        arguments (ema_update_weight, accumulate, ema_update), for _quantize; `topk` (VQ): each token's k
+        best codes, the quantized output (..., k, dim) and the indices (..., k)."""
         name = f"lockstep.{type(self).__name__}"
         check_floating(name, x)
         if channel_first:
@@ -341,13 +344,15 @@ class LockstepQuantizer(nn.Module):
             raise ValueError(f"{name}: expected tokens (b, n, {self.dim}){self._maps_hint}, got shape {tuple(x.shape)}")
         if x.shape[-1] != self.dim:
             raise ValueError(f"{name}: expected dimension {self.dim} but found {x.shape[-1]}")
-        out, indices, losses = self._quantize(x.float(), mask, freeze_codebook)
+        out, indices, losses = self._quantize(x.float(), mask, freeze_codebook, **vq_call)
         out = out.to(x.dtype)
         if num_codebooks == 1 and keep_codebook_axis:
             indices = indices.unsqueeze(-1)
         if channel_first:
-            out = out.reshape(out.shape[0], *spatial, out.shape[-1]).movedim(-1, 1)
+            out = out.reshape(out.shape[0], *spatial, *out.shape[2:]).movedim(-1, 1)
             indices = indices.reshape(indices.shape[0], *spatial, *indices.shape[2:])
+            losses = {name: (loss.reshape(loss.shape[0], *spatial, *loss.shape[2:]) if loss.ndim > 1 else loss)
+                      for name, loss in losses.items()}
         return out, indices, losses
 
     def _lazy_group(self):
@@ -366,8 +371,24 @@ class LockstepQuantizer(nn.Module):
             self._group = _module_channel(type(self).__name__, group, self._collective_timeout)
         return self._group
 
-    def _quantize(self, x, mask=None, freeze_codebook=False):
-        """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective."""
+    def _quantize(self, x, mask=None, freeze_codebook=False, topk=None, **vq_call):
+        """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective.
+        `topk` (VQ): (quantized (b, n, k, dim), indices (b, n, k), {"code": each code's loss (b, n, k), ...});
+        `vq_call`: VQ's per-call EMA arguments (the binding's ema_update_weight, accumulate, ema_update)."""
+        # The arguments a call gives (accumulate=False is no argument): the plain path otherwise.
+        vq_call = {key: value for key, value in vq_call.items()
+                   if value is not None and not (key == "accumulate" and not value)}
+        if topk is not None or vq_call:
+            if torch.compiler.is_compiling():
+                raise ValueError(f"lockstep.{type(self).__name__}: forward's {', '.join(vq_call) or 'topk'} runs in "
+                                 "eager mode only (torch.compile takes the call without them)")
+            group = self._lazy_group() if self.training else None
+            if topk is not None:
+                out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
+                                                                    self._steps, group, mask, bool(freeze_codebook))
+                return out, indices, {"code": code_loss, **losses}
+            return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
+                                       **vq_call)
         if torch.compiler.is_compiling():
             if freeze_codebook and self._codebook_learned_by_commitment():
                 # The custom op's backward gives such a codebook a zero gradient where eager gives none,

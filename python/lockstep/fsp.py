@@ -4,7 +4,35 @@ import math
 
 import torch
 
+from . import _C
 from ._quantizer import LockstepQuantizer, as_indices, check_floating, refuse
+
+
+def build_cdf_act(act_name):
+    """(the CDF activation `act_name`, its inverse), as vector_quantize_pytorch.finite_scalar_perturbation's
+    build_cdf_act: "tanh", "sigmoid", "normal", "laplace" or "cauchy", computed by liblockstep (the functions
+    FSP itself runs); AssertionError for another name, as there."""
+    try:
+        _C.fsp_activate(act_name, torch.zeros(0))  # liblockstep knows the names
+    except ValueError as e:
+        raise AssertionError(f"lockstep: CDF activation {act_name!r} not available: {e}") from None
+
+    def act(z):
+        return _C.fsp_activate(act_name, z)
+
+    def inv_act(p):
+        return _C.fsp_invert(act_name, p)
+
+    act.__name__, inv_act.__name__ = f"{act_name}_act", f"{act_name}_inv_act"
+    return act, inv_act
+
+
+# The reference's module-level pairs, by their names there (tanh_act, tanh_inv_act, ...).
+tanh_act, tanh_inv_act = build_cdf_act("tanh")
+sigmoid_act, sigmoid_inv_act = build_cdf_act("sigmoid")
+normal_act, normal_inv_act = build_cdf_act("normal")
+laplace_act, laplace_inv_act = build_cdf_act("laplace")
+cauchy_act, cauchy_inv_act = build_cdf_act("cauchy")
 
 
 class FSP(LockstepQuantizer):
@@ -14,7 +42,7 @@ class FSP(LockstepQuantizer):
     liblockstep (quant/fsp.h)."""
 
     def __init__(self, levels, dim=None, channel_first=False, projection_has_bias=True, act_name="tanh",
-                 quantize_rate=0.0, need_inv_act=False, vector_norm="var_tanh", seed=None, process_group=None,
+                 quantize_rate=0.0, need_inv_act=False, vector_norm="var_tanh", *, seed=None, process_group=None,
                  collective_timeout=300.0):
         levels = [int(level) for level in levels]
         options = dict(levels=levels, dim=0 if dim is None else int(dim), projection_has_bias=bool(projection_has_bias),

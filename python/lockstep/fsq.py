@@ -1,7 +1,7 @@
 """Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, only_defaults
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, only_defaults
 
 
 def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, scale=None,
@@ -83,3 +83,6 @@ class FSQ(LockstepQuantizer):
         """Every code in index order, (codebook_size, codebook_dim), float32, on the module's device.
         Computed on use, not a buffer as in the reference, so DDP never broadcasts it."""
         return self._core.fsq_indices_to_codes(torch.arange(self.codebook_size, device=self.device))
+
+
+declare_reference_signature(FSQ, fsq_options)

@@ -16,16 +16,16 @@ class LatentQuantize(LockstepQuantizer):
     def __init__(self, levels, dim, commitment_loss_weight=0.1, quantization_loss_weight=0.1, num_codebooks=1,
                  codebook_dim=-1, keep_num_codebooks_dim=None, optimize_values=True, in_place_codebook_optimizer=None,
                  *, seed=None, process_group=None, collective_timeout=300.0):
-        if in_place_codebook_optimizer is not None:
-            refuse("lockstep.LatentQuantize", "in_place_codebook_optimizer", in_place_codebook_optimizer,
-                   "None: the values get no gradient through the straight-through estimator")
         if isinstance(levels, int):
-            if codebook_dim <= 0:
-                raise ValueError("lockstep.LatentQuantize: levels given as one int need codebook_dim > 0")
+            if codebook_dim <= 0:  # the reference's repeat(-1) fails with this type
+                raise RuntimeError(f"lockstep.LatentQuantize: levels={levels} (one int for every latent channel) "
+                                   f"needs codebook_dim > 0, got {codebook_dim}")
             levels = [levels] * codebook_dim
         levels = [int(level) for level in levels]
         if codebook_dim > 0 and codebook_dim != len(levels):
-            refuse("lockstep.LatentQuantize", "codebook_dim", codebook_dim, f"len(levels) = {len(levels)} or -1")
+            # The reference fails at its first forward, with this type; lockstep at once.
+            raise RuntimeError(f"lockstep.LatentQuantize: codebook_dim={codebook_dim} must be len(levels) = "
+                               f"{len(levels)} (or -1)")
         for name, weight in (("commitment_loss_weight", commitment_loss_weight),
                              ("quantization_loss_weight", quantization_loss_weight)):
             if weight is None:
@@ -46,6 +46,13 @@ class LatentQuantize(LockstepQuantizer):
         self.codebook_size = self._core.codebook_size
         self.optimize_values = bool(optimize_values)
         self.register_buffer("_basis", torch.cumprod(torch.tensor([1] + levels[:-1]), 0), persistent=False)
+        # The reference hands its values to the optimizer's factory (optimize_values=True) and steps it in a
+        # training forward; no gradient reaches the values through the straight-through estimator, so a
+        # step never moves them, and lockstep takes none (docs/python.md).
+        self.in_place_codebook_optimizer = in_place_codebook_optimizer
+        if in_place_codebook_optimizer is not None and self.optimize_values:
+            self.in_place_codebook_optimizer = in_place_codebook_optimizer(
+                [self.get_buffer(f"values_per_latent.{i}") for i in range(self.codebook_dim)])
 
     def forward(self, z):
         out, indices, losses = self._quantize_any(z, True, self.keep_num_codebooks_dim, self.num_codebooks)

@@ -4,15 +4,15 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, only_defaults, padding_mask, refuse
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 # The reference's second return value with return_loss_breakdown=True: each term unweighted.
 LossBreakdown = namedtuple("LossBreakdown", ["per_sample_entropy", "batch_entropy", "commitment"])
 
 
-def lfq_options(dim=None, codebook_size=None, entropy_loss_weight=0.1, commitment_loss_weight=0.0,
-                diversity_gamma=1.0, straight_through_activation=None, num_codebooks=1, keep_num_codebooks_dim=None,
+def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commitment_loss_weight=0.0,
+                diversity_gamma=1.0, straight_through_activation=nn.Identity(), num_codebooks=1, keep_num_codebooks_dim=None,
                 codebook_scale=1.0, frac_per_sample_entropy=1.0, has_projections=None, projection_has_bias=True,
                 soft_clamp_input_value=None, cosine_sim_project_in=False, cosine_sim_project_in_scale=None,
                 channel_first=None, experimental_softplus_entropy_loss=False, entropy_loss_offset=5.0,
@@ -135,3 +135,6 @@ class LFQ(LockstepQuantizer):
         group = self._lazy_group() if self.training else None
         terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, self._steps, group, mask)
         return LossBreakdown(*terms)
+
+
+declare_reference_signature(LFQ, lfq_options)

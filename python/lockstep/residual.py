@@ -1,13 +1,14 @@
 """Residual quantizers (vector_quantize_pytorch's ResidualVQ, ResidualFSQ and ResidualLFQ: their
 arguments and return values). Each layer quantizes what the layers before it left, in liblockstep."""
 import re
+from types import MappingProxyType
 
 import torch
 
 from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse, refuse_forward_options
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
-from .vq import vq_options
+from .vq import module_options, vq_options
 
 
 def refuse_layer_layout(module_name, layer_kwargs, allowed):
@@ -98,47 +99,72 @@ class ResidualVQ(_Residual):
     buffers carry the reference's names (`layers.0._codebook.embed`, ...)."""
     _maps_hint = " or (b, dim) vectors, or (b, dim, h, w) maps with accept_image_fmap=True"
 
-    def __init__(self, *, dim, num_quantizers, codebook_size, codebook_dim=None, shared_codebook=False,
+    def __init__(self, *, dim, num_quantizers=None, codebook_size, codebook_dim=None, shared_codebook=False,
                  diveq=False, heads=1, quantize_dropout=False, quantize_dropout_cutoff_index=0,
                  quantize_dropout_multiple_of=1, accept_image_fmap=False, implicit_neural_codebook=False,
-                 mlp_kwargs=None, beam_size=None, eval_beam_size=None, beam_score_quantizer_weights=None,
+                 mlp_kwargs=MappingProxyType({}), beam_size=None, eval_beam_size=None, beam_score_quantizer_weights=None,
                  quant_grad_frac=0.0, return_zeros_for_masked_padding=True, seed=None, process_group=None,
                  collective_timeout=300.0, **vq_kwargs):
-        mlp_kwargs = mlp_kwargs or None  # the reference's default is an empty dict
+        mlp_kwargs = mlp_kwargs or MappingProxyType({})  # None as the reference's default, an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
-                      ("shared_codebook", "diveq", "heads", "implicit_neural_codebook", "mlp_kwargs", "beam_size",
-                       "eval_beam_size", "beam_score_quantizer_weights", "quant_grad_frac"))
-        if codebook_dim is not None and codebook_dim != dim:
-            refuse("lockstep.ResidualVQ", "codebook_dim", codebook_dim, "dim: the layers quantize the input's dimension")
-        if isinstance(codebook_size, (tuple, list)):
-            if len(set(codebook_size)) != 1:
-                refuse("lockstep.ResidualVQ", "codebook_size", tuple(codebook_size),
-                       "one size for every layer: an int, or a tuple of equal sizes")
-            if len(codebook_size) != num_quantizers:
-                raise ValueError(f"lockstep.ResidualVQ: codebook_size={tuple(codebook_size)} names "
-                                 f"{len(codebook_size)} layers, num_quantizers={num_quantizers}")
-            codebook_size = int(codebook_size[0])
-        layer = vq_options(dim, codebook_size, **vq_kwargs)
-        layer.pop("accept_image_fmap")
-        layer.pop("return_zeros_for_masked_padding")
-        freeze_codebook = layer.pop("freeze_codebook")  # the layers' setting
+                      ("shared_codebook", "diveq", "implicit_neural_codebook", "mlp_kwargs", "beam_size",
+                       "eval_beam_size", "beam_score_quantizer_weights"))
+        if heads != 1:  # the reference's own assertion
+            raise AssertionError("lockstep.ResidualVQ: heads must be 1 (residual vq is not compatible with "
+                                 "multi-headed codes, as in the reference)")
+        # codebook_size: one size for every layer, or one per layer (the number of layers then taken from it).
+        sizes = [int(k) for k in codebook_size] if isinstance(codebook_size, (tuple, list)) else None
+        if num_quantizers is None:
+            if sizes is None:
+                raise AssertionError("lockstep.ResidualVQ: give num_quantizers, or codebook_size as a tuple of each "
+                                     "layer's size (the reference's rule)")
+            num_quantizers = len(sizes)
+        if sizes is not None and len(sizes) != num_quantizers:
+            raise AssertionError(f"lockstep.ResidualVQ: codebook_size={tuple(sizes)} names {len(sizes)} layers, "
+                                 f"num_quantizers={num_quantizers}")
+        refuse_layer_layout("lockstep.ResidualVQ", vq_kwargs, {
+            "accept_3d_fmap": ((False,), "False: the stack takes tokens, or image maps with accept_image_fmap"),
+            "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens")})
+        layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
+        own = module_options(layer)
+        freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
+        # The reference's frac_gradient: a share <= 0 detaches.
+        options["quant_grad_frac"] = max(0.0, float(quant_grad_frac))
+        if sizes is not None and len(set(sizes)) > 1:
+            options["codebook_sizes"] = sizes
         super().__init__("residual-vq", options, seed, process_group, collective_timeout,
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
-        self.codebook_size = codebook_size
+        self.codebook_sizes = tuple(sizes) if sizes is not None else (int(codebook_size),) * num_quantizers
+        self.uniform_codebook_size = len(set(self.codebook_sizes)) == 1
+        self.codebook_size = self.codebook_sizes[0]  # the first layer's, as the reference
+        self.codebook_dim = int(codebook_dim) if codebook_dim is not None else int(dim)
+        self.has_projections = self.codebook_dim != int(dim)
+        self.quant_grad_frac = float(quant_grad_frac)
         self.accept_image_fmap = accept_image_fmap
         self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
         self.freeze_codebook = freeze_codebook
+        self.sync_codebook = own["sync_codebook"]
+
+    def _reduces_over_group(self):
+        return self.sync_codebook
 
     def _codebook_learned_by_commitment(self):
         return self._spec[2].get("vq.learnable_codebook", False) and not self._spec[2].get("vq.orthogonal_reg_weight")
 
     @property
     def codebooks(self):
-        """Every layer's codebook, (num_quantizers, codebook_size, dim): the layers' `_codebook.embed`."""
-        return torch.stack([self.get_buffer(f"layers.{q}._codebook.embed")[0] for q in range(self.num_quantizers)])
+        """Every layer's codebook, (num_quantizers, codebook_size, codebook_dim): the layers' `_codebook.embed`;
+        a tuple of each layer's (codebook_size_q, codebook_dim) when the sizes differ, as the reference."""
+        codebooks = tuple(self._layer_embed(q)[0] for q in range(self.num_quantizers))
+        return torch.stack(codebooks) if self.uniform_codebook_size else codebooks
+
+    def _layer_embed(self, q):
+        """Layer q's codebook tensor (a buffer, or a parameter when learned)."""
+        name = f"layers.{q}._codebook.embed"
+        return self.get_parameter(name) if name in dict(self.named_parameters()) else self.get_buffer(name)
 
     def forward(self, x, mask=None, indices=None, return_all_codes=False, sample_codebook_temp=None,
                 freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):

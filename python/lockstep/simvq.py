@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._quantizer import LockstepQuantizer, as_indices, refuse
+from ._quantizer import LockstepQuantizer, as_indices, identity, refuse
 
 
 class SimVQ(LockstepQuantizer):
@@ -16,7 +16,7 @@ class SimVQ(LockstepQuantizer):
     (dim, frozen_codebook_dim), as the reference names them. Nothing is reduced between ranks: under
     DDP the map's gradient is averaged like any parameter's."""
 
-    def __init__(self, dim, codebook_size, codebook_transform=None, init_fn=None, channel_first=False,
+    def __init__(self, dim, codebook_size, codebook_transform=None, init_fn=identity, channel_first=False,
                  rotation_trick=True, input_to_quantize_commit_loss_weight=0.25, commitment_weight=1.0,
                  frozen_codebook_dim=None, *, seed=None, process_group=None, collective_timeout=300.0):
         if codebook_transform is not None:

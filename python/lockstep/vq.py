@@ -4,7 +4,8 @@ from collections import namedtuple
 
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse, refuse_forward_options
+from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, only_defaults,
+                         padding_mask, refuse, refuse_forward_options)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -23,14 +24,10 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("eps", "layernorm_after_project_in", "channel_last", "accept_3d_fmap",
-                   "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
+                  ("layernorm_after_project_in", "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
                    "codebook_diversity_loss_weight", "straight_through", "directional_reparam",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
                    "sync_update_v", "route_gradients_to_input"))
-    # The statistics are reduced over the process group whenever there are some.
-    if sync_codebook not in (None, True):
-        refuse("lockstep.VectorQuantize", "sync_codebook", sync_codebook, "None or True")
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is.
     ema_update = True if ema_update is None else bool(ema_update)
@@ -42,7 +39,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
         raise ValueError("lockstep.VectorQuantize: learnable_codebook=True is not compatible with use_cosine_sim=True, "
                          "as in the reference")
     rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
-    options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay),
+    options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay), eps=float(eps),
                    commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
                    kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
                    cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
@@ -56,8 +53,13 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    affine_param_codebook_decay=float(affine_param_codebook_decay))
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
-    # The module's, not liblockstep's: liblockstep gives 0 at padding, the module the input when False.
+    # The module's, not liblockstep's: how inputs are laid out, and what padding returns (liblockstep gives
+    # 0 there, the module the input when False).
     options["accept_image_fmap"] = bool(accept_image_fmap)
+    options["accept_3d_fmap"] = bool(accept_3d_fmap)
+    options["channel_last"] = bool(channel_last)
+    # sync_codebook=False: every statistic of this rank alone (None and True: over the process group).
+    options["sync_codebook"] = sync_codebook is None or bool(sync_codebook)
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
     return options
@@ -90,28 +92,41 @@ def _unweighted(losses, name, weight, device):
     return losses[name] / weight
 
 
+# What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
+MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
+               "return_zeros_for_masked_padding", "freeze_codebook")
+
+
+def module_options(options):
+    """Takes the module's own keys (MODULE_KEYS) out of vq_options' dict; returns them by name."""
+    return {key: options.pop(key) for key in MODULE_KEYS}
+
+
 class VectorQuantize(LockstepQuantizer):
     """VectorQuantize(dim, codebook_size, ...) as vector-quantize-pytorch's: forward(x) takes
-    (b, n, dim) tokens (or (b, dim, h, w) with accept_image_fmap=True) and returns
-    (quantized, indices, commitment_loss). The search, the EMA update of the codebook (its buffers
-    are `_codebook.embed`, `_codebook.cluster_size`, `_codebook.embed_avg`, `_codebook.initted`, as
-    the reference names them), k-means initialisation and dead-code replacement run in liblockstep."""
-    _maps_hint = " or (b, dim) vectors, or (b, dim, h, w) maps with accept_image_fmap=True"
+    (b, n, dim) tokens (or (b, dim, n) with channel_last=False, (b, dim, h, w) with accept_image_fmap=True,
+    (b, dim, t, h, w) with accept_3d_fmap=True) and returns (quantized, indices, commitment_loss). The
+    search, the EMA update of the codebook (its buffers are `_codebook.embed`, `_codebook.cluster_size`,
+    `_codebook.embed_avg`, `_codebook.initted`, as the reference names them), k-means initialisation and
+    dead-code replacement run in liblockstep."""
+    _maps_hint = (" or (b, dim) vectors, or (b, dim, h, w) maps with accept_image_fmap=True, or (b, dim, t, h, w) "
+                  "with accept_3d_fmap=True")
 
     def __init__(self, dim, codebook_size, *reference_args, seed=None, process_group=None, collective_timeout=300.0,
                  **options):
         options = vq_options(dim, codebook_size, *reference_args, **options)
         heads = options["heads"]
-        accept_image_fmap = options.pop("accept_image_fmap")
-        zeros_at_padding = options.pop("return_zeros_for_masked_padding")
-        freeze_codebook = options.pop("freeze_codebook")
+        own = module_options(options)
         super().__init__("vq", "vq", options, seed, process_group, collective_timeout, rename=_reference_name)
         self.dim = self._core.dim
         self.codebook_size = codebook_size
         self.heads = heads
-        self.accept_image_fmap = accept_image_fmap
-        self.return_zeros_for_masked_padding = zeros_at_padding
-        self.freeze_codebook = freeze_codebook
+        self.accept_image_fmap = own["accept_image_fmap"]
+        self.accept_3d_fmap = own["accept_3d_fmap"]
+        self.channel_last = own["channel_last"]
+        self.sync_codebook = own["sync_codebook"]
+        self.return_zeros_for_masked_padding = own["return_zeros_for_masked_padding"]
+        self.freeze_codebook = own["freeze_codebook"]
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
 
@@ -134,7 +149,7 @@ class VectorQuantize(LockstepQuantizer):
             gone = padding.reshape(flat.shape).unsqueeze(-1)
             per_head = [codebook[h][flat[..., h]].masked_fill(gone[..., h, :], 0.0) for h in range(self.heads)]
             codes = torch.cat(per_head, dim=-1).reshape(*indices.shape[:-1], -1)
-        return codes.movedim(-1, 1) if self.accept_image_fmap else codes
+        return codes.movedim(-1, 1) if self._channel_first_maps(codes.ndim) else codes
 
     def get_output_from_indices(self, indices):
         """Indices as forward returns them -> forward's quantized output (projected out), from
@@ -150,7 +165,15 @@ class VectorQuantize(LockstepQuantizer):
         if self.heads > 1 and self._codebook.embed.shape[0] == 1 and not projected:
             # One codebook for every head, no projection: the reference returns the codes per head.
             out = out.reshape(*out.shape[:-1], self.heads, -1)
-        return out.movedim(-1, 1) if self.accept_image_fmap else out
+        return out.movedim(-1, 1) if self._channel_first_maps(out.ndim) else out
+
+    def _channel_first_maps(self, ndim):
+        """Whether a result of `ndim` axes is laid out channel first: maps, and with channel_last=False
+        sequences (b, dim, n), as the reference lays them out (not a single token's (b, dim))."""
+        return self.accept_image_fmap or self.accept_3d_fmap or (not self.channel_last and ndim > 2)
+
+    def _reduces_over_group(self):
+        return self.sync_codebook
 
     def _codebook_learned_by_commitment(self):
         return self._spec[2].get("learnable_codebook", False) and not self.orthogonal_reg_weight
@@ -170,24 +193,36 @@ class VectorQuantize(LockstepQuantizer):
                 freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
                 accum_ema_update=False, ema_update=None):
         # The reference's forward arguments, in its order; those lockstep does not implement are named.
-        refuse_forward_options("lockstep.VectorQuantize", topk=topk, sample_codebook_temp=sample_codebook_temp,
-                               codebook_transform_fn=codebook_transform_fn, ema_update_weight=ema_update_weight,
-                               accum_ema_update=accum_ema_update)
-        if ema_update is not None and bool(ema_update) != self._spec[2]["ema_update"]:
-            refuse("lockstep.VectorQuantize", "ema_update (at forward)", ema_update,
-                   f"the module's own, {self._spec[2]['ema_update']}; freeze_codebook=True leaves the codebook as it is")
+        refuse_forward_options("lockstep.VectorQuantize", sample_codebook_temp=sample_codebook_temp,
+                               codebook_transform_fn=codebook_transform_fn)
+        if topk is not None:
+            topk = min(int(topk), self.codebook_size)
+            if self.heads != 1 or topk < 1:  # the reference's assertion
+                raise AssertionError("lockstep.VectorQuantize: topk codes need one head and topk > 0, as the "
+                                     f"reference's; got heads={self.heads}, topk={topk}")
+        # This call's EMA update, as the reference's forward takes it (a top-k search updates nothing).
+        vq_call = dict(ema_update_weight=ema_update_weight, accumulate=bool(accum_ema_update),
+                       ema_update=None if ema_update is None else bool(ema_update))
         # A training forward that leaves the codebook as it is (the module's setting unless given).
         freeze_codebook = self.freeze_codebook if freeze_codebook is None else bool(freeze_codebook)
+        # channel_last=False: sequences come (b, dim, n) and go back so; a mask or lens counts along n.
+        transposed = not self._channel_first_maps(2) and not self.channel_last and x.ndim == 3
+        if transposed:
+            x = x.transpose(1, 2)
         # Padded sequences: a masked token counts in no statistic (on any rank) and no loss.
         mask = padding_mask("lockstep.VectorQuantize", x, mask, lens)  # for (b, n, d) tokens only, as there
-        if indices is not None and (x.ndim != 3 or mask is not None):
-            raise ValueError("lockstep.VectorQuantize: indices= takes tokens (b, n, dim) and no mask (the "
+        if indices is not None and (x.ndim != 3 or mask is not None or topk is not None):
+            raise ValueError("lockstep.VectorQuantize: indices= takes tokens (b, n, dim) and no mask or topk (the "
                              "reference's cross entropy fails on other shapes and ignores a mask)")
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
-        out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, self.accept_image_fmap, False,
-                                              self.heads, mask, freeze_codebook)
+        maps = self.accept_image_fmap or self.accept_3d_fmap
+        out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
+                                              freeze_codebook, topk=topk, **vq_call)
         if mask is not None and not self.return_zeros_for_masked_padding:
-            out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
+            kept = mask.reshape(*mask.shape, *([1] * (out.ndim - mask.ndim)))
+            out = torch.where(kept, out, x.unsqueeze(2) if topk is not None else x)  # padding passes through
+        if transposed:
+            out = out.movedim(-1, 1)
         if indices is not None:
             # The training call's state update rides on the backward of what is returned (the reference
             # updates in forward): the cross entropy carries the call's graph at weight 0.
@@ -195,10 +230,54 @@ class VectorQuantize(LockstepQuantizer):
             return out, self._cross_entropy(x, indices) + 0.0 * anchor
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
-        loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
+        if topk is not None:
+            loss = self._topk_loss(losses, only_one)
+        else:
+            loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         if not return_loss_breakdown:
             return out, idx, loss
         zero = torch.zeros((), device=out.device)  # codebook diversity and in-place optimisation: not offered
-        return out, idx, loss, LossBreakdown(_unweighted(losses, "commitment", self.commitment_weight, out.device),
-                                             zero, _unweighted(losses, "orthogonal", self.orthogonal_reg_weight,
-                                                               out.device), zero)
+        if topk is not None:
+            commitment = losses["code"].squeeze(1) if only_one else losses["code"]
+        else:
+            commitment = _unweighted(losses, "commitment", self.commitment_weight, out.device)
+        return out, idx, loss, LossBreakdown(commitment, zero, _unweighted(losses, "orthogonal",
+                                                                           self.orthogonal_reg_weight, out.device), zero)
+
+    def _topk_loss(self, losses, only_one):
+        """The reference's loss of a top-k call: each code's commitment loss (..., k), times commitment_weight
+        when it is > 0 (in training a weight of 0 leaves a scalar 0), plus the call's scalar terms."""
+        code = losses["code"].squeeze(1) if only_one else losses["code"]
+        scalars = sum((value for name, value in losses.items() if name != "code"), torch.zeros((), device=code.device))
+        if self.commitment_weight > 0:
+            return code * self.commitment_weight + scalars
+        return scalars if self.training else code + scalars
+
+    def update_indices(self, x, indices, mask=None):
+        """The EMA update (and, in training, dead-code replacement) of x's tokens with codes chosen elsewhere
+        (a beam search, a top-k forward), as the reference's update_indices: x and indices as forward takes
+        and returns them (-1: not counted), `mask` (b, n) for tokens. Unlike a forward it communicates now:
+        the statistics are reduced over the process group at once, so every rank of it must call this; then
+        the step advances (docs/python.md)."""
+        maps = self.accept_image_fmap or self.accept_3d_fmap
+        if maps and mask is not None:
+            raise AssertionError("lockstep.VectorQuantize: update_indices takes no mask with feature maps, as the "
+                                 "reference's")
+        if not maps and not self.channel_last and x.ndim == 3:
+            x = x.transpose(1, 2)
+        indices = torch.as_tensor(indices, device=x.device)
+        if maps:  # (b, dim, ...) -> tokens (b, n, dim); indices (b, ...[, heads]) -> (b, n[, heads])
+            x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
+            indices = indices.reshape(x.shape[0], x.shape[1], *([self.heads] if self.heads > 1 else []))
+        elif x.ndim == 2:  # one token per item
+            x, indices = x.unsqueeze(1), indices.unsqueeze(1)
+        check_floating("lockstep.VectorQuantize", x)
+        mask = padding_mask("lockstep.VectorQuantize", x, mask, None)
+        group = self._lazy_group()
+        self._core.vq_update_indices(x.float(), as_indices("lockstep.VectorQuantize", indices), self.seed, self._steps,
+                                     group, mask, self.training)
+
+    update_ema_indices = update_indices  # the reference's other name for it
+
+
+declare_reference_signature(VectorQuantize, vq_options)

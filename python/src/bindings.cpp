@@ -152,6 +152,13 @@ lockstep::quant::Fsp& as_fsp(Quantizer& q) {
   return *fsp;
 }
 
+// The VQ behind a module's core, or InvalidArgument naming what it is instead.
+lockstep::quant::Vq& as_vq(Quantizer& q) {
+  auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
+  LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
+  return *vq;
+}
+
 // The FSQ behind a module's core, or InvalidArgument naming what it is instead.
 const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
   const auto* fsq = dynamic_cast<const lockstep::quant::Fsq*>(&q);
@@ -176,7 +183,8 @@ lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                               const std::optional<at::Tensor>& mask, bool freeze_codebook) {
+                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
+                                               const lockstep::quant::VqUpdate* vq_update = nullptr) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
@@ -193,7 +201,43 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
   }
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
-  return q.quantize(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+  const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+  if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
+  return q.quantize(input, ctx);
+}
+
+// VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a tensor, or a callable of
+// (embed_sum, cluster_size), called in backward with the GIL), accum_ema_update, ema_update.
+lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumulate, std::optional<bool> ema_update) {
+  lockstep::quant::VqUpdate update;
+  update.accumulate = accumulate;
+  update.ema_update = ema_update;
+  if (weight.is_none()) return update;
+  if (THPVariable_Check(weight.ptr())) {
+    update.weight = weight.cast<at::Tensor>();
+    return update;
+  }
+  LOCKSTEP_CHECK_ARG(PyCallable_Check(weight.ptr()),
+                     "ema_update_weight must be a tensor or a callable of "
+                     "(embed_sum, cluster_size), got ",
+                     std::string(py::str(py::type::of(weight))));
+  // Released with the GIL held, as gloo_from_python's callable (see there).
+  std::shared_ptr<py::object> held(new py::object(weight), [](py::object* f) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (Py_IsInitialized() && !finalizing) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    }
+  });
+  update.weight_fn = [held](const at::Tensor& embed_sum, const at::Tensor& cluster_size) {
+    py::gil_scoped_acquire gil;
+    return (*held)(embed_sum, cluster_size).cast<at::Tensor>();
+  };
+  return update;
 }
 
 // A training step's deferred state update, reduced over `group` (or this process alone), then
@@ -250,14 +294,19 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
+             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
             lockstep::quant::QuantizerOutput out;
+            const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
+            const lockstep::quant::VqUpdate vq_update =
+                vq_call ? vq_update_from(ema_update_weight, accumulate, ema_update) : lockstep::quant::VqUpdate{};
             {
               // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook);
+              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
+                                  vq_call ? &vq_update : nullptr);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
                   apply_update(update, group, step);
@@ -276,13 +325,79 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(out.quantized, out.indices, losses);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
+          py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
-          "leaves the codebooks as they are. Issues no "
+          "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
+          "EMA update (quant/vq.h, VqUpdate). Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
+      .def(
+          "vq_topk",
+          [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook) {
+            lockstep::quant::VqTopk out;
+            {
+              py::gil_scoped_release no_gil;  // as quantize
+              q.train(training);
+              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+              ctx.freeze_codebook = freeze_codebook;
+              std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+              if (training) {
+                ctx.defer_updates = true;
+                if (group) {
+                  reducer = std::make_unique<lockstep::dist::BackwardReducer>(
+                      group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+                  ctx.reducer = reducer.get();
+                }
+              }
+              const lockstep::quant::NoAutocast fp32;
+              out = as_vq(q).quantize_topk(x.is_floating_point() ? x.to(at::kFloat) : x, k, ctx);
+              if (training && at::GradMode::is_enabled()) {  // as quantize: the update and the step on backward
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
+                  apply_update(update, group, step);
+                };
+                std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
+                for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
+                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
+                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                out.quantized = tensors[0];
+                out.code_loss = tensors[1];
+                size_t i = 2;
+                for (auto& [name, loss] : out.losses) loss = tensors[i++];
+              }
+            }
+            py::dict losses;
+            for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
+            return py::make_tuple(out.quantized, out.indices, out.code_loss, losses);
+          },
+          py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+          "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
+          "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk). No EMA "
+          "update; in training with gradients the step advances on backward, as quantize's.")
+      .def(
+          "vq_update_indices",
+          [](Quantizer& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool training,
+             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
+            const lockstep::quant::VqUpdate vq_update = vq_update_from(ema_update_weight, accumulate, ema_update);
+            py::gil_scoped_release no_gil;
+            q.train(training);
+            lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+            ctx.defer_updates = true;  // run below, over the group, as a training step's update
+            const lockstep::quant::NoAutocast fp32;
+            auto update = as_vq(q).update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx, vq_update);
+            apply_update(update, group, step);
+          },
+          py::arg("x"), py::arg("indices"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("training") = true, py::arg("ema_update_weight") = py::none(),
+          py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
+          "VQ: the EMA update (and, in training, dead-code replacement) of tokens x (b, n, dim) with codes chosen "
+          "elsewhere, `indices` (b, n) (-1: not counted), now: its statistics are reduced over `group` at once "
+          "(every rank of it must call this), then the step advances (quant/vq.h, Vq::update_from).")
       .def(
           "quantize_values",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
@@ -489,7 +604,7 @@ PYBIND11_MODULE(_C, m) {
              const std::string& tag, const std::string& file, int line, bool compare_site) {
             py::gil_scoped_release release;  // the agreement waits for the other ranks
             const lockstep::dist::CollectiveOptions opts(lockstep::CallSite{tag.c_str(), file.c_str(), line});
-            lockstep::dist::check_foreign_collective(*lazy.get(), op, tensors, opts, compare_site);
+            lockstep::dist::check_foreign_collective(*lazy.get(opts.site), op, tensors, opts, compare_site);
           },
           py::arg("op"), py::arg("tensors"), py::arg("tag"), py::arg("file"), py::arg("line"), py::arg("compare_site"),
           "Checks a torch.distributed collective before it runs (lockstep.distributed): the ranks agree on op, "
@@ -540,6 +655,18 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
+  m.def(
+      "fsp_activate",
+      [](const std::string& name, const at::Tensor& z) {
+        return lockstep::quant::fsp_activate(lockstep::quant::fsp_activation(name), z);
+      },
+      py::arg("name"), py::arg("z"), "FSP's CDF activation `name` of z, elementwise (quant/fsp.h), differentiable.");
+  m.def(
+      "fsp_invert",
+      [](const std::string& name, const at::Tensor& p) {
+        return lockstep::quant::fsp_invert(lockstep::quant::fsp_activation(name), p);
+      },
+      py::arg("name"), py::arg("p"), "The inverse of FSP's CDF activation `name` at p in (0, 1), elementwise.");
 #if !LOCKSTEP_PYTHON_ONLY
   m.def(
       "_lpips_distance",

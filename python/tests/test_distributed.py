@@ -131,3 +131,45 @@ def test_vq_codebooks_stay_identical_and_equal_one_process_s(evaluate_on_rank0):
     codebooks = run_ranks(2, _vq_half_batches, x, initial, evaluate_on_rank0)  # rank r: sequence r of each step
     assert torch.equal(codebooks[0], codebooks[1])  # the ranks never diverge
     torch.testing.assert_close(codebooks[0], one.state_dict()["_codebook.embed"], atol=1e-5, rtol=1e-5)
+
+
+def _unsynced(options):
+    import lockstep
+
+    if "num_quantizers" in options:
+        return lockstep.ResidualVQ(dim=8, codebook_size=16, decay=0.9, sync_codebook=False, kmeans_init=True,
+                                   **options)
+    return lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.9, sync_codebook=False, kmeans_init=True,
+                                   **options)
+
+
+def _unsynced_ranks(rank, world, x, initial, options):
+    vq = _unsynced(options)
+    vq.load_state_dict(initial)
+    for step in range(3):
+        out, _, loss = vq(x[step].chunk(world)[rank])
+        (out.sum() + loss.sum()).backward()
+    return {k: v.clone() for k, v in vq.state_dict().items()}
+
+
+@pytest.mark.parametrize("options", [dict(), dict(threshold_ema_dead_code=1.0), dict(num_quantizers=2)],
+                         ids=["vq", "dead_codes", "residual"])
+def test_sync_codebook_false_keeps_each_rank_s_statistics_its_own(options):
+    """sync_codebook=False: every statistic, k-means and dead codes included, is the rank's alone (the
+    reference's meaning), so each rank ends where one process training on that rank's batches ends."""
+    x = torch.randn(3, 4, 30, 8)
+    initial = {k: v.clone() for k, v in _unsynced(options).state_dict().items()}
+    alone = []
+    for rank in range(2):
+        vq = _unsynced(options)
+        vq.load_state_dict(initial)
+        for step in range(3):
+            out, _, loss = vq(x[step].chunk(2)[rank])
+            (out.sum() + loss.sum()).backward()
+        alone.append(vq.state_dict())
+    ranks = run_ranks(2, _unsynced_ranks, x, initial, options)
+    for rank in range(2):
+        for key, value in alone[rank].items():
+            torch.testing.assert_close(ranks[rank][key], value, atol=1e-5, rtol=1e-5, msg=f"rank {rank}: {key}")
+    embed = next(k for k in alone[0] if k.endswith("embed"))
+    assert not torch.allclose(ranks[0][embed], ranks[1][embed])  # the ranks' codebooks went their own ways

@@ -9,6 +9,7 @@ import lockstep
 from reference_steps import compare_training_steps
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
+ReferenceLQ = vqp.LatentQuantize
 
 CASES = [
     (dict(levels=[8, 5, 5, 5], dim=4), (2, 4, 3, 5)),
@@ -69,11 +70,74 @@ def test_decoding_and_index_helpers_are_the_references():
                        reference.codes_to_indices(reference.implicit_codebook))
 
 
+def test_forms_the_reference_refuses_raise_its_exception_types():
+    """Code written against the reference catches its types: levels as one int without codebook_dim
+    (its repeat(-1)), a codebook_dim other than len(levels) (its first forward), a weight of None."""
+    reference, ours = ReferenceLQ, lockstep.LatentQuantize
+    with pytest.raises(RuntimeError):
+        reference(levels=5, dim=16)
+    with pytest.raises(RuntimeError, match="codebook_dim"):
+        ours(levels=5, dim=16)
+    made = reference(levels=[5, 5, 8], dim=3, codebook_dim=2)
+    with pytest.raises(RuntimeError):
+        made(torch.randn(1, 3, 4))
+    with pytest.raises(RuntimeError, match="codebook_dim=2"):
+        ours(levels=[5, 5, 8], dim=3, codebook_dim=2)
+    for weight in ("commitment_loss_weight", "quantization_loss_weight"):
+        with pytest.raises(TypeError):
+            reference(levels=[5, 5], dim=2, **{weight: None})
+        with pytest.raises(TypeError, match=weight):
+            ours(levels=[5, 5], dim=2, **{weight: None})
+
+
+@pytest.mark.parametrize("options", [dict(levels=[5, 5, 8], dim=16), dict(levels=5, dim=16, codebook_dim=3),
+                                     dict(levels=[5, 5, 8], dim=16, optimize_values=False),
+                                     dict(levels=[5, 5, 8], dim=16, num_codebooks=4),
+                                     dict(levels=[5, 5, 5], dim=16)],
+                         ids=["list", "int", "fixed_values", "codebooks", "same_levels"])
+def test_every_constructor_form_of_the_reference_matches_it(options):
+    """The forms of the reference's own examples and tests, on images, video and series, beside the reference
+    (state dict loaded across): outputs, indices and loss."""
+    torch.manual_seed(0)
+    reference = ReferenceLQ(**options, commitment_loss_weight=0.1, quantization_loss_weight=0.1)
+    ours = lockstep.LatentQuantize(**options, commitment_loss_weight=0.1, quantization_loss_weight=0.1)
+    ours.load_state_dict(reference.state_dict())
+    for shape in ((2, 16, 6, 5), (1, 16, 3, 4, 5), (2, 16, 20)):
+        x = torch.randn(shape)
+        out_ref, idx_ref, loss_ref = reference(x)
+        out, idx, loss = ours(x)
+        assert out.shape == x.shape and torch.equal(idx, idx_ref)
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-6, rtol=1e-5)
+        assert torch.equal(ours.indices_to_codes(idx), out.detach()) == torch.equal(reference.indices_to_codes(idx_ref),
+                                                                                    out_ref.detach())
+
+
+def test_an_in_place_codebook_optimizer_is_made_over_the_values_and_moves_nothing():
+    """The reference hands the values to the factory; its training forward then fails (AttributeError:
+    no optimize_values). lockstep makes the optimizer the same way and never steps it: no gradient reaches
+    the values through the straight-through estimator, so no step could move them."""
+    made = []
+
+    def factory(values):
+        made.append(list(values))
+        return torch.optim.SGD(made[-1], lr=0.5)
+
+    reference = ReferenceLQ(levels=[5, 5], dim=2, in_place_codebook_optimizer=factory)
+    with pytest.raises(AttributeError, match="optimize_values"):
+        reference(torch.randn(2, 2, 7))
+    ours = lockstep.LatentQuantize(levels=[5, 5], dim=2, in_place_codebook_optimizer=factory)
+    assert isinstance(ours.in_place_codebook_optimizer, torch.optim.SGD)
+    assert [v.shape for v in made[-1]] == [v.shape for v in made[0]] == [(5,), (5,)]
+    before = [v.clone() for v in made[-1]]
+    out, _, loss = ours(torch.randn(2, 2, 7, requires_grad=True))
+    (out.sum() + loss).backward()
+    assert all(v.grad is None for v in made[-1])
+    assert all(torch.equal(b, v) for b, v in zip(before, made[-1]))
+    assert made[-1][0] is ours.get_buffer("values_per_latent.0")  # the values the module quantizes with
+
+
 def test_options_lockstep_cannot_run_are_refused_by_name():
-    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
-        lockstep.LatentQuantize(levels=[5, 5], dim=2, in_place_codebook_optimizer=torch.optim.SGD)
-    with pytest.raises(TypeError, match="codebook_dim"):
-        lockstep.LatentQuantize(levels=[5, 5], dim=2, codebook_dim=3)
     with pytest.raises(ValueError, match="level"):
         lockstep.LatentQuantize(levels=[5, 1], dim=2)
     # Without optimize_values the values are not in the state dict, as in the reference.

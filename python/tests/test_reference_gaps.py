@@ -4,6 +4,7 @@ function whatever the input."""
 import pytest
 import torch
 from vector_quantize_pytorch import FSQ as ReferenceFSQ
+from vector_quantize_pytorch import ResidualVQ as ReferenceRVQ
 from vector_quantize_pytorch import VectorQuantize as ReferenceVQ
 
 import lockstep
@@ -26,13 +27,19 @@ def test_one_token_per_item_is_quantized_as_the_reference_does():
     assert out.shape == (6, 8) and idx.shape == (6,) and loss.ndim == 0
 
 
-def test_a_codebook_size_per_layer_is_refused_by_name_unless_all_equal():
-    with pytest.raises(TypeError, match="codebook_size"):
-        lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=(64, 32))
-    with pytest.raises(ValueError, match="codebook_size"):
+def test_a_codebook_size_per_layer_sets_each_layer_and_the_number_of_layers():
+    rvq = lockstep.ResidualVQ(dim=8, codebook_size=(5, 64, 32))  # the reference's TIGER example: no num_quantizers
+    assert rvq.num_quantizers == 3 and rvq.codebook_size == 5 and rvq.codebook_sizes == (5, 64, 32)
+    assert [rvq.state_dict()[f"layers.{q}._codebook.embed"].shape[-2] for q in range(3)] == [5, 64, 32]
+    assert [c.shape for c in rvq.codebooks] == [(5, 8), (64, 8), (32, 8)]  # a tuple, as the reference's
+    for reference_error in (lambda: ReferenceRVQ(dim=8, num_quantizers=3, codebook_size=(64, 64)),
+                            lambda: ReferenceRVQ(dim=8, codebook_size=64)):
+        with pytest.raises(AssertionError):
+            reference_error()
+    with pytest.raises(AssertionError, match="names 2 layers"):
         lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=(64, 64))
-    rvq = lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=(64, 64))
-    assert rvq.state_dict()["layers.0._codebook.embed"].shape[-2] == 64
+    with pytest.raises(AssertionError, match="num_quantizers"):
+        lockstep.ResidualVQ(dim=8, codebook_size=64)
 
 
 def test_fsq_refuses_a_level_of_two_without_symmetry_as_the_reference_does():

@@ -22,6 +22,42 @@ def test_vq_training_steps_match_the_reference_codebooks_included(options):
                            optimizer=torch.optim.Adam if weight else None)
 
 
+@pytest.mark.parametrize("options", [dict(codebook_dim=6, num_quantizers=3, codebook_size=32),
+                                     dict(codebook_size=(8, 32, 16)),
+                                     dict(codebook_size=(8, 32, 16), codebook_dim=4, decay=0.5),
+                                     dict(num_quantizers=3, codebook_size=32, quant_grad_frac=0.3),
+                                     dict(num_quantizers=3, codebook_size=32, quant_grad_frac=1.0, rotation_trick=False),
+                                     dict(num_quantizers=3, codebook_size=32, quant_grad_frac=-0.5)],
+                         ids=["codebook_dim", "sizes", "sizes_projected", "grad_frac", "grad_frac_1",
+                              "grad_frac_negative"])
+def test_options_once_refused_match_the_reference(options):
+    """codebook_dim (a projection to it and back), a codebook size per layer (the number of layers taken
+    from them), quant_grad_frac (a share of each layer's gradient reaching the layers before; <= 0
+    detaches): outputs, indices, losses, input and parameter gradients and every codebook."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, **options)
+    ours = lockstep.ResidualVQ(dim=12, **options)
+    layers = len(reference.layers)
+    compare_training_steps(reference, ours, (2, 50, 12), 3,
+                           [f"layers.{q}._codebook.{name}" for q in range(layers) for name in ("embed", "embed_avg")],
+                           optimizer=torch.optim.Adam if ours.has_projections else None)
+
+
+def test_a_codebook_size_per_layer_decodes_each_layer_with_its_own_codebook():
+    reference = ReferenceResidualVQ(dim=2, codebook_size=(5, 128, 256))  # the reference's TIGER example
+    ours = lockstep.ResidualVQ(dim=2, codebook_size=(5, 128, 256))
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 2, 2)
+    for module in (reference, ours):
+        module.train()
+    out_ref, idx_ref, _ = reference(x, freeze_codebook=True)
+    out, idx, _ = ours(x, freeze_codebook=True)
+    assert torch.equal(idx, idx_ref) and idx[..., 0].max() < 5
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    for codes, codes_ref in zip(ours.get_codes_from_indices(idx), reference.get_codes_from_indices(idx_ref)):
+        torch.testing.assert_close(codes, codes_ref)
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -131,8 +167,12 @@ def test_freeze_codebook_keeps_every_layer_s_codebook():
 
 
 def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="shared_codebook"):
-        lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, shared_codebook=True)
+    with pytest.raises(AssertionError):  # the reference's own refusal, with its type
+        ReferenceResidualVQ(dim=8, codebook_size=16, num_quantizers=2, heads=2)
+    with pytest.raises(AssertionError, match="heads"):
+        lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, heads=2)
+    with pytest.raises(TypeError, match="accept_3d_fmap"):  # the layers' own layout: the stack decides it
+        lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, accept_3d_fmap=True)
     with pytest.raises(TypeError, match="no_such_option"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, no_such_option=1)
     with pytest.raises(TypeError, match="soft_clamp_input_value"):

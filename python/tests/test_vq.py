@@ -17,6 +17,68 @@ def test_training_steps_match_the_reference_codebook_included(options):
     compare_training_steps(reference, ours, (2, 100, 16), 4, ["_codebook.embed"])
 
 
+@pytest.mark.parametrize("options", [dict(decay=1.0), dict(decay=1.0, use_cosine_sim=True), dict(eps=1e-2),
+                                     dict(eps=0.5, use_cosine_sim=True)],
+                         ids=["decay_1", "decay_1_cosine", "eps", "eps_cosine"])
+def test_options_once_refused_match_the_reference(options):
+    """decay=1.0 (the EMA keeps the codebook: k-means sets it, then it stays) and eps (the Laplace smoothing
+    of the cluster sizes), codebook and statistics included."""
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=16, codebook_size=64, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, **options)
+    compare_training_steps(reference, ours, (2, 100, 16), 3, ["_codebook.embed", "_codebook.embed_avg",
+                                                               "_codebook.cluster_size"])
+
+
+@pytest.mark.parametrize("kmeans_init", [False, True])
+def test_decay_one_keeps_the_codebook(kmeans_init):
+    """From the initial codebook, or from k-means' (set in the first training call) on."""
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=1.0, kmeans_init=kmeans_init)
+    before = vq.codebook.clone()
+    for step in range(4):
+        out, _, loss = vq(torch.randn(2, 30, 8, requires_grad=True))
+        (out.sum() + loss).backward()
+        if step == 0 and kmeans_init:
+            assert not torch.equal(vq.codebook, before)  # k-means set it
+            before = vq.codebook.clone()
+    torch.testing.assert_close(vq.codebook, before, atol=1e-6, rtol=0)  # (1 + eps) / (K + K eps) K rounds
+
+
+@pytest.mark.parametrize("options, shape", [(dict(channel_last=False), (2, 16, 40)),
+                                            (dict(channel_last=False, heads=2, codebook_dim=4), (2, 16, 40)),
+                                            (dict(accept_3d_fmap=True), (2, 16, 3, 4, 5))],
+                         ids=["channel_first_sequences", "channel_first_heads", "video"])
+def test_layouts_once_refused_match_the_reference(options, shape):
+    """channel_last=False takes sequences (b, dim, n); accept_3d_fmap takes video (b, dim, t, h, w) with
+    indices (b, t, h, w): training steps, and evaluation decoded from the indices."""
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=16, codebook_size=64, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, **options)
+    compare_training_steps(reference, ours, shape, 3, ["_codebook.embed"])
+    reference.eval()
+    ours.eval()
+    x = torch.randn(shape)
+    out_ref, idx_ref, _ = reference(x)
+    out, idx, _ = ours(x)
+    assert out.shape == x.shape and idx.shape == idx_ref.shape and torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out)
+    torch.testing.assert_close(ours.get_codes_from_indices(idx), reference.get_codes_from_indices(idx_ref))
+
+
+def test_channel_first_sequences_take_a_mask_along_the_sequence():
+    """lens counts along n (the reference's counts along dim, a deliberate difference, docs/python.md)."""
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, channel_last=False)
+    plain = lockstep.VectorQuantize(dim=8, codebook_size=16)
+    plain.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 8, 10)
+    out, idx, loss = ours(x, lens=torch.tensor([10, 4]))
+    out_plain, idx_plain, loss_plain = plain(x.transpose(1, 2), lens=torch.tensor([10, 4]))
+    assert out.shape == (2, 8, 10) and torch.equal(idx, idx_plain) and (idx[1, 4:] == -1).all()
+    torch.testing.assert_close(out, out_plain.transpose(1, 2))
+    torch.testing.assert_close(loss, loss_plain)
+
+
 # Every option docs/python.md lists as supported with the reference's meaning, beside the reference
 # (the options that draw random numbers are in test_differences.py).
 @pytest.mark.parametrize("options, shape", [
@@ -189,7 +251,5 @@ def test_indices_give_the_reference_s_cross_entropy(options):
 
 
 def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="sync_codebook=False"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, sync_codebook=False)
     with pytest.raises(TypeError, match="directional_reparam"):
         lockstep.VectorQuantize(dim=8, codebook_size=16, directional_reparam=True)

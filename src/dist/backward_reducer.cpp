@@ -49,7 +49,8 @@ struct SumInBackward : public torch::autograd::Function<SumInBackward> {
     std::vector<at::Tensor> packed{
         torch::cat({local.detach().reshape(-1), grad.detach().reshape(-1).to(local.dtype())})};
     try {
-      const std::shared_ptr<Group> group = state->group->get();
+      const CallSite site{state->tag.c_str(), state->file.c_str(), state->line};
+      const std::shared_ptr<Group> group = state->group->get(site);
       const PhaseScope phase(*group, state->phase);
       group->all_reduce(packed, ReduceOp::Sum, CallSite{state->tag.c_str(), state->file.c_str(), state->line});
     } catch (...) {
@@ -116,7 +117,7 @@ LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::
   LOCKSTEP_CHECK_ARG(!options_.prefix.empty(), "LazyGroup: no store prefix given (it names the channel on every rank)");
 }
 
-std::shared_ptr<Group> LazyGroup::get() {
+std::shared_ptr<Group> LazyGroup::get(const CallSite& first_use) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!group_) {
     ExistingGroupOptions options;
@@ -133,8 +134,7 @@ std::shared_ptr<Group> LazyGroup::get() {
     std::shared_ptr<Group> group = make_group_over(process_group_, store_, options);
     if (!options_.identity.empty()) {
       // The op's name carries the identity: ranks with different views disagree on the fingerprint.
-      check_foreign_collective(*group, "join " + identity, {}, CollectiveOptions(LOCKSTEP_CALL_SITE("channel made")),
-                               /*compare_site=*/false);
+      check_foreign_collective(*group, "join " + identity, {}, CollectiveOptions(first_use), /*compare_site=*/false);
     }
     group_ = std::move(group);
   }
@@ -147,19 +147,19 @@ void LazyGroup::rethrow(std::exception_ptr e) const {
 }
 
 void BackwardReducer::sum_(std::vector<at::Tensor>& tensors, const CallSite& site) {
-  const std::shared_ptr<Group> group = group_->get();
+  const std::shared_ptr<Group> group = group_->get(site);
   const PhaseScope phase(*group, phase_);
   GroupReducer(group).sum_(tensors, site);
 }
 
 at::Tensor BackwardReducer::sum(const at::Tensor& local, const CallSite& site) {
-  const std::shared_ptr<Group> group = group_->get();
+  const std::shared_ptr<Group> group = group_->get(site);
   const PhaseScope phase(*group, phase_);
   return GroupReducer(group).sum(local, site);
 }
 
 at::Tensor BackwardReducer::gather(const at::Tensor& local, const CallSite& site) {
-  const std::shared_ptr<Group> group = group_->get();
+  const std::shared_ptr<Group> group = group_->get(site);
   const PhaseScope phase(*group, phase_);
   return GroupReducer(group).gather(local, site);
 }

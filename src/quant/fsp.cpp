@@ -114,8 +114,8 @@ at::Tensor Fsp::latents(const at::Tensor& x) {
   return project_in_ ? project_in_->forward(z) : z;
 }
 
-at::Tensor Fsp::activate(const at::Tensor& z) const {
-  switch (options_.activation()) {
+at::Tensor fsp_activate(FspActivation activation, const at::Tensor& z) {
+  switch (activation) {
     case FspActivation::Tanh:
       return (torch::tanh(z) + 1.0) / 2.0;
     case FspActivation::Sigmoid:
@@ -130,8 +130,8 @@ at::Tensor Fsp::activate(const at::Tensor& z) const {
   throw InvalidArgument("fsp: unknown activation");
 }
 
-at::Tensor Fsp::invert(const at::Tensor& p) const {
-  switch (options_.activation()) {
+at::Tensor fsp_invert(FspActivation activation, const at::Tensor& p) {
+  switch (activation) {
     case FspActivation::Tanh:
       return torch::atanh(p * 2.0 - 1.0);
     case FspActivation::Sigmoid:
@@ -213,7 +213,7 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
     out.losses["norm"] = reducer->apply_to_sum(packed, loss_of, LOCKSTEP_CALL_SITE("fsp.moments")).to(torch::kFloat32);
   }
 
-  const at::Tensor act = activate(z);
+  const at::Tensor act = fsp_activate(options_.activation(), z);
   const at::Tensor level = bins(act);
   const at::Tensor midpoint = (level + 0.5) / levels_;
   at::Tensor act_out = act + (midpoint - act).detach();  // straight-through to the activation
@@ -227,7 +227,7 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   at::Tensor q;
   if (options_.need_inv_act()) {
     const double eps = std::numeric_limits<float>::epsilon();
-    const at::Tensor inverted = invert(act_out.clamp(eps, 1.0 - eps));
+    const at::Tensor inverted = fsp_invert(options_.activation(), act_out.clamp(eps, 1.0 - eps));
     q = z + (inverted - z).detach();  // straight-through to the latent
   } else {
     q = value_of(act_out);
@@ -239,7 +239,7 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
 at::Tensor Fsp::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return (bins(activate(latents(x))).to(torch::kInt64) * basis_).sum(-1);
+  return (bins(fsp_activate(options_.activation(), latents(x))).to(torch::kInt64) * basis_).sum(-1);
 }
 
 at::Tensor Fsp::level_indices(const at::Tensor& indices) const {
@@ -252,14 +252,15 @@ at::Tensor Fsp::decode(const at::Tensor& indices) {
       "fsp: indices must lie in [0, ", codebook_size(), ")");
   const at::Tensor act = (level_indices(indices).to(torch::kFloat32) + 0.5) / levels_;
   // The reference's eps here is 1e-6 (its indices_to_codes), not forward's machine epsilon.
-  const at::Tensor q = options_.need_inv_act() ? invert(act.clamp(1e-6, 1.0 - 1e-6)) : value_of(act);
+  const at::Tensor q =
+      options_.need_inv_act() ? fsp_invert(options_.activation(), act.clamp(1e-6, 1.0 - 1e-6)) : value_of(act);
   return project_out_ ? project_out_->forward(q) : q;
 }
 
 FspDiagnostics Fsp::diagnostics(const at::Tensor& x, const QuantizeContext& ctx) {
   torch::NoGradGuard no_grad;
   const at::Tensor z = latents(x);
-  const at::Tensor act = activate(z);
+  const at::Tensor act = fsp_activate(options_.activation(), z);
   FspDiagnostics d;
   d.level_indices = bins(act).to(torch::kInt64);
   const at::Tensor flat = z.reshape({-1, options_.codebook_dim()});

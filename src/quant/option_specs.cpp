@@ -122,7 +122,9 @@ OptionSection vq_section() {
       "vq",
       {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
        integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
-       real("decay", d.decay(), "EMA decay of the codebook statistics.").at_least(0).less_than(1),
+       real("decay", d.decay(), "EMA decay of the codebook statistics; 1 keeps the codebook as it is.").in_range(0, 1),
+       real("eps", d.eps(), "Laplace smoothing of the cluster sizes the EMA divides by: (n_k + eps) / (n + K eps) n.")
+           .greater_than(0),
        real("commitment_weight", d.commitment_weight(), "Weight of the commitment loss mse(q, x).").in_range(0, 1000),
        boolean("kmeans_init", d.kmeans_init(), "Initialise the codebook by k-means on the first training batch."),
        integer("kmeans_iters", d.kmeans_iters(), "Rounds of k-means when kmeans_init is on.").in_range(1, 1000),
@@ -239,7 +241,16 @@ OptionSection residual_section() {
                .at_least(0),
            integer("quantize_dropout_multiple_of", d.quantize_dropout_multiple_of(),
                    "Quantize dropout keeps a multiple of this many layers.")
-               .at_least(1)}};
+               .at_least(1),
+           real("quant_grad_frac", d.quant_grad_frac(),
+                "Share of each layer's output gradient that reaches the residual the next layers quantize; 0 "
+                "detaches it.")
+               .at_least(0),
+           int_list("codebook_sizes", d.codebook_sizes(),
+                    "residual-vq: each layer's codebook size, one per layer; empty means quantizer.vq.codebook_size "
+                    "for every layer.")
+               .in_range(1, 1 << 20)
+               .length(0, 64)}};
 }
 
 }  // namespace

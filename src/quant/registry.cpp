@@ -42,6 +42,7 @@ LfqOptions lfq_options(const OptionReader& o) {
 VqOptions vq_options(const OptionReader& o) {
   VqOptions options(o.integer("dim"), o.integer("codebook_size"));
   options.decay(o.real("decay"))
+      .eps(o.real("eps"))
       .commitment_weight(o.real("commitment_weight"))
       .use_cosine_sim(o.boolean("cosine"))
       .estimator(o.boolean("rotation_trick") ? VqEstimator::RotationTrick : VqEstimator::StraightThrough)
@@ -95,7 +96,9 @@ ResidualOptions residual_options(const OptionReader& o) {
   ResidualOptions options(o.integer("num_quantizers"));
   options.quantize_dropout(o.boolean("quantize_dropout"))
       .quantize_dropout_cutoff_index(o.integer("quantize_dropout_cutoff_index"))
-      .quantize_dropout_multiple_of(o.integer("quantize_dropout_multiple_of"));
+      .quantize_dropout_multiple_of(o.integer("quantize_dropout_multiple_of"))
+      .quant_grad_frac(o.real("quant_grad_frac"))
+      .codebook_sizes(o.int_list("codebook_sizes"));
   return options;
 }
 

@@ -15,6 +15,14 @@ void ResidualOptions::validate() const {
                      " must lie in [0, num_quantizers = ", num_quantizers_, ")");
   LOCKSTEP_CHECK_ARG(quantize_dropout_multiple_of_ >= 1,
                      "residual: quantize_dropout_multiple_of = ", quantize_dropout_multiple_of_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(std::isfinite(quant_grad_frac_), "residual: quant_grad_frac = ", quant_grad_frac_,
+                     " must be finite");
+  LOCKSTEP_CHECK_ARG(codebook_sizes_.empty() || static_cast<int64_t>(codebook_sizes_.size()) == num_quantizers_,
+                     "residual: codebook_sizes names ", codebook_sizes_.size(),
+                     " layers, num_quantizers = ", num_quantizers_);
+  for (int64_t k : codebook_sizes_) {
+    LOCKSTEP_CHECK_ARG(k >= 1, "residual: a codebook size is ", k, ", it must be >= 1");
+  }
 }
 
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
@@ -84,7 +92,9 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
     const bool scaled = !scales_.empty();
     QuantizerOutput out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
     const at::Tensor q = scaled ? out.quantized * scales_[l] : out.quantized;
-    residual = residual - q.detach();
+    // The reference's frac_gradient: a share of q's gradient reaches the layers before through the residual.
+    const double frac = options_.quant_grad_frac();
+    residual = residual - (frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach());
     total = total + q;
     indices.push_back(out.indices.reshape({x.size(0), x.size(1), layer.num_indices()}));
     for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
@@ -144,16 +154,22 @@ at::Tensor Residual::decode(const at::Tensor& indices) {
 std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
                                            at::Generator generator) {
   // As the reference: one projection for the stack to heads * codebook_dim, which the layers take whole.
+  options.validate();
   const int64_t layer_dim = layer.heads() * layer.codebook_dim();
+  const std::vector<int64_t>& sizes = options.codebook_sizes();
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) {
-    layers.push_back(
-        std::make_shared<Vq>(VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim()), generator));
+    VqOptions each = VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim());
+    if (!sizes.empty()) each.codebook_size(sizes[static_cast<size_t>(l)]);
+    layers.push_back(std::make_shared<Vq>(each, generator));
   }
   return std::make_shared<Residual>("residual-vq", options, layer.dim(), std::move(layers));
 }
 
 std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, const FsqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
+                     "residual-fsq: codebook_sizes is residual-vq's (its layers have no "
+                     "codebook of their own size)");
   const auto& levels = layer.levels();
   const int64_t layer_dim = static_cast<int64_t>(levels.size()) * layer.num_codebooks();
   const at::Tensor level_tensor =
@@ -172,12 +188,18 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
 }
 
 std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, const SimVqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
+                     "residual-simvq: codebook_sizes is residual-vq's (its layers have no "
+                     "codebook of their own size)");
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) layers.push_back(std::make_shared<SimVq>(layer));
   return std::make_shared<Residual>("residual-simvq", options, layer.dim(), std::move(layers));
 }
 
 std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
+                     "residual-lfq: codebook_sizes is residual-vq's (its layers have no "
+                     "codebook of their own size)");
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
   const int64_t layer_dim = bits * layer.num_codebooks();

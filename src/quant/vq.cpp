@@ -50,6 +50,14 @@ at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const a
   return detail::hashed_uniform_torch(key, tokens * k + torch::arange(k, i64));
 }
 
+// Each token's logit for each code (len, K): minus the Euclidean distance (the reference's cdist, clamped
+// before the root), or the cosine similarity.
+at::Tensor code_logits_of(const at::Tensor& x, const at::Tensor& codebook, const at::Tensor& code_norms,
+                          Metric metric) {
+  const at::Tensor dots = torch::matmul(x, codebook.t());
+  return metric == Metric::Cosine ? dots : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
+}
+
 // Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
 // Euclidean distance or the cosine similarity; tokens in chunks so no (n, K) matrix is held whole.
 // The noise of (token, code) is hashed from (key, the token's global index `first_token + row`,
@@ -63,10 +71,7 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
   const at::Tensor code_norms = codebook.pow(2).sum(1);
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    const at::Tensor x = tokens.narrow(0, start, len);
-    const at::Tensor dots = torch::matmul(x, codebook.t());
-    at::Tensor logits =
-        metric == Metric::Cosine ? dots : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
+    const at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric);
     const at::Tensor u = uniforms(key, first_token + start, len, k, logits.options());
     const at::Tensor gumbel = -(-(u.log())).log();
     indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
@@ -80,7 +85,8 @@ void VqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(codebook_size_ >= 1, "vq: codebook_size = ", codebook_size_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(heads_ >= 1, "vq: heads = ", heads_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(codebook_dim() >= 1, "vq: codebook_dim = ", codebook_dim(), " must be >= 1");
-  LOCKSTEP_CHECK_ARG(decay_ >= 0 && decay_ < 1, "vq: decay = ", decay_, " must lie in [0, 1)");
+  // decay 1 keeps the statistics, and so the codebook, as they are (dead codes are still replaced).
+  LOCKSTEP_CHECK_ARG(decay_ >= 0 && decay_ <= 1, "vq: decay = ", decay_, " must lie in [0, 1]");
   LOCKSTEP_CHECK_ARG(eps_ > 0, "vq: eps = ", eps_, " must be > 0");
   LOCKSTEP_CHECK_ARG(commitment_weight_ >= 0, "vq: commitment_weight = ", commitment_weight_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(orthogonal_reg_weight_ >= 0, "vq: orthogonal_reg_weight = ", orthogonal_reg_weight_,
@@ -281,7 +287,9 @@ struct OrthogonalLoss : public torch::autograd::Function<OrthogonalLoss> {
 
 at::Tensor Vq::orthogonal_loss() const { return OrthogonalLoss::apply(embed_); }
 
-QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) { return quantize_with(x, ctx, {}); }
+
+QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ctx, const VqUpdate& call) {
   const int64_t b = x.size(0);
   const int64_t n = x.dim() == 3 ? x.size(1) : 0;
   // (C, M, cd), differentiable; of unit length under cosine similarity, so that the commitment loss
@@ -328,29 +336,8 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const at::Tensor commitment =
       counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, codes) : grouped.sum() * 0;
   result.losses["commitment"] = commitment * options_.commitment_weight();
-  // Without the EMA and dead codes a training call keeps no statistics: no update, no collective.
-  const bool keeps_statistics = options_.ema_update() || options_.threshold_ema_dead_code() > 0;
-  const bool trains_codebook = keeps_statistics && !ctx.freeze_codebook;
   // The affine statistics follow every training call, frozen codebook or not, as the reference's.
-  if (may_change_state && (trains_codebook || options_.affine_param())) {
-    // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
-    auto update = [this, trains_codebook, tokens = counted_tokens, indices = only_counted(indices),
-                   generator = or_default(ctx.generator)](Reducer& r) {
-      torch::NoGradGuard no_grad;
-      // The statistics first, then the EMA of the tokens moved into the codebooks' frame with them
-      // (dead codes are replaced by tokens as they come, as the reference's).
-      if (options_.affine_param()) update_affine(tokens, r);
-      if (!trains_codebook) return;
-      ema_update(options_.affine_param() ? in_codebook_frame(tokens) : tokens, indices, r);
-      if (options_.threshold_ema_dead_code() > 0) expire_dead_codes(tokens, r, generator);
-    };
-    if (ctx.defer_updates) {
-      result.update = std::move(update);
-    } else {
-      LocalReducer local;
-      update(ctx.reducer ? *ctx.reducer : local);
-    }
-  }
+  if (may_change_state) result.update = state_update(counted_tokens, only_counted(indices), ctx, true, call);
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
   // codebook before the update (its gradient is still taken at the updated codebook: OrthogonalLoss).
   if (options_.orthogonal_reg_weight() > 0) {
@@ -360,6 +347,150 @@ QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   result.indices = ungroup_indices(indices, b, n);
   apply_mask(mask, result.quantized, result.indices);
   return result;
+}
+
+std::function<void(Reducer&)> Vq::state_update(const at::Tensor& tokens, const at::Tensor& indices,
+                                               const QuantizeContext& ctx, bool affine, const VqUpdate& call) {
+  affine = affine && options_.affine_param();
+  // Without the EMA and dead codes a call keeps no statistics: no update, no collective.
+  const bool ema = call.ema_update.value_or(options_.ema_update());
+  const bool trains_codebook = (ema || options_.threshold_ema_dead_code() > 0) && !ctx.freeze_codebook;
+  if (!trains_codebook && !affine) return {};
+  VqUpdate per_call = call;
+  per_call.ema_update = ema;
+  // Captures the call's counted tokens and assignments; `this` must outlive a deferred update.
+  auto update = [this, trains_codebook, affine, tokens, indices, generator = or_default(ctx.generator),
+                 per_call](Reducer& r) {
+    torch::NoGradGuard no_grad;
+    // The statistics first, then the EMA of the tokens moved into the codebooks' frame with them
+    // (dead codes are replaced by tokens as they come, as the reference's).
+    if (affine) update_affine(tokens, r);
+    if (!trains_codebook) return;
+    ema_update(options_.affine_param() ? in_codebook_frame(tokens) : tokens, indices, r, per_call);
+    // An accumulating call leaves dead codes too, as the reference's; only training replaces them.
+    if (!per_call.accumulate && options_.threshold_ema_dead_code() > 0 && is_training()) {
+      expire_dead_codes(tokens, r, generator);
+    }
+  };
+  if (ctx.defer_updates) return update;
+  LocalReducer local;
+  update(ctx.reducer ? *ctx.reducer : local);
+  return {};
+}
+
+at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
+                          const at::Generator& generator, int64_t first_token) const {
+  torch::NoGradGuard no_grad;
+  uint64_t key = 0;
+  if (generator.defined()) {  // the key quantize's assign() draws for codebook 0: the same noise
+    at::Generator gen = generator;
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
+  }
+  const int64_t n = tokens.size(0);
+  const int64_t codes = codebook.size(0);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
+  at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
+  const at::Tensor code_norms = codebook.pow(2).sum(1);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
+    if (generator.defined()) {
+      const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
+      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+    }
+    out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
+  }
+  return out;
+}
+
+VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx) {
+  LOCKSTEP_CHECK_ARG(options_.heads() == 1,
+                     "vq: top-k codes need heads = 1 (as the reference's), got heads = ", options_.heads());
+  LOCKSTEP_CHECK_ARG(k >= 1, "vq: top-k takes k >= 1, got ", k);
+  k = std::min(k, options_.codebook_size());
+  const at::Tensor grouped = prepare(group_by_codebook(x));  // (1, M, cd)
+  const int64_t b = x.size(0);
+  const int64_t n = x.size(1);
+  const int64_t m = grouped.size(1);
+  const int64_t cd = options_.codebook_dim();
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  const at::Tensor tokens = grouped.detach();
+  const at::Tensor counted_tokens =
+      mask.defined() ? tokens.index_select(1, mask.reshape(-1).nonzero().squeeze(1)) : tokens;
+  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
+  const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
+  const at::Tensor codebook = searched_codebook()[0];  // (K, cd), differentiable when learned
+  const at::Tensor indices =
+      topk_codes(tokens[0], codebook, k, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * n);
+  const at::Tensor q = codebook.index_select(0, indices.reshape(-1)).reshape({m, k, cd});
+  const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
+  at::Tensor out;
+  if (!is_training()) {
+    out = token.requires_grad() ? q.detach() + (token - token.detach()) : q.detach();
+  } else if (options_.estimator() == VqEstimator::RotationTrick) {
+    out = rotate_to(token.reshape({-1, cd}), q.reshape({-1, cd})).reshape({m, k, cd});
+  } else {
+    out = token + (q - token).detach();
+  }
+  VqTopk result;
+  const at::Tensor codes = options_.learnable_codebook() && !ctx.freeze_codebook ? q : q.detach();
+  result.code_loss = (token - codes).pow(2).mean(-1).reshape({b, n, k});
+  if (options_.orthogonal_reg_weight() > 0) {
+    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
+  }
+  // The affine statistics follow the call, as the reference's codebook forward updates them.
+  if (may_change_state && options_.affine_param()) {
+    auto update = [this, counted_tokens](Reducer& r) {
+      torch::NoGradGuard no_grad;
+      update_affine(counted_tokens, r);
+    };
+    if (ctx.defer_updates) {
+      result.update = std::move(update);
+    } else {
+      LocalReducer local;
+      update(ctx.reducer ? *ctx.reducer : local);
+    }
+  }
+  if (project_out_) out = project_out_->forward(out);
+  result.quantized = out.reshape({b, n, k, options_.dim()}).to(x.scalar_type());
+  result.indices = indices.reshape({b, n, k});
+  if (mask.defined()) {
+    const at::Tensor padding = mask.logical_not();
+    result.quantized = result.quantized.masked_fill(padding.reshape({b, n, 1, 1}), 0.0);
+    result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
+    result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
+  }
+  return result;
+}
+
+std::function<void(Reducer&)> Vq::update_from(const at::Tensor& x, const at::Tensor& indices,
+                                              const QuantizeContext& ctx, const VqUpdate& call) {
+  torch::NoGradGuard no_grad;
+  const int64_t b = x.size(0);
+  const int64_t n = x.dim() == 3 ? x.size(1) : 0;
+  const int64_t heads = options_.heads();
+  const at::Tensor tokens = prepare(group_by_codebook(x)).detach();  // (C, M, cd)
+  LOCKSTEP_CHECK_ARG(
+      indices.numel() == b * n * heads && indices.size(0) == b, "vq: update_from takes the indices of x's tokens, (", b,
+      ", ", n, heads > 1 ? ::lockstep::detail::concat(", ", heads, ")") : std::string(")"), ", got ", indices.sizes());
+  const at::Tensor per_head = indices.to(torch::kInt64).reshape({b, n, heads});
+  const at::Tensor grouped = options_.separate_codebook_per_head() ? per_head.permute({2, 0, 1}).reshape({heads, -1})
+                                                                   : per_head.reshape({1, -1});
+  LOCKSTEP_CHECK_ARG(grouped.numel() == 0 || grouped.max().item<int64_t>() < options_.codebook_size(),
+                     "vq: update_from's indices must lie in [0, ", options_.codebook_size(), ") or be -1");
+  LOCKSTEP_CHECK_ARG(grouped.numel() == 0 || grouped.min().item<int64_t>() >= -1,
+                     "vq: update_from's indices must lie in [0, ", options_.codebook_size(), ") or be -1");
+  // What counts: tokens the mask keeps whose index is not -1 (for every codebook of the token).
+  at::Tensor counted = (grouped >= 0).all(0);  // (M)
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  if (mask.defined()) {
+    const int64_t per_token = options_.separate_codebook_per_head() ? 1 : heads;
+    counted = counted.logical_and(mask.reshape({b * n, 1}).expand({b * n, per_token}).reshape(-1));
+  }
+  const at::Tensor positions = counted.nonzero().squeeze(1);
+  return state_update(tokens.index_select(1, positions), grouped.index_select(1, positions), ctx, false, call);
 }
 
 // (C, M, cd) tokens of this holder -> (C, M_total, cd) of the global batch, in batch order.
@@ -397,16 +528,40 @@ void Vq::kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx) 
   initted_.fill_(1.0f);
 }
 
-void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer) {
+void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer, const VqUpdate& call) {
   const int64_t k = options_.codebook_size();
   const int64_t codebooks = tokens.size(0);
   std::vector<at::Tensor> stats = code_counts_and_sums(tokens, indices, k);
   reducer.sum_(stats, LOCKSTEP_CALL_SITE("vq.ema"));  // exactly once per training call, whatever the data
   stats = to_float_stats(stats);
-  const double weight = 1.0 - options_.decay();
-  cluster_size_.lerp_(stats[0].view({codebooks, k}), weight);
-  embed_avg_.lerp_(stats[1].view({codebooks, k, -1}), weight);
-  if (!options_.ema_update()) return;  // the sizes feed dead-code replacement; the codebook stays
+  at::Tensor counts = stats[0].view({codebooks, k});
+  at::Tensor sums = stats[1].view({codebooks, k, -1});
+  if (call.accumulate) {  // kept for the next update; the codebook stays
+    pending_counts_ = pending_counts_.defined() ? pending_counts_.to(counts.device()) + counts : counts.clone();
+    pending_sums_ = pending_sums_.defined() ? pending_sums_.to(sums.device()) + sums : sums.clone();
+    return;
+  }
+  // The weights see the call's own global statistics, as the reference's callable does.
+  at::Tensor weight = call.weight_fn ? call.weight_fn(sums, counts) : call.weight;
+  if (pending_counts_.defined()) {
+    counts = counts + pending_counts_.to(counts.device());
+    sums = sums + pending_sums_.to(sums.device());
+    pending_counts_ = at::Tensor();
+    pending_sums_ = at::Tensor();
+  }
+  const double rate = 1.0 - options_.decay();
+  if (weight.defined()) {
+    LOCKSTEP_CHECK_ARG((weight.dim() == 1 && weight.size(0) == k) ||
+                           (weight.dim() == 2 && weight.size(0) == codebooks && weight.size(1) == k),
+                       "vq: ema_update_weight must be (", k, ") or (", codebooks, ", ", k, "), got ", weight.sizes());
+    const at::Tensor per_code = (weight.to(cluster_size_.options()) * rate).expand({codebooks, k});
+    cluster_size_.lerp_(counts, per_code);
+    embed_avg_.lerp_(sums, per_code.unsqueeze(2));
+  } else {
+    cluster_size_.lerp_(counts, rate);
+    embed_avg_.lerp_(sums, rate);
+  }
+  if (!call.ema_update.value_or(options_.ema_update())) return;  // the sizes feed dead codes; the codebook stays
   // Laplace smoothing keeps every code's size positive without changing each codebook's total.
   const at::Tensor total = cluster_size_.sum(1, true);
   const double eps = options_.eps();

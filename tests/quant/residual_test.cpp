@@ -186,9 +186,51 @@ TEST(Residual, InvalidOptionsNameTheValue) {
             std::string::npos);
   EXPECT_NE(message(ResidualOptions(2).quantize_dropout_multiple_of(0)).find("quantize_dropout_multiple_of = 0"),
             std::string::npos);
+  EXPECT_NE(message(ResidualOptions(2).quant_grad_frac(NAN)).find("quant_grad_frac = nan"), std::string::npos);
+  // A size per layer is residual-vq's alone (FSQ layers have no codebook of their own size).
+  EXPECT_NE(message(ResidualOptions(2).codebook_sizes({4, 8})).find("codebook_sizes is residual-vq's"),
+            std::string::npos);
+  EXPECT_THROW(make_residual_vq(ResidualOptions(2).codebook_sizes({4, 8, 16}), VqOptions(3, 8)), InvalidArgument);
+  EXPECT_THROW(make_residual_vq(ResidualOptions(2).codebook_sizes({4, 0}), VqOptions(3, 8)), InvalidArgument);
   auto rvq = make_residual_vq(ResidualOptions(2), VqOptions(3, 8));
   EXPECT_THROW(rvq->decode(torch::zeros({1, 2, 3}, torch::kInt64)), InvalidArgument);
   EXPECT_THROW(rvq->quantize(torch::randn({1, 2, 4}), {}), InvalidArgument);
+}
+
+TEST(Residual, EachLayerHasTheCodebookSizeItIsGiven) {
+  auto rvq = make_residual_vq(ResidualOptions(3).codebook_sizes({5, 12, 7}), VqOptions(4, 99), seeded(1));
+  std::vector<int64_t> sizes;
+  for (const auto& layer : rvq->layers()) sizes.push_back(layer->codebook_size());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{5, 12, 7}));
+  EXPECT_EQ(rvq->codebook_size(), 5);  // the first layer's, as the reference reports it
+  rvq->eval();
+  const at::Tensor x = torch::randn({2, 40, 4});
+  const QuantizerOutput out = rvq->quantize(x, {});
+  EXPECT_LT(out.indices.select(2, 0).max().item<int64_t>(), 5);
+  EXPECT_TRUE(torch::allclose(rvq->decode(out.indices), out.quantized, 1e-6, 1e-6));
+}
+
+// quant_grad_frac f: r_l = r_{l-1} - (f q_l + (1 - f) sg(q_l)), so a later layer's loss reaches the input
+// also through the codes of the layers before it; 0 detaches them (the loss's gradient is then the
+// straight-through one of each layer alone).
+TEST(Residual, QuantGradFracPassesThatShareOfTheGradientThroughEachLayersCodes) {
+  const at::Tensor x = torch::randn({2, 30, 4});
+  auto input_gradient = [&](double frac) {
+    auto rvq =
+        make_residual_vq(ResidualOptions(3).quant_grad_frac(frac),
+                         VqOptions(4, 16).estimator(VqEstimator::StraightThrough).commitment_weight(1.0), seeded(2));
+    const at::Tensor input = x.clone().requires_grad_(true);
+    const QuantizerOutput out = rvq->quantize(input, {nullptr, seeded(3)});
+    out.losses.at("layer2.commitment").backward();
+    return input.grad();
+  };
+  const at::Tensor none = input_gradient(0.0), half = input_gradient(0.5), whole = input_gradient(1.0);
+  // Straight-through layers pass their gradient to their input as is: dr_l/dr_{l-1} = 1 - f, so layer
+  // 2's commitment gradient reaches x times (1 - f)^2 (exact in float for f = 1/2 and 1).
+  EXPECT_GT(none.abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(half, none * 0.25));
+  EXPECT_TRUE(torch::equal(whole, torch::zeros_like(none)));
+  EXPECT_TRUE(torch::equal(input_gradient(-1.0), none));  // <= 0 detaches, as the reference's frac_gradient
 }
 
 }  // namespace

@@ -366,7 +366,8 @@ void expect_invalid(const VqOptions& options, const std::string& fragment) {
 TEST(Vq, InvalidOptionsNameTheValue) {
   expect_invalid(VqOptions(4, 0), "codebook_size = 0");
   expect_invalid(VqOptions(0, 8), "dim = 0");
-  expect_invalid(VqOptions(4, 8).decay(1.0), "decay = 1");
+  expect_invalid(VqOptions(4, 8).decay(1.25), "decay = 1.25");
+  expect_invalid(VqOptions(4, 8).eps(0), "eps = 0");
   expect_invalid(VqOptions(4, 8).decay(-0.25), "decay = -0.25");
   expect_invalid(VqOptions(4, 8).kmeans_iters(0), "kmeans_iters = 0");
   expect_invalid(VqOptions(4, 8).heads(0), "heads = 0");
@@ -392,6 +393,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   };
   o.real = [](const std::string& key) -> double {
     if (key == "decay") return 0.9;
+    if (key == "eps") return 1e-3;
     if (key == "commitment_weight") return 0.25;
     if (key == "threshold_ema_dead_code") return 0.0;
     if (key == "orthogonal_reg_weight") return 0.5;
@@ -414,6 +416,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_EQ(vq.dim(), 6);
   EXPECT_EQ(vq.codebook_size(), 20);
   EXPECT_DOUBLE_EQ(vq.options().decay(), 0.9);
+  EXPECT_DOUBLE_EQ(vq.options().eps(), 1e-3);
   EXPECT_DOUBLE_EQ(vq.options().commitment_weight(), 0.25);
   EXPECT_EQ(vq.options().kmeans_iters(), 3);
   EXPECT_EQ(vq.options().estimator(), VqEstimator::StraightThrough);

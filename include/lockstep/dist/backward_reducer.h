@@ -45,7 +45,9 @@ class LazyGroup {
             LazyGroupOptions options);
   int rank() const { return rank_; }  // known without communicating
   int size() const { return size_; }
-  std::shared_ptr<Group> get();
+  // The channel, made at the first call: `first_use` (the collective that needs it) is the site its
+  // first collective (the identity's comparison) reports, so that a rank left waiting there names it.
+  std::shared_ptr<Group> get(const CallSite& first_use = LOCKSTEP_CALL_SITE("the channel's first use"));
 
   // Backward runs inside torch's autograd engine, which hands an exception to Python as RuntimeError
   // unless the exception names its Python type: the bindings translate ours (CollectiveMismatch...).

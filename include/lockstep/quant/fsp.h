@@ -21,6 +21,10 @@ namespace lockstep::quant {
 enum class FspActivation { Tanh, Sigmoid, Normal, Laplace, Cauchy };
 FspActivation fsp_activation(const std::string& name);  // "tanh", ...; InvalidArgument listing them
 std::string fsp_activation_name(FspActivation activation);
+// The CDF, elementwise: (-inf, inf) -> [0, 1]; differentiable. The reference's build_cdf_act pair.
+at::Tensor fsp_activate(FspActivation activation, const at::Tensor& z);
+// Its inverse, elementwise: (0, 1) -> (-inf, inf); differentiable.
+at::Tensor fsp_invert(FspActivation activation, const at::Tensor& p);
 
 // The regulariser's targets and weights, for mean, variance, skewness and excess kurtosis in that
 // order: sum_k weight_k * mean over channels of (statistic_k - target_k)^2.
@@ -125,8 +129,6 @@ class Fsp final : public Quantizer {
 
  private:
   at::Tensor latents(const at::Tensor& x);                  // (b, n, dim) -> (b, n, cd), projected in
-  at::Tensor activate(const at::Tensor& z) const;           // the CDF, elementwise
-  at::Tensor invert(const at::Tensor& p) const;             // its inverse
   at::Tensor bins(const at::Tensor& act) const;             // (.., cd) -> float bin of each channel
   at::Tensor value_of(const at::Tensor& act_of_bin) const;  // the output before project_out
   // The uniform draws in [0, 1) of each element of z (b, n, cd) for perturbation and selection.

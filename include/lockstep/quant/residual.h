@@ -35,14 +35,29 @@ struct ResidualOptions {
     quantize_dropout_multiple_of_ = m;
     return *this;
   }
+  // The share of each layer's output gradient that reaches the residual the next layers quantize
+  // (r_l = r_{l-1} - (f q_l + (1 - f) sg(q_l))): 0 (or less) detaches it, as the reference's default.
+  ResidualOptions& quant_grad_frac(double f) {
+    quant_grad_frac_ = f;
+    return *this;
+  }
+  // residual-vq: each layer's codebook size, one per layer (the reference's codebook_size tuple); empty
+  // means the layer options' size for every layer.
+  ResidualOptions& codebook_sizes(std::vector<int64_t> sizes) {
+    codebook_sizes_ = std::move(sizes);
+    return *this;
+  }
 
   int64_t num_quantizers() const { return num_quantizers_; }
   bool quantize_dropout() const { return quantize_dropout_; }
   int64_t quantize_dropout_cutoff_index() const { return quantize_dropout_cutoff_index_; }
   int64_t quantize_dropout_multiple_of() const { return quantize_dropout_multiple_of_; }
+  double quant_grad_frac() const { return quant_grad_frac_; }
+  const std::vector<int64_t>& codebook_sizes() const { return codebook_sizes_; }
 
   // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
-  // multiple_of < 1.
+  // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
+  // size >= 1 per layer.
   void validate() const;
 
  private:
@@ -50,6 +65,8 @@ struct ResidualOptions {
   bool quantize_dropout_ = false;
   int64_t quantize_dropout_cutoff_index_ = 0;
   int64_t quantize_dropout_multiple_of_ = 1;
+  double quant_grad_frac_ = 0;
+  std::vector<int64_t> codebook_sizes_;
 };
 
 class Residual final : public Quantizer {
@@ -63,7 +80,7 @@ class Residual final : public Quantizer {
 
   std::string kind() const override { return kind_; }
   int64_t dim() const override { return dim_; }
-  // The first layer's; layers may differ (residual-vq layers share K by construction).
+  // The first layer's; layers may differ (ResidualOptions::codebook_sizes).
   int64_t codebook_size() const override { return layers_.front()->codebook_size(); }
   // The layers' indices side by side: (b, n, sum of their num_indices()).
   int64_t num_indices() const override { return num_indices_; }
@@ -96,7 +113,8 @@ class Residual final : public Quantizer {
   torch::nn::Linear project_out_{nullptr};
 };
 
-// Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`).
+// Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`), of
+// options.codebook_sizes() codes each when given.
 std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
                                            at::Generator generator = {});
 // Q FSQ layers with the symmetric bound; layer l sees the residual divided by levels^-l per dimension

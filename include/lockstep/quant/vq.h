@@ -2,7 +2,10 @@
 // al. 2019), as defined in docs/quantizers.md section "VQ" after lucidrains/vector-quantize-pytorch.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
 
 #include <torch/nn/modules/linear.h>
 
@@ -21,6 +24,10 @@ struct VqOptions {
 
   VqOptions& dim(int64_t d) {
     dim_ = d;
+    return *this;
+  }
+  VqOptions& codebook_size(int64_t k) {
+    codebook_size_ = k;
     return *this;
   }
   VqOptions& decay(double v) {
@@ -150,7 +157,7 @@ struct VqOptions {
   int64_t num_codebooks() const { return separate_codebook_per_head_ ? heads_ : 1; }
 
   // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
-  // outside [0, 1), eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
+  // outside [0, 1], eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
   // learnable_codebook with ema_update or with cosine similarity, affine_param with cosine
   // similarity, an affine decay outside [0, 1).
   void validate() const;
@@ -179,6 +186,30 @@ struct VqOptions {
   double affine_param_codebook_decay_ = 0.9;
 };
 
+// What one call may change about the EMA update (vector-quantize-pytorch's forward arguments).
+struct VqUpdate {
+  // Per-code weights of the update, (C, K) or (K,): code k's statistics move by (1 - decay) w_k toward the
+  // call's (0 keeps them). Undefined: 1 for every code.
+  at::Tensor weight;
+  // The weights from the call's global statistics, weight_fn(embed_sum (C, K, cd), cluster_size (C, K)),
+  // when set (it takes precedence over `weight`).
+  std::function<at::Tensor(const at::Tensor& embed_sum, const at::Tensor& cluster_size)> weight_fn;
+  // Adds the call's global statistics to those pending and leaves the codebook (and dead codes) as they
+  // are; the next update that does not accumulate folds the pending statistics into its own.
+  bool accumulate = false;
+  // This call's ema_update: false tracks the statistics without moving the codebook. Unset: the option's.
+  std::optional<bool> ema_update;
+};
+
+// A search of each token's k best codes (the reference's forward(x, topk=k)); see Vq::quantize_topk.
+struct VqTopk {
+  at::Tensor quantized;  // (b, n, k, dim): each code projected out, with the estimator's gradient in training
+  at::Tensor indices;    // (b, n, k) int64, best first; -1 at masked tokens
+  at::Tensor code_loss;  // (b, n, k): mean((token - code)^2) over the code, unweighted; 0 at masked tokens
+  std::map<std::string, at::Tensor> losses;  // scalar terms of the call ("orthogonal")
+  std::function<void(Reducer&)> update;      // deferred (QuantizeContext::defer_updates); empty when none
+};
+
 class Vq final : public Quantizer {
  public:
   // The initial codebooks are Kaiming-uniform drawn from `generator`, or from torch's default CPU
@@ -198,6 +229,19 @@ class Vq final : public Quantizer {
   // (k-means seeds, dead-code samples, stochastic sampling) comes from ctx.generator, else torch's
   // default generator. Losses: "commitment", and "orthogonal" when its weight > 0.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  // quantize() with this call's EMA update changed as `update` says.
+  QuantizerOutput quantize_with(const at::Tensor& x, const QuantizeContext& ctx, const VqUpdate& update);
+  // Each token's k best codes (k at most K; heads = 1, as the reference): the nearest, or in training with
+  // stochastic_sample_codes the k largest of the Gumbel-perturbed logits (the same draws as quantize's). No
+  // EMA update and no dead codes, as the reference's top-k search (k-means initialisation and the affine
+  // statistics still follow a training call); pick codes and call update_from() for that.
+  VqTopk quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx);
+  // The EMA update and dead-code replacement of tokens x (b, n, dim) with codes chosen elsewhere, `indices`
+  // (b, n) or (b, n, heads) (the reference's update_indices): a token with index -1, or masked out by
+  // ctx.mask, counts in nothing. Returns the update, to run once with a reducer (its collectives); empty
+  // when nothing is trained (ema_update and dead codes off, or ctx.freeze_codebook).
+  std::function<void(Reducer&)> update_from(const at::Tensor& x, const at::Tensor& indices, const QuantizeContext& ctx,
+                                            const VqUpdate& update = {});
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
   // x (b, n, dim) -> each code's logit for each token, (b, n, K) or (b, n, heads, K): minus the
@@ -240,7 +284,15 @@ class Vq final : public Quantizer {
   at::Tensor in_codebook_frame(const at::Tensor& tokens) const;
   at::Tensor orthogonal_loss() const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
-  void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer);
+  void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer, const VqUpdate& update);
+  // The state update of counted tokens (C, M, cd) assigned `indices` (C, M) (affine statistics, EMA, dead
+  // codes), deferred or run at once as ctx says; what quantize and update_from share.
+  std::function<void(Reducer&)> state_update(const at::Tensor& tokens, const at::Tensor& indices,
+                                             const QuantizeContext& ctx, bool affine, const VqUpdate& update);
+  // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
+  // `generator` is defined.
+  at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
+                        int64_t first_token) const;
   void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;
@@ -252,6 +304,9 @@ class Vq final : public Quantizer {
   at::Tensor embed_avg_;
   at::Tensor initted_;
   at::Tensor batch_mean_, batch_variance_, codebook_mean_, codebook_variance_, affine_initted_;  // affine_param
+  // Global statistics accumulated by VqUpdate::accumulate, not yet folded in: counts (C, K), sums (C, K, cd).
+  // Not state (as the reference keeps them in the buffers' .grad): undefined when none are pending.
+  at::Tensor pending_counts_, pending_sums_;
 };
 
 // The rotation trick's output (n, d) for tokens x (n, d) and their codes q (n, d): value q,
