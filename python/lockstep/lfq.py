@@ -1,4 +1,5 @@
 """Lookup-free quantization (vector_quantize_pytorch.LFQ's arguments and return values)."""
+import math
 from collections import namedtuple
 
 import torch
@@ -59,10 +60,23 @@ def check_forward_options(module_name, made_with, inv_temperature=None):
 
 
 def lfq_padding_mask(module_name, x, mask, channel_first):
-    """forward's mask (b, n) for (b, n, dim) tokens: padding kept out of the entropy and the commitment
-    loss and quantized as any token, as the reference's LFQ does; ValueError for maps."""
-    if mask is not None and channel_first:
-        raise ValueError(f"{module_name}: a mask is for (b, n, dim) tokens, not channel-first input")
+    """forward's mask, as the tokens' (b, n) bool mask (n the tokens of an item, a map's positions
+    flattened): the reference takes (b,), the items that count (tokens or maps), and (b, n) for tokens;
+    lockstep also (b, ...) for a map's positions. What it leaves out is kept out of the entropy and the
+    commitment loss and quantized as any token, as the reference's LFQ does."""
+    if mask is None:
+        return None
+    mask = torch.as_tensor(mask, device=x.device)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{module_name}: mask must be bool, got {mask.dtype}")
+    spatial = x.shape[2:] if channel_first else x.shape[1:-1]
+    if mask.shape == x.shape[:1]:  # whole items
+        return mask.reshape(-1, 1).expand(x.shape[0], math.prod(spatial))
+    if channel_first:
+        if mask.shape != (x.shape[0], *spatial):
+            raise ValueError(f"{module_name}: a mask of a map is (b,) or (b, ...) = {(x.shape[0], *spatial)}; "
+                             f"got {tuple(mask.shape)}")
+        return mask.reshape(x.shape[0], -1)
     return padding_mask(module_name, x, mask, None)
 
 

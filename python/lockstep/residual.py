@@ -107,8 +107,9 @@ class ResidualVQ(_Residual):
                  collective_timeout=300.0, **vq_kwargs):
         mlp_kwargs = mlp_kwargs or MappingProxyType({})  # None as the reference's default, an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
-                      ("shared_codebook", "diveq", "implicit_neural_codebook", "mlp_kwargs", "beam_size",
-                       "eval_beam_size", "beam_score_quantizer_weights"))
+                      ("shared_codebook", "diveq", "implicit_neural_codebook", "mlp_kwargs"))
+        if eval_beam_size is not None and beam_size is None:  # the reference's assertion
+            raise AssertionError("lockstep.ResidualVQ: eval_beam_size needs beam_size, as the reference's")
         if heads != 1:  # the reference's own assertion
             raise AssertionError("lockstep.ResidualVQ: heads must be 1 (residual vq is not compatible with "
                                  "multi-headed codes, as in the reference)")
@@ -135,6 +136,14 @@ class ResidualVQ(_Residual):
         options["quant_grad_frac"] = max(0.0, float(quant_grad_frac))
         if sizes is not None and len(set(sizes)) > 1:
             options["codebook_sizes"] = sizes
+        # Beam search over the layers' codes (liblockstep's Residual::quantize_beam), the reference's widths.
+        options["beam_size"] = int(beam_size or 0)
+        options["eval_beam_size"] = int(eval_beam_size or 0)
+        if beam_score_quantizer_weights is not None:
+            if len(beam_score_quantizer_weights) != num_quantizers:  # the reference's assertion
+                raise AssertionError(f"lockstep.ResidualVQ: beam_score_quantizer_weights has "
+                                     f"{len(beam_score_quantizer_weights)} weights, num_quantizers={num_quantizers}")
+            options["beam_score_weights"] = [float(w) for w in beam_score_quantizer_weights]
         super().__init__("residual-vq", options, seed, process_group, collective_timeout,
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1._codebook.", name))
         self.codebook_sizes = tuple(sizes) if sizes is not None else (int(codebook_size),) * num_quantizers
@@ -143,6 +152,8 @@ class ResidualVQ(_Residual):
         self.codebook_dim = int(codebook_dim) if codebook_dim is not None else int(dim)
         self.has_projections = self.codebook_dim != int(dim)
         self.quant_grad_frac = float(quant_grad_frac)
+        self.beam_size = beam_size
+        self.eval_beam_size = eval_beam_size if eval_beam_size is not None else beam_size
         self.accept_image_fmap = accept_image_fmap
         self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
         self.freeze_codebook = freeze_codebook
@@ -168,19 +179,21 @@ class ResidualVQ(_Residual):
 
     def forward(self, x, mask=None, indices=None, return_all_codes=False, sample_codebook_temp=None,
                 freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):
-        refuse_forward_options("lockstep.ResidualVQ", sample_codebook_temp=sample_codebook_temp, beam_size=beam_size,
+        refuse_forward_options("lockstep.ResidualVQ", sample_codebook_temp=sample_codebook_temp,
                                rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         if x.ndim == 2 and not self.accept_image_fmap and mask is None and indices is None:
             return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes,
-                                            freeze_codebook=freeze_codebook)
+                                            freeze_codebook=freeze_codebook, beam_size=beam_size)
         # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
         mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
         if indices is not None:
             indices = self._given_indices(x, indices, mask)
         # The layers' freeze_codebook holds unless forward freezes them (the reference's forward default,
         # False, overrides its layers' setting: a deliberate difference).
+        # A beam given to forward replaces the module's (beam_size in training, eval_beam_size in evaluation).
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
-                                              self.freeze_codebook or bool(freeze_codebook))
+                                              self.freeze_codebook or bool(freeze_codebook),
+                                              beam_size=None if beam_size is None else int(beam_size))
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         losses = self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order

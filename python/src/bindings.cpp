@@ -114,14 +114,21 @@ OptionValue option_value(const std::string& key, const py::handle& value) {
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
   if (py::isinstance<py::str>(value)) return value.cast<std::string>();
   if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
-    std::vector<int64_t> items;
+    // Integers make a list of integers; a float among them, a list of numbers (the declaration decides).
+    std::vector<int64_t> ints;
+    std::vector<double> numbers;
+    bool any_float = false;
     for (const py::handle item : value) {
-      if (!py::isinstance<py::int_>(item) || py::isinstance<py::bool_>(item)) {
-        throw py::type_error("option '" + key + "' must be a list of integers");
+      const bool is_int = py::isinstance<py::int_>(item) && !py::isinstance<py::bool_>(item);
+      if (!is_int && !py::isinstance<py::float_>(item)) {
+        throw py::type_error("option '" + key + "' must be a list of integers or of numbers");
       }
-      items.push_back(item.cast<int64_t>());
+      any_float = any_float || !is_int;
+      numbers.push_back(item.cast<double>());
+      if (is_int) ints.push_back(item.cast<int64_t>());
     }
-    return items;
+    if (any_float) return numbers;
+    return ints;
   }
   throw py::type_error("option '" + key + "' must be a bool, an int, a float, a string or a list of ints, not " +
                        std::string(py::str(py::type::handle_of(value).attr("__name__"))));
@@ -184,7 +191,8 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
                                                const std::optional<at::Tensor>& mask, bool freeze_codebook,
-                                               const lockstep::quant::VqUpdate* vq_update = nullptr) {
+                                               const lockstep::quant::VqUpdate* vq_update = nullptr,
+                                               std::optional<int64_t> beam_size = std::nullopt) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
@@ -203,6 +211,11 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
   const lockstep::quant::NoAutocast fp32;
   const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
   if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
+  if (beam_size) {
+    auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
+    LOCKSTEP_CHECK_ARG(residual, "a beam size given to a ", q.kind(), " quantizer, not a residual one");
+    return residual->quantize_beam(input, ctx, *beam_size);
+  }
   return q.quantize(input, ctx);
 }
 
@@ -295,7 +308,8 @@ PYBIND11_MODULE(_C, m) {
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
-             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
+             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
+             std::optional<int64_t> beam_size) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -306,7 +320,7 @@ PYBIND11_MODULE(_C, m) {
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
-                                  vq_call ? &vq_update : nullptr);
+                                  vq_call ? &vq_update : nullptr, beam_size);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
                   apply_update(update, group, step);
@@ -326,11 +340,11 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
-          py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
+          py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
-          "EMA update (quant/vq.h, VqUpdate). Issues no "
+          "EMA update (quant/vq.h, VqUpdate); residual-vq alone: beam_size, this call's beam search width. Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
@@ -528,6 +542,20 @@ PYBIND11_MODULE(_C, m) {
           py::arg("mask") = py::none(),
           "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
           "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
+      .def(
+          "lfq_entropy_subset",
+          [](Quantizer& q, const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            py::gil_scoped_release no_gil;
+            const lockstep::quant::NoAutocast fp32;
+            return lfq->entropy_subset(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                       call_context(x, seed, step, group, mask));
+          },
+          py::arg("x"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr, py::arg("mask") = py::none(),
+          "bool (b, n): the tokens a training call with these arguments counts in its entropy terms (the mask's, "
+          "and of those the frac_per_sample_entropy subset); no collective, no state change.")
       .def(
           "fsp_diagnostics",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,

@@ -127,3 +127,67 @@ def test_on_two_ranks_each_rank_s_breakdown_is_of_its_own_tokens():
     # the loss value it returns (docs/python.md: forward returns the rank's own values).
     for aux, weighted in run_ranks(2, _breakdown_ranks, torch.randn(4, 8, 6)):
         torch.testing.assert_close(weighted, aux, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(frac_per_sample_entropy=0.5), dict(spherical=True),
+                                     dict(codebook_size=2**8, num_codebooks=2, dim=16)],
+                         ids=["plain", "half_the_tokens", "spherical", "two_codebooks"])
+@pytest.mark.parametrize("items", [[False, False], [True, False], [True, True]], ids=["none", "one", "both"])
+def test_a_mask_of_items_keeps_them_out_of_the_losses_as_the_reference(options, items):
+    """The reference's masked LFQ takes a mask of the batch's items, (b,), for images too (its own test,
+    test_lfq.py): masked items are quantized as any, and count in neither entropy nor commitment."""
+    options = {"codebook_size": 2**16, "dim": 16, "entropy_loss_weight": 0.1, "commitment_loss_weight": 0.25,
+               **options}
+    torch.manual_seed(0)
+    reference, ours = ReferenceLFQ(**options), lockstep.LFQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    mask = torch.tensor(items)
+    x = torch.randn(2, 16, 6, 5)
+    (out_ref, idx_ref, _), terms_ref = reference(x, return_loss_breakdown=True, mask=mask)
+    (out, idx, aux), terms = ours(x, return_loss_breakdown=True, mask=mask)
+    assert torch.equal(idx, idx_ref.to(idx.dtype)) and (out == ours.indices_to_codes(idx)).all()
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    if not any(items):  # nothing counts: zero terms (the reference's mean of nothing is nan)
+        assert all(float(t) == 0 for t in terms) and float(aux) == 0
+        return
+    kept = x[mask]  # the counted items alone, unmasked: what the masked call's terms are
+    (_, _, aux_kept), terms_kept = ours(kept, return_loss_breakdown=True)
+    if options.get("frac_per_sample_entropy", 1) == 1:
+        torch.testing.assert_close(terms.per_sample_entropy, terms_ref.per_sample_entropy, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(terms.batch_entropy, terms_ref.batch_entropy, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(terms.commitment, terms_ref.commitment, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(aux, aux_kept, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(terms.commitment, terms_kept.commitment, atol=1e-6, rtol=1e-5)
+
+
+def _brute_force_per_sample_entropy(module, tokens, inv_temperature=100.0):
+    """mean over tokens of H(softmax over every code of 2 inv_t <z, c>), the reference's formula without its
+    log clamp, from the whole (K, bits) codebook: tokens (N, dim) already in code space."""
+    bits = int(module.codebook_size).bit_length() - 1
+    codes = ((torch.arange(module.codebook_size)[:, None] >> torch.arange(bits - 1, -1, -1)) & 1) * 2.0 - 1.0
+    logits = 2 * inv_temperature * tokens.double() @ (codes.double() * module._code_value).t()
+    p = logits.softmax(-1)
+    return -(p * logits.log_softmax(-1)).sum(-1).mean()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tokens(masked):
+    """frac_per_sample_entropy < 1: the per-sample entropy is the brute-force value over the tokens the call
+    drew (lfq_entropy_subset names them), to 1e-5; about that share of the counted tokens is drawn, and the
+    next step draws others."""
+    torch.manual_seed(0)
+    ours = lockstep.LFQ(codebook_size=2**10, entropy_loss_weight=0.1, frac_per_sample_entropy=0.1, seed=3)
+    x = torch.randn(2, 10, 16, 16)
+    mask = torch.tensor([True, False]) if masked else None
+    (_, _, _), terms = ours(x, return_loss_breakdown=True, mask=mask)
+    tokens = x.movedim(1, -1).reshape(2, -1, 10)
+    token_mask = None if mask is None else mask[:, None].expand(2, tokens.shape[1])
+    subset = ours._core.lfq_entropy_subset(tokens, ours.seed, ours._steps, None, token_mask)
+    counted = tokens.shape[1] * (1 if masked else 2)
+    assert 0.05 * counted < int(subset.sum()) < 0.15 * counted
+    if masked:
+        assert not subset[1].any()
+    expected = _brute_force_per_sample_entropy(ours, tokens[subset])
+    torch.testing.assert_close(terms.per_sample_entropy.double(), expected, atol=1e-5, rtol=1e-5)
+    ours.step = 1
+    assert not torch.equal(ours._core.lfq_entropy_subset(tokens, ours.seed, ours._steps, None, token_mask), subset)

@@ -282,8 +282,13 @@ def test_lfq_padding_counts_in_no_loss():
     torch.testing.assert_close(loss, packed, atol=1e-6, rtol=1e-6)
     _, _, other = lfq(torch.where(mask.unsqueeze(-1), x, 100.0), mask=mask)  # whatever the padding holds
     torch.testing.assert_close(other, loss, atol=1e-6, rtol=1e-6)
-    with pytest.raises(ValueError, match="channel-first"):
+    with pytest.raises(ValueError, match=r"a mask of a map is \(b,\) or \(b, ...\) = \(2, 3, 3\); got \(2, 9\)"):
         lfq(torch.randn(2, 4, 3, 3), mask=torch.ones(2, 9, dtype=torch.bool))
+    maps = torch.randn(2, 4, 3, 3)  # a map's positions (b, h, w) count as its tokens
+    position_mask = torch.rand(2, 3, 3) > 0.5
+    _, _, of_positions = lfq(maps, mask=position_mask)
+    _, _, of_tokens = lfq(maps.movedim(1, -1).reshape(2, 9, 4), mask=position_mask.reshape(2, 9))
+    torch.testing.assert_close(of_positions, of_tokens)
 
 
 def _lfq_masked_ranks(rank, world, x, lens):

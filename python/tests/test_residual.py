@@ -282,3 +282,76 @@ def test_one_token_per_item_as_the_reference_takes_it(name, options):
     ours.train()
     out, _, losses = ours(x.clone().requires_grad_(True))[:3]
     assert out.shape == x.shape and losses.requires_grad  # trains as tokens (b, 1, dim)
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=2), dict(beam_size=3, eval_beam_size=2, codebook_dim=6),
+                                     dict(beam_size=2, beam_score_quantizer_weights=[1.0, 0.5, 0.25]),
+                                     dict(beam_size=4, use_cosine_sim=True, quant_grad_frac=0.2)],
+                         ids=["beam_2", "beam_3_projected", "weighted_scores", "beam_4_cosine_grad_frac"])
+def test_beam_search_matches_the_reference(options):
+    """Each token's `beam_size` best paths through the layers' codes, scored by their codes' weighted
+    commitment losses: the chosen codes, output, per-layer losses and gradients of a training step, then
+    evaluation (eval_beam_size) and forward's own beam_size. Each layer's EMA update takes the chosen path's
+    residuals and codes; the reference updates the first layer alone (its `all_residuals[..., 0, :]` picks
+    layer 0's residual, not the best path's, and the zip over layers stops there: a deliberate difference,
+    docs/python.md), so the codebooks are compared for layer 0, and the other layers' cluster sizes
+    against the chosen codes' counts."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, decay=0.5, **options)
+    ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, decay=0.5, **options)
+    initial = {key: value.clone() for key, value in reference.state_dict().items()}
+    compare_training_steps(reference, ours, (2, 30, 12), 1, ["layers.0._codebook.embed",
+                                                             "layers.0._codebook.cluster_size"])
+    torch.manual_seed(5)
+    x = torch.randn(2, 30, 12)
+    reference.load_state_dict(initial)
+    ours.load_reference_state_dict(initial)
+    out, idx, loss = ours(x)
+    (out.sum() + loss.sum()).backward()
+    for q in range(3):  # decay 0.5 of ones toward each code's count on the chosen paths
+        counts = torch.bincount(idx[..., q].flatten(), minlength=16).float()
+        torch.testing.assert_close(ours.state_dict()[f"layers.{q}._codebook.cluster_size"][0], 0.5 + 0.5 * counts)
+    ours.load_reference_state_dict(initial)
+    reference.eval()
+    ours.eval()
+    out_ref, idx_ref, loss_ref = reference(x)
+    out, idx, loss = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    greedy_ref = reference(x, beam_size=1)  # forward's beam_size replaces the module's
+    greedy = ours(x, beam_size=1)
+    assert torch.equal(greedy[1], greedy_ref[1])
+    assert not torch.equal(greedy[1], idx)  # the search chose other codes than the greedy layers
+
+
+def test_a_beam_search_finds_a_path_no_worse_than_the_greedy_one():
+    torch.manual_seed(1)
+    rvq = lockstep.ResidualVQ(dim=8, num_quantizers=4, codebook_size=16, eval_beam_size=None, beam_size=None).eval()
+    x = torch.randn(4, 50, 8)
+    greedy = rvq(x)[0]
+    beam = rvq(x, beam_size=4)[0]
+    # the search minimises the summed per-layer losses, which for the whole path track its error
+    assert (beam - x).pow(2).mean() <= (greedy - x).pow(2).mean() + 1e-6
+
+
+def test_a_masked_beam_search_matches_the_reference():
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, beam_size=2)
+    ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, beam_size=2)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 20, 12)
+    mask = torch.rand(2, 20) > 0.4
+    out_ref, idx_ref, loss_ref = reference(x, mask=mask)
+    out, idx, loss = ours(x, mask=mask)
+    assert torch.equal(idx, idx_ref) and (idx[~mask] == -1).all()
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    (out.sum() + loss.sum()).backward()
+    for name in ("embed", "cluster_size", "embed_avg"):  # layer 0: the reference updates no other
+        key = f"layers.0._codebook.{name}"
+        torch.testing.assert_close(ours.state_dict()[key], reference.state_dict()[key], atol=1e-5, rtol=1e-5)
+    for q in range(3):  # the padding counts in no layer's statistics
+        assert float(ours.state_dict()[f"layers.{q}._codebook.cluster_size"].sum()) == pytest.approx(
+            0.8 * 16 + 0.2 * float(mask.sum()), rel=1e-5)

@@ -150,10 +150,26 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 at::Tensor Lfq::entropy_tokens(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const {
   const int64_t c = options_.num_codebooks();
   const at::Tensor tokens = z.reshape({-1, c, bits_});  // (N, c, bits)
-  const int64_t local_tokens = tokens.size(0);
   if (options_.frac_per_sample_entropy() >= 1) {
     return mask.defined() ? tokens.index_select(0, mask.reshape(-1).nonzero().squeeze(1)) : tokens;
   }
+  return tokens.index_select(0, entropy_positions(z, mask, ctx).to(tokens.device()));
+}
+
+at::Tensor Lfq::entropy_subset(const at::Tensor& x, const QuantizeContext& ctx) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor mask = checked_mask(ctx, x, "lfq");
+  const at::Tensor z = to_code_space(x);
+  at::Tensor subset = torch::zeros({x.size(0) * x.size(1)}, torch::kBool);
+  if (options_.frac_per_sample_entropy() >= 1) {
+    return mask.defined() ? mask.to(at::kCPU) : torch::ones({x.size(0), x.size(1)}, torch::kBool);
+  }
+  subset.index_fill_(0, entropy_positions(z, mask, ctx), true);
+  return subset.reshape({x.size(0), x.size(1)});
+}
+
+at::Tensor Lfq::entropy_positions(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const {
+  const int64_t local_tokens = z.numel() == 0 ? 0 : z.size(0) * z.size(1);
   // Each token joins the entropy subset with probability frac, decided by a hash of its global
   // position: W ranks choose exactly the tokens one process holding the batch would. (The
   // reference takes exactly int(N * frac) tokens at random; the count here is binomial.)
@@ -174,7 +190,7 @@ at::Tensor Lfq::entropy_tokens(const at::Tensor& z, const at::Tensor& mask, cons
       chosen.push_back(t);
     }
   }
-  return tokens.index_select(0, torch::tensor(chosen, torch::kInt64).to(tokens.device()));
+  return torch::tensor(chosen, torch::kInt64);
 }
 
 at::Tensor Lfq::commitment_of(const at::Tensor& z, const at::Tensor& q, const at::Tensor& mask) {

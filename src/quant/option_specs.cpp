@@ -48,6 +48,9 @@ Spec real(std::string key, double value, std::string help) {
 Spec int_list(std::string key, std::vector<int64_t> value, std::string help) {
   return option(std::move(key), OptionSpec::Type::IntList, std::move(value), std::move(help));
 }
+Spec float_list(std::string key, std::vector<double> value, std::string help) {
+  return option(std::move(key), OptionSpec::Type::FloatList, std::move(value), std::move(help));
+}
 Spec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
   Spec spec = option(std::move(key), OptionSpec::Type::String, std::move(value), std::move(help));
   spec.s.choices = std::move(choices);
@@ -250,6 +253,15 @@ OptionSection residual_section() {
                     "residual-vq: each layer's codebook size, one per layer; empty means quantizer.vq.codebook_size "
                     "for every layer.")
                .in_range(1, 1 << 20)
+               .length(0, 64),
+           integer("beam_size", d.beam_size(),
+                   "residual-vq: training searches this many candidate paths through the layers' codes (beam "
+                   "search); 0 or 1 takes each layer's nearest code.")
+               .in_range(0, 64),
+           integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.").in_range(0, 64),
+           float_list("beam_score_weights", d.beam_score_weights(),
+                      "residual-vq: each layer's weight in a path's score (minus the weighted sum of its codes' "
+                      "losses), one per layer; empty means 1 for every layer.")
                .length(0, 64)}};
 }
 
@@ -286,6 +298,8 @@ const char* type_name(OptionSpec::Type t) {
       return "a list of integers";
     case OptionSpec::Type::String:
       return "a string";
+    case OptionSpec::Type::FloatList:
+      return "a list of numbers";
   }
   return "?";
 }
@@ -312,12 +326,17 @@ OptionValue checked_override(const std::string& name, const OptionValue& given) 
   if (spec->type == OptionSpec::Type::Float && std::holds_alternative<int64_t>(value)) {
     value = static_cast<double>(std::get<int64_t>(value));
   }
+  if (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<int64_t>>(value)) {
+    const auto& ints = std::get<std::vector<int64_t>>(value);  // [1, 2] is a list of numbers too
+    value = std::vector<double>(ints.begin(), ints.end());
+  }
   const bool type_ok =
       (spec->type == OptionSpec::Type::Bool && std::holds_alternative<bool>(value)) ||
       (spec->type == OptionSpec::Type::Int && std::holds_alternative<int64_t>(value)) ||
       (spec->type == OptionSpec::Type::Float && std::holds_alternative<double>(value)) ||
       (spec->type == OptionSpec::Type::IntList && std::holds_alternative<std::vector<int64_t>>(value)) ||
-      (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value));
+      (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value)) ||
+      (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<double>>(value));
   LOCKSTEP_CHECK_ARG(type_ok, "quantizer option '", name, "' must be ", type_name(spec->type));
   if (const auto* text = std::get_if<std::string>(&value)) {
     LOCKSTEP_CHECK_ARG(
@@ -351,6 +370,7 @@ OptionReader default_option_reader(const std::string& section, std::map<std::str
   r.boolean = [section, o](const std::string& key) { return declared<bool>(section, key, *o); };
   r.int_list = [section, o](const std::string& key) { return declared<std::vector<int64_t>>(section, key, *o); };
   r.string = [section, o](const std::string& key) { return declared<std::string>(section, key, *o); };
+  r.float_list = [section, o](const std::string& key) { return declared<std::vector<double>>(section, key, *o); };
   r.section = [o](const std::string& other) { return default_option_reader(other, *o); };
   return r;
 }

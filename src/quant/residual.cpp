@@ -23,6 +23,11 @@ void ResidualOptions::validate() const {
   for (int64_t k : codebook_sizes_) {
     LOCKSTEP_CHECK_ARG(k >= 1, "residual: a codebook size is ", k, ", it must be >= 1");
   }
+  LOCKSTEP_CHECK_ARG(beam_size_ >= 0 && eval_beam_size_ >= 0, "residual: beam_size = ", beam_size_,
+                     " and eval_beam_size = ", eval_beam_size_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
+                     "residual: beam_score_weights has ", beam_score_weights_.size(),
+                     " weights, num_quantizers = ", num_quantizers_);
 }
 
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
@@ -73,6 +78,16 @@ at::Tensor Residual::to_layer_space(const at::Tensor& x) {
 }
 
 QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
+  const int64_t beam = is_training() ? options_.beam_size() : options_.eval_beam_size();
+  return beam > 1 ? quantize_beam(x, ctx, beam) : quantize_greedy(x, ctx);
+}
+
+at::Tensor Residual::passed_on(const at::Tensor& q) const {
+  const double frac = options_.quant_grad_frac();
+  return frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach();
+}
+
+QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeContext& ctx) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   // The layers keep masked tokens out of their statistics (or refuse a mask).
   const at::Tensor mask = checked_mask(ctx, x, kind_);
@@ -93,8 +108,7 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
     QuantizerOutput out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
     const at::Tensor q = scaled ? out.quantized * scales_[l] : out.quantized;
     // The reference's frac_gradient: a share of q's gradient reaches the layers before through the residual.
-    const double frac = options_.quant_grad_frac();
-    residual = residual - (frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach());
+    residual = residual - passed_on(q);
     total = total + q;
     indices.push_back(out.indices.reshape({x.size(0), x.size(1), layer.num_indices()}));
     for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
@@ -109,6 +123,118 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   result.indices = torch::cat(indices, 2);
   // After the projection, whose bias would otherwise reach the padding.
   if (mask_support() == MaskSupport::StatisticsAndOutput) apply_mask(mask, result.quantized, result.indices);
+  return result;
+}
+
+namespace {
+// Rows `keep` (M, J') of every candidate's history t (M, J, ...): t[m, keep[m, j]].
+at::Tensor select_beams(const at::Tensor& t, const at::Tensor& keep) {
+  std::vector<int64_t> shape = keep.sizes().vec();
+  for (int64_t d = 2; d < t.dim(); ++d) shape.push_back(1);
+  std::vector<int64_t> expanded = keep.sizes().vec();
+  for (int64_t d = 2; d < t.dim(); ++d) expanded.push_back(t.size(d));
+  return t.gather(1, keep.reshape(shape).expand(expanded));
+}
+
+// t (M, J, ...) -> (M, J * k, ...): each candidate's history repeated for its k continuations.
+at::Tensor repeat_beams(const at::Tensor& t, int64_t k) {
+  std::vector<int64_t> expanded = t.sizes().vec();
+  expanded.insert(expanded.begin() + 2, k);
+  std::vector<int64_t> merged = t.sizes().vec();
+  merged[1] *= k;
+  return t.unsqueeze(2).expand(expanded).reshape(merged);
+}
+}  // namespace
+
+QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeContext& ctx, int64_t beam) {
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
+  LOCKSTEP_CHECK_ARG(beam >= 1, kind_, ": a beam of ", beam, " paths; it must be >= 1");
+  if (beam == 1) return quantize_greedy(x, ctx);
+  std::vector<Vq*> vqs;
+  for (const auto& layer : layers_) {
+    vqs.push_back(dynamic_cast<Vq*>(layer.get()));
+    LOCKSTEP_CHECK_ARG(vqs.back() && scales_.empty(), kind_, ": beam search is residual-vq's (its layers VQ)");
+  }
+  const at::Tensor mask = checked_mask(ctx, x, kind_);
+  const int64_t b = x.size(0);
+  const int64_t n = x.size(1);
+  const int64_t m = b * n;
+  const int64_t run = layers_to_run(ctx);
+  const at::Tensor z = to_layer_space(x);
+  const int64_t ld = z.size(2);
+  // Every candidate path of every token: (M, J, ...) with J paths, one at first.
+  at::Tensor residual = z.reshape({m, 1, ld});
+  at::Tensor total = torch::zeros_like(residual);
+  at::Tensor scores = torch::zeros({m, 1}, z.options().dtype(torch::kFloat32));
+  at::Tensor chosen = torch::empty({m, 1, 0}, z.options().dtype(torch::kInt64));
+  at::Tensor code_losses = torch::empty({m, 1, 0}, scores.options());
+  at::Tensor inputs = torch::empty({m, 1, 0, ld}, z.options());  // each layer's input, for the updates
+  std::map<std::string, at::Tensor> scalar_losses;
+  const std::vector<double>& weights = options_.beam_score_weights();
+  for (int64_t l = 0; l < run; ++l) {
+    Vq& vq = *vqs[static_cast<size_t>(l)];
+    const int64_t paths = residual.size(1);
+    QuantizeContext layer_ctx = ctx;
+    if (mask.defined()) layer_ctx.mask = mask.reshape({m, 1}).expand({m, paths});
+    const VqTopk top = vq.quantize_topk(residual, beam, layer_ctx);  // (M, J, k, ...)
+    const int64_t k = top.indices.size(2);
+    // The reference's loss of a code: weighted when the weight is > 0; in training with weight 0, none.
+    const double weight = vq.options().commitment_weight();
+    const at::Tensor loss = weight > 0 ? top.code_loss * weight : (is_training() ? top.code_loss * 0 : top.code_loss);
+    scores = (scores.unsqueeze(2) - loss.detach() * (weights.empty() ? 1.0 : weights[static_cast<size_t>(l)]))
+                 .reshape({m, paths * k});
+    inputs = torch::cat({repeat_beams(inputs, k), repeat_beams(residual.unsqueeze(2), k)}, 2);
+    residual = (residual.unsqueeze(2) - passed_on(top.quantized)).reshape({m, paths * k, ld});
+    total = (total.unsqueeze(2) + top.quantized).reshape({m, paths * k, ld});
+    chosen = torch::cat({repeat_beams(chosen, k), top.indices.reshape({m, paths * k, 1})}, 2);
+    code_losses = torch::cat({repeat_beams(code_losses, k), loss.reshape({m, paths * k, 1})}, 2);
+    for (const auto& [name, value] : top.losses) scalar_losses["layer" + std::to_string(l) + "." + name] = value;
+    const int64_t keep = l == run - 1 ? 1 : beam;
+    if (paths * k > keep) {
+      const at::Tensor best = std::get<1>(scores.topk(keep, 1));  // (M, keep), best first
+      scores = scores.gather(1, best);
+      residual = select_beams(residual, best);
+      total = select_beams(total, best);
+      chosen = select_beams(chosen, best);
+      code_losses = select_beams(code_losses, best);
+      inputs = select_beams(inputs, best);
+    }
+  }
+  QuantizerOutput result = {};
+  // The best path: its codes, indices (-1 for dropped layers) and each layer's mean loss over counted tokens.
+  const at::Tensor counted =
+      mask.defined() ? mask.reshape({m}).to(scores.scalar_type()) : torch::ones({m}, scores.options());
+  const at::Tensor count = counted.sum().clamp_min(1e-4);  // the reference's clamp
+  for (int64_t l = 0; l < run; ++l) {
+    at::Tensor value = (code_losses.select(1, 0).select(1, l) * counted).sum() / count;
+    const auto found = scalar_losses.find("layer" + std::to_string(l) + ".orthogonal");
+    if (found != scalar_losses.end()) value = value + found->second;
+    result.losses["layer" + std::to_string(l) + ".commitment"] = value;
+  }
+  at::Tensor indices = chosen.select(1, 0);  // (M, run)
+  if (run < options_.num_quantizers()) {
+    indices = torch::cat({indices, torch::full({m, options_.num_quantizers() - run}, -1, indices.options())}, 1);
+  }
+  const at::Tensor out = total.select(1, 0).reshape({b, n, ld});
+  result.quantized = project_out_ ? project_out_->forward(out) : out;
+  result.indices = indices.reshape({b, n, options_.num_quantizers()});
+  // Each layer's EMA update from the chosen path's residual and code, in layer order.
+  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+    std::vector<std::function<void(Reducer&)>> updates;
+    QuantizeContext update_ctx = ctx;
+    for (int64_t l = 0; l < run; ++l) {
+      auto update =
+          vqs[static_cast<size_t>(l)]->update_from(inputs.select(1, 0).select(1, l).reshape({b, n, ld}),
+                                                   chosen.select(1, 0).select(1, l).reshape({b, n}), update_ctx);
+      if (update) updates.push_back(std::move(update));
+    }
+    if (!updates.empty()) {
+      result.update = [updates = std::move(updates)](Reducer& reducer) {
+        for (const auto& update : updates) update(reducer);
+      };
+    }
+  }
+  apply_mask(mask, result.quantized, result.indices);
   return result;
 }
 

@@ -16,6 +16,8 @@ KeySpec key_spec(const std::string& prefix, const quant::OptionSpec& o) {
               : o.type == Type::Float ? KeySpec::floating(prefix + o.key, std::get<double>(o.default_value), o.help)
               : o.type == Type::String
                   ? KeySpec::string(prefix + o.key, std::get<std::string>(o.default_value), o.help).one_of(o.choices)
+              : o.type == Type::FloatList
+                  ? KeySpec::float_list(prefix + o.key, std::get<std::vector<double>>(o.default_value), o.help)
                   : KeySpec::int_list(prefix + o.key, std::get<std::vector<int64_t>>(o.default_value), o.help);
   k.min = o.min;
   k.max = o.max;

@@ -11,6 +11,7 @@ quant::OptionReader quantizer_options(const Config& config, const std::string& n
   r.boolean = [c, prefix](const std::string& key) { return c->get_bool(prefix + key); };
   r.string = [c, prefix](const std::string& key) { return c->get_string(prefix + key); };
   r.int_list = [c, prefix](const std::string& key) { return c->get_int_list(prefix + key); };
+  r.float_list = [c, prefix](const std::string& key) { return c->get_float_list(prefix + key); };
   r.section = [c](const std::string& section) { return quantizer_options(*c, section); };
   return r;
 }

@@ -197,6 +197,30 @@ TEST(Residual, InvalidOptionsNameTheValue) {
   EXPECT_THROW(rvq->quantize(torch::randn({1, 2, 4}), {}), InvalidArgument);
 }
 
+// A beam of 1 is the greedy search; a wider beam gives indices that decode to its output and a path
+// whose summed per-layer losses are no larger than the greedy path's.
+TEST(Residual, BeamSearchDecodesToItsOutputAndScoresNoWorseThanGreedy) {
+  auto rvq = make_residual_vq(ResidualOptions(3).beam_size(4), VqOptions(4, 8), seeded(1));
+  auto plain = make_residual_vq(ResidualOptions(3), VqOptions(4, 8), seeded(1));
+  const at::Tensor x = torch::randn({2, 25, 4});
+  rvq->eval();
+  plain->eval();
+  const QuantizerOutput greedy = plain->quantize(x, {});
+  EXPECT_TRUE(torch::equal(rvq->quantize_beam(x, {}, 1).indices, greedy.indices));
+  const QuantizerOutput beam = rvq->quantize(x, {});  // eval_beam_size: beam_size's 4
+  EXPECT_TRUE(torch::equal(rvq->quantize_beam(x, {}, 4).indices, beam.indices));
+  EXPECT_TRUE(torch::allclose(rvq->decode(beam.indices), beam.quantized, 1e-5, 1e-6));
+  const auto summed = [](const QuantizerOutput& out) {
+    double total = 0;
+    for (const auto& [name, loss] : out.losses) total += loss.item<double>();
+    return total;
+  };
+  EXPECT_LE(summed(beam), summed(greedy) + 1e-6);
+  EXPECT_FALSE(torch::equal(beam.indices, greedy.indices));
+  EXPECT_THROW(make_residual_fsq(ResidualOptions(2), FsqOptions({5, 5}))->quantize_beam(x.narrow(2, 0, 2), {}, 2),
+               InvalidArgument);
+}
+
 TEST(Residual, EachLayerHasTheCodebookSizeItIsGiven) {
   auto rvq = make_residual_vq(ResidualOptions(3).codebook_sizes({5, 12, 7}), VqOptions(4, 99), seeded(1));
   std::vector<int64_t> sizes;

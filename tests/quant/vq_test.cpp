@@ -338,6 +338,75 @@ TEST(Vq, CodeLogitsPeakAtTheEncodedCode) {
   EXPECT_TRUE(torch::allclose(vq.code_logits(x)[0], expected, 1e-4, 1e-5));
 }
 
+// Top-k: the k nearest codes in order (the first the search's own), each code's loss its mean squared
+// distance, -1 and 0 at masked tokens; nothing trained.
+TEST(Vq, TopkGivesTheKNearestCodesInOrderAndTrainsNothing) {
+  Vq vq(VqOptions(4, 10).estimator(VqEstimator::StraightThrough), seeded(1));
+  const at::Tensor before = vq.embed().clone();
+  const at::Tensor x = torch::randn({2, 7, 4});
+  const at::Tensor mask = torch::ones({2, 7}, torch::kBool).index_put_({1, 3}, false);
+  QuantizeContext ctx{nullptr, seeded(2)};
+  ctx.mask = mask;
+  const VqTopk top = vq.quantize_topk(x, 3, ctx);
+  ASSERT_EQ(top.indices.sizes(), (std::vector<int64_t>{2, 7, 3}));
+  ASSERT_EQ(top.quantized.sizes(), (std::vector<int64_t>{2, 7, 3, 4}));
+  const at::Tensor distances = torch::cdist(x.reshape({14, 4}), vq.embed()[0]).reshape({2, 7, 10});
+  const at::Tensor expected = std::get<1>(distances.topk(3, 2, /*largest=*/false));
+  EXPECT_TRUE(torch::equal(top.indices.index({1, 3}), torch::full({3}, -1, torch::kInt64)));
+  EXPECT_EQ(top.code_loss.index({1, 3}).abs().sum().item<float>(), 0.0f);
+  for (int64_t i = 0; i < 14; ++i) {
+    if (i == 10) continue;  // item 1, token 3: masked
+    EXPECT_TRUE(torch::equal(top.indices.reshape({14, 3})[i], expected.reshape({14, 3})[i])) << "token " << i;
+  }
+  const at::Tensor codes = vq.decode(top.indices.clamp_min(0).reshape({2, 21})).reshape({2, 7, 3, 4});
+  const at::Tensor losses = (x.unsqueeze(2) - codes).pow(2).mean(-1).masked_fill(mask.logical_not().unsqueeze(2), 0);
+  EXPECT_TRUE(torch::allclose(top.code_loss, losses, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(vq.encode(x).masked_fill(mask.logical_not(), -1), top.indices.select(2, 0)));
+  EXPECT_TRUE(torch::equal(vq.embed(), before));
+}
+
+// update_from with the codes the search would choose is the training call's own update, the mask and
+// -1 indices counting in nothing.
+TEST(Vq, UpdateFromChosenCodesIsTheTrainingCallsUpdate) {
+  const at::Tensor x = torch::randn({3, 20, 4});
+  const at::Tensor mask = torch::rand({3, 20}) > 0.3;
+  Vq trained(VqOptions(4, 12).decay(0.5), seeded(1));
+  Vq chosen(VqOptions(4, 12).decay(0.5), seeded(1));
+  QuantizeContext ctx{nullptr, seeded(2)};
+  ctx.mask = mask;
+  trained.quantize(x, ctx);
+  QuantizeContext plain{nullptr, seeded(2)};
+  // The masked tokens once by the mask, once by -1 indices: the same update.
+  const at::Tensor indices = chosen.encode(x).masked_fill(mask.logical_not(), -1);
+  chosen.update_from(x, indices, plain);
+  EXPECT_TRUE(torch::allclose(chosen.cluster_size(), trained.cluster_size(), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(chosen.embed(), trained.embed(), 1e-6, 1e-6));
+  EXPECT_THROW(chosen.update_from(x, torch::full({3, 20}, 12, torch::kInt64), plain), InvalidArgument);
+}
+
+// VqUpdate: per-code weights keep a code of weight 0 as it was; accumulated statistics fold into the next
+// update, which then equals one update with all of them.
+TEST(Vq, PerCallUpdatesWeighAndAccumulate) {
+  const at::Tensor x = torch::randn({2, 30, 4});
+  const at::Tensor y = torch::randn({2, 30, 4});
+  Vq weighed(VqOptions(4, 6).decay(0.5), seeded(1));
+  VqUpdate half;
+  half.weight = torch::tensor({1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 0.0f});
+  weighed.quantize_with(x, {nullptr, seeded(2)}, half);
+  for (int64_t k : {1, 3, 5}) EXPECT_EQ(weighed.cluster_size()[0][k].item<float>(), 1.0f) << k;
+  Vq accumulated(VqOptions(4, 6).decay(0.5), seeded(1));
+  Vq once(VqOptions(4, 6).decay(0.5), seeded(1));
+  VqUpdate accumulate;
+  accumulate.accumulate = true;
+  const at::Tensor before = accumulated.embed().clone();
+  accumulated.quantize_with(x, {nullptr, seeded(2)}, accumulate);
+  EXPECT_TRUE(torch::equal(accumulated.embed(), before));
+  accumulated.quantize(y, {nullptr, seeded(3)});
+  once.update_from(torch::cat({x, y}, 1), torch::cat({once.encode(x), once.encode(y)}, 1), {nullptr, seeded(3)});
+  EXPECT_TRUE(torch::allclose(accumulated.cluster_size(), once.cluster_size(), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(accumulated.embed(), once.embed(), 1e-5, 1e-6));
+}
+
 TEST(Vq, StateRoundTripsThroughNamedBuffers) {
   Vq a(VqOptions(5, 12).threshold_ema_dead_code(0.5), seeded(1));
   for (int step = 0; step < 3; ++step) a.quantize(torch::randn({2, 30, 5}), {nullptr, seeded(step)});

@@ -112,6 +112,9 @@ TEST(QuantizerDefaults, EveryDeclaredOptionIsReadByTheRegistry) {
     r.boolean = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.boolean(k); };
     r.int_list = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.int_list(k); };
     r.string = [&, base, section](const std::string& k) { return read.insert(section + "." + k), base.string(k); };
+    r.float_list = [&, base, section](const std::string& k) {
+      return read.insert(section + "." + k), base.float_list(k);
+    };
     r.section = recording;
     return r;
   };

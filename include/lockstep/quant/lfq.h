@@ -113,6 +113,9 @@ class Lfq final : public Quantizer {
   // mask, and the entropy subset drawn from ctx as quantize() draws it), differentiable wrt x; no
   // reducer call. Zeros in evaluation, as the reference's.
   LfqLossTerms loss_terms(const at::Tensor& x, const QuantizeContext& ctx);
+  // x (b, n, dim) -> bool (b, n): the tokens that enter the entropy terms of a training call with ctx
+  // (the mask's, and of those the subset drawn with frac_per_sample_entropy < 1), for checks by hand.
+  at::Tensor entropy_subset(const at::Tensor& x, const QuantizeContext& ctx);
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
 
@@ -134,6 +137,8 @@ class Lfq final : public Quantizer {
   // z (b, n, c, bits) -> the tokens (N, c, bits) that enter the entropy terms: the mask's, and of
   // those the subset drawn from ctx with frac_per_sample_entropy < 1.
   at::Tensor entropy_tokens(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const;
+  // Their positions in z's tokens (N = b * n), int64 on the host.
+  at::Tensor entropy_positions(const at::Tensor& z, const at::Tensor& mask, const QuantizeContext& ctx) const;
   // The unweighted commitment loss of the counted tokens: mse(z, q) over the mask's tokens.
   static at::Tensor commitment_of(const at::Tensor& z, const at::Tensor& q, const at::Tensor& mask);
   double code_value() const;  // a code coordinate's magnitude

@@ -14,10 +14,10 @@
 namespace lockstep::quant {
 
 struct OptionSpec {
-  enum class Type { Bool, Int, Float, IntList, String };
+  enum class Type { Bool, Int, Float, IntList, String, FloatList };
   std::string key;  // within its section: "decay"
   Type type = Type::Int;
-  std::variant<bool, int64_t, double, std::vector<int64_t>, std::string> default_value;
+  std::variant<bool, int64_t, double, std::vector<int64_t>, std::string, std::vector<double>> default_value;
   std::string help;  // one line
   // Limits of a number, or of each element of a list; strict when the flag says so.
   std::optional<double> min, max;

@@ -24,6 +24,7 @@ struct OptionReader {
   std::function<bool(const std::string&)> boolean;
   std::function<std::string(const std::string&)> string;
   std::function<std::vector<int64_t>(const std::string&)> int_list;
+  std::function<std::vector<double>(const std::string&)> float_list;
 };
 
 struct RegistryEntry {
@@ -42,7 +43,7 @@ std::shared_ptr<Quantizer> make_quantizer(const std::string& name, const OptionR
 // "section.key" ({"vq.codebook_size", int64_t{64}}); section() reads the other sections the same way.
 // Build a quantizer by name without a configuration: make_quantizer("vq", default_option_reader("vq")).
 // Reading a key that is not declared, or as another type, throws InvalidArgument.
-using OptionValue = std::variant<bool, int64_t, double, std::vector<int64_t>, std::string>;
+using OptionValue = std::variant<bool, int64_t, double, std::vector<int64_t>, std::string, std::vector<double>>;
 OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides = {});
 
 }  // namespace lockstep::quant

@@ -47,6 +47,21 @@ struct ResidualOptions {
     codebook_sizes_ = std::move(sizes);
     return *this;
   }
+  // residual-vq: beam search over the layers' choices (Residual::quantize_beam), of this width in training
+  // and eval_beam_size in evaluation (0: beam_size); a width of 0 or 1 is the greedy search.
+  ResidualOptions& beam_size(int64_t b) {
+    beam_size_ = b;
+    return *this;
+  }
+  ResidualOptions& eval_beam_size(int64_t b) {
+    eval_beam_size_ = b;
+    return *this;
+  }
+  // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
+  ResidualOptions& beam_score_weights(std::vector<double> w) {
+    beam_score_weights_ = std::move(w);
+    return *this;
+  }
 
   int64_t num_quantizers() const { return num_quantizers_; }
   bool quantize_dropout() const { return quantize_dropout_; }
@@ -54,10 +69,13 @@ struct ResidualOptions {
   int64_t quantize_dropout_multiple_of() const { return quantize_dropout_multiple_of_; }
   double quant_grad_frac() const { return quant_grad_frac_; }
   const std::vector<int64_t>& codebook_sizes() const { return codebook_sizes_; }
+  int64_t beam_size() const { return beam_size_; }
+  int64_t eval_beam_size() const { return eval_beam_size_ > 0 ? eval_beam_size_ : beam_size_; }
+  const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
 
   // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
   // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
-  // size >= 1 per layer.
+  // size >= 1 per layer, a negative beam size, beam_score_weights neither empty nor one per layer.
   void validate() const;
 
  private:
@@ -67,6 +85,9 @@ struct ResidualOptions {
   int64_t quantize_dropout_multiple_of_ = 1;
   double quant_grad_frac_ = 0;
   std::vector<int64_t> codebook_sizes_;
+  int64_t beam_size_ = 0;
+  int64_t eval_beam_size_ = 0;
+  std::vector<double> beam_score_weights_;
 };
 
 class Residual final : public Quantizer {
@@ -88,7 +109,15 @@ class Residual final : public Quantizer {
 
   // Losses are the layers' under "layer<l>.<name>". With quantize dropout the cutoff comes first from
   // ctx.generator (torch's default when undefined); the kept layers then see the same context.
+  // With beam_size (eval_beam_size in evaluation) above 1, quantize_beam of that width.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
+  // residual-vq's beam search (the reference's, after Zeghidour et al.): each of `beam` candidate paths
+  // per token takes its `beam` best codes at each layer (Vq::quantize_topk), scored by minus the sum of
+  // its codes' weighted commitment losses (beam_score_weights); the `beam` best paths go on, the best
+  // one is the output. Losses "layer<l>.commitment" are each layer's mean code loss over the tokens that
+  // count on the chosen paths; in training each layer's EMA update takes the chosen path's residuals and
+  // codes (Vq::update_from). A width of 1 is quantize's greedy search.
+  QuantizerOutput quantize_beam(const at::Tensor& x, const QuantizeContext& ctx, int64_t beam);
   at::Tensor encode(const at::Tensor& x) override;
   // Indices -1 (dropped layers) contribute nothing.
   at::Tensor decode(const at::Tensor& indices) override;
@@ -99,6 +128,9 @@ class Residual final : public Quantizer {
  private:
   // Number of layers this call runs: Q, or cutoff + 1 under quantize dropout in training.
   int64_t layers_to_run(const QuantizeContext& ctx) const;
+  QuantizerOutput quantize_greedy(const at::Tensor& x, const QuantizeContext& ctx);
+  // (the gradient's share f of) q, as the residual the next layer takes subtracts it: f q + (1 - f) sg(q).
+  at::Tensor passed_on(const at::Tensor& q) const;
   // The input in the layers' space: projected, then squashed when there is an input clamp.
   at::Tensor to_layer_space(const at::Tensor& x);
 
