@@ -107,7 +107,7 @@ class ResidualVQ(_Residual):
                  collective_timeout=300.0, **vq_kwargs):
         mlp_kwargs = mlp_kwargs or MappingProxyType({})  # None as the reference's default, an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
-                      ("shared_codebook", "diveq", "implicit_neural_codebook", "mlp_kwargs"))
+                      ("diveq", "implicit_neural_codebook", "mlp_kwargs"))
         if eval_beam_size is not None and beam_size is None:  # the reference's assertion
             raise AssertionError("lockstep.ResidualVQ: eval_beam_size needs beam_size, as the reference's")
         if heads != 1:  # the reference's own assertion
@@ -135,7 +135,11 @@ class ResidualVQ(_Residual):
         # The reference's frac_gradient: a share <= 0 detaches.
         options["quant_grad_frac"] = max(0.0, float(quant_grad_frac))
         if sizes is not None and len(set(sizes)) > 1:
+            if shared_codebook:  # the reference's assertion
+                raise AssertionError(f"lockstep.ResidualVQ: shared_codebook needs one codebook size, got {tuple(sizes)}")
             options["codebook_sizes"] = sizes
+        # One codebook for every layer: each layer's statistics move it, recomputed once per call (liblockstep).
+        options["shared_codebook"] = bool(shared_codebook)
         # Beam search over the layers' codes (liblockstep's Residual::quantize_beam), the reference's widths.
         options["beam_size"] = int(beam_size or 0)
         options["eval_beam_size"] = int(eval_beam_size or 0)
@@ -152,6 +156,7 @@ class ResidualVQ(_Residual):
         self.codebook_dim = int(codebook_dim) if codebook_dim is not None else int(dim)
         self.has_projections = self.codebook_dim != int(dim)
         self.quant_grad_frac = float(quant_grad_frac)
+        self.shared_codebook = bool(shared_codebook)
         self.beam_size = beam_size
         self.eval_beam_size = eval_beam_size if eval_beam_size is not None else beam_size
         self.accept_image_fmap = accept_image_fmap

@@ -355,3 +355,26 @@ def test_a_masked_beam_search_matches_the_reference():
     for q in range(3):  # the padding counts in no layer's statistics
         assert float(ours.state_dict()[f"layers.{q}._codebook.cluster_size"].sum()) == pytest.approx(
             0.8 * 16 + 0.2 * float(mask.sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_cosine_sim=True, commitment_weight=0.5),
+                                     dict(codebook_dim=6, quant_grad_frac=0.5, rotation_trick=False)],
+                         ids=["euclidean", "cosine", "projected_grad_frac"])
+def test_a_shared_codebook_matches_the_reference(options):
+    """shared_codebook: every layer searches one codebook; each layer's statistics move it (EMA after EMA) and
+    it is recomputed once, after the last layer, as the reference's manual EMA update: indices, outputs,
+    losses, gradients and the one codebook (under every layer's name) over training steps."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, shared_codebook=True, decay=0.7,
+                                    **options)
+    ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, shared_codebook=True, decay=0.7, **options)
+    assert ours.get_buffer("layers.0._codebook.embed") is ours.get_buffer("layers.2._codebook.embed")
+    compare_training_steps(reference, ours, (2, 30, 12), 3,
+                           [f"layers.{q}._codebook.{name}" for q in range(3)
+                            for name in ("embed", "embed_avg", "cluster_size")],
+                           optimizer=torch.optim.Adam if ours.has_projections else None)
+    ours.eval()
+    out, idx, _ = ours(torch.randn(2, 30, 12))
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    with pytest.raises(AssertionError, match="one codebook size"):  # the reference's assertion
+        lockstep.ResidualVQ(dim=12, codebook_size=(8, 16), shared_codebook=True)

@@ -254,6 +254,9 @@ OptionSection residual_section() {
                     "for every layer.")
                .in_range(1, 1 << 20)
                .length(0, 64),
+           boolean("shared_codebook", d.shared_codebook(),
+                   "residual-vq: every layer quantizes with one codebook, recomputed once per step from every "
+                   "layer's statistics."),
            integer("beam_size", d.beam_size(),
                    "residual-vq: training searches this many candidate paths through the layers' codes (beam "
                    "search); 0 or 1 takes each layer's nearest code.")

@@ -99,6 +99,7 @@ ResidualOptions residual_options(const OptionReader& o) {
       .quantize_dropout_multiple_of(o.integer("quantize_dropout_multiple_of"))
       .quant_grad_frac(o.real("quant_grad_frac"))
       .codebook_sizes(o.int_list("codebook_sizes"))
+      .shared_codebook(o.boolean("shared_codebook"))
       .beam_size(o.integer("beam_size"))
       .eval_beam_size(o.integer("eval_beam_size"))
       .beam_score_weights(o.float_list("beam_score_weights"));

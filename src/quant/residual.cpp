@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "lockstep/core/error.h"
@@ -82,6 +83,15 @@ QuantizerOutput Residual::quantize(const at::Tensor& x, const QuantizeContext& c
   return beam > 1 ? quantize_beam(x, ctx, beam) : quantize_greedy(x, ctx);
 }
 
+std::function<void(Reducer&)> Residual::shared_refresh(const std::vector<at::Tensor>& inputs,
+                                                       const QuantizeContext& ctx) {
+  if (!options_.shared_codebook() || inputs.empty()) return {};
+  QuantizeContext all = ctx;
+  const int64_t layers = static_cast<int64_t>(inputs.size());
+  if (ctx.mask.defined()) all.mask = ctx.mask.repeat({1, layers});  // each layer's copy of the tokens
+  return dynamic_cast<Vq&>(*layers_.front()).refresh_update(torch::cat(inputs, 1), all);
+}
+
 at::Tensor Residual::passed_on(const at::Tensor& q) const {
   const double frac = options_.quant_grad_frac();
   return frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach();
@@ -98,6 +108,7 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
   std::vector<at::Tensor> indices;
   QuantizerOutput result;
   std::vector<std::function<void(Reducer&)>> updates;  // deferred: each layer's, in layer order
+  std::vector<at::Tensor> inputs;                      // each layer's, for a shared codebook's refresh
   for (int64_t l = 0; l < options_.num_quantizers(); ++l) {
     Quantizer& layer = *layers_[l];
     if (l >= run) {
@@ -105,7 +116,15 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
       continue;
     }
     const bool scaled = !scales_.empty();
-    QuantizerOutput out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
+    QuantizerOutput out;
+    if (options_.shared_codebook()) {  // statistics now, the shared codebook recomputed after the last layer
+      VqUpdate track;
+      track.refresh_codebook = false;
+      inputs.push_back(residual.detach());
+      out = dynamic_cast<Vq&>(layer).quantize_with(residual, ctx, track);
+    } else {
+      out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
+    }
     const at::Tensor q = scaled ? out.quantized * scales_[l] : out.quantized;
     // The reference's frac_gradient: a share of q's gradient reaches the layers before through the residual.
     residual = residual - passed_on(q);
@@ -113,6 +132,9 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     indices.push_back(out.indices.reshape({x.size(0), x.size(1), layer.num_indices()}));
     for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
     if (out.update) updates.push_back(std::move(out.update));
+  }
+  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+    if (auto refresh = shared_refresh(inputs, ctx)) updates.push_back(std::move(refresh));
   }
   if (!updates.empty()) {
     result.update = [updates = std::move(updates)](Reducer& reducer) {
@@ -221,13 +243,16 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
   // Each layer's EMA update from the chosen path's residual and code, in layer order.
   if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
     std::vector<std::function<void(Reducer&)>> updates;
-    QuantizeContext update_ctx = ctx;
+    VqUpdate track;  // a shared codebook: statistics now, recomputed once after the last layer
+    track.refresh_codebook = !options_.shared_codebook();
+    std::vector<at::Tensor> layer_inputs;
     for (int64_t l = 0; l < run; ++l) {
-      auto update =
-          vqs[static_cast<size_t>(l)]->update_from(inputs.select(1, 0).select(1, l).reshape({b, n, ld}),
-                                                   chosen.select(1, 0).select(1, l).reshape({b, n}), update_ctx);
+      layer_inputs.push_back(inputs.select(1, 0).select(1, l).reshape({b, n, ld}));
+      auto update = vqs[static_cast<size_t>(l)]->update_from(
+          layer_inputs.back(), chosen.select(1, 0).select(1, l).reshape({b, n}), ctx, track);
       if (update) updates.push_back(std::move(update));
     }
+    if (auto refresh = shared_refresh(layer_inputs, ctx)) updates.push_back(std::move(refresh));
     if (!updates.empty()) {
       result.update = [updates = std::move(updates)](Reducer& reducer) {
         for (const auto& update : updates) update(reducer);
@@ -281,6 +306,16 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const
                                            at::Generator generator) {
   // As the reference: one projection for the stack to heads * codebook_dim, which the layers take whole.
   options.validate();
+  if (options.shared_codebook()) {
+    const auto& sizes = options.codebook_sizes();
+    LOCKSTEP_CHECK_ARG(std::all_of(sizes.begin(), sizes.end(), [&](int64_t k) { return k == sizes.front(); }),
+                       "residual-vq: a shared codebook needs one codebook size for every layer");
+    VqOptions shared = VqOptions(layer).dim(layer.heads() * layer.codebook_dim()).codebook_dim(layer.codebook_dim());
+    if (!sizes.empty()) shared.codebook_size(sizes.front());
+    const auto vq = std::make_shared<Vq>(shared, generator);
+    return std::make_shared<Residual>("residual-vq", options, layer.dim(),
+                                      std::vector<std::shared_ptr<Quantizer>>(options.num_quantizers(), vq));
+  }
   const int64_t layer_dim = layer.heads() * layer.codebook_dim();
   const std::vector<int64_t>& sizes = options.codebook_sizes();
   std::vector<std::shared_ptr<Quantizer>> layers;
@@ -296,6 +331,8 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-fsq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-fsq: shared_codebook and beam search are residual-vq's");
   const auto& levels = layer.levels();
   const int64_t layer_dim = static_cast<int64_t>(levels.size()) * layer.num_codebooks();
   const at::Tensor level_tensor =
@@ -317,6 +354,8 @@ std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, co
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-simvq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-simvq: shared_codebook and beam search are residual-vq's");
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) layers.push_back(std::make_shared<SimVq>(layer));
   return std::make_shared<Residual>("residual-simvq", options, layer.dim(), std::move(layers));
@@ -326,6 +365,8 @@ std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-lfq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-lfq: shared_codebook and beam search are residual-vq's");
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
   const int64_t layer_dim = bits * layer.num_codebooks();

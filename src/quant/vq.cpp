@@ -465,6 +465,28 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   return result;
 }
 
+std::function<void(Reducer&)> Vq::refresh_update(const at::Tensor& x, const QuantizeContext& ctx) {
+  torch::NoGradGuard no_grad;
+  const bool dead_codes = options_.threshold_ema_dead_code() > 0 && is_training();
+  if (ctx.freeze_codebook || (!options_.ema_update() && !dead_codes)) return {};
+  at::Tensor tokens = prepare(group_by_codebook(x)).detach();  // (C, M, cd)
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  if (mask.defined()) {
+    const int64_t per_token = options_.separate_codebook_per_head() ? 1 : options_.heads();
+    tokens = tokens.index_select(
+        1, mask.reshape({-1, 1}).expand({mask.numel(), per_token}).reshape(-1).nonzero().squeeze(1));
+  }
+  auto update = [this, tokens, dead_codes, generator = or_default(ctx.generator)](Reducer& r) {
+    torch::NoGradGuard no_grad;
+    if (options_.ema_update()) refresh_codebook();
+    if (dead_codes) expire_dead_codes(tokens, r, generator);
+  };
+  if (ctx.defer_updates) return update;
+  LocalReducer local;
+  update(ctx.reducer ? *ctx.reducer : local);
+  return {};
+}
+
 std::function<void(Reducer&)> Vq::update_from(const at::Tensor& x, const at::Tensor& indices,
                                               const QuantizeContext& ctx, const VqUpdate& call) {
   torch::NoGradGuard no_grad;
@@ -562,6 +584,11 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
     embed_avg_.lerp_(sums, rate);
   }
   if (!call.ema_update.value_or(options_.ema_update())) return;  // the sizes feed dead codes; the codebook stays
+  if (call.refresh_codebook) refresh_codebook();
+}
+
+void Vq::refresh_codebook() {
+  const int64_t k = options_.codebook_size();
   // Laplace smoothing keeps every code's size positive without changing each codebook's total.
   const at::Tensor total = cluster_size_.sum(1, true);
   const double eps = options_.eps();

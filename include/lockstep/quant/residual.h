@@ -57,6 +57,13 @@ struct ResidualOptions {
     eval_beam_size_ = b;
     return *this;
   }
+  // residual-vq: every layer quantizes with one codebook (the reference's shared_codebook): each layer's
+  // statistics move it as they come, and it is recomputed from them once per call, after the last layer
+  // (dead codes then replaced from every layer's input).
+  ResidualOptions& shared_codebook(bool on) {
+    shared_codebook_ = on;
+    return *this;
+  }
   // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
   ResidualOptions& beam_score_weights(std::vector<double> w) {
     beam_score_weights_ = std::move(w);
@@ -72,6 +79,7 @@ struct ResidualOptions {
   int64_t beam_size() const { return beam_size_; }
   int64_t eval_beam_size() const { return eval_beam_size_ > 0 ? eval_beam_size_ : beam_size_; }
   const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
+  bool shared_codebook() const { return shared_codebook_; }
 
   // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
   // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
@@ -88,6 +96,7 @@ struct ResidualOptions {
   int64_t beam_size_ = 0;
   int64_t eval_beam_size_ = 0;
   std::vector<double> beam_score_weights_;
+  bool shared_codebook_ = false;
 };
 
 class Residual final : public Quantizer {
@@ -131,6 +140,9 @@ class Residual final : public Quantizer {
   QuantizerOutput quantize_greedy(const at::Tensor& x, const QuantizeContext& ctx);
   // (the gradient's share f of) q, as the residual the next layer takes subtracts it: f q + (1 - f) sg(q).
   at::Tensor passed_on(const at::Tensor& q) const;
+  // The update a shared codebook takes once per training call, after every layer's (Vq::refresh_update),
+  // from the layers' inputs (b, n, ld) each; empty when the codebook is not shared.
+  std::function<void(Reducer&)> shared_refresh(const std::vector<at::Tensor>& inputs, const QuantizeContext& ctx);
   // The input in the layers' space: projected, then squashed when there is an input clamp.
   at::Tensor to_layer_space(const at::Tensor& x);
 
@@ -145,8 +157,8 @@ class Residual final : public Quantizer {
   torch::nn::Linear project_out_{nullptr};
 };
 
-// Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`), of
-// options.codebook_sizes() codes each when given.
+// Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`, or one for
+// every layer with options.shared_codebook()), of options.codebook_sizes() codes each when given.
 std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
                                            at::Generator generator = {});
 // Q FSQ layers with the symmetric bound; layer l sees the residual divided by levels^-l per dimension

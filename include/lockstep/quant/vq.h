@@ -199,6 +199,9 @@ struct VqUpdate {
   bool accumulate = false;
   // This call's ema_update: false tracks the statistics without moving the codebook. Unset: the option's.
   std::optional<bool> ema_update;
+  // false: the statistics move but the codebook is not recomputed from them (the reference's
+  // manual_ema_update: a codebook shared by residual layers is recomputed once, by refresh_update()).
+  bool refresh_codebook = true;
 };
 
 // A search of each token's k best codes (the reference's forward(x, topk=k)); see Vq::quantize_topk.
@@ -242,6 +245,11 @@ class Vq final : public Quantizer {
   // when nothing is trained (ema_update and dead codes off, or ctx.freeze_codebook).
   std::function<void(Reducer&)> update_from(const at::Tensor& x, const at::Tensor& indices, const QuantizeContext& ctx,
                                             const VqUpdate& update = {});
+  // The end of a training call whose updates did not refresh the codebook (VqUpdate::refresh_codebook
+  // false, a codebook shared by residual layers): the codebook recomputed from the statistics (with
+  // ema_update), then dead codes replaced from x (b, n, dim), every layer's input together (ctx.mask
+  // (b, n) keeps padding out). Deferred or run at once as ctx says, as quantize's update.
+  std::function<void(Reducer&)> refresh_update(const at::Tensor& x, const QuantizeContext& ctx);
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
   // x (b, n, dim) -> each code's logit for each token, (b, n, K) or (b, n, heads, K): minus the
@@ -285,6 +293,8 @@ class Vq final : public Quantizer {
   at::Tensor orthogonal_loss() const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
   void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer, const VqUpdate& update);
+  // embed from embed_avg and the Laplace-smoothed cluster sizes (l2-normalised when cosine).
+  void refresh_codebook();
   // The state update of counted tokens (C, M, cd) assigned `indices` (C, M) (affine statistics, EMA, dead
   // codes), deferred or run at once as ctx says; what quantize and update_from share.
   std::function<void(Reducer&)> state_update(const at::Tensor& tokens, const at::Tensor& indices,
