@@ -107,7 +107,7 @@ class ResidualVQ(_Residual):
                  collective_timeout=300.0, **vq_kwargs):
         mlp_kwargs = mlp_kwargs or MappingProxyType({})  # None as the reference's default, an empty dict
         only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
-                      ("diveq", "implicit_neural_codebook", "mlp_kwargs"))
+                      ("implicit_neural_codebook", "mlp_kwargs"))
         if eval_beam_size is not None and beam_size is None:  # the reference's assertion
             raise AssertionError("lockstep.ResidualVQ: eval_beam_size needs beam_size, as the reference's")
         if heads != 1:  # the reference's own assertion
@@ -140,6 +140,9 @@ class ResidualVQ(_Residual):
             options["codebook_sizes"] = sizes
         # One codebook for every layer: each layer's statistics move it, recomputed once per call (liblockstep).
         options["shared_codebook"] = bool(shared_codebook)
+        # DiVeQ over the stack: liblockstep sets the layers' options as the reference does (no EMA, learned
+        # codebooks, codes as the layers' outputs, no commitment loss, quant_grad_frac 1).
+        options["diveq"] = bool(diveq)
         # Beam search over the layers' codes (liblockstep's Residual::quantize_beam), the reference's widths.
         options["beam_size"] = int(beam_size or 0)
         options["eval_beam_size"] = int(eval_beam_size or 0)
@@ -155,7 +158,8 @@ class ResidualVQ(_Residual):
         self.codebook_size = self.codebook_sizes[0]  # the first layer's, as the reference
         self.codebook_dim = int(codebook_dim) if codebook_dim is not None else int(dim)
         self.has_projections = self.codebook_dim != int(dim)
-        self.quant_grad_frac = float(quant_grad_frac)
+        self.diveq = bool(diveq)
+        self.quant_grad_frac = float(quant_grad_frac) if not diveq else 1.0
         self.shared_codebook = bool(shared_codebook)
         self.beam_size = beam_size
         self.eval_beam_size = eval_beam_size if eval_beam_size is not None else beam_size

@@ -25,24 +25,33 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
                   ("layernorm_after_project_in", "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
-                   "codebook_diversity_loss_weight", "straight_through", "directional_reparam",
-                   "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update",
-                   "sync_update_v", "route_gradients_to_input"))
+                   "codebook_diversity_loss_weight", "straight_through",
+                   "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
-    # codebook by gradient; ema_update=False alone keeps it as it is.
-    ema_update = True if ema_update is None else bool(ema_update)
-    learnable_codebook = bool(learnable_codebook)
-    if learnable_codebook and ema_update:
-        raise ValueError("lockstep.VectorQuantize: learnable_codebook=True needs ema_update=False (the codebook is "
-                         "learned by gradient or by the EMA, not both), as in the reference")
-    if learnable_codebook and use_cosine_sim:
-        raise ValueError("lockstep.VectorQuantize: learnable_codebook=True is not compatible with use_cosine_sim=True, "
-                         "as in the reference")
-    rotation_trick = dim > 1 if rotation_trick is None else rotation_trick  # the reference's default
+    # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
+    ema_update = (not directional_reparam) if ema_update is None else bool(ema_update)
+    learnable_codebook = bool(directional_reparam) if learnable_codebook is None else bool(learnable_codebook)
+    rotation_trick = (not directional_reparam and dim > 1) if rotation_trick is None else rotation_trick
+    # The reference's assertions, with its exception type.
+    for broken, what in ((learnable_codebook and ema_update, "learnable_codebook=True needs ema_update=False (the "
+                          "codebook is learned by gradient or by the EMA, not both)"),
+                         (learnable_codebook and use_cosine_sim, "learnable_codebook=True is not compatible with "
+                          "use_cosine_sim=True"),
+                         (sum(map(bool, (straight_through, rotation_trick, directional_reparam))) > 1,
+                          "take at most one of straight_through, rotation_trick and directional_reparam"),
+                         (directional_reparam and not threshold_ema_dead_code, "directional_reparam needs dead-code "
+                          "replacement (threshold_ema_dead_code > 0)"),
+                         (not 0 <= sync_update_v <= 1, f"sync_update_v={sync_update_v} must lie in [0, 1]"),
+                         (sync_update_v > 0 and not learnable_codebook, "sync_update_v > 0 needs learnable_codebook")):
+        if broken:
+            raise AssertionError(f"lockstep.VectorQuantize: {what}, as in the reference")
     options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay), eps=float(eps),
                    commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
                    kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
                    cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
+                   directional_reparam=bool(directional_reparam),
+                   directional_reparam_variance=float(directional_reparam_variance),
+                   route_gradients_to_input=bool(route_gradients_to_input), sync_update_v=float(sync_update_v),
                    separate_codebook_per_head=bool(separate_codebook_per_head),
                    orthogonal_reg_weight=float(orthogonal_reg_weight), ema_update=ema_update,
                    learnable_codebook=learnable_codebook,
@@ -127,6 +136,7 @@ class VectorQuantize(LockstepQuantizer):
         self.sync_codebook = own["sync_codebook"]
         self.return_zeros_for_masked_padding = own["return_zeros_for_masked_padding"]
         self.freeze_codebook = own["freeze_codebook"]
+        self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
 

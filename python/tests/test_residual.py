@@ -378,3 +378,34 @@ def test_a_shared_codebook_matches_the_reference(options):
     torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
     with pytest.raises(AssertionError, match="one codebook size"):  # the reference's assertion
         lockstep.ResidualVQ(dim=12, codebook_size=(8, 16), shared_codebook=True)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_diveq_learns_every_layer_s_codebook_by_gradient_as_the_reference(training):
+    """diveq: the layers output their codes (no estimator), learned by gradient (no EMA, no commitment loss,
+    every layer's gradient passed on), and the stack's output is the input moved its distance to the codes'
+    sum along the noised direction to it, in training and evaluation, as the reference's. The noise is each
+    side's own, so indices and the output's distance to the input are compared, and the gradients' reach."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=16, num_quantizers=4, codebook_size=32, diveq=True)
+    ours = lockstep.ResidualVQ(dim=16, num_quantizers=4, codebook_size=32, diveq=True)
+    ours.load_reference_state_dict(reference.state_dict())
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    for module in (reference, ours):
+        module.train(training)
+    x = torch.randn(2, 40, 16)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    out_ref, idx_ref, loss_ref = reference(xs[0])
+    out, idx, loss = ours(xs[1])
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(loss, loss_ref)  # zeros: no commitment loss
+    codes = ours.get_output_from_indices(idx)
+    torch.testing.assert_close((out - x).norm(dim=-1), (codes - x).norm(dim=-1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close((out_ref - x).norm(dim=-1), (codes - x).norm(dim=-1), atol=1e-4, rtol=1e-4)
+    assert 0 < float((out - codes).norm(dim=-1).mean()) < 0.5 * float((codes - x).norm(dim=-1).mean())
+    out.sum().backward()
+    out_ref.sum().backward()
+    for q in range(4):  # every layer's codebook learns, as the reference's
+        name = f"layers.{q}._codebook.embed"
+        assert (ours.get_parameter(name).grad != 0).any() and (reference.get_parameter(name).grad != 0).any()
+    assert xs[1].grad.abs().sum() > 0

@@ -156,14 +156,17 @@ def test_ema_update_false_keeps_the_codebook_as_the_reference_does():
     assert torch.equal(ours.state_dict()["_codebook.embed"], initial)
 
 
-def test_learnable_codebook_combinations_the_reference_refuses_are_value_errors():
-    with pytest.raises(AssertionError):
-        ReferenceVQ(dim=8, codebook_size=16, learnable_codebook=True)
-    with pytest.raises(ValueError, match="needs ema_update=False"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True)
-    with pytest.raises(ValueError, match="use_cosine_sim"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
-                                use_cosine_sim=True)
+def test_combinations_the_reference_refuses_are_its_assertion_errors():
+    """Code written against the reference catches its AssertionError for these."""
+    for refused in (dict(learnable_codebook=True), dict(learnable_codebook=True, ema_update=False, use_cosine_sim=True),
+                    dict(straight_through=True, rotation_trick=True), dict(sync_update_v=0.5),
+                    dict(learnable_codebook=True, ema_update=False, sync_update_v=1.5)):
+        with pytest.raises(AssertionError):
+            ReferenceVQ(dim=8, codebook_size=16, **refused)
+        if "straight_through" in refused:
+            continue  # straight_through (Gumbel's) is refused by name: test_unsupported_options...
+        with pytest.raises(AssertionError, match="as in the reference"):
+            lockstep.VectorQuantize(dim=8, codebook_size=16, **refused)
 
 
 @pytest.mark.parametrize("options", [dict(), dict(threshold_ema_dead_code=2.0),
@@ -251,5 +254,45 @@ def test_indices_give_the_reference_s_cross_entropy(options):
 
 
 def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="directional_reparam"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, directional_reparam=True)
+    with pytest.raises(TypeError, match="straight_through"):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, straight_through=True, rotation_trick=False)
+
+
+@pytest.mark.parametrize("options", [
+    dict(directional_reparam=True, threshold_ema_dead_code=1e-9, directional_reparam_variance=0.0),
+    dict(directional_reparam=True, threshold_ema_dead_code=1e-9, directional_reparam_variance=0.0, codebook_dim=8),
+    dict(learnable_codebook=True, ema_update=False, sync_update_v=0.5),
+    dict(learnable_codebook=True, ema_update=False, route_gradients_to_input=False),
+    dict(route_gradients_to_input=False, rotation_trick=False)],
+    ids=["diveq", "diveq_projected", "sync_update_v", "no_route_learnable", "no_route"])
+def test_estimator_options_once_refused_match_the_reference(options):
+    """directional_reparam (DiVeQ: the token plus its distance to the code along the noised direction; here
+    without noise, so both sides are deterministic), sync_update_v and route_gradients_to_input: outputs,
+    gradients (input and learned codebook) and codebooks over Adam steps."""
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=16, codebook_size=32, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, **options)
+    learned = bool(options.get("learnable_codebook") or options.get("directional_reparam"))
+    compare_training_steps(reference, ours, (2, 40, 16), 3, ["_codebook.embed"],
+                           optimizer=torch.optim.Adam if learned or ours.has_projections else None)
+
+
+def test_diveq_noise_turns_the_direction_by_its_variance_alone():
+    """With noise the output is the token moved its distance to the code along a direction near the code's:
+    the noise changes where it lands, not how far it moved, and more variance turns it more."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 50, 16)
+    turned = []
+    for variance in (1e-4, 1e-1):
+        vq = lockstep.VectorQuantize(dim=16, codebook_size=32, directional_reparam=True, threshold_ema_dead_code=1e-9,
+                                     directional_reparam_variance=variance, seed=1)
+        out, idx, _ = vq(x.clone().requires_grad_(True))
+        codes = vq.get_output_from_indices(idx)
+        torch.testing.assert_close((out - x).norm(dim=-1), (codes - x).norm(dim=-1), atol=1e-4, rtol=1e-4)
+        turned.append(float((out - codes).norm(dim=-1).mean()))
+    assert 0 < turned[0] < turned[1]
+    with pytest.raises(AssertionError, match="dead-code"):  # the reference's assertion
+        lockstep.VectorQuantize(dim=16, codebook_size=32, directional_reparam=True)
+    with pytest.raises(AssertionError, match="at most one"):
+        lockstep.VectorQuantize(dim=16, codebook_size=32, directional_reparam=True, rotation_trick=True,
+                                threshold_ema_dead_code=1.0)

@@ -138,6 +138,17 @@ OptionSection vq_section() {
        // The library's rule (the rotation trick when dim > 1), applied to the default dim.
        boolean("rotation_trick", d.estimator() == VqEstimator::RotationTrick,
                "Rotation-trick gradient estimator; false uses straight-through."),
+       boolean("directional_reparam", false,
+               "DiVeQ estimator: the token plus its distance to the code along the noised direction to it (needs "
+               "rotation_trick = false and threshold_ema_dead_code > 0; no commitment loss)."),
+       real("directional_reparam_variance", d.directional_reparam_variance(),
+            "Variance of the Gaussian noise on DiVeQ's direction.")
+           .at_least(0),
+       boolean("route_gradients_to_input", d.route_gradients_to_input(),
+               "The output takes the estimator's gradient to the token; false outputs the codes themselves."),
+       real("sync_update_v", d.sync_update_v(),
+            "Learnable codebook: the output's gradient times 1 + v (the synchronous update rule's v).")
+           .in_range(0, 1),
        integer("heads", d.heads(), "Vectors each token is split into, each quantized on its own.").in_range(1, 64),
        boolean("separate_codebook_per_head", d.separate_codebook_per_head(),
                "One codebook per head instead of one shared by all heads."),
@@ -257,6 +268,9 @@ OptionSection residual_section() {
            boolean("shared_codebook", d.shared_codebook(),
                    "residual-vq: every layer quantizes with one codebook, recomputed once per step from every "
                    "layer's statistics."),
+           boolean("diveq", d.diveq(),
+                   "residual-vq: DiVeQ over the stack: the layers' codes learned by gradient, the output the input "
+                   "plus its distance to the codes' sum along the noised direction to it."),
            integer("beam_size", d.beam_size(),
                    "residual-vq: training searches this many candidate paths through the layers' codes (beam "
                    "search); 0 or 1 takes each layer's nearest code.")

@@ -39,13 +39,25 @@ LfqOptions lfq_options(const OptionReader& o) {
   return options;
 }
 
+VqEstimator vq_estimator(const OptionReader& o) {
+  const bool directional = o.boolean("directional_reparam");
+  const bool rotation = o.boolean("rotation_trick");
+  LOCKSTEP_CHECK_ARG(!(directional && rotation),
+                     "vq: directional_reparam and rotation_trick are two estimators; set rotation_trick = false");
+  if (directional) return VqEstimator::DirectionalReparam;
+  return rotation ? VqEstimator::RotationTrick : VqEstimator::StraightThrough;
+}
+
 VqOptions vq_options(const OptionReader& o) {
   VqOptions options(o.integer("dim"), o.integer("codebook_size"));
   options.decay(o.real("decay"))
       .eps(o.real("eps"))
       .commitment_weight(o.real("commitment_weight"))
       .use_cosine_sim(o.boolean("cosine"))
-      .estimator(o.boolean("rotation_trick") ? VqEstimator::RotationTrick : VqEstimator::StraightThrough)
+      .estimator(vq_estimator(o))
+      .directional_reparam_variance(o.real("directional_reparam_variance"))
+      .route_gradients_to_input(o.boolean("route_gradients_to_input"))
+      .sync_update_v(o.real("sync_update_v"))
       .kmeans_init(o.boolean("kmeans_init"))
       .kmeans_iters(o.integer("kmeans_iters"))
       .threshold_ema_dead_code(o.real("threshold_ema_dead_code"))
@@ -100,6 +112,7 @@ ResidualOptions residual_options(const OptionReader& o) {
       .quant_grad_frac(o.real("quant_grad_frac"))
       .codebook_sizes(o.int_list("codebook_sizes"))
       .shared_codebook(o.boolean("shared_codebook"))
+      .diveq(o.boolean("diveq"))
       .beam_size(o.integer("beam_size"))
       .eval_beam_size(o.integer("eval_beam_size"))
       .beam_score_weights(o.float_list("beam_score_weights"));

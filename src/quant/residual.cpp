@@ -136,6 +136,12 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
   if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
     if (auto refresh = shared_refresh(inputs, ctx)) updates.push_back(std::move(refresh));
   }
+  if (options_.diveq()) {  // the stack's output: DiVeQ from the (projected) input to the codes' sum
+    const int64_t ld = total.size(2);
+    total = directional_reparam(z.reshape({-1, ld}), total.reshape({-1, ld}), 5e-3, ctx.generator,
+                                ctx.first_item * x.size(1))
+                .reshape(total.sizes());
+  }
   if (!updates.empty()) {
     result.update = [updates = std::move(updates)](Reducer& reducer) {
       for (const auto& update : updates) update(reducer);
@@ -302,10 +308,16 @@ at::Tensor Residual::decode(const at::Tensor& indices) {
   return project_out_ ? project_out_->forward(total) : total;
 }
 
-std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& options, const VqOptions& layer,
+std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const VqOptions& given_layer,
                                            at::Generator generator) {
   // As the reference: one projection for the stack to heads * codebook_dim, which the layers take whole.
-  options.validate();
+  given.validate();
+  ResidualOptions options = given;
+  VqOptions layer = given_layer;
+  if (options.diveq()) {  // the reference's settings for DiVeQ's layers
+    layer.ema_update(false).learnable_codebook(true).route_gradients_to_input(false).commitment_weight(0);
+    options.quant_grad_frac(1.0);
+  }
   if (options.shared_codebook()) {
     const auto& sizes = options.codebook_sizes();
     LOCKSTEP_CHECK_ARG(std::all_of(sizes.begin(), sizes.end(), [&](int64_t k) { return k == sizes.front(); }),
@@ -331,8 +343,9 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-fsq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-                     "residual-fsq: shared_codebook and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(
+      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+      "residual-fsq: shared_codebook, diveq and beam search are residual-vq's");
   const auto& levels = layer.levels();
   const int64_t layer_dim = static_cast<int64_t>(levels.size()) * layer.num_codebooks();
   const at::Tensor level_tensor =
@@ -354,8 +367,9 @@ std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, co
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-simvq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-                     "residual-simvq: shared_codebook and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(
+      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+      "residual-simvq: shared_codebook, diveq and beam search are residual-vq's");
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) layers.push_back(std::make_shared<SimVq>(layer));
   return std::make_shared<Residual>("residual-simvq", options, layer.dim(), std::move(layers));
@@ -365,8 +379,9 @@ std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-lfq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-                     "residual-lfq: shared_codebook and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(
+      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+      "residual-lfq: shared_codebook, diveq and beam search are residual-vq's");
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
   const int64_t layer_dim = bits * layer.num_codebooks();

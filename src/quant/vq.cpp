@@ -58,6 +58,13 @@ at::Tensor code_logits_of(const at::Tensor& x, const at::Tensor& codebook, const
   return metric == Metric::Cosine ? dots : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
 }
 
+// Standard normal draws (len, k) of (token, element) for tokens first..first+len-1: Box-Muller on two hashed
+// uniforms each, so a token draws the same wherever it sits and whichever rank holds it.
+at::Tensor gaussians(uint64_t key, int64_t first, int64_t len, int64_t k, const at::TensorOptions& on) {
+  const at::Tensor u = uniforms(key, first, len, 2 * k, on).reshape({len, k, 2});
+  return (-2 * u.select(2, 0).log()).sqrt() * torch::cos(2 * M_PI * u.select(2, 1));
+}
+
 // Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
 // Euclidean distance or the cosine similarity; tokens in chunks so no (n, K) matrix is held whole.
 // The noise of (token, code) is hashed from (key, the token's global index `first_token + row`,
@@ -105,6 +112,15 @@ void VqOptions::validate() const {
   for (double d : {affine_param_batch_decay_, affine_param_codebook_decay_}) {
     LOCKSTEP_CHECK_ARG(d >= 0 && d < 1, "vq: an affine_param decay is ", d, ", it must lie in [0, 1)");
   }
+  if (estimator() == VqEstimator::DirectionalReparam) {  // as the reference asserts
+    LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ > 0,
+                       "vq: directional_reparam needs dead-code replacement (threshold_ema_dead_code > 0)");
+    LOCKSTEP_CHECK_ARG(directional_reparam_variance_ >= 0,
+                       "vq: directional_reparam_variance = ", directional_reparam_variance_, " must be >= 0");
+  }
+  LOCKSTEP_CHECK_ARG(sync_update_v_ >= 0 && sync_update_v_ <= 1, "vq: sync_update_v = ", sync_update_v_,
+                     " must lie in [0, 1]");
+  LOCKSTEP_CHECK_ARG(sync_update_v_ == 0 || learnable_codebook_, "vq: sync_update_v > 0 needs learnable_codebook");
 }
 
 Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(std::move(options)) {
@@ -246,6 +262,39 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, cons
   return torch::stack(per_codebook);
 }
 
+at::Tensor directional_reparam(const at::Tensor& t, const at::Tensor& q, double variance,
+                               const at::Generator& generator, int64_t first_token) {
+  uint64_t key = 0;
+  {
+    at::Generator gen = generator.defined() ? generator : at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());  // a handle: the draw advances the caller's generator
+    key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() ^ 0xD17E0ULL);
+  }
+  const at::Tensor error = q - t;
+  const at::Tensor noise = gaussians(key, first_token, t.size(0), t.size(1), t.options());
+  const at::Tensor unit = l2norm(error.detach() + std::sqrt(variance) * noise);
+  return t + unit * error.norm(2, -1, true);
+}
+
+at::Tensor Vq::estimated(const at::Tensor& t, const at::Tensor& q, const at::Generator& generator,
+                         int64_t first_token) const {
+  if (!options_.route_gradients_to_input()) return q;  // the codes themselves (a learned codebook's gradient)
+  at::Tensor out;
+  switch (options_.estimator()) {
+    case VqEstimator::RotationTrick:
+      out = rotate_to(t, q);
+      break;
+    case VqEstimator::DirectionalReparam:
+      out = directional_reparam(t, q, options_.directional_reparam_variance(), generator, first_token);
+      break;
+    case VqEstimator::StraightThrough:
+      out = t + (q - t).detach();
+      break;
+  }
+  const double v = options_.sync_update_v();
+  return v > 0 ? out + v * (out - out.detach()) : out;
+}
+
 at::Tensor Vq::lookup(const at::Tensor& codebook, const at::Tensor& indices) {
   if (indices.size(0) == 1) return codebook[0].index_select(0, indices[0]).unsqueeze(0);
   std::vector<at::Tensor> per_codebook;
@@ -317,14 +366,16 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
   at::Tensor out;
-  if (!is_training()) {
+  if (!is_training() && !options_.route_gradients_to_input()) {
+    out = q;  // the codes, a learned codebook's gradient only, as in training (and the reference's evaluation)
+  } else if (!is_training()) {
     // The codes exactly, as the reference gives them (x + (q - x) rounds), with the straight-through
     // gradient where the input takes one (x - x is exactly 0).
     out = grouped.requires_grad() ? q.detach() + (grouped - grouped.detach()) : q.detach();
-  } else if (options_.estimator() == VqEstimator::RotationTrick) {
-    out = rotate_to(grouped.reshape({-1, cd}), q.reshape({-1, cd})).reshape(grouped.sizes());
   } else {
-    out = grouped + (q - grouped).detach();
+    out = estimated(grouped.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator),
+                    ctx.first_item * tokens_per_item)
+              .reshape(grouped.sizes());
   }
   QuantizerOutput result;
   // The commitment loss is reported in evaluation too (the reference returns 0 there); the mean
@@ -335,7 +386,8 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
       options_.learnable_codebook() && !ctx.freeze_codebook ? only_counted(q) : only_counted(q).detach();
   const at::Tensor commitment =
       counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, codes) : grouped.sum() * 0;
-  result.losses["commitment"] = commitment * options_.commitment_weight();
+  // DiVeQ has none, as the reference (its estimator pulls the codes to the tokens).
+  result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
   // The affine statistics follow every training call, frozen codebook or not, as the reference's.
   if (may_change_state) result.update = state_update(counted_tokens, only_counted(indices), ctx, true, call);
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
@@ -429,10 +481,9 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   at::Tensor out;
   if (!is_training()) {
     out = token.requires_grad() ? q.detach() + (token - token.detach()) : q.detach();
-  } else if (options_.estimator() == VqEstimator::RotationTrick) {
-    out = rotate_to(token.reshape({-1, cd}), q.reshape({-1, cd})).reshape({m, k, cd});
   } else {
-    out = token + (q - token).detach();
+    out = estimated(token.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator), ctx.first_item * n * k)
+              .reshape({m, k, cd});
   }
   VqTopk result;
   const at::Tensor codes = options_.learnable_codebook() && !ctx.freeze_codebook ? q : q.detach();

@@ -221,6 +221,40 @@ TEST(Residual, BeamSearchDecodesToItsOutputAndScoresNoWorseThanGreedy) {
                InvalidArgument);
 }
 
+// diveq: the layers' codes learned by gradient (parameters, no commitment loss), and the stack's output
+// directional_reparam(input, the codes' sum) with the call's draw, in training and evaluation.
+TEST(Residual, DiveqIsTheDirectionalReparameterisationOfTheCodesSum) {
+  auto rvq = make_residual_vq(ResidualOptions(3).diveq(true), VqOptions(4, 16), seeded(1));
+  const auto& layer = dynamic_cast<const Vq&>(*rvq->layers()[0]);
+  EXPECT_TRUE(layer.embed().requires_grad());
+  EXPECT_FALSE(layer.options().ema_update());
+  const at::Tensor x = torch::randn({2, 10, 4});
+  for (bool training : {true, false}) {
+    rvq->train(training);
+    const at::Generator generator = seeded(2);
+    const QuantizerOutput out = rvq->quantize(x, {nullptr, generator.clone()});
+    const at::Tensor codes = rvq->decode(out.indices).detach();
+    const at::Tensor expected =
+        directional_reparam(x.reshape({-1, 4}), codes.reshape({-1, 4}), 5e-3, generator.clone(), 0).reshape(x.sizes());
+    EXPECT_TRUE(torch::allclose(out.quantized, expected, 1e-5, 1e-6)) << "training " << training;
+    EXPECT_EQ(out.total_loss().item<float>(), 0.0f);
+  }
+}
+
+// DiVeQ's value: the token moved exactly its distance to the code; without noise, onto the code.
+TEST(Vq, DirectionalReparamMovesTheTokenItsDistanceToTheCode) {
+  const at::Tensor t = torch::randn({30, 5}, torch::requires_grad());
+  const at::Tensor q = torch::randn({30, 5});
+  const at::Tensor exact = directional_reparam(t, q, 0.0, seeded(1), 0);
+  EXPECT_TRUE(torch::allclose(exact, q, 1e-5, 1e-5));
+  const at::Tensor noised = directional_reparam(t, q, 0.1, seeded(1), 0);
+  EXPECT_TRUE(torch::allclose((noised - t).norm(2, -1), (q - t).norm(2, -1), 1e-5, 1e-5));
+  EXPECT_FALSE(torch::allclose(noised, q, 1e-3, 1e-3));
+  EXPECT_TRUE(torch::equal(noised, directional_reparam(t, q, 0.1, seeded(1), 0)));  // keyed by the draw
+  EXPECT_TRUE(torch::equal(noised.narrow(0, 10, 20),                                // and each token's row
+                           directional_reparam(t.narrow(0, 10, 20), q.narrow(0, 10, 20), 0.1, seeded(1), 10)));
+}
+
 TEST(Residual, EachLayerHasTheCodebookSizeItIsGiven) {
   auto rvq = make_residual_vq(ResidualOptions(3).codebook_sizes({5, 12, 7}), VqOptions(4, 99), seeded(1));
   std::vector<int64_t> sizes;

@@ -469,10 +469,13 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "sample_codebook_temp") return 0.7;
     if (key == "affine_param_batch_decay") return 0.8;
     if (key == "affine_param_codebook_decay") return 0.6;
+    if (key == "directional_reparam_variance") return 0.02;
+    if (key == "sync_update_v") return 0.25;
     throw InvalidArgument("unknown key " + key);
   };
   o.boolean = [](const std::string& key) -> bool {
-    if (key == "cosine" || key == "kmeans_init") return false;
+    if (key == "cosine" || key == "kmeans_init" || key == "directional_reparam") return false;
+    if (key == "route_gradients_to_input") return false;
     if (key == "rotation_trick" || key == "stochastic_sample_codes") return false;
     if (key == "separate_codebook_per_head" || key == "learnable_codebook") return true;
     if (key == "ema_update") return false;
@@ -499,6 +502,9 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_TRUE(vq.options().affine_param());
   EXPECT_DOUBLE_EQ(vq.options().affine_param_batch_decay(), 0.8);
   EXPECT_DOUBLE_EQ(vq.options().affine_param_codebook_decay(), 0.6);
+  EXPECT_DOUBLE_EQ(vq.options().directional_reparam_variance(), 0.02);
+  EXPECT_DOUBLE_EQ(vq.options().sync_update_v(), 0.25);
+  EXPECT_FALSE(vq.options().route_gradients_to_input());
 }
 
 // learnable_codebook: the codebook is a parameter that only the commitment loss moves (the

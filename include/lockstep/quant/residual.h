@@ -64,6 +64,13 @@ struct ResidualOptions {
     shared_codebook_ = on;
     return *this;
   }
+  // residual-vq: DiVeQ over the stack (the reference's diveq): the layers output their codes, learned by
+  // gradient (no EMA, no commitment loss, every layer's gradient passed on: quant_grad_frac 1), and the
+  // stack's output is directional_reparam(input, sum of the codes) (quant/vq.h), in training and evaluation.
+  ResidualOptions& diveq(bool on) {
+    diveq_ = on;
+    return *this;
+  }
   // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
   ResidualOptions& beam_score_weights(std::vector<double> w) {
     beam_score_weights_ = std::move(w);
@@ -80,6 +87,7 @@ struct ResidualOptions {
   int64_t eval_beam_size() const { return eval_beam_size_ > 0 ? eval_beam_size_ : beam_size_; }
   const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
   bool shared_codebook() const { return shared_codebook_; }
+  bool diveq() const { return diveq_; }
 
   // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
   // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
@@ -97,6 +105,7 @@ struct ResidualOptions {
   int64_t eval_beam_size_ = 0;
   std::vector<double> beam_score_weights_;
   bool shared_codebook_ = false;
+  bool diveq_ = false;
 };
 
 class Residual final : public Quantizer {

@@ -15,8 +15,9 @@
 namespace lockstep::quant {
 
 enum class VqEstimator {
-  StraightThrough,  // x + (q - x).detach()
-  RotationTrick,    // Fifty et al. 2024: forward value q, gradient rotated from x onto q
+  StraightThrough,     // x + (q - x).detach()
+  RotationTrick,       // Fifty et al. 2024: forward value q, gradient rotated from x onto q
+  DirectionalReparam,  // DiVeQ (Vali et al.): x + sg(u) |q - x|, u the unit direction of q - x + noise
 };
 
 struct VqOptions {
@@ -49,6 +50,23 @@ struct VqOptions {
   // Unset: the rotation trick when dim > 1, else straight-through (the reference's default).
   VqOptions& estimator(VqEstimator e) {
     estimator_ = e;
+    return *this;
+  }
+  // The variance of the Gaussian noise on the error direction with VqEstimator::DirectionalReparam.
+  VqOptions& directional_reparam_variance(double v) {
+    directional_reparam_variance_ = v;
+    return *this;
+  }
+  // false: the output is the codes themselves in training, no estimator, no gradient to the input (a
+  // learnable codebook still gets its own), as the reference's route_gradients_to_input=False.
+  VqOptions& route_gradients_to_input(bool on) {
+    route_gradients_to_input_ = on;
+    return *this;
+  }
+  // Training only (learnable codebook): the output's gradient times 1 + v (out + v (out - sg(out))), the
+  // synchronous update rule's v (Huh et al. 2023, eq. 21), as the reference's sync_update_v.
+  VqOptions& sync_update_v(double v) {
+    sync_update_v_ = v;
     return *this;
   }
   VqOptions& kmeans_init(bool on) {
@@ -137,6 +155,11 @@ struct VqOptions {
   VqEstimator estimator() const {
     return estimator_.value_or(dim_ > 1 ? VqEstimator::RotationTrick : VqEstimator::StraightThrough);
   }
+  double directional_reparam_variance() const { return directional_reparam_variance_; }
+  bool route_gradients_to_input() const { return route_gradients_to_input_; }
+  double sync_update_v() const { return sync_update_v_; }
+  // The commitment loss counts: its weight > 0 and not DiVeQ's estimator, as the reference's.
+  bool has_commitment_loss() const { return commitment_weight_ > 0 && estimator() != VqEstimator::DirectionalReparam; }
   bool kmeans_init() const { return kmeans_init_; }
   int64_t kmeans_iters() const { return kmeans_iters_; }
   double threshold_ema_dead_code() const { return threshold_ema_dead_code_; }
@@ -159,7 +182,8 @@ struct VqOptions {
   // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
   // outside [0, 1], eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
   // learnable_codebook with ema_update or with cosine similarity, affine_param with cosine
-  // similarity, an affine decay outside [0, 1).
+  // similarity, an affine decay outside [0, 1), DiVeQ without dead-code replacement or with a negative
+  // variance, sync_update_v outside [0, 1] or above 0 without a learnable codebook.
   void validate() const;
 
  private:
@@ -170,6 +194,9 @@ struct VqOptions {
   double commitment_weight_ = 1.0;
   bool use_cosine_sim_ = false;
   std::optional<VqEstimator> estimator_;
+  double directional_reparam_variance_ = 5e-3;
+  bool route_gradients_to_input_ = true;
+  double sync_update_v_ = 0;
   bool kmeans_init_ = false;
   int64_t kmeans_iters_ = 10;
   double threshold_ema_dead_code_ = 0;
@@ -299,6 +326,11 @@ class Vq final : public Quantizer {
   // codes), deferred or run at once as ctx says; what quantize and update_from share.
   std::function<void(Reducer&)> state_update(const at::Tensor& tokens, const at::Tensor& indices,
                                              const QuantizeContext& ctx, bool affine, const VqUpdate& update);
+  // The training output of tokens t (N, cd) quantized to q (N, cd): the estimator's value and gradient,
+  // the codes alone without route_gradients_to_input, the gradient scaled with sync_update_v. DiVeQ's
+  // noise is keyed by the tokens' global rows (first_token + row) and a draw of `generator`.
+  at::Tensor estimated(const at::Tensor& t, const at::Tensor& q, const at::Generator& generator,
+                       int64_t first_token) const;
   // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
   // `generator` is defined.
   at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
@@ -318,6 +350,13 @@ class Vq final : public Quantizer {
   // Not state (as the reference keeps them in the buffers' .grad): undefined when none are pending.
   at::Tensor pending_counts_, pending_sums_;
 };
+
+// DiVeQ's output (n, d) for tokens t (n, d) and codes q (n, d) (Vali et al., the reference's
+// directional_reparam): t + sg(u) |q - t|, u the unit direction of q - t plus Gaussian noise of `variance`,
+// each element's noise keyed by a draw of `generator` (torch's default when undefined) and its token's global
+// row first_token + row. Its value is q up to the noise's turn; its gradient reaches t and q.
+at::Tensor directional_reparam(const at::Tensor& t, const at::Tensor& q, double variance,
+                               const at::Generator& generator, int64_t first_token);
 
 // The rotation trick's output (n, d) for tokens x (n, d) and their codes q (n, d): value q,
 // gradient to x rotated (see docs/quantizers.md). Exposed for tests. On the CPU one fused pass; on
