@@ -59,6 +59,10 @@ class _Residual(LockstepQuantizer):
             pad = indices.new_full((*indices.shape[:-1], self.num_quantizers - indices.shape[-1]), -1)
             indices = torch.cat([indices, pad], dim=-1)
         dropped = indices == -1
+        if getattr(self, "implicit_neural_codebook", False):  # each layer's codes from the codes before it
+            flat = indices.reshape(indices.shape[0], -1, indices.shape[-1])
+            codes = self._core.residual_layer_codes(flat)
+            return codes.reshape(codes.shape[0], *indices.shape[:-1], codes.shape[-1])
         codebooks = self.codebooks
         codes = torch.stack([codebooks[q][indices[..., q].clamp_min(0)] for q in range(self.num_quantizers)])
         scales = self._code_scales()
@@ -106,8 +110,10 @@ class ResidualVQ(_Residual):
                  quant_grad_frac=0.0, return_zeros_for_masked_padding=True, seed=None, process_group=None,
                  collective_timeout=300.0, **vq_kwargs):
         mlp_kwargs = mlp_kwargs or MappingProxyType({})  # None as the reference's default, an empty dict
-        only_defaults("lockstep.ResidualVQ", ResidualVQ.__init__, locals(),
-                      ("implicit_neural_codebook", "mlp_kwargs"))
+        mlp = dict(mlp_kwargs)
+        unknown = set(mlp) - {"dim_hidden", "depth"}
+        if unknown:  # the reference passes dim and l2norm_output itself: anything else is a TypeError there too
+            raise TypeError(f"lockstep.ResidualVQ: mlp_kwargs takes dim_hidden and depth, got {sorted(unknown)}")
         if eval_beam_size is not None and beam_size is None:  # the reference's assertion
             raise AssertionError("lockstep.ResidualVQ: eval_beam_size needs beam_size, as the reference's")
         if heads != 1:  # the reference's own assertion
@@ -143,6 +149,13 @@ class ResidualVQ(_Residual):
         # DiVeQ over the stack: liblockstep sets the layers' options as the reference does (no EMA, learned
         # codebooks, codes as the layers' outputs, no commitment loss, quant_grad_frac 1).
         options["diveq"] = bool(diveq)
+        # QINCo's implicit neural codebooks: liblockstep's MLPs (quant/implicit_codebook.h), learned codebooks.
+        if implicit_neural_codebook and vq_kwargs.get("use_cosine_sim"):  # learned codebooks: the reference's assertion
+            raise AssertionError("lockstep.ResidualVQ: implicit_neural_codebook learns the codebooks, which cosine "
+                                 "similarity does not take, as in the reference")
+        options["implicit_neural_codebook"] = bool(implicit_neural_codebook)
+        options["mlp_hidden"] = int(mlp.get("dim_hidden") or 0)
+        options["mlp_depth"] = int(mlp.get("depth", 4))
         # Beam search over the layers' codes (liblockstep's Residual::quantize_beam), the reference's widths.
         options["beam_size"] = int(beam_size or 0)
         options["eval_beam_size"] = int(eval_beam_size or 0)
@@ -159,6 +172,7 @@ class ResidualVQ(_Residual):
         self.codebook_dim = int(codebook_dim) if codebook_dim is not None else int(dim)
         self.has_projections = self.codebook_dim != int(dim)
         self.diveq = bool(diveq)
+        self.implicit_neural_codebook = bool(implicit_neural_codebook)
         self.quant_grad_frac = float(quant_grad_frac) if not diveq else 1.0
         self.shared_codebook = bool(shared_codebook)
         self.beam_size = beam_size

@@ -597,6 +597,16 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("l"), "A residual quantizer's layer l (the same object).")
       .def(
+          "residual_layer_codes",
+          [](Quantizer& q, const at::Tensor& indices) {
+            auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
+            LOCKSTEP_CHECK_ARG(residual, "residual_layer_codes called on a ", q.kind(), " quantizer");
+            return residual->decode_layers(indices.to(at::kLong));
+          },
+          py::arg("indices"),
+          "Indices (b, n, num_quantizers) -> each layer's code as it enters the sum, (num_quantizers, b, n, "
+          "layer_dim); zeros for a dropped layer (quant/residual.h, Residual::decode_layers).")
+      .def(
           "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
           "The quantizer's parameters by dotted name, the same tensors.")
       .def(

@@ -409,3 +409,44 @@ def test_diveq_learns_every_layer_s_codebook_by_gradient_as_the_reference(traini
         name = f"layers.{q}._codebook.embed"
         assert (ours.get_parameter(name).grad != 0).any() and (reference.get_parameter(name).grad != 0).any()
     assert xs[1].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("options", [dict(), dict(quant_grad_frac=0.3, rotation_trick=False),
+                                     dict(mlp_kwargs=dict(dim_hidden=24, depth=2), codebook_dim=8),
+                                     dict(quantize_dropout=True, quantize_dropout_cutoff_index=2)],
+                         ids=["default", "grad_frac", "mlp_projected", "dropout"])
+def test_implicit_neural_codebooks_match_the_reference(options):
+    """QINCo: each layer after the first takes, per token, its codes from its codebook and the codes before it
+    through the MLP (its parameters under the reference's names, mlps.<l>...): indices, outputs, losses,
+    input and parameter gradients (codebooks and MLPs) over Adam steps, then evaluation decoded from the
+    indices and each layer's codes."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, **options)
+    ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, **options)
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    # With the cutoff index at the last layer, dropout keeps every layer (its draws are lockstep's own).
+    compare_training_steps(reference, ours, (2, 20, 12), 3, [], optimizer=torch.optim.Adam)
+    reference.eval()
+    ours.eval()
+    x = torch.randn(2, 20, 12)
+    out_ref, idx_ref, _ = reference(x)
+    out, idx, _ = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_codes_from_indices(idx), reference.get_codes_from_indices(idx_ref),
+                               atol=1e-5, rtol=1e-5)
+    if options.get("quantize_dropout"):  # coarse indices: the dropped layers contribute nothing
+        coarse = idx[..., :2]
+        torch.testing.assert_close(ours.get_codes_from_indices(coarse), reference.get_codes_from_indices(coarse),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_implicit_neural_codebooks_refuse_what_the_reference_refuses():
+    with pytest.raises(AssertionError):
+        ReferenceResidualVQ(dim=8, num_quantizers=2, codebook_size=8, implicit_neural_codebook=True, use_cosine_sim=True)
+    with pytest.raises(AssertionError, match="cosine"):
+        lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=8, implicit_neural_codebook=True, use_cosine_sim=True)
+    with pytest.raises(TypeError, match="mlp_kwargs"):
+        lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=8, implicit_neural_codebook=True,
+                            mlp_kwargs=dict(l2norm_output=True))

@@ -271,6 +271,14 @@ OptionSection residual_section() {
            boolean("diveq", d.diveq(),
                    "residual-vq: DiVeQ over the stack: the layers' codes learned by gradient, the output the input "
                    "plus its distance to the codes' sum along the noised direction to it."),
+           boolean("implicit_neural_codebook", d.implicit_neural_codebook(),
+                   "residual-vq: QINCo: each layer after the first takes its codes, per token, from its codebook and "
+                   "the codes before it through a small MLP, learned by gradient."),
+           integer("mlp_depth", d.mlp_depth(), "residual-vq, implicit codebooks: the MLP's residual blocks.")
+               .in_range(0, 64),
+           integer("mlp_hidden", d.mlp_hidden(),
+                   "residual-vq, implicit codebooks: the blocks' hidden width; 0 means the code's dimension.")
+               .in_range(0, 65536),
            integer("beam_size", d.beam_size(),
                    "residual-vq: training searches this many candidate paths through the layers' codes (beam "
                    "search); 0 or 1 takes each layer's nearest code.")

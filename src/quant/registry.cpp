@@ -113,6 +113,9 @@ ResidualOptions residual_options(const OptionReader& o) {
       .codebook_sizes(o.int_list("codebook_sizes"))
       .shared_codebook(o.boolean("shared_codebook"))
       .diveq(o.boolean("diveq"))
+      .implicit_neural_codebook(o.boolean("implicit_neural_codebook"))
+      .mlp_depth(o.integer("mlp_depth"))
+      .mlp_hidden(o.integer("mlp_hidden"))
       .beam_size(o.integer("beam_size"))
       .eval_beam_size(o.integer("eval_beam_size"))
       .beam_score_weights(o.float_list("beam_score_weights"));

@@ -24,6 +24,11 @@ void ResidualOptions::validate() const {
   for (int64_t k : codebook_sizes_) {
     LOCKSTEP_CHECK_ARG(k >= 1, "residual: a codebook size is ", k, ", it must be >= 1");
   }
+  LOCKSTEP_CHECK_ARG(mlp_depth_ >= 0 && mlp_hidden_ >= 0, "residual: mlp_depth = ", mlp_depth_,
+                     " and mlp_hidden = ", mlp_hidden_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(!(implicit_neural_codebook_ && (beam_size_ > 1 || eval_beam_size_ > 1 || shared_codebook_)),
+                     "residual: implicit_neural_codebook with beam search or a shared codebook is not computed by "
+                     "lockstep yet");
   LOCKSTEP_CHECK_ARG(beam_size_ >= 0 && eval_beam_size_ >= 0, "residual: beam_size = ", beam_size_,
                      " and eval_beam_size = ", eval_beam_size_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
@@ -57,6 +62,18 @@ Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
   if (dim_ != layer_dim) {
     project_in_ = register_module("project_in", torch::nn::Linear(dim_, layer_dim));
     project_out_ = register_module("project_out", torch::nn::Linear(layer_dim, dim_));
+  }
+  if (options_.implicit_neural_codebook()) {
+    const auto* first = dynamic_cast<const Vq*>(layers_.front().get());
+    LOCKSTEP_CHECK_ARG(first && scales_.empty(), kind_, ": implicit neural codebooks are residual-vq's");
+    auto holder = register_module("mlps", std::make_shared<torch::nn::Module>());
+    for (size_t l = 1; l < layers_.size(); ++l) {
+      mlps_.push_back(holder->register_module(std::to_string(l - 1),
+                                              ImplicitCodebook(ImplicitCodebookOptions(layer_dim)
+                                                                   .hidden(options_.mlp_hidden())
+                                                                   .depth(options_.mlp_depth())
+                                                                   .l2norm_output(first->options().use_cosine_sim()))));
+    }
   }
 }
 
@@ -117,7 +134,12 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     }
     const bool scaled = !scales_.empty();
     QuantizerOutput out;
-    if (options_.shared_codebook()) {  // statistics now, the shared codebook recomputed after the last layer
+    if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
+      auto& vq = dynamic_cast<Vq&>(layer);
+      const int64_t ld = residual.size(2);
+      const at::Tensor codes = mlps_[static_cast<size_t>(l - 1)]->forward(vq.embed()[0], total.reshape({-1, ld}));
+      out = vq.quantize_implicit(residual, codes, ctx);
+    } else if (options_.shared_codebook()) {  // statistics now, the shared codebook recomputed after the last layer
       VqUpdate track;
       track.refresh_codebook = false;
       inputs.push_back(residual.detach());
@@ -285,12 +307,14 @@ at::Tensor Residual::encode(const at::Tensor& x) {
   return torch::cat(indices, 2);
 }
 
-at::Tensor Residual::decode(const at::Tensor& indices) {
+at::Tensor Residual::decode_layers(const at::Tensor& indices) {
   LOCKSTEP_CHECK_ARG(indices.dim() == 3 && indices.size(2) == num_indices_, kind_, ": expected indices (b, n, ",
                      num_indices_, "), got ", indices.sizes());
   const int64_t b = indices.size(0);
   const int64_t n = indices.size(1);
-  at::Tensor total = torch::zeros({b, n, layers_.front()->dim()}, indices.options().dtype(torch::kFloat32));
+  const int64_t ld = layers_.front()->dim();
+  at::Tensor total = torch::zeros({b, n, ld}, indices.options().dtype(torch::kFloat32));
+  std::vector<at::Tensor> codes;
   int64_t offset = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Quantizer& layer = *layers_[l];
@@ -301,10 +325,29 @@ at::Tensor Residual::decode(const at::Tensor& indices) {
     LOCKSTEP_CHECK_ARG(torch::equal(dropped.expand_as(slice), slice < 0), kind_, ": layer ", l,
                        " has some but not all of a token's indices at -1");
     const at::Tensor kept = slice.clamp_min(0);
-    at::Tensor q = layer.decode(m == 1 ? kept.squeeze(2) : kept);
+    at::Tensor q;
+    if (!mlps_.empty() && l > 0) {  // the codes of this token's implicit codebook, from the codes before it
+      auto& vq = dynamic_cast<Vq&>(layer);
+      LOCKSTEP_CHECK_ARG(kept.numel() == 0 || kept.max().item<int64_t>() < vq.codebook_size(), kind_,
+                         ": indices must lie in [0, ", vq.codebook_size(), ")");
+      at::Tensor book = mlps_[l - 1]->forward(vq.embed()[0], total.reshape({-1, ld}));  // (b n, K, ld)
+      if (vq.options().use_cosine_sim()) {
+        book = torch::nn::functional::normalize(book, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
+      }
+      q = book.gather(1, kept.reshape({-1, 1, 1}).expand({b * n, 1, ld})).reshape({b, n, ld});
+    } else {
+      q = layer.decode(m == 1 ? kept.squeeze(2) : kept);
+    }
     if (!scales_.empty()) q = q * scales_[l];
-    total = total + q.masked_fill(dropped, 0.0);
+    q = q.masked_fill(dropped, 0.0);
+    total = total + q;
+    codes.push_back(q);
   }
+  return torch::stack(codes);
+}
+
+at::Tensor Residual::decode(const at::Tensor& indices) {
+  const at::Tensor total = decode_layers(indices).sum(0);
   return project_out_ ? project_out_->forward(total) : total;
 }
 
@@ -314,6 +357,7 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const V
   given.validate();
   ResidualOptions options = given;
   VqOptions layer = given_layer;
+  if (options.implicit_neural_codebook()) layer.ema_update(false).learnable_codebook(true);  // as the reference
   if (options.diveq()) {  // the reference's settings for DiVeQ's layers
     layer.ema_update(false).learnable_codebook(true).route_gradients_to_input(false).commitment_weight(0);
     options.quant_grad_frac(1.0);
@@ -343,9 +387,9 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-fsq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(
-      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-      "residual-fsq: shared_codebook, diveq and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && !options.diveq() && !options.implicit_neural_codebook() &&
+                         options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-fsq: shared_codebook, diveq, implicit codebooks and beam search are residual-vq's");
   const auto& levels = layer.levels();
   const int64_t layer_dim = static_cast<int64_t>(levels.size()) * layer.num_codebooks();
   const at::Tensor level_tensor =
@@ -367,9 +411,9 @@ std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, co
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-simvq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(
-      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-      "residual-simvq: shared_codebook, diveq and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && !options.diveq() && !options.implicit_neural_codebook() &&
+                         options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-simvq: shared_codebook, diveq, implicit codebooks and beam search are residual-vq's");
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) layers.push_back(std::make_shared<SimVq>(layer));
   return std::make_shared<Residual>("residual-simvq", options, layer.dim(), std::move(layers));
@@ -379,9 +423,9 @@ std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, cons
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-lfq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
-  LOCKSTEP_CHECK_ARG(
-      !options.shared_codebook() && !options.diveq() && options.beam_size() <= 1 && options.eval_beam_size() <= 1,
-      "residual-lfq: shared_codebook, diveq and beam search are residual-vq's");
+  LOCKSTEP_CHECK_ARG(!options.shared_codebook() && !options.diveq() && !options.implicit_neural_codebook() &&
+                         options.beam_size() <= 1 && options.eval_beam_size() <= 1,
+                     "residual-lfq: shared_codebook, diveq, implicit codebooks and beam search are residual-vq's");
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
   const int64_t layer_dim = bits * layer.num_codebooks();

@@ -516,6 +516,63 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   return result;
 }
 
+QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx) {
+  const int64_t cd = options_.codebook_dim();
+  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !project_in_ && !options_.affine_param(),
+                     "vq: per-token codebooks take one head, no projection and no affine_param");
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == cd, "vq: expected tokens (b, n, ", cd, "), got ", x.sizes());
+  const int64_t b = x.size(0);
+  const int64_t n = x.size(1);
+  const int64_t m = b * n;
+  const int64_t k = options_.codebook_size();
+  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
+                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
+  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
+  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  at::Tensor indices;
+  {
+    torch::NoGradGuard no_grad;
+    // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
+    at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
+                                                  : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
+    if (is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0) {
+      at::Generator gen = or_default(ctx.generator);
+      uint64_t key = 0;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
+      }
+      const at::Tensor u = uniforms(key, ctx.first_item * n, m, k, logits.options());
+      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+    }
+    indices = logits.argmax(1);  // (M)
+  }
+  const at::Tensor q = book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
+  at::Tensor out;
+  if (!is_training()) {
+    out = tokens.requires_grad() ? q.detach() + (tokens - tokens.detach()) : q.detach();
+  } else {
+    out = estimated(tokens, q, or_default(ctx.generator), ctx.first_item * n);
+  }
+  QuantizerOutput result;
+  at::Tensor counted;
+  if (mask.defined()) counted = mask.reshape(-1).nonzero().squeeze(1);
+  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(0, counted) : t; };
+  const at::Tensor commit_codes = ctx.freeze_codebook ? only_counted(q).detach() : only_counted(q);
+  const at::Tensor commitment =
+      only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
+  result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
+  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+    result.update =
+        state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});
+  }
+  result.quantized = out.reshape({b, n, cd}).to(x.scalar_type());
+  result.indices = indices.reshape({b, n});
+  apply_mask(mask, result.quantized, result.indices);
+  return result;
+}
+
 std::function<void(Reducer&)> Vq::refresh_update(const at::Tensor& x, const QuantizeContext& ctx) {
   torch::NoGradGuard no_grad;
   const bool dead_codes = options_.threshold_ema_dead_code() > 0 && is_training();

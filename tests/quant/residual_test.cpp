@@ -255,6 +255,32 @@ TEST(Vq, DirectionalReparamMovesTheTokenItsDistanceToTheCode) {
                            directional_reparam(t.narrow(0, 10, 20), q.narrow(0, 10, 20), 0.1, seeded(1), 10)));
 }
 
+// Implicit neural codebooks: layer l > 0 searches the codes its MLP makes from its codebook and the codes
+// before it; decode rebuilds them the same way, and the codebooks and MLPs take gradients.
+TEST(Residual, ImplicitCodebooksComeFromTheCodesBefore) {
+  auto rvq =
+      make_residual_vq(ResidualOptions(3).implicit_neural_codebook(true).mlp_depth(2), VqOptions(4, 8), seeded(1));
+  std::set<std::string> names;
+  for (const auto& p : rvq->named_parameters()) names.insert(p.key());
+  EXPECT_TRUE(names.count("mlps.0.proj_in.weight") && names.count("mlps.1.layers.1.2.bias")) << names.size();
+  EXPECT_TRUE(names.count("layer0.embed"));  // a learned codebook
+  const at::Tensor x = torch::randn({2, 6, 4}, torch::requires_grad());
+  rvq->train();
+  const QuantizerOutput out = rvq->quantize(x, {nullptr, seeded(2)});
+  EXPECT_TRUE(torch::allclose(rvq->decode(out.indices), out.quantized, 1e-5, 1e-5));
+  // Layer 1's index is the nearest of the codes its MLP makes from layer 0's code.
+  const at::Tensor layer0 = rvq->decode_layers(out.indices)[0];
+  auto& vq1 = dynamic_cast<Vq&>(*rvq->layers()[1]);
+  const at::Tensor codes =
+      rvq->named_modules()["mlps.0"]->as<ImplicitCodebookImpl>()->forward(vq1.embed()[0], layer0.reshape({-1, 4}));
+  const at::Tensor residual = (x - layer0).detach().reshape({-1, 1, 4});
+  EXPECT_TRUE(torch::equal((residual - codes + 1e-6).norm(2, -1).argmin(1), out.indices.select(2, 1).reshape(-1)));
+  (out.quantized.sum() + out.total_loss()).backward();
+  EXPECT_TRUE(vq1.embed().grad().defined());
+  EXPECT_THROW(make_residual_vq(ResidualOptions(2).implicit_neural_codebook(true).beam_size(2), VqOptions(4, 8)),
+               InvalidArgument);
+}
+
 TEST(Residual, EachLayerHasTheCodebookSizeItIsGiven) {
   auto rvq = make_residual_vq(ResidualOptions(3).codebook_sizes({5, 12, 7}), VqOptions(4, 99), seeded(1));
   std::vector<int64_t> sizes;

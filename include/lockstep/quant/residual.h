@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/quant/fsq.h"
+#include "lockstep/quant/implicit_codebook.h"
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/simvq.h"
@@ -71,6 +72,22 @@ struct ResidualOptions {
     diveq_ = on;
     return *this;
   }
+  // residual-vq: QINCo's implicit neural codebooks (the reference's implicit_neural_codebook): layer l > 0
+  // takes, per token, its codes from its base codebook and the sum of the layers before it through a small
+  // MLP (quant/implicit_codebook.h, `mlp_depth` blocks of width `mlp_hidden`, 0: the code's dimension);
+  // the codebooks and MLPs are learned by gradient (no EMA), as there.
+  ResidualOptions& implicit_neural_codebook(bool on) {
+    implicit_neural_codebook_ = on;
+    return *this;
+  }
+  ResidualOptions& mlp_depth(int64_t d) {
+    mlp_depth_ = d;
+    return *this;
+  }
+  ResidualOptions& mlp_hidden(int64_t h) {
+    mlp_hidden_ = h;
+    return *this;
+  }
   // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
   ResidualOptions& beam_score_weights(std::vector<double> w) {
     beam_score_weights_ = std::move(w);
@@ -88,6 +105,9 @@ struct ResidualOptions {
   const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
   bool shared_codebook() const { return shared_codebook_; }
   bool diveq() const { return diveq_; }
+  bool implicit_neural_codebook() const { return implicit_neural_codebook_; }
+  int64_t mlp_depth() const { return mlp_depth_; }
+  int64_t mlp_hidden() const { return mlp_hidden_; }
 
   // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
   // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
@@ -106,6 +126,9 @@ struct ResidualOptions {
   std::vector<double> beam_score_weights_;
   bool shared_codebook_ = false;
   bool diveq_ = false;
+  bool implicit_neural_codebook_ = false;
+  int64_t mlp_depth_ = 4;
+  int64_t mlp_hidden_ = 0;
 };
 
 class Residual final : public Quantizer {
@@ -139,6 +162,9 @@ class Residual final : public Quantizer {
   at::Tensor encode(const at::Tensor& x) override;
   // Indices -1 (dropped layers) contribute nothing.
   at::Tensor decode(const at::Tensor& indices) override;
+  // Each layer's code as it enters the sum (scaled, before the projection out), (Q, b, n, layer_dim): zeros
+  // for a dropped layer (-1). With implicit neural codebooks, each from the sum of the codes before it.
+  at::Tensor decode_layers(const at::Tensor& indices);
 
   const ResidualOptions& options() const { return options_; }
   const std::vector<std::shared_ptr<Quantizer>>& layers() const { return layers_; }
@@ -164,6 +190,7 @@ class Residual final : public Quantizer {
   at::Tensor input_clamp_;  // derived from the layers' options, so not a buffer (nor in checkpoints)
   torch::nn::Linear project_in_{nullptr};
   torch::nn::Linear project_out_{nullptr};
+  std::vector<ImplicitCodebook> mlps_;  // layers 1..Q-1's, with implicit_neural_codebook
 };
 
 // Q VQ layers of `layer` options (each its own codebook, drawn in turn from `generator`, or one for

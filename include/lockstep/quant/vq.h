@@ -272,6 +272,12 @@ class Vq final : public Quantizer {
   // when nothing is trained (ema_update and dead codes off, or ctx.freeze_codebook).
   std::function<void(Reducer&)> update_from(const at::Tensor& x, const at::Tensor& indices, const QuantizeContext& ctx,
                                             const VqUpdate& update = {});
+  // quantize() with each token's own codes, `codes` (b * n, K, codebook_dim) (an implicit neural codebook's,
+  // quant/implicit_codebook.h; heads = 1, no projection): the nearest by the reference's
+  // pairwise_distance (or the cosine similarity), or sampled in training with stochastic_sample_codes;
+  // the output, its estimator and the commitment loss differentiable in the codes (a learned codebook).
+  // Statistics (dead codes) as quantize's, of the chosen indices.
+  QuantizerOutput quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx);
   // The end of a training call whose updates did not refresh the codebook (VqUpdate::refresh_codebook
   // false, a codebook shared by residual layers): the codebook recomputed from the statistics (with
   // ema_update), then dead codes replaced from x (b, n, dim), every layer's input together (ctx.mask
