@@ -413,8 +413,9 @@ def test_diveq_learns_every_layer_s_codebook_by_gradient_as_the_reference(traini
 
 @pytest.mark.parametrize("options", [dict(), dict(quant_grad_frac=0.3, rotation_trick=False),
                                      dict(mlp_kwargs=dict(dim_hidden=24, depth=2), codebook_dim=8),
-                                     dict(quantize_dropout=True, quantize_dropout_cutoff_index=2)],
-                         ids=["default", "grad_frac", "mlp_projected", "dropout"])
+                                     dict(quantize_dropout=True, quantize_dropout_cutoff_index=2),
+                                     dict(shared_codebook=True)],
+                         ids=["default", "grad_frac", "mlp_projected", "dropout", "shared"])
 def test_implicit_neural_codebooks_match_the_reference(options):
     """QINCo: each layer after the first takes, per token, its codes from its codebook and the codes before it
     through the MLP (its parameters under the reference's names, mlps.<l>...): indices, outputs, losses,

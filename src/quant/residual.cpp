@@ -26,9 +26,8 @@ void ResidualOptions::validate() const {
   }
   LOCKSTEP_CHECK_ARG(mlp_depth_ >= 0 && mlp_hidden_ >= 0, "residual: mlp_depth = ", mlp_depth_,
                      " and mlp_hidden = ", mlp_hidden_, " must be >= 0");
-  LOCKSTEP_CHECK_ARG(!(implicit_neural_codebook_ && (beam_size_ > 1 || eval_beam_size_ > 1 || shared_codebook_)),
-                     "residual: implicit_neural_codebook with beam search or a shared codebook is not computed by "
-                     "lockstep yet");
+  LOCKSTEP_CHECK_ARG(!(implicit_neural_codebook_ && (beam_size_ > 1 || eval_beam_size_ > 1)),
+                     "residual: implicit_neural_codebook with beam search is not computed by lockstep yet");
   LOCKSTEP_CHECK_ARG(beam_size_ >= 0 && eval_beam_size_ >= 0, "residual: beam_size = ", beam_size_,
                      " and eval_beam_size = ", eval_beam_size_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
