@@ -11,7 +11,7 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
     """vector-quantize-pytorch's FSQ arguments -> (liblockstep's FSQ options (quant/option_specs.h), the
     module's own settings); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.FSQ", fsq_options, locals(),
-                  ("projection_has_bias", "force_quantization_f32", "orthogonal_rotation"))
+                  ("force_quantization_f32", "orthogonal_rotation"))
     levels = [int(level) for level in levels]
     if 2 in levels and not preserve_symmetry:  # the reference refuses it too: level 2 needs the symmetric bound
         raise ValueError(f"lockstep.FSQ: levels={levels} has a level of 2, which needs preserve_symmetry=True "
@@ -21,7 +21,8 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
     if num_codebooks > 1 and not keep_num_codebooks_dim:
         raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
     options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
-                   noise_dropout=float(noise_dropout), bound_hard_clamp=bool(bound_hard_clamp))
+                   noise_dropout=float(noise_dropout), bound_hard_clamp=bool(bound_hard_clamp),
+                   projection_has_bias=bool(projection_has_bias))
     if dim is not None:
         options["dim"] = int(dim)
     module = dict(keep_num_codebooks_dim=keep_num_codebooks_dim, channel_first=channel_first,

@@ -27,11 +27,14 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
     dim = dim if dim is not None else codebook_dims
     if not (straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)):
         refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation, "the identity")
-    if has_projections not in (None, dim != codebook_dims):
-        refuse("lockstep.LFQ", "has_projections", has_projections, "projections exactly when dim differs")
+    if has_projections is False and dim != codebook_dims:  # the reference then fails at its first forward
+        raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
+                           f"log2 codebook_size), got dim={dim}")
     only_defaults("lockstep.LFQ", lfq_options, locals(),
-                  ("projection_has_bias", "soft_clamp_input_value", "cosine_sim_project_in",
-                   "experimental_softplus_entropy_loss", "force_quantization_f32", "orthogonal_rotation"))
+                  ("cosine_sim_project_in", "force_quantization_f32", "orthogonal_rotation"))
+    if soft_clamp_input_value is not None and soft_clamp_input_value < codebook_scale:  # the reference's assertion
+        raise AssertionError(f"lockstep.LFQ: soft_clamp_input_value={soft_clamp_input_value} must be >= "
+                             f"codebook_scale={codebook_scale}, as in the reference")
     if keep_num_codebooks_dim is None:
         keep_num_codebooks_dim = num_codebooks > 1
     if num_codebooks > 1 and not keep_num_codebooks_dim:
@@ -40,7 +43,11 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
                    commitment_loss_weight=float(commitment_loss_weight), diversity_gamma=float(diversity_gamma),
                    inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
                    spherical=bool(spherical), num_codebooks=int(num_codebooks),
-                   frac_per_sample_entropy=float(frac_per_sample_entropy))
+                   frac_per_sample_entropy=float(frac_per_sample_entropy),
+                   projection_has_bias=bool(projection_has_bias), force_projections=bool(has_projections),
+                   soft_clamp=float(soft_clamp_input_value or 0.0),
+                   softplus_entropy=bool(experimental_softplus_entropy_loss),
+                   entropy_loss_offset=float(entropy_loss_offset))
     module = dict(codebook_size=codebook_size, keep_num_codebooks_dim=keep_num_codebooks_dim,
                   channel_first=channel_first, inv_temperature=float(inv_temperature))
     return options, module

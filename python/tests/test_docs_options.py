@@ -40,12 +40,12 @@ REQUIRED = {
     "EvoLFQ": dict(encoder=torch.nn.Identity(), decoder=torch.nn.Identity(), dim=4),
 }
 OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_sample_entropy": 0.5, "groups": 4,
-                "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"dim": 4},
+                "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"depth": 2},
                 "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
                 "codebook_transform": torch.nn.Linear(8, 8, bias=False), "ema_update": False,
                 "in_place_codebook_optimizer": lambda parameters: torch.optim.SGD(parameters, lr=0.1),
                 "beam_score_quantizer_weights": [1.0, 0.5, 0.25],
-                "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4),
+                "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4), "has_projections": True, "soft_clamp_input_value": 1.5,
                 "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False), "eval_beam_size": dict(beam_size=2),

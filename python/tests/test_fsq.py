@@ -74,7 +74,7 @@ def test_parameters_are_the_tensors_liblockstep_computes_with():
 
 @pytest.mark.parametrize(
     "option",
-    [dict(projection_has_bias=False), dict(orthogonal_rotation=True), dict(force_quantization_f32=False)],
+    [dict(orthogonal_rotation=True), dict(force_quantization_f32=False)],
 )
 def test_an_unsupported_option_is_a_type_error_naming_it(option):
     name = next(iter(option))
@@ -85,3 +85,21 @@ def test_an_unsupported_option_is_a_type_error_naming_it(option):
 def test_bad_values_are_value_errors_with_liblockstep_s_words():
     with pytest.raises(ValueError, match="level"):
         lockstep.FSQ(levels=[1, 5])
+
+
+def test_projections_without_bias_match_the_reference():
+    from vector_quantize_pytorch import FSQ as ReferenceFSQ
+    torch.manual_seed(0)
+    reference = ReferenceFSQ(levels=[8, 5, 5], dim=10, projection_has_bias=False)
+    ours = lockstep.FSQ(levels=[8, 5, 5], dim=10, projection_has_bias=False)
+    assert sorted(n for n, _ in ours.named_parameters()) == ["project_in.weight", "project_out.weight"]
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 30, 10)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    out_ref, idx_ref = reference(xs[0])
+    out, idx = ours(xs[1])
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-6, rtol=1e-5)
+    out_ref.square().sum().backward()
+    out.square().sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)

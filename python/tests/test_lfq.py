@@ -59,8 +59,7 @@ def test_feature_maps_are_channel_first_like_the_reference():
 
 @pytest.mark.parametrize(
     "option",
-    [dict(soft_clamp_input_value=2.0), dict(cosine_sim_project_in=True), dict(projection_has_bias=False),
-     dict(experimental_softplus_entropy_loss=True), dict(straight_through_activation=torch.nn.Tanh())],
+    [dict(cosine_sim_project_in=True), dict(straight_through_activation=torch.nn.Tanh())],
 )
 def test_an_unsupported_option_is_a_type_error_naming_it(option):
     with pytest.raises(TypeError, match=next(iter(option))):
@@ -191,3 +190,25 @@ def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tok
     torch.testing.assert_close(terms.per_sample_entropy.double(), expected, atol=1e-5, rtol=1e-5)
     ours.step = 1
     assert not torch.equal(ours._core.lfq_entropy_subset(tokens, ours.seed, ours._steps, None, token_mask), subset)
+
+
+@pytest.mark.parametrize("options", [dict(dim=12, projection_has_bias=False), dict(dim=8, has_projections=True),
+                                     dict(dim=12, soft_clamp_input_value=1.5, commitment_loss_weight=0.3),
+                                     dict(experimental_softplus_entropy_loss=True, entropy_loss_offset=2.0),
+                                     dict(experimental_softplus_entropy_loss=True, spherical=True)],
+                         ids=["no_bias", "forced_projections", "soft_clamp", "softplus", "softplus_spherical"])
+def test_options_once_refused_match_the_reference(options):
+    """projection_has_bias=False, has_projections=True (dim equal to the code space), soft_clamp_input_value
+    and the softplus entropy: output, indices, loss and input gradient in training, from the same state."""
+    torch.manual_seed(0)
+    reference = ReferenceLFQ(codebook_size=2**8, **options)
+    ours = lockstep.LFQ(codebook_size=2**8, **options)
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 40, reference.dim)
+    out_ref, idx_ref, aux_ref, grad_ref = run(reference, x)
+    out, idx, aux, grad = run(ours, x)
+    assert torch.equal(idx, idx_ref.to(idx.dtype))
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, aux_ref.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)

@@ -91,8 +91,10 @@ Fsq::Fsq(FsqOptions options) : Quantizer("Fsq"), options_(std::move(options)) {
   basis_ = torch::tensor(basis, torch::kInt64);
   build_plan();
   if (dim_ != code_dim) {
-    project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));
-    project_out_ = register_module("project_out", torch::nn::Linear(code_dim, dim_));
+    const bool bias = options_.projection_has_bias();
+    project_in_ = register_module("project_in", torch::nn::Linear(torch::nn::LinearOptions(dim_, code_dim).bias(bias)));
+    project_out_ =
+        register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(code_dim, dim_).bias(bias)));
   }
 }
 

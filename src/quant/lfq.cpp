@@ -42,6 +42,10 @@ void LfqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ > 0 && frac_per_sample_entropy_ <= 1,
                      "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_, " must be in (0, 1]");
   LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "lfq: num_codebooks = ", num_codebooks_, " must be >= 1");
+  LOCKSTEP_CHECK_ARG(soft_clamp_ >= 0 && std::isfinite(soft_clamp_), "lfq: soft_clamp = ", soft_clamp_,
+                     " must be >= 0 (0: none)");
+  LOCKSTEP_CHECK_ARG(std::isfinite(entropy_loss_offset_), "lfq: entropy_loss_offset = ", entropy_loss_offset_,
+                     " must be finite");
 }
 
 double detail::lfq_training_bytes(int64_t codebooks, int64_t codes) {
@@ -60,9 +64,11 @@ Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
                        ::lockstep::detail::concat("lfq: the code distribution of ", options_.num_codebooks(),
                                                   " codebook(s) of ", options_.codebook_size(), " codes"));
   dim_ = options_.dim().value_or(code_dim);
-  if (dim_ != code_dim) {
-    project_in_ = register_module("project_in", torch::nn::Linear(dim_, code_dim));
-    project_out_ = register_module("project_out", torch::nn::Linear(code_dim, dim_));
+  if (dim_ != code_dim || options_.force_projections()) {
+    const bool bias = options_.projection_has_bias();
+    project_in_ = register_module("project_in", torch::nn::Linear(torch::nn::LinearOptions(dim_, code_dim).bias(bias)));
+    project_out_ =
+        register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(code_dim, dim_).bias(bias)));
   }
 }
 
@@ -89,6 +95,7 @@ at::Tensor Lfq::indices_to_codes(const at::Tensor& indices) const {
 at::Tensor Lfq::to_code_space(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "lfq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
   at::Tensor z = (project_in_ ? project_in_->forward(x) : x).to(compute_type(x));
+  if (options_.soft_clamp() > 0) z = (z / options_.soft_clamp()).tanh() * options_.soft_clamp();
   z = z.reshape({x.size(0), x.size(1), options_.num_codebooks(), bits_});
   return options_.spherical() ? l2_normalize(z) * options_.codebook_scale() : z;
 }
@@ -130,11 +137,14 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   const int64_t k = codebook_size();
   const double gamma = options_.diversity_gamma();
   // aux = per-sample entropy - gamma * codebook entropy, of the global sums `s`.
-  const auto aux_of = [c, k, gamma](const at::Tensor& s) {
+  const bool softplus = options_.softplus_entropy();
+  const double offset = options_.entropy_loss_offset();
+  const auto aux_of = [c, k, gamma, softplus, offset](const at::Tensor& s) {
     const at::Tensor count = s.narrow(0, 0, 1).detach().clamp_min(1);
     const at::Tensor per_sample_mean = (s.narrow(0, 1, 1) / (count * static_cast<double>(c))).squeeze(0);
     const at::Tensor avg_probs = s.narrow(0, 2, c * k).reshape({c, k}) / count;
-    return per_sample_mean - gamma * lfq_clamped_entropy(avg_probs).mean();
+    const at::Tensor aux = per_sample_mean - gamma * lfq_clamped_entropy(avg_probs).mean();
+    return softplus ? torch::softplus(aux + offset) : aux;  // the reference's experimental softplus
   };
   LocalReducer local;
   Reducer* reducer = ctx.reducer ? ctx.reducer : &local;

@@ -84,7 +84,8 @@ OptionSection fsq_section() {
                 "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
                 "noise, clamped to [-1, 1].")
                .at_least(0)
-               .less_than(1)}};
+               .less_than(1),
+           boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases.")}};
 }
 
 OptionSection lfq_section() {
@@ -116,7 +117,16 @@ OptionSection lfq_section() {
             "Fraction of each batch's tokens that enter the entropy loss: each token with this probability, "
             "by a hash of its place in the global batch (the reference takes exactly that share).")
            .greater_than(0)
-           .at_most(1)}};
+           .at_most(1),
+       boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases."),
+       boolean("force_projections", d.force_projections(),
+               "Projections in and out even when dim equals the code space's dimension."),
+       real("soft_clamp", d.soft_clamp(),
+            "c > 0: the projected input squashed to tanh(z / c) c before quantization; 0 means none.")
+           .at_least(0),
+       boolean("softplus_entropy", d.softplus_entropy(),
+               "The entropy term made positive: softplus(entropy term + entropy_loss_offset)."),
+       real("entropy_loss_offset", d.entropy_loss_offset(), "The offset inside softplus_entropy's softplus.")}};
 }
 
 OptionSection vq_section() {

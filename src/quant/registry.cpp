@@ -20,7 +20,8 @@ FsqOptions fsq_options(const OptionReader& o) {
   options.num_codebooks(o.integer("num_codebooks"))
       .preserve_symmetry(o.boolean("preserve_symmetry"))
       .bound_hard_clamp(o.boolean("bound_hard_clamp"))
-      .noise_dropout(o.real("noise_dropout"));
+      .noise_dropout(o.real("noise_dropout"))
+      .projection_has_bias(o.boolean("projection_has_bias"));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;
 }
@@ -34,7 +35,12 @@ LfqOptions lfq_options(const OptionReader& o) {
       .codebook_scale(o.real("codebook_scale"))
       .spherical(o.boolean("spherical"))
       .num_codebooks(o.integer("num_codebooks"))
-      .frac_per_sample_entropy(o.real("frac_per_sample_entropy"));
+      .frac_per_sample_entropy(o.real("frac_per_sample_entropy"))
+      .projection_has_bias(o.boolean("projection_has_bias"))
+      .force_projections(o.boolean("force_projections"))
+      .soft_clamp(o.real("soft_clamp"))
+      .softplus_entropy(o.boolean("softplus_entropy"))
+      .entropy_loss_offset(o.real("entropy_loss_offset"));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: codebooks x log2 codebook_size
   return options;
 }

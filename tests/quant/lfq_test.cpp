@@ -531,16 +531,23 @@ TEST(Lfq, InvalidOptionsNameTheValue) {
 }
 
 TEST(Lfq, RegistryBuildsItFromEveryKey) {
-  const std::map<std::string, double> values = {{"codebook_size", 64},           {"dim", 9},
-                                                {"entropy_loss_weight", 0.2},    {"commitment_loss_weight", 0.5},
-                                                {"diversity_gamma", 0.9},        {"inv_temperature", 50},
-                                                {"codebook_scale", 2},           {"num_codebooks", 2},
-                                                {"frac_per_sample_entropy", 0.5}};
+  const std::map<std::string, double> values = {{"codebook_size", 64},
+                                                {"dim", 9},
+                                                {"entropy_loss_weight", 0.2},
+                                                {"commitment_loss_weight", 0.5},
+                                                {"diversity_gamma", 0.9},
+                                                {"inv_temperature", 50},
+                                                {"codebook_scale", 2},
+                                                {"num_codebooks", 2},
+                                                {"frac_per_sample_entropy", 0.5},
+                                                {"soft_clamp", 3},
+                                                {"entropy_loss_offset", 1.5}};
   OptionReader reader;
   reader.integer = [&](const std::string& key) { return static_cast<int64_t>(values.at(key)); };
   reader.real = [&](const std::string& key) { return values.at(key); };
   reader.boolean = [](const std::string& key) {
-    EXPECT_EQ(key, "spherical");
+    if (key == "projection_has_bias") return false;
+    EXPECT_TRUE(key == "spherical" || key == "force_projections" || key == "softplus_entropy") << key;
     return true;
   };
   const auto q = std::dynamic_pointer_cast<Lfq>(make_quantizer("lfq", reader));
@@ -556,6 +563,11 @@ TEST(Lfq, RegistryBuildsItFromEveryKey) {
   EXPECT_EQ(o.inv_temperature(), 50);
   EXPECT_EQ(o.codebook_scale(), 2);
   EXPECT_TRUE(o.spherical());
+  EXPECT_FALSE(o.projection_has_bias());
+  EXPECT_TRUE(o.force_projections() && o.softplus_entropy());
+  EXPECT_EQ(o.soft_clamp(), 3);
+  EXPECT_EQ(o.entropy_loss_offset(), 1.5);
+  EXPECT_FALSE(q->named_parameters().contains("project_in.bias"));
 }
 
 }  // namespace

@@ -50,6 +50,11 @@ struct FsqOptions {
     noise_dropout_ = p;
     return *this;
   }
+  // The projections in and out have biases (the reference's projection_has_bias).
+  FsqOptions& projection_has_bias(bool on) {
+    projection_has_bias_ = on;
+    return *this;
+  }
 
   const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
@@ -57,6 +62,7 @@ struct FsqOptions {
   bool preserve_symmetry() const { return preserve_symmetry_; }
   bool bound_hard_clamp() const { return bound_hard_clamp_; }
   double noise_dropout() const { return noise_dropout_; }
+  bool projection_has_bias() const { return projection_has_bias_; }
 
   // Throws InvalidArgument with the values: a level < 2 or > 2^22 (float32 rounding limit), no
   // levels, codebooks < 1, a product of levels beyond 2^31, dim < 1, noise_dropout outside
@@ -70,6 +76,7 @@ struct FsqOptions {
   bool preserve_symmetry_ = false;
   bool bound_hard_clamp_ = false;
   double noise_dropout_ = 0.0;
+  bool projection_has_bias_ = true;
 };
 
 namespace detail {

@@ -59,8 +59,39 @@ struct LfqOptions {
     return *this;
   }
 
+  // The projections in and out have biases (the reference's projection_has_bias).
+  LfqOptions& projection_has_bias(bool on) {
+    projection_has_bias_ = on;
+    return *this;
+  }
+  // Projections in and out even when dim equals the code space's (the reference's has_projections=True).
+  LfqOptions& force_projections(bool on) {
+    force_projections_ = on;
+    return *this;
+  }
+  // c > 0: the projected input squashed to tanh(z / c) c before quantization (soft_clamp_input_value); 0: none.
+  LfqOptions& soft_clamp(double c) {
+    soft_clamp_ = c;
+    return *this;
+  }
+  // The entropy term made positive: softplus(per-sample - gamma * codebook entropy + offset), the
+  // reference's experimental_softplus_entropy_loss with entropy_loss_offset.
+  LfqOptions& softplus_entropy(bool on) {
+    softplus_entropy_ = on;
+    return *this;
+  }
+  LfqOptions& entropy_loss_offset(double o) {
+    entropy_loss_offset_ = o;
+    return *this;
+  }
+
   int64_t codebook_size() const { return codebook_size_; }
   std::optional<int64_t> dim() const { return dim_; }
+  bool projection_has_bias() const { return projection_has_bias_; }
+  bool force_projections() const { return force_projections_; }
+  double soft_clamp() const { return soft_clamp_; }
+  bool softplus_entropy() const { return softplus_entropy_; }
+  double entropy_loss_offset() const { return entropy_loss_offset_; }
   double entropy_loss_weight() const { return entropy_loss_weight_; }
   double commitment_loss_weight() const { return commitment_loss_weight_; }
   double diversity_gamma() const { return diversity_gamma_; }
@@ -71,7 +102,8 @@ struct LfqOptions {
   int64_t num_codebooks() const { return num_codebooks_; }
 
   // Throws InvalidArgument naming the value: K not a power of two in [2, 2^24], dim < 1, negative
-  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy outside (0, 1], num_codebooks < 1.
+  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy outside (0, 1], num_codebooks < 1,
+  // a negative soft clamp, an offset that is not finite.
   void validate() const;
 
  private:
@@ -87,6 +119,11 @@ struct LfqOptions {
   double frac_per_sample_entropy_ = 1.0;
   bool spherical_ = false;
   int64_t num_codebooks_ = 1;
+  bool projection_has_bias_ = true;
+  bool force_projections_ = false;
+  double soft_clamp_ = 0;
+  bool softplus_entropy_ = false;
+  double entropy_loss_offset_ = 5.0;
 };
 
 // vector-quantize-pytorch's LossBreakdown of one LFQ call: the unweighted terms of its loss.
