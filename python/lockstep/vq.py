@@ -24,14 +24,16 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("layernorm_after_project_in", "commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
-                   "codebook_diversity_loss_weight", "straight_through",
+                  ("commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
+                   "codebook_diversity_loss_weight",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
     ema_update = (not directional_reparam) if ema_update is None else bool(ema_update)
     learnable_codebook = bool(directional_reparam) if learnable_codebook is None else bool(learnable_codebook)
     rotation_trick = (not directional_reparam and dim > 1) if rotation_trick is None else rotation_trick
+    # straight_through (the reference's Gumbel-softmax straight-through): its soft gradient is detached again by
+    # the output's straight-through estimator there, so it is that estimator, as rotation_trick=False gives.
     # The reference's assertions, with its exception type.
     for broken, what in ((learnable_codebook and ema_update, "learnable_codebook=True needs ema_update=False (the "
                           "codebook is learned by gradient or by the EMA, not both)"),
@@ -42,7 +44,9 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                          (directional_reparam and not threshold_ema_dead_code, "directional_reparam needs dead-code "
                           "replacement (threshold_ema_dead_code > 0)"),
                          (not 0 <= sync_update_v <= 1, f"sync_update_v={sync_update_v} must lie in [0, 1]"),
-                         (sync_update_v > 0 and not learnable_codebook, "sync_update_v > 0 needs learnable_codebook")):
+                         (sync_update_v > 0 and not learnable_codebook, "sync_update_v > 0 needs learnable_codebook"),
+                         (straight_through and learnable_codebook, "straight_through is not taken with a learnable "
+                          "codebook")):
         if broken:
             raise AssertionError(f"lockstep.VectorQuantize: {what}, as in the reference")
     options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay), eps=float(eps),
@@ -50,6 +54,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
                    cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
                    directional_reparam=bool(directional_reparam),
+                   layernorm_after_project_in=bool(layernorm_after_project_in),
                    directional_reparam_variance=float(directional_reparam_variance),
                    route_gradients_to_input=bool(route_gradients_to_input), sync_update_v=float(sync_update_v),
                    separate_codebook_per_head=bool(separate_codebook_per_head),

@@ -49,7 +49,7 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False), "eval_beam_size": dict(beam_size=2),
-              "directional_reparam": dict(threshold_ema_dead_code=1.0),
+              "directional_reparam": dict(threshold_ema_dead_code=1.0), "straight_through": dict(rotation_trick=False),
               "sync_update_v": dict(learnable_codebook=True, ema_update=False)}
 
 

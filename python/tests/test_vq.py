@@ -163,8 +163,6 @@ def test_combinations_the_reference_refuses_are_its_assertion_errors():
                     dict(learnable_codebook=True, ema_update=False, sync_update_v=1.5)):
         with pytest.raises(AssertionError):
             ReferenceVQ(dim=8, codebook_size=16, **refused)
-        if "straight_through" in refused:
-            continue  # straight_through (Gumbel's) is refused by name: test_unsupported_options...
         with pytest.raises(AssertionError, match="as in the reference"):
             lockstep.VectorQuantize(dim=8, codebook_size=16, **refused)
 
@@ -254,8 +252,9 @@ def test_indices_give_the_reference_s_cross_entropy(options):
 
 
 def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="straight_through"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, straight_through=True, rotation_trick=False)
+    with pytest.raises(TypeError, match="vq_bridge"):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=torch.nn.Identity(), learnable_codebook=True,
+                                ema_update=False)
 
 
 @pytest.mark.parametrize("options", [
@@ -263,8 +262,12 @@ def test_unsupported_options_are_type_errors_naming_them():
     dict(directional_reparam=True, threshold_ema_dead_code=1e-9, directional_reparam_variance=0.0, codebook_dim=8),
     dict(learnable_codebook=True, ema_update=False, sync_update_v=0.5),
     dict(learnable_codebook=True, ema_update=False, route_gradients_to_input=False),
-    dict(route_gradients_to_input=False, rotation_trick=False)],
-    ids=["diveq", "diveq_projected", "sync_update_v", "no_route_learnable", "no_route"])
+    dict(route_gradients_to_input=False, rotation_trick=False),
+    dict(straight_through=True, rotation_trick=False),
+    dict(layernorm_after_project_in=True, codebook_dim=8),
+    dict(layernorm_after_project_in=True, codebook_dim=4, heads=2, separate_codebook_per_head=True)],
+    ids=["diveq", "diveq_projected", "sync_update_v", "no_route_learnable", "no_route", "gumbel_straight_through",
+         "layernorm", "layernorm_heads"])
 def test_estimator_options_once_refused_match_the_reference(options):
     """directional_reparam (DiVeQ: the token plus its distance to the code along the noised direction; here
     without noise, so both sides are deterministic), sync_update_v and route_gradients_to_input: outputs,

@@ -148,6 +148,8 @@ OptionSection vq_section() {
        // The library's rule (the rotation trick when dim > 1), applied to the default dim.
        boolean("rotation_trick", d.estimator() == VqEstimator::RotationTrick,
                "Rotation-trick gradient estimator; false uses straight-through."),
+       boolean("layernorm_after_project_in", d.layernorm_after_project_in(),
+               "A LayerNorm after the projection in (when heads x codebook_dim != dim)."),
        boolean("directional_reparam", false,
                "DiVeQ estimator: the token plus its distance to the code along the noised direction to it (needs "
                "rotation_trick = false and threshold_ema_dead_code > 0; no commitment loss)."),

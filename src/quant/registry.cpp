@@ -62,6 +62,7 @@ VqOptions vq_options(const OptionReader& o) {
       .use_cosine_sim(o.boolean("cosine"))
       .estimator(vq_estimator(o))
       .directional_reparam_variance(o.real("directional_reparam_variance"))
+      .layernorm_after_project_in(o.boolean("layernorm_after_project_in"))
       .route_gradients_to_input(o.boolean("route_gradients_to_input"))
       .sync_update_v(o.real("sync_update_v"))
       .kmeans_init(o.boolean("kmeans_init"))

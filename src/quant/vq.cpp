@@ -130,7 +130,14 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
   const int64_t cd = options_.codebook_dim();
   const int64_t codebooks = options_.num_codebooks();
   if (options_.heads() * cd != options_.dim()) {
-    project_in_ = register_module("project_in", torch::nn::Linear(options_.dim(), options_.heads() * cd));
+    if (options_.layernorm_after_project_in()) {
+      project_in_ = torch::nn::Linear(options_.dim(), options_.heads() * cd);
+      project_in_normed_ = register_module(
+          "project_in", torch::nn::Sequential(
+                            project_in_, torch::nn::LayerNorm(torch::nn::LayerNormOptions({options_.heads() * cd}))));
+    } else {
+      project_in_ = register_module("project_in", torch::nn::Linear(options_.dim(), options_.heads() * cd));
+    }
     project_out_ = register_module("project_out", torch::nn::Linear(options_.heads() * cd, options_.dim()));
   }
   // embed, embed_avg and their working copies: about four (C, K, cd) float tensors.
@@ -214,7 +221,11 @@ at::Tensor Vq::group_by_codebook(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == options_.dim(), "vq: expected tokens (b, n, ", options_.dim(),
                      "), got ", x.sizes());
   at::Tensor z = x.to(torch::kFloat32);
-  if (project_in_) z = project_in_->forward(z);
+  if (project_in_normed_) {
+    z = project_in_normed_->forward(z);
+  } else if (project_in_) {
+    z = project_in_->forward(z);
+  }
   const int64_t heads = options_.heads();
   const int64_t cd = options_.codebook_dim();
   z = z.reshape({x.size(0), x.size(1), heads, cd});

@@ -475,6 +475,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   };
   o.boolean = [](const std::string& key) -> bool {
     if (key == "cosine" || key == "kmeans_init" || key == "directional_reparam") return false;
+    if (key == "layernorm_after_project_in") return true;
     if (key == "route_gradients_to_input") return false;
     if (key == "rotation_trick" || key == "stochastic_sample_codes") return false;
     if (key == "separate_codebook_per_head" || key == "learnable_codebook") return true;
@@ -505,6 +506,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_DOUBLE_EQ(vq.options().directional_reparam_variance(), 0.02);
   EXPECT_DOUBLE_EQ(vq.options().sync_update_v(), 0.25);
   EXPECT_FALSE(vq.options().route_gradients_to_input());
+  EXPECT_TRUE(vq.options().layernorm_after_project_in());
 }
 
 // learnable_codebook: the codebook is a parameter that only the commitment loss moves (the

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
 #include "lockstep/quant/nearest_code.h"
@@ -67,6 +68,12 @@ struct VqOptions {
   // synchronous update rule's v (Huh et al. 2023, eq. 21), as the reference's sync_update_v.
   VqOptions& sync_update_v(double v) {
     sync_update_v_ = v;
+    return *this;
+  }
+  // A LayerNorm after the projection in (when there is one), as the reference's layernorm_after_project_in:
+  // the projection is then `project_in.0`, the norm `project_in.1`.
+  VqOptions& layernorm_after_project_in(bool on) {
+    layernorm_after_project_in_ = on;
     return *this;
   }
   VqOptions& kmeans_init(bool on) {
@@ -156,6 +163,7 @@ struct VqOptions {
     return estimator_.value_or(dim_ > 1 ? VqEstimator::RotationTrick : VqEstimator::StraightThrough);
   }
   double directional_reparam_variance() const { return directional_reparam_variance_; }
+  bool layernorm_after_project_in() const { return layernorm_after_project_in_; }
   bool route_gradients_to_input() const { return route_gradients_to_input_; }
   double sync_update_v() const { return sync_update_v_; }
   // The commitment loss counts: its weight > 0 and not DiVeQ's estimator, as the reference's.
@@ -195,6 +203,7 @@ struct VqOptions {
   bool use_cosine_sim_ = false;
   std::optional<VqEstimator> estimator_;
   double directional_reparam_variance_ = 5e-3;
+  bool layernorm_after_project_in_ = false;
   bool route_gradients_to_input_ = true;
   double sync_update_v_ = 0;
   bool kmeans_init_ = false;
@@ -346,6 +355,7 @@ class Vq final : public Quantizer {
   VqOptions options_;
   Metric metric_;
   torch::nn::Linear project_in_{nullptr};
+  torch::nn::Sequential project_in_normed_{nullptr};  // (project_in, LayerNorm) with layernorm_after_project_in
   torch::nn::Linear project_out_{nullptr};
   at::Tensor embed_;
   at::Tensor cluster_size_;
