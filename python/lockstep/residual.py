@@ -5,7 +5,8 @@ from types import MappingProxyType
 
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, only_defaults, padding_mask, refuse, refuse_forward_options
+from ._quantizer import (LockstepQuantizer, as_indices, identity, only_defaults, padding_mask, refuse,
+                         refuse_forward_options)
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
 from .vq import module_options, vq_options
@@ -365,10 +366,11 @@ class ResidualSimVQ(_Residual):
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, channel_first=False,
                  rotation_trick=True, seed=None, process_group=None, collective_timeout=300.0, **sim_vq_kwargs):
         only_defaults("lockstep.ResidualSimVQ", ResidualSimVQ.__init__, locals(), ("heads",))
-        for name in ("codebook_transform", "init_fn"):
-            if sim_vq_kwargs.get(name) is not None:
-                refuse("lockstep.ResidualSimVQ", name, sim_vq_kwargs[name], "None, as lockstep.SimVQ")
-            sim_vq_kwargs.pop(name, None)
+        if sim_vq_kwargs.get("codebook_transform") is not None:
+            refuse("lockstep.ResidualSimVQ", "codebook_transform", sim_vq_kwargs["codebook_transform"],
+                   "None, as lockstep.SimVQ")
+        sim_vq_kwargs.pop("codebook_transform", None)
+        init_fn = sim_vq_kwargs.pop("init_fn", None)
         unknown = set(sim_vq_kwargs) - {"input_to_quantize_commit_loss_weight", "commitment_weight",
                                         "frozen_codebook_dim"}
         if unknown:
@@ -383,6 +385,11 @@ class ResidualSimVQ(_Residual):
                          rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1.", name))
         self.codebook_size = int(codebook_size)
         self.channel_first = bool(channel_first)
+        if init_fn is not None and init_fn is not identity:  # each layer's frozen codes, as the reference's layers
+            with torch.no_grad():
+                for q in range(self.num_quantizers):
+                    frozen = self.get_buffer(f"layers.{q}.frozen_codebook")
+                    frozen.copy_(torch.as_tensor(init_fn(frozen.clone())).reshape(frozen.shape))
 
     @property
     def codebooks(self):

@@ -22,16 +22,20 @@ class SimVQ(LockstepQuantizer):
         if codebook_transform is not None:
             refuse("lockstep.SimVQ", "codebook_transform", type(codebook_transform).__name__,
                    "None, the linear map without bias, which liblockstep runs")
-        if init_fn is not None and getattr(init_fn, "__name__", "") != "identity":
-            refuse("lockstep.SimVQ", "init_fn", getattr(init_fn, "__name__", init_fn),
-                   "the identity; apply yours after construction: "
-                   "with torch.no_grad(): module.frozen_codebook.copy_(init_fn(module.frozen_codebook))")
         options = dict(dim=int(dim), codebook_size=int(codebook_size), rotation_trick=bool(rotation_trick),
                        input_to_quantize_commit_loss_weight=float(input_to_quantize_commit_loss_weight),
                        commitment_weight=float(commitment_weight))
         if frozen_codebook_dim is not None:
             options["frozen_codebook_dim"] = int(frozen_codebook_dim)
         super().__init__("simvq", "simvq", options, seed, process_group, collective_timeout)
+        if init_fn is not None and init_fn is not identity:  # the reference's: applied to the frozen codes drawn
+            with torch.no_grad():
+                frozen = self.get_buffer("frozen_codebook")
+                made = torch.as_tensor(init_fn(frozen.clone()))
+                if made.shape != frozen.shape:
+                    raise ValueError(f"lockstep.SimVQ: init_fn must keep the codebook's shape {tuple(frozen.shape)}, "
+                                     f"got {tuple(made.shape)}")
+                frozen.copy_(made)
         self.dim = int(dim)
         self.codebook_size = int(codebook_size)
         self.channel_first = bool(channel_first)

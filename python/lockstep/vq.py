@@ -24,7 +24,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("commitment_use_cross_entropy_loss", "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
+                  ( "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
                    "codebook_diversity_loss_weight",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
@@ -74,6 +74,8 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     options["channel_last"] = bool(channel_last)
     # sync_codebook=False: every statistic of this rank alone (None and True: over the process group).
     options["sync_codebook"] = sync_codebook is None or bool(sync_codebook)
+    # The commitment loss as the cross entropy of each token's chosen code under its logits (liblockstep's).
+    options["commitment_use_cross_entropy_loss"] = bool(commitment_use_cross_entropy_loss)
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
     return options
@@ -108,7 +110,7 @@ def _unweighted(losses, name, weight, device):
 
 # What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
 MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
-               "return_zeros_for_masked_padding", "freeze_codebook")
+               "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss")
 
 
 def module_options(options):
@@ -141,6 +143,7 @@ class VectorQuantize(LockstepQuantizer):
         self.sync_codebook = own["sync_codebook"]
         self.return_zeros_for_masked_padding = own["return_zeros_for_masked_padding"]
         self.freeze_codebook = own["freeze_codebook"]
+        self.commitment_use_cross_entropy_loss = own["commitment_use_cross_entropy_loss"]
         self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
@@ -204,6 +207,18 @@ class VectorQuantize(LockstepQuantizer):
                              f"got {tuple(indices.shape)}")
         return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
 
+    def _cross_entropy_commitment(self, x, idx, mask):
+        """commitment_use_cross_entropy_loss: commitment_weight times the cross entropy of each token's chosen
+        code under its logits (liblockstep's, the codebook as this call found it), padding ignored, as the
+        reference's; x as forward took it (tokens, or maps channel first), idx as forward returns them."""
+        if self.accept_image_fmap or self.accept_3d_fmap:
+            x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
+        chosen = idx.reshape(x.shape[0], x.shape[1], *([self.heads] if self.heads > 1 else []))
+        if mask is not None:
+            chosen = chosen.masked_fill(~mask.reshape(*mask.shape, *([1] * (chosen.ndim - 2))), -1)
+        weight = self.commitment_weight if self.commitment_weight > 0 else 0.0
+        return self._cross_entropy(x, chosen) * weight
+
     def forward(self, x, indices=None, mask=None, lens=None, topk=None, sample_codebook_temp=None,
                 freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
                 accum_ema_update=False, ema_update=None):
@@ -243,6 +258,11 @@ class VectorQuantize(LockstepQuantizer):
             # updates in forward): the cross entropy carries the call's graph at weight 0.
             anchor = sum(losses.values()) if losses else out.sum()
             return out, self._cross_entropy(x, indices) + 0.0 * anchor
+        if self.commitment_use_cross_entropy_loss and topk is None and "commitment" in losses:
+            # The call's state update rides on the backward of what it returned: the cross entropy carries the
+            # squared commitment's graph at weight 0.
+            losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask)
+                                    + 0.0 * losses["commitment"])
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         if topk is not None:

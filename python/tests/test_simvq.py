@@ -54,8 +54,6 @@ def test_indices_to_codes_is_the_forward_value_and_reaches_the_map():
 def test_options_lockstep_cannot_run_are_refused_by_name():
     with pytest.raises(TypeError, match="codebook_transform"):
         lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=torch.nn.Linear(8, 8, bias=False))
-    with pytest.raises(TypeError, match="init_fn.*frozen_codebook.copy_"):
-        lockstep.SimVQ(dim=8, codebook_size=16, init_fn=torch.tanh)
     lockstep.SimVQ(dim=8, codebook_size=16, init_fn=vqp.sim_vq.identity)  # the reference's default is accepted
 
 
@@ -109,3 +107,27 @@ def test_residual_simvq_quantize_dropout_drops_trailing_layers_alike_for_every_t
     assert len(kept) > 1, kept
     with pytest.raises(TypeError, match="heads"):
         lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16, heads=2)
+
+
+def test_init_fn_shapes_the_frozen_codes_as_the_reference():
+    """init_fn takes the drawn frozen codes and returns the codebook's (the same draw, then the function)."""
+    from vector_quantize_pytorch import ResidualSimVQ as ReferenceResidualSimVQ
+    from vector_quantize_pytorch import SimVQ as ReferenceSimVQ
+
+    def init_fn(codes):
+        return codes.sign() * 0.5
+
+    ours = lockstep.SimVQ(dim=8, codebook_size=16, init_fn=init_fn)
+    assert set(ours.frozen_codebook.unique().tolist()) == {-0.5, 0.5}
+    reference = ReferenceSimVQ(dim=8, codebook_size=16, init_fn=init_fn)
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 20, 8)
+    out_ref, idx_ref, _ = reference(x)
+    out, idx, _ = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    stack = lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16, init_fn=init_fn)
+    assert all(set(stack.get_buffer(f"layers.{q}.frozen_codebook").unique().tolist()) == {-0.5, 0.5} for q in range(2))
+    assert ReferenceResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16, init_fn=init_fn)
+    with pytest.raises(ValueError, match="shape"):
+        lockstep.SimVQ(dim=8, codebook_size=16, init_fn=lambda codes: codes[:4])

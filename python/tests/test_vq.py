@@ -299,3 +299,52 @@ def test_diveq_noise_turns_the_direction_by_its_variance_alone():
     with pytest.raises(AssertionError, match="at most one"):
         lockstep.VectorQuantize(dim=16, codebook_size=32, directional_reparam=True, rotation_trick=True,
                                 threshold_ema_dead_code=1.0)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_cosine_sim=True, commitment_weight=0.5),
+                                     dict(heads=2, separate_codebook_per_head=True, codebook_dim=8)],
+                         ids=["euclidean", "cosine", "heads"])
+def test_a_cross_entropy_commitment_matches_the_reference(options):
+    """commitment_use_cross_entropy_loss: the commitment loss is the cross entropy of each token's chosen code
+    under its logits (liblockstep's distances, the codebook as the call found it): losses, gradients and
+    codebooks over training steps. With decay 1 (a codebook the update keeps): the reference differentiates
+    its distances at the codebook its in-forward EMA step left (its detached codebook shares the storage that
+    step overwrites), lockstep at the codebook the call searched (shown below)."""
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True, decay=1.0, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True, decay=1.0,
+                                   **options)
+    compare_training_steps(reference, ours, (2, 40, 16), 3, ["_codebook.embed"])
+
+
+def test_a_cross_entropy_commitment_differentiates_at_the_codebook_the_call_searched():
+    torch.manual_seed(0)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True, decay=0.5)
+    codebook = ours.codebook.detach().clone()
+    x = torch.randn(2, 40, 16, requires_grad=True)
+    _, idx, loss = ours(x)
+    loss.backward()  # the EMA update runs in this backward too
+    assert not torch.equal(ours.codebook, codebook)
+    by_hand = x.detach().clone().requires_grad_(True)
+    torch.nn.functional.cross_entropy(-torch.cdist(by_hand, codebook.unsqueeze(0)).movedim(-1, 1), idx).backward()
+    torch.testing.assert_close(x.grad, by_hand.grad, atol=1e-6, rtol=1e-5)
+    # Feature maps too, where the reference's cross entropy fails on the indices' shape.
+    maps = lockstep.VectorQuantize(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True,
+                                   accept_image_fmap=True)
+    assert maps(torch.randn(2, 16, 5, 4))[2].ndim == 0
+    with pytest.raises(RuntimeError):
+        ReferenceVQ(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True,
+                    accept_image_fmap=True)(torch.randn(2, 16, 5, 4))
+
+
+def test_a_masked_cross_entropy_commitment_ignores_the_padding():
+    torch.manual_seed(0)
+    reference = ReferenceVQ(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, commitment_use_cross_entropy_loss=True)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 30, 16)
+    lens = torch.tensor([30, 11])
+    _, idx_ref, loss_ref = reference(x, lens=lens)
+    _, idx, loss = ours(x, lens=lens)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
