@@ -33,6 +33,17 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                  frac_per_sample_entropy=0.5),
     "FSQ noise dropout": lambda: lockstep.FSQ(levels=[5, 5, 5], dim=8, noise_dropout=0.5,
                                                        preserve_symmetry=True),
+    # Options issue #38 added: beam search, a shared codebook, implicit codebooks, DiVeQ, a LayerNorm'd
+    # projection, LFQ's soft clamp and softplus entropy.
+    "ResidualVQ beam": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, beam_size=2),
+    "ResidualVQ shared": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, shared_codebook=True),
+    "ResidualVQ implicit": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
+                                                       implicit_neural_codebook=True, mlp_kwargs=dict(depth=1)),
+    "ResidualVQ diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True),
+    "VectorQuantize layernorm": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, codebook_dim=4,
+                                                                layernorm_after_project_in=True),
+    "LFQ soft clamp": lambda: lockstep.LFQ(dim=8, codebook_size=2**4, soft_clamp_input_value=1.5,
+                                           experimental_softplus_entropy_loss=True),
 }
 
 
