@@ -61,7 +61,36 @@ CASES = [
     ("ResidualLFQ", "16x1024, 4 x K 2^10",
      lambda: (vqp.ResidualLFQ(dim=10, codebook_size=2**10, num_quantizers=4),
               lockstep.ResidualLFQ(dim=10, codebook_size=2**10, num_quantizers=4)), (16, 1024, 10)),
+    # The options issue #38 added (the reference updates only the first layer under beam search).
+    ("ResidualVQ beam 2", "16x1024, d 64, 4 x K 512",
+     lambda: (vqp.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, beam_size=2),
+              lockstep.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, beam_size=2)), (16, 1024, 64)),
+    ("ResidualVQ beam 4", "16x1024, d 64, 4 x K 512",
+     lambda: (vqp.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, beam_size=4),
+              lockstep.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, beam_size=4)), (16, 1024, 64)),
+    ("ResidualVQ shared codebook", "16x1024, d 64, 4 x K 512",
+     lambda: (vqp.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, shared_codebook=True),
+              lockstep.ResidualVQ(dim=64, codebook_size=512, num_quantizers=4, shared_codebook=True)),
+     (16, 1024, 64)),
+    ("ResidualVQ implicit codebook", "4x256, d 32, 4 x K 256",
+     lambda: (vqp.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True),
+              lockstep.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True)),
+     (4, 256, 32)),
+    ("LFQ masked", "16x1024, K 2^10, half the items",
+     lambda: (_Masked(vqp.LFQ(codebook_size=2**10)), _Masked(lockstep.LFQ(codebook_size=2**10))), (16, 1024, 10)),
 ]
+
+
+class _Masked(torch.nn.Module):
+    """An LFQ called with a mask of the items (b,): the first half count."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        mask = torch.arange(x.shape[0]) < x.shape[0] // 2
+        return self.inner(x, mask=mask)
 
 
 def main():

@@ -31,7 +31,8 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
     only_defaults("lockstep.LFQ", lfq_options, locals(),
-                  ("cosine_sim_project_in", "force_quantization_f32", "orthogonal_rotation"))
+                  ("cosine_sim_project_in", "orthogonal_rotation"))
+    # force_quantization_f32=False: quantized in float32 all the same, as FSQ (docs/python.md).
     if soft_clamp_input_value is not None and soft_clamp_input_value < codebook_scale:  # the reference's assertion
         raise AssertionError(f"lockstep.LFQ: soft_clamp_input_value={soft_clamp_input_value} must be >= "
                              f"codebook_scale={codebook_scale}, as in the reference")

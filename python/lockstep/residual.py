@@ -267,7 +267,9 @@ class ResidualFSQ(_Residual):
     def __init__(self, *, levels, num_quantizers, dim=None, is_channel_first=False, quantize_dropout=False,
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, soft_clamp_input_value=None,
                  bound_hard_clamp=True, seed=None, process_group=None, collective_timeout=300.0, **fsq_kwargs):
-        only_defaults("lockstep.ResidualFSQ", ResidualFSQ.__init__, locals(), ("soft_clamp_input_value",))
+        if soft_clamp_input_value is not None and bound_hard_clamp:  # the reference's assertion
+            raise AssertionError("lockstep.ResidualFSQ: soft_clamp_input_value needs bound_hard_clamp=False (the hard "
+                                 "clamp sets its own), as in the reference")
         if "preserve_symmetry" in fsq_kwargs:  # as the reference, which sets it for its layers
             raise TypeError("lockstep.ResidualFSQ: preserve_symmetry is always True for the layers")
         refuse_layer_layout("lockstep.ResidualFSQ", fsq_kwargs, {
@@ -281,6 +283,8 @@ class ResidualFSQ(_Residual):
             options["fsq.dim"] = int(dim)
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
+        if soft_clamp_input_value is not None:  # one value, or one per dimension
+            options["soft_clamp"] = [float(c) for c in torch.as_tensor(soft_clamp_input_value).reshape(-1).tolist()]
         # The per-layer scales are constants, outside the state dict as in the reference.
         super().__init__("residual-fsq", options, seed, process_group, collective_timeout,
                          persistent=lambda name: not re.fullmatch(r"scale\d+", name))
@@ -318,7 +322,9 @@ class ResidualLFQ(_Residual):
     def __init__(self, *, dim, num_quantizers, codebook_size, quantize_dropout=False, quantize_dropout_cutoff_index=0,
                  quantize_dropout_multiple_of=1, soft_clamp_input_value=None, seed=None, process_group=None,
                  collective_timeout=300.0, **lfq_kwargs):
-        only_defaults("lockstep.ResidualLFQ", ResidualLFQ.__init__, locals(), ("soft_clamp_input_value",))
+        if soft_clamp_input_value is not None and soft_clamp_input_value < lfq_kwargs.get("codebook_scale", 1.0):
+            raise AssertionError("lockstep.ResidualLFQ: soft_clamp_input_value must be >= codebook_scale, as in the "
+                                 "reference")
         if "codebook_scale" in lfq_kwargs:  # as the reference, which sets 2^-q for layer q
             raise TypeError("lockstep.ResidualLFQ: codebook_scale is set per layer (2^-q)")
         refuse_layer_layout("lockstep.ResidualLFQ", lfq_kwargs, {
@@ -331,6 +337,8 @@ class ResidualLFQ(_Residual):
         options["lfq.dim"] = int(dim)
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
+        if soft_clamp_input_value is not None:  # layer q's soft clamp: the value times 2^-q, as the reference's
+            options["soft_clamp"] = [float(soft_clamp_input_value)]
         super().__init__("residual-lfq", options, seed, process_group, collective_timeout)
         self.codebook_size = codebook_size
         self.inv_temperature = module["inv_temperature"]
@@ -365,7 +373,9 @@ class ResidualSimVQ(_Residual):
     def __init__(self, *, dim, num_quantizers, codebook_size, heads=1, quantize_dropout=False,
                  quantize_dropout_cutoff_index=0, quantize_dropout_multiple_of=1, channel_first=False,
                  rotation_trick=True, seed=None, process_group=None, collective_timeout=300.0, **sim_vq_kwargs):
-        only_defaults("lockstep.ResidualSimVQ", ResidualSimVQ.__init__, locals(), ("heads",))
+        if heads != 1:  # the reference's assertion
+            raise AssertionError("lockstep.ResidualSimVQ: heads must be 1 (residual vq is not compatible with "
+                                 "multi-headed codes, as in the reference)")
         if sim_vq_kwargs.get("codebook_transform") is not None:
             refuse("lockstep.ResidualSimVQ", "codebook_transform", sim_vq_kwargs["codebook_transform"],
                    "None, as lockstep.SimVQ")

@@ -173,3 +173,61 @@ def test_sync_codebook_false_keeps_each_rank_s_statistics_its_own(options):
             torch.testing.assert_close(ranks[rank][key], value, atol=1e-5, rtol=1e-5, msg=f"rank {rank}: {key}")
     embed = next(k for k in alone[0] if k.endswith("embed"))
     assert not torch.allclose(ranks[0][embed], ranks[1][embed])  # the ranks' codebooks went their own ways
+
+
+def _new_option_module(name):
+    """issue #38's options, each reducing its statistics (or learning by gradient) over ranks."""
+    import lockstep
+
+    made = {
+        "beam": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, beam_size=2, decay=0.8, seed=3),
+        "shared": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, shared_codebook=True,
+                                              decay=0.8, seed=3),
+        "implicit": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
+                                                implicit_neural_codebook=True, seed=3),
+        "diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True, seed=3),
+        "topk_then_update": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3),
+    }
+    return made[name]()
+
+
+NEW_OPTIONS = ["beam", "diveq", "implicit", "shared", "topk_then_update"]
+
+
+def _train_new_option(name, module, x, world=1, rank=0):
+    """3 steps: each rank's share of the batch, SGD on the gradients averaged over ranks (DDP's mean)."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1) if list(module.parameters()) else None
+    for step in range(3):
+        part = x[step].chunk(world)[rank].clone().requires_grad_(True)
+        if name == "topk_then_update":  # a top-2 search, then the EMA update with each token's best code
+            out, idx, losses = module(part, topk=2)
+            module.update_ema_indices(part.detach(), idx[..., 0])
+            (out[..., 0, :].square().mean() + losses[..., 0].mean()).backward()
+            continue
+        out, _, losses = module(part)
+        (out.square().mean() + losses.sum()).backward()
+        if optimizer is not None:
+            for p in module.parameters():
+                if world > 1 and p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+            optimizer.step()
+            optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _new_option_ranks(rank, world, name, x):
+    return _train_new_option(name, _new_option_module(name), x, world, rank)
+
+
+@pytest.mark.parametrize("name", NEW_OPTIONS)
+def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
+    """Beam search (its chosen paths' statistics), a shared codebook (every layer's statistics, one refresh),
+    implicit neural codebooks and DiVeQ (learned by gradient; DiVeQ's noise keyed by global position), a top-k
+    search then update_ema_indices: 2 ranks with half of each batch end where one process with the whole ends."""
+    x = torch.randn(3, 4, 10, 8)
+    one = _train_new_option(name, _new_option_module(name), x)
+    ranks = run_ranks(2, _new_option_ranks, name, x)
+    for key, value in one.items():
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"{name}: {key} differs between ranks"
+        torch.testing.assert_close(ranks[0][key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")

@@ -49,6 +49,7 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False), "eval_beam_size": dict(beam_size=2),
+              ("ResidualFSQ", "soft_clamp_input_value"): dict(bound_hard_clamp=False),
               "directional_reparam": dict(threshold_ema_dead_code=1.0), "straight_through": dict(rotation_trick=False),
               "sync_update_v": dict(learnable_codebook=True, ema_update=False)}
 
@@ -101,7 +102,8 @@ def test_each_state_holds_against_the_constructor(name):
         value = other_value(option, reference_options(name)[option])
         if value is None:
             continue
-        arguments = {**REQUIRED[name], **COMPANIONS.get(option, {}), option: value}
+        companions = COMPANIONS.get((name, option), COMPANIONS.get(option, {}))
+        arguments = {**REQUIRED[name], **companions, option: value}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if state.startswith("refused as by the reference"):

@@ -175,14 +175,10 @@ def test_unsupported_options_are_type_errors_naming_them():
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, accept_3d_fmap=True)
     with pytest.raises(TypeError, match="no_such_option"):
         lockstep.ResidualVQ(dim=8, codebook_size=16, num_quantizers=2, no_such_option=1)
-    with pytest.raises(TypeError, match="soft_clamp_input_value"):
-        lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, bound_hard_clamp=False, soft_clamp_input_value=2.0)
     with pytest.raises(TypeError, match="orthogonal_rotation"):
         lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, orthogonal_rotation=True)
     with pytest.raises(TypeError, match="codebook_scale"):
         lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, codebook_scale=2.0)
-    with pytest.raises(TypeError, match="soft_clamp_input_value"):
-        lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, soft_clamp_input_value=1.0)
     rlfq = lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2)
     with pytest.raises(TypeError, match="rand_quantize_dropout_fixed_seed"):
         rlfq(torch.randn(1, 3, 4), rand_quantize_dropout_fixed_seed=3)
@@ -451,3 +447,23 @@ def test_implicit_neural_codebooks_refuse_what_the_reference_refuses():
     with pytest.raises(TypeError, match="mlp_kwargs"):
         lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=8, implicit_neural_codebook=True,
                             mlp_kwargs=dict(l2norm_output=True))
+
+
+@pytest.mark.parametrize("reference_class, ours_class, options", [
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[5, 5, 5], num_quantizers=3, dim=8,
+                                                      bound_hard_clamp=False, soft_clamp_input_value=1.2)),
+    (ReferenceResidualFSQ, lockstep.ResidualFSQ, dict(levels=[5, 5, 5], num_quantizers=2,
+                                                      bound_hard_clamp=False, soft_clamp_input_value=[1.1, 1.3, 1.5])),
+    (ReferenceResidualLFQ, lockstep.ResidualLFQ, dict(dim=8, codebook_size=16, num_quantizers=3,
+                                                      soft_clamp_input_value=1.5, commitment_loss_weight=0.25)),
+], ids=["fsq_one_value", "fsq_per_dimension", "lfq"])
+def test_a_soft_clamped_input_matches_the_reference(reference_class, ours_class, options):
+    """soft_clamp_input_value: the stack's input squashed to tanh(x / c) c (residual FSQ, one c or one per
+    dimension), or each LFQ layer's soft clamp c 2^-q (residual LFQ), as the reference's."""
+    torch.manual_seed(0)
+    reference, ours = reference_class(**options), ours_class(**options)
+    compare_training_steps(reference, ours, (2, 30, options.get("dim", 3)), 2, [], scale=3.0)
+    with pytest.raises(AssertionError):  # the reference's: the hard clamp sets its own
+        ReferenceResidualFSQ(levels=[5, 5], num_quantizers=2, soft_clamp_input_value=1.2)
+    with pytest.raises(AssertionError, match="bound_hard_clamp"):
+        lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, soft_clamp_input_value=1.2)

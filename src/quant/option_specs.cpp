@@ -280,6 +280,10 @@ OptionSection residual_section() {
            boolean("shared_codebook", d.shared_codebook(),
                    "residual-vq: every layer quantizes with one codebook, recomputed once per step from every "
                    "layer's statistics."),
+           float_list("soft_clamp", d.soft_clamp(),
+                      "residual-fsq: the input squashed to tanh(z / c) c before the layers (one c, or one per "
+                      "dimension; not with bound_hard_clamp); residual-lfq: one c, layer l's soft clamp c 2^-l.")
+               .length(0, 4096),
            boolean("diveq", d.diveq(),
                    "residual-vq: DiVeQ over the stack: the layers' codes learned by gradient, the output the input "
                    "plus its distance to the codes' sum along the noised direction to it."),

@@ -120,6 +120,7 @@ ResidualOptions residual_options(const OptionReader& o) {
       .codebook_sizes(o.int_list("codebook_sizes"))
       .shared_codebook(o.boolean("shared_codebook"))
       .diveq(o.boolean("diveq"))
+      .soft_clamp(o.float_list("soft_clamp"))
       .implicit_neural_codebook(o.boolean("implicit_neural_codebook"))
       .mlp_depth(o.integer("mlp_depth"))
       .mlp_hidden(o.integer("mlp_hidden"))

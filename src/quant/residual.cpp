@@ -24,6 +24,9 @@ void ResidualOptions::validate() const {
   for (int64_t k : codebook_sizes_) {
     LOCKSTEP_CHECK_ARG(k >= 1, "residual: a codebook size is ", k, ", it must be >= 1");
   }
+  for (double c : soft_clamp_) {
+    LOCKSTEP_CHECK_ARG(c > 0 && std::isfinite(c), "residual: a soft clamp value is ", c, ", it must be > 0");
+  }
   LOCKSTEP_CHECK_ARG(mlp_depth_ >= 0 && mlp_hidden_ >= 0, "residual: mlp_depth = ", mlp_depth_,
                      " and mlp_hidden = ", mlp_hidden_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(!(implicit_neural_codebook_ && (beam_size_ > 1 || eval_beam_size_ > 1)),
@@ -354,6 +357,7 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const V
                                            at::Generator generator) {
   // As the reference: one projection for the stack to heads * codebook_dim, which the layers take whole.
   given.validate();
+  LOCKSTEP_CHECK_ARG(given.soft_clamp().empty(), "residual-vq: soft_clamp is residual-fsq's and residual-lfq's");
   ResidualOptions options = given;
   VqOptions layer = given_layer;
   if (options.implicit_neural_codebook()) layer.ema_update(false).learnable_codebook(true);  // as the reference
@@ -399,14 +403,23 @@ std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, cons
     layers.push_back(std::make_shared<Fsq>(FsqOptions(layer).dim(layer_dim).preserve_symmetry(true)));
     scales.push_back(level_tensor.pow(-static_cast<double>(l)).to(torch::kFloat32));
   }
-  // Layers that clamp rather than squash get an input already in range: c = 1 + 1/(L-1).
+  // Layers that clamp rather than squash get an input already in range: c = 1 + 1/(L-1); else the given one.
+  const auto& soft = options.soft_clamp();
+  LOCKSTEP_CHECK_ARG(soft.empty() || !layer.bound_hard_clamp(),
+                     "residual-fsq: soft_clamp is for layers without bound_hard_clamp, which sets its own");
+  LOCKSTEP_CHECK_ARG(soft.size() <= 1 || static_cast<int64_t>(soft.size()) == layer_dim,
+                     "residual-fsq: soft_clamp "
+                     "has ",
+                     soft.size(), " values; give one, or one per dimension (", layer_dim, ")");
   at::Tensor input_clamp;
   if (layer.bound_hard_clamp()) input_clamp = 1 + 1 / (level_tensor.to(torch::kFloat32) - 1);  // in float32, as torch
+  if (!soft.empty()) input_clamp = torch::tensor(soft, torch::kFloat64).to(torch::kFloat32);
   return std::make_shared<Residual>("residual-fsq", options, layer.dim().value_or(layer_dim), std::move(layers),
                                     std::move(scales), std::move(input_clamp));
 }
 
 std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, const SimVqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(options.soft_clamp().empty(), "residual-simvq: soft_clamp is residual-fsq's and residual-lfq's");
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-simvq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
@@ -428,10 +441,15 @@ std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, cons
   int64_t bits = 0;
   while ((int64_t{1} << bits) < layer.codebook_size()) ++bits;
   const int64_t layer_dim = bits * layer.num_codebooks();
+  LOCKSTEP_CHECK_ARG(options.soft_clamp().size() <= 1, "residual-lfq: soft_clamp takes one value, got ",
+                     options.soft_clamp().size());
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) {
-    layers.push_back(std::make_shared<Lfq>(LfqOptions(layer).dim(layer_dim).codebook_scale(
-        layer.codebook_scale() * std::ldexp(1.0, -static_cast<int>(l)))));
+    LfqOptions each =
+        LfqOptions(layer).dim(layer_dim).codebook_scale(layer.codebook_scale() * std::ldexp(1.0, -static_cast<int>(l)));
+    // As the reference: each layer's soft clamp halves, as its codebook scale does.
+    if (!options.soft_clamp().empty()) each.soft_clamp(options.soft_clamp()[0] * std::ldexp(1.0, -static_cast<int>(l)));
+    layers.push_back(std::make_shared<Lfq>(each));
   }
   return std::make_shared<Residual>("residual-lfq", options, layer.dim().value_or(layer_dim), std::move(layers));
 }

@@ -88,6 +88,13 @@ struct ResidualOptions {
     mlp_hidden_ = h;
     return *this;
   }
+  // residual-fsq: the (projected) input squashed to tanh(z / c) c before the layers, c one value or one per
+  // dimension (the reference's soft_clamp_input_value; not with the layers' hard clamp, which sets its own);
+  // residual-lfq: one value c, each LFQ layer's soft clamp c 2^-l. Empty: none.
+  ResidualOptions& soft_clamp(std::vector<double> c) {
+    soft_clamp_ = std::move(c);
+    return *this;
+  }
   // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
   ResidualOptions& beam_score_weights(std::vector<double> w) {
     beam_score_weights_ = std::move(w);
@@ -105,6 +112,7 @@ struct ResidualOptions {
   const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
   bool shared_codebook() const { return shared_codebook_; }
   bool diveq() const { return diveq_; }
+  const std::vector<double>& soft_clamp() const { return soft_clamp_; }
   bool implicit_neural_codebook() const { return implicit_neural_codebook_; }
   int64_t mlp_depth() const { return mlp_depth_; }
   int64_t mlp_hidden() const { return mlp_hidden_; }
@@ -126,6 +134,7 @@ struct ResidualOptions {
   std::vector<double> beam_score_weights_;
   bool shared_codebook_ = false;
   bool diveq_ = false;
+  std::vector<double> soft_clamp_;
   bool implicit_neural_codebook_ = false;
   int64_t mlp_depth_ = 4;
   int64_t mlp_hidden_ = 0;
