@@ -80,12 +80,9 @@ class HierarchicalVQ(nn.Module):
                          stochastic_sample_codes=stochastic_sample_codes, sample_codebook_temp=sample_codebook_temp,
                          orthogonal_reg_weight=orthogonal_reg_weight,
                          orthogonal_reg_active_codes_only=orthogonal_reg_active_codes_only,
+                         orthogonal_reg_max_codes=orthogonal_reg_max_codes,
                          sync_codebook=sync_codebook, process_group=process_group,
                          collective_timeout=collective_timeout)
-        # The reference samples at most orthogonal_reg_max_codes codes for its regulariser; a limit that
-        # samples nothing (no regulariser, or no more codes than that) is its default behaviour.
-        if orthogonal_reg_weight > 0 and orthogonal_reg_max_codes is not None and orthogonal_reg_max_codes < max(sizes):
-            vq_kwargs["orthogonal_reg_max_codes"] = orthogonal_reg_max_codes  # VectorQuantize refuses it by name
 
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:  # the seed alone decides the initial state; else torch's generator, as there

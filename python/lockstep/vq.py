@@ -24,8 +24,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ( "orthogonal_reg_active_codes_only", "orthogonal_reg_max_codes",
-                   "codebook_diversity_loss_weight",
+                  ("codebook_diversity_loss_weight",
                    "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
@@ -46,7 +45,10 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                          (not 0 <= sync_update_v <= 1, f"sync_update_v={sync_update_v} must lie in [0, 1]"),
                          (sync_update_v > 0 and not learnable_codebook, "sync_update_v > 0 needs learnable_codebook"),
                          (straight_through and learnable_codebook, "straight_through is not taken with a learnable "
-                          "codebook")):
+                          "codebook"),
+                         (orthogonal_reg_active_codes_only and separate_codebook_per_head and heads > 1,
+                          "orthogonal regularization for only active codes is not compatible with separate codebooks "
+                          "per head")):
         if broken:
             raise AssertionError(f"lockstep.VectorQuantize: {what}, as in the reference")
     options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay), eps=float(eps),
@@ -67,6 +69,13 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    affine_param_codebook_decay=float(affine_param_codebook_decay))
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
+    # The regulariser over this rank's active codes only, and at most max_codes of them (drawn from the call's
+    # (seed, step), the same on every rank; None: all). The reference's 0 takes no code (a NaN loss).
+    if orthogonal_reg_max_codes is not None and int(orthogonal_reg_max_codes) < 1:
+        raise ValueError(f"lockstep.VectorQuantize: orthogonal_reg_max_codes={orthogonal_reg_max_codes} must be at "
+                         "least 1, or None for every code")
+    options["orthogonal_reg_active_codes_only"] = bool(orthogonal_reg_active_codes_only)
+    options["orthogonal_reg_max_codes"] = 0 if orthogonal_reg_max_codes is None else int(orthogonal_reg_max_codes)
     # The module's, not liblockstep's: how inputs are laid out, and what padding returns (liblockstep gives
     # 0 there, the module the input when False).
     options["accept_image_fmap"] = bool(accept_image_fmap)

@@ -29,18 +29,20 @@ def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1
     equal; output, losses (when the modules return them), input gradients and the `state_keys`
     entries of the state dicts (EMA codebooks) within 1e-5, parameter gradients within 5e-5.
 
-    `orthogonal`: (weight, codebooks(reference) -> each layer's codebook) when the orthogonal
-    regulariser is on. lockstep's EMA update waits for backward, so the regulariser's value is of the
-    codebook before the step's update; the reference's after it (docs/python.md). The expected loss is
-    the reference's with that term taken before. `optimizer`: a torch.optim class stepping both
-    modules' parameters (a learnable codebook among them) after each backward."""
+    `orthogonal`: (weight, codebooks(reference) -> each layer's codebook[, taken(codebook, indices) -> the
+    codes the regulariser takes]) when the orthogonal regulariser is on. lockstep's EMA update waits for
+    backward, so the regulariser's value is of the codebook before the step's update; the reference's after
+    it (docs/python.md). The expected loss is the reference's with that term taken before. `optimizer`: a
+    torch.optim class stepping both modules' parameters (a learnable codebook among them) after each
+    backward."""
     ours.load_reference_state_dict(reference.state_dict())
     optimizers = [optimizer(m.parameters(), lr=1e-2) for m in (reference, ours)] if optimizer else []
     for step in range(steps):
         x = torch.randn(*shape) * scale
         xs = [x.clone().requires_grad_(True) for _ in range(2)]
         if orthogonal:
-            before = torch.stack([orthogonal_loss_fn(c.detach()) for c in orthogonal[1](reference)])
+            taken = orthogonal[2] if len(orthogonal) > 2 else (lambda codebook, indices: codebook)
+            before = [c.detach().clone() for c in orthogonal[1](reference)]
         out_ref, idx_ref, *loss_ref = reference(xs[0])
         out, idx, *loss = ours(xs[1])
         assert torch.equal(idx, idx_ref.to(idx.dtype)), step
@@ -49,7 +51,8 @@ def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1
         if loss:  # per layer for the residual quantizers
             expected = loss_ref[0].detach()
             if orthogonal:
-                after = torch.stack([orthogonal_loss_fn(c.detach()) for c in orthogonal[1](reference)])
+                after = torch.stack([orthogonal_loss_fn(taken(c.detach(), idx_ref)) for c in orthogonal[1](reference)])
+                before = torch.stack([orthogonal_loss_fn(taken(c, idx_ref)) for c in before])
                 expected = expected - orthogonal[0] * (after - before).reshape(expected.shape)
             torch.testing.assert_close(loss[0].detach(), expected.reshape(loss[0].shape), atol=1e-5, rtol=1e-5)
         loss_ref = loss_ref[0].sum() if loss_ref else 0

@@ -26,6 +26,10 @@ MODULES = {  # the six, with the options that draw randomness or update state
 VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, feature maps
     "VectorQuantize orthogonal": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16,
                                                                  orthogonal_reg_weight=0.5),
+    "VectorQuantize orthogonal subset": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16,
+                                                                        orthogonal_reg_weight=0.5,
+                                                                        orthogonal_reg_active_codes_only=True,
+                                                                        orthogonal_reg_max_codes=4),
     "VectorQuantize heads": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, heads=2, codebook_dim=3,
                                                             separate_codebook_per_head=True,
                                                             stochastic_sample_codes=True),

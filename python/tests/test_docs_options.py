@@ -46,7 +46,7 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "in_place_codebook_optimizer": lambda parameters: torch.optim.SGD(parameters, lr=0.1),
                 "beam_score_quantizer_weights": [1.0, 0.5, 0.25],
                 "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4), "has_projections": True, "soft_clamp_input_value": 1.5,
-                "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5}
+                "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5, "orthogonal_reg_max_codes": 4}
 # Options whose other value needs another option with it, as the reference requires too.
 COMPANIONS = {"learnable_codebook": dict(ema_update=False), "eval_beam_size": dict(beam_size=2),
               ("ResidualFSQ", "soft_clamp_input_value"): dict(bound_hard_clamp=False),

@@ -131,8 +131,7 @@ def test_decoding_from_indices_matches_the_reference():
     (dict(scales=[1, (2, 2)]), ValueError, "spatial"),
     (dict(scales=[1, 2], nested_dropout=1.5), ValueError, "nested_dropout"),
     (dict(scales=[1, 2], accept_image_fmap=True, accept_3d_fmap=True), ValueError, "at most one"),
-    (dict(scales=[1, 2], orthogonal_reg_weight=0.1, orthogonal_reg_max_codes=4), TypeError, "orthogonal_reg_max_codes"),
-    (dict(scales=[1, 2], orthogonal_reg_active_codes_only=True), TypeError, "orthogonal_reg_active_codes_only"),
+    (dict(scales=[1, 2], orthogonal_reg_weight=0.1, orthogonal_reg_max_codes=0), ValueError, "orthogonal_reg_max_codes"),
 ])
 def test_bad_options_are_errors_naming_them(arguments, error, match):
     with pytest.raises(error, match=match):

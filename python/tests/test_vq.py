@@ -107,6 +107,69 @@ def test_the_orthogonal_regulariser_trains_the_codebook_as_the_reference_does(op
                            orthogonal=(0.5, lambda m: [m._codebook.embed]), optimizer=optimizer)
 
 
+@pytest.mark.parametrize("options", [dict(orthogonal_reg_active_codes_only=True),
+                                     dict(orthogonal_reg_active_codes_only=True, heads=2, codebook_dim=8),
+                                     dict(orthogonal_reg_max_codes=64), dict(orthogonal_reg_max_codes=100)],
+                         ids=["active", "active_heads", "max_codes_all", "max_codes_above"])
+def test_the_orthogonal_regulariser_over_some_codes_as_the_reference(options):
+    """orthogonal_reg_active_codes_only: the regulariser over the codes the call's tokens chose (the reference's
+    torch.unique of its indices); orthogonal_reg_max_codes no smaller than the codes: all of them, as there.
+    Indices, outputs, losses, gradients and codebooks over 4 Adam steps."""
+    reference = ReferenceVQ(dim=16, codebook_size=64, orthogonal_reg_weight=0.5, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, orthogonal_reg_weight=0.5, **options)
+    if options.get("orthogonal_reg_active_codes_only"):
+        def taken(codebook, indices):
+            return codebook[:, torch.unique(indices)]
+    else:
+        def taken(codebook, indices):
+            return codebook
+    compare_training_steps(reference, ours, (2, 64, 16), 4, ["_codebook.embed", "_codebook.embed_avg"],
+                           orthogonal=(0.5, lambda m: [m._codebook.embed], taken), optimizer=torch.optim.Adam)
+
+
+def test_orthogonal_reg_max_codes_takes_that_many_codes_drawn_each_step_from_the_seed():
+    """Fewer codes than the codebook's: the regulariser is the reference's orthogonal_loss_fn over max_codes
+    codes, its gradient theirs alone; drawn from (seed, step) rather than torch's generator (the reference's
+    randperm): another step draws others, the same seed and step the same (on every rank: test_distributed)."""
+    from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
+
+    def made():
+        return lockstep.VectorQuantize(dim=8, codebook_size=32, orthogonal_reg_weight=1.0, orthogonal_reg_max_codes=5,
+                                       ema_update=False, commitment_weight=0.0, seed=7)
+
+    ours, twin = made(), made()
+    twin.load_state_dict(ours.state_dict())
+    chosen = []
+    for step in range(3):
+        x = torch.randn(2, 20, 8)
+        for module in (ours, twin):
+            _, _, loss = module(x)
+            loss.backward()
+        embed = ours._codebook.embed
+        rows = embed.grad[0].abs().sum(-1).nonzero().squeeze(1)
+        assert rows.numel() == 5, rows
+        torch.testing.assert_close(twin._codebook.embed.grad, embed.grad)  # the same seed and step: the same codes
+        codes = embed.detach()[:, rows].clone().requires_grad_(True)
+        expected = orthogonal_loss_fn(codes)
+        torch.testing.assert_close(loss.detach(), expected.detach(), atol=1e-6, rtol=1e-5)
+        expected.backward()
+        torch.testing.assert_close(embed.grad[:, rows], codes.grad, atol=1e-6, rtol=1e-5)
+        chosen.append(set(rows.tolist()))
+        for module in (ours, twin):
+            module.zero_grad()
+    assert len({frozenset(c) for c in chosen}) > 1, chosen  # each step draws anew
+
+
+@pytest.mark.parametrize("options, error, match", [
+    (dict(orthogonal_reg_max_codes=0), ValueError, "orthogonal_reg_max_codes=0"),
+    (dict(orthogonal_reg_active_codes_only=True, heads=2, separate_codebook_per_head=True), AssertionError,
+     "separate codebooks"),
+])
+def test_orthogonal_options_the_reference_cannot_run_are_errors(options, error, match):
+    with pytest.raises(error, match=match):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, orthogonal_reg_weight=0.5, **options)
+
+
 @pytest.mark.parametrize("options", [dict(commitment_weight=0.7, orthogonal_reg_weight=0.3), dict(commitment_weight=0.0),
                                      dict(heads=2, separate_codebook_per_head=True, codebook_dim=4)],
                          ids=["weighted", "no_commitment", "heads"])

@@ -171,6 +171,13 @@ OptionSection vq_section() {
             "Weight of the orthogonal regulariser over the codes; when > 0 the codebook is a parameter that "
             "the regulariser trains beside the EMA, as vector-quantize-pytorch does.")
            .at_least(0),
+       boolean("orthogonal_reg_active_codes_only", d.orthogonal_reg_active_codes_only(),
+               "The orthogonal regulariser takes only the codes the call's tokens chose on this rank (one codebook "
+               "only)."),
+       integer("orthogonal_reg_max_codes", d.orthogonal_reg_max_codes(),
+               "At most this many codes in the orthogonal regulariser, drawn anew each step (the same on every "
+               "rank); 0 means all.")
+           .at_least(0),
        boolean("ema_update", d.ema_update(),
                "The EMA of assigned tokens moves the codebook; false keeps it (dead codes are still replaced) or, "
                "with learnable_codebook, leaves it to the gradient."),

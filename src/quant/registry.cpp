@@ -71,6 +71,8 @@ VqOptions vq_options(const OptionReader& o) {
       .heads(o.integer("heads"))
       .separate_codebook_per_head(o.boolean("separate_codebook_per_head"))
       .orthogonal_reg_weight(o.real("orthogonal_reg_weight"))
+      .orthogonal_reg_active_codes_only(o.boolean("orthogonal_reg_active_codes_only"))
+      .orthogonal_reg_max_codes(o.integer("orthogonal_reg_max_codes"))
       .ema_update(o.boolean("ema_update"))
       .learnable_codebook(o.boolean("learnable_codebook"))
       .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))

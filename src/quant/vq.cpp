@@ -121,6 +121,11 @@ void VqOptions::validate() const {
   LOCKSTEP_CHECK_ARG(sync_update_v_ >= 0 && sync_update_v_ <= 1, "vq: sync_update_v = ", sync_update_v_,
                      " must lie in [0, 1]");
   LOCKSTEP_CHECK_ARG(sync_update_v_ == 0 || learnable_codebook_, "vq: sync_update_v > 0 needs learnable_codebook");
+  LOCKSTEP_CHECK_ARG(orthogonal_reg_max_codes_ >= 0, "vq: orthogonal_reg_max_codes = ", orthogonal_reg_max_codes_,
+                     " must be >= 0 (0: every code)");
+  LOCKSTEP_CHECK_ARG(!(orthogonal_reg_active_codes_only_ && separate_codebook_per_head_ && heads_ > 1),
+                     "vq: orthogonal_reg_active_codes_only needs one codebook (not separate_codebook_per_head), as in "
+                     "vector-quantize-pytorch");
 }
 
 Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(std::move(options)) {
@@ -326,26 +331,55 @@ at::Tensor orthogonal_loss_of(const at::Tensor& embed) {
 // The regulariser of a codebook parameter whose backward differentiates at the codebook's values
 // then: a deferred EMA update (run in backward, before this node) has moved it by then, and the
 // reference differentiates at the updated codebook. Nothing is saved, so the update is allowed.
+// `codes` (int64, undefined for all): the ids of the codes the regulariser takes.
+at::Tensor orthogonal_loss_of(const at::Tensor& embed, const at::Tensor& codes) {
+  return orthogonal_loss_of(codes.defined() ? embed.index_select(1, codes) : embed);
+}
+
+// `codes` is kept out of apply()'s tensor arguments, which must be defined.
 struct OrthogonalLoss : public torch::autograd::Function<OrthogonalLoss> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& embed) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& embed,
+                            const std::vector<at::Tensor>& codes) {
     ctx->saved_data["embed"] = embed;  // the live parameter, read again in backward
+    ctx->saved_data["codes"] = codes;
     torch::NoGradGuard no_grad;
-    return orthogonal_loss_of(embed.detach());
+    return orthogonal_loss_of(embed.detach(), codes.empty() ? at::Tensor() : codes[0]);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor now = ctx->saved_data["embed"].toTensor().detach().requires_grad_(true);
+    const auto codes = ctx->saved_data["codes"].toTensorVector();
     at::Tensor value;
     {
       torch::AutoGradMode enabled(true);
-      value = orthogonal_loss_of(now);
+      value = orthogonal_loss_of(now, codes.empty() ? at::Tensor() : codes[0]);
     }
-    return {torch::autograd::grad({value}, {now}, {grads[0]})[0]};
+    return {torch::autograd::grad({value}, {now}, {grads[0]})[0], at::Tensor()};
   }
 };
 }  // namespace
 
-at::Tensor Vq::orthogonal_loss() const { return OrthogonalLoss::apply(embed_); }
+at::Tensor Vq::orthogonal_codes(const at::Tensor& counted_indices, const QuantizeContext& ctx) const {
+  at::Tensor codes;
+  if (options_.orthogonal_reg_active_codes_only()) codes = std::get<0>(at::_unique(counted_indices.reshape(-1)));
+  const int64_t available = codes.defined() ? codes.numel() : embed_.size(1);
+  const int64_t most = options_.orthogonal_reg_max_codes();
+  if (most > 0 && available > most) {
+    // A copy of the call's generator: the same draw on every rank, and the call's other draws unchanged.
+    at::Generator generator = ctx.generator.defined() ? ctx.generator.clone() : or_default(ctx.generator);
+    const at::Tensor picked = torch::randperm(available, generator, torch::kLong).slice(0, 0, most).to(embed_.device());
+    codes = codes.defined() ? codes.index_select(0, picked) : picked;
+  }
+  return codes;
+}
+
+at::Tensor Vq::orthogonal_loss(const at::Tensor& counted_indices, const QuantizeContext& ctx) const {
+  const at::Tensor codes = orthogonal_codes(counted_indices, ctx);
+  // No token counted, so no active code: no regulariser (the reference's is NaN there).
+  if (codes.defined() && codes.numel() == 0) return embed_.sum() * 0.0;
+  const std::vector<at::Tensor> taken = codes.defined() ? std::vector<at::Tensor>{codes} : std::vector<at::Tensor>{};
+  return OrthogonalLoss::apply(embed_, taken) * options_.orthogonal_reg_weight();
+}
 
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) { return quantize_with(x, ctx, {}); }
 
@@ -404,7 +438,11 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
   // codebook before the update (its gradient is still taken at the updated codebook: OrthogonalLoss).
   if (options_.orthogonal_reg_weight() > 0) {
-    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
+    result.losses["orthogonal"] = orthogonal_loss(only_counted(indices), ctx);
+    // Codes drawn each step: the step advances (with the update) even where the call changes no state.
+    if (may_change_state && ctx.defer_updates && !result.update && options_.orthogonal_reg_max_codes() > 0) {
+      result.update = [](Reducer&) {};
+    }
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = ungroup_indices(indices, b, n);
@@ -500,7 +538,9 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const at::Tensor codes = options_.learnable_codebook() && !ctx.freeze_codebook ? q : q.detach();
   result.code_loss = (token - codes).pow(2).mean(-1).reshape({b, n, k});
   if (options_.orthogonal_reg_weight() > 0) {
-    result.losses["orthogonal"] = orthogonal_loss() * options_.orthogonal_reg_weight();
+    const at::Tensor counted =
+        mask.defined() ? indices.index_select(0, mask.reshape(-1).nonzero().squeeze(1)) : indices;
+    result.losses["orthogonal"] = orthogonal_loss(counted, ctx);
   }
   // The affine statistics follow the call, as the reference's codebook forward updates them.
   if (may_change_state && options_.affine_param()) {

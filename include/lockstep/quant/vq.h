@@ -112,6 +112,17 @@ struct VqOptions {
     orthogonal_reg_weight_ = w;
     return *this;
   }
+  // The regulariser takes only the codes this call's counted tokens chose on this rank (as the
+  // reference's, per rank); one codebook only (not separate_codebook_per_head).
+  VqOptions& orthogonal_reg_active_codes_only(bool on) {
+    orthogonal_reg_active_codes_only_ = on;
+    return *this;
+  }
+  // At most this many of those codes, drawn from the call's generator (the same on every rank); 0: all.
+  VqOptions& orthogonal_reg_max_codes(int64_t n) {
+    orthogonal_reg_max_codes_ = n;
+    return *this;
+  }
   // false: the EMA does not move the codebook (cluster sizes are still tracked when dead codes are
   // replaced). Off with learnable_codebook, which learns it by gradient instead.
   VqOptions& ema_update(bool on) {
@@ -175,6 +186,8 @@ struct VqOptions {
   bool separate_codebook_per_head() const { return separate_codebook_per_head_; }
   int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
   double orthogonal_reg_weight() const { return orthogonal_reg_weight_; }
+  bool orthogonal_reg_active_codes_only() const { return orthogonal_reg_active_codes_only_; }
+  int64_t orthogonal_reg_max_codes() const { return orthogonal_reg_max_codes_; }
   bool ema_update() const { return ema_update_; }
   bool learnable_codebook() const { return learnable_codebook_; }
   // Whether the codebook is a parameter: learned by gradient, or trained by the regulariser.
@@ -191,7 +204,8 @@ struct VqOptions {
   // outside [0, 1], eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
   // learnable_codebook with ema_update or with cosine similarity, affine_param with cosine
   // similarity, an affine decay outside [0, 1), DiVeQ without dead-code replacement or with a negative
-  // variance, sync_update_v outside [0, 1] or above 0 without a learnable codebook.
+  // variance, sync_update_v outside [0, 1] or above 0 without a learnable codebook, a negative
+  // orthogonal_reg_max_codes, orthogonal_reg_active_codes_only with separate codebooks per head.
   void validate() const;
 
  private:
@@ -213,6 +227,8 @@ struct VqOptions {
   bool separate_codebook_per_head_ = false;
   std::optional<int64_t> codebook_dim_;
   double orthogonal_reg_weight_ = 0;
+  bool orthogonal_reg_active_codes_only_ = false;
+  int64_t orthogonal_reg_max_codes_ = 0;
   bool ema_update_ = true;
   bool learnable_codebook_ = false;
   bool stochastic_sample_codes_ = false;
@@ -332,7 +348,11 @@ class Vq final : public Quantizer {
   void update_affine(const at::Tensor& tokens, Reducer& reducer);
   // Tokens (C, M, cd) moved from the batch's statistics to the codebooks' (identity until set).
   at::Tensor in_codebook_frame(const at::Tensor& tokens) const;
-  at::Tensor orthogonal_loss() const;
+  // The orthogonal regulariser (weighted) over the codes orthogonal_codes() picks.
+  at::Tensor orthogonal_loss(const at::Tensor& counted_indices, const QuantizeContext& ctx) const;
+  // The code ids (int64) the regulariser takes: the active ones among `counted_indices` (C, M), at most
+  // orthogonal_reg_max_codes of them drawn from a copy of the call's generator; undefined for all.
+  at::Tensor orthogonal_codes(const at::Tensor& counted_indices, const QuantizeContext& ctx) const;
   void kmeans_init_from(const at::Tensor& tokens, const QuantizeContext& ctx);
   void ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer& reducer, const VqUpdate& update);
   // embed from embed_avg and the Laplace-smoothed cluster sizes (l2-normalised when cosine).
