@@ -132,7 +132,9 @@ class ResidualVQ(_Residual):
                                  f"num_quantizers={num_quantizers}")
         refuse_layer_layout("lockstep.ResidualVQ", vq_kwargs, {
             "accept_3d_fmap": ((False,), "False: the stack takes tokens, or image maps with accept_image_fmap"),
-            "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens")})
+            "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens"),
+            "manual_ema_update": ((False,), "False: the stack refreshes its layers' codebooks; VectorQuantize takes "
+                                  "True")})
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
         freeze_codebook = own["freeze_codebook"]  # the layers' setting

@@ -3,7 +3,9 @@ and return values)."""
 from collections import namedtuple
 
 import torch
+from torch import nn
 
+from . import _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, only_defaults,
                          padding_mask, refuse, refuse_forward_options)
 
@@ -25,7 +27,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
                   ("codebook_diversity_loss_weight",
-                   "vq_bridge", "manual_ema_update", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
+                   "vq_bridge", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
     ema_update = (not directional_reparam) if ema_update is None else bool(ema_update)
@@ -61,6 +63,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                    route_gradients_to_input=bool(route_gradients_to_input), sync_update_v=float(sync_update_v),
                    separate_codebook_per_head=bool(separate_codebook_per_head),
                    orthogonal_reg_weight=float(orthogonal_reg_weight), ema_update=ema_update,
+                   manual_ema_update=bool(manual_ema_update),
                    learnable_codebook=learnable_codebook,
                    stochastic_sample_codes=bool(stochastic_sample_codes),
                    sample_codebook_temp=float(sample_codebook_temp),
@@ -127,6 +130,17 @@ def module_options(options):
     return {key: options.pop(key) for key in MODULE_KEYS}
 
 
+class _Codebook(nn.Module):
+    """VectorQuantize's `_codebook`: the reference's Codebook tensors (embed, cluster_size, embed_avg, ...)
+    and its update_ema(). It finds its quantizer by handle: a reference to it would be a cycle."""
+
+    def update_ema(self):
+        """The codebook recomputed from its EMA statistics (Laplace-smoothed cluster sizes; unit length with
+        cosine similarity), in liblockstep, as the reference's Codebook.update_ema: what training calls leave
+        to the caller with manual_ema_update=True. Every rank holds the same statistics: no collective."""
+        _ops._module(self._quantizer_handle)._core.vq_update_ema()
+
+
 class VectorQuantize(LockstepQuantizer):
     """VectorQuantize(dim, codebook_size, ...) as vector-quantize-pytorch's: forward(x) takes
     (b, n, dim) tokens (or (b, dim, n) with channel_last=False, (b, dim, h, w) with accept_image_fmap=True,
@@ -156,6 +170,12 @@ class VectorQuantize(LockstepQuantizer):
         self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
+
+    def _register_ops(self):
+        super()._register_ops()
+        codebook = self._modules["_codebook"]  # made when the tensors were adopted
+        codebook.__class__ = _Codebook
+        codebook._quantizer_handle = self._handle
 
     @property
     def codebook(self):

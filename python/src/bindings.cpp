@@ -578,6 +578,9 @@ PYBIND11_MODULE(_C, m) {
           "fsp_level_indices", [](Quantizer& q, const at::Tensor& indices) { return as_fsp(q).level_indices(indices); },
           py::arg("indices"), py::call_guard<py::gil_scoped_release>())
       .def(
+          "vq_update_ema", [](Quantizer& q) { as_vq(q).update_ema(); },
+          "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
+      .def(
           "vq_code_logits",
           [](Quantizer& q, const at::Tensor& x) {
             auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);

@@ -30,6 +30,7 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                                         orthogonal_reg_weight=0.5,
                                                                         orthogonal_reg_active_codes_only=True,
                                                                         orthogonal_reg_max_codes=4),
+    "VectorQuantize manual EMA": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, manual_ema_update=True),
     "VectorQuantize heads": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, heads=2, codebook_dim=3,
                                                             separate_codebook_per_head=True,
                                                             stochastic_sample_codes=True),

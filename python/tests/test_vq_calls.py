@@ -141,3 +141,41 @@ def test_forward_s_ema_update_false_tracks_statistics_without_moving_the_codeboo
     _assert_state(reference, ours)
     with pytest.raises(ValueError, match="ema_update_weight must be"):
         ours(x, ema_update_weight=torch.ones(5))[0].sum().backward()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_cosine_sim=True), dict(heads=2, separate_codebook_per_head=True)],
+                         ids=["euclidean", "cosine", "heads"])
+def test_manual_ema_update_moves_the_statistics_and_update_ema_the_codebook_as_the_reference(options):
+    """manual_ema_update=True: each training call moves the EMA statistics but leaves the codebook;
+    `_codebook.update_ema()` recomputes it from them, as the reference's. Every call's indices, outputs and
+    state equal the reference's, an update_ema() after the second and third calls."""
+    reference, ours = _pair(manual_ema_update=True, decay=0.8, **options)
+    for step in range(3):
+        x = torch.randn(2, 40, 16) * (3.0 if step == 0 else 1.0)
+        embed_before = ours._codebook.embed.detach().clone()
+        out_ref, idx_ref, _ = reference(x)
+        out, idx, loss = ours(x)
+        (out.sum() * 0 + loss).backward()  # lockstep's update rides on backward
+        assert torch.equal(idx, idx_ref)
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        assert torch.equal(ours._codebook.embed.detach(), embed_before)  # the statistics moved, not the codes
+        _assert_state(reference, ours)
+        if step > 0:
+            reference._codebook.update_ema()
+            ours._codebook.update_ema()
+            _assert_state(reference, ours)
+            assert not torch.equal(ours._codebook.embed.detach(), embed_before)
+
+
+def test_manual_ema_update_survives_a_copy_and_is_refused_by_the_residual_stack():
+    import copy
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, manual_ema_update=True)
+    original = ours._codebook.embed.detach().clone()
+    copied = copy.deepcopy(ours)
+    copied(torch.randn(2, 10, 8))[2].backward()
+    assert torch.equal(copied._codebook.embed.detach(), original)
+    copied._codebook.update_ema()  # the copy's own quantizer, not the original's
+    assert not torch.equal(copied._codebook.embed.detach(), original)
+    assert torch.equal(ours._codebook.embed.detach(), original)
+    with pytest.raises(TypeError, match="manual_ema_update"):
+        lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, manual_ema_update=True)

@@ -181,6 +181,9 @@ OptionSection vq_section() {
        boolean("ema_update", d.ema_update(),
                "The EMA of assigned tokens moves the codebook; false keeps it (dead codes are still replaced) or, "
                "with learnable_codebook, leaves it to the gradient."),
+       boolean("manual_ema_update", d.manual_ema_update(),
+               "The EMA statistics move but the codebook is recomputed from them only when asked (Python: "
+               "_codebook.update_ema()); dead codes are still replaced."),
        boolean("learnable_codebook", d.learnable_codebook(),
                "The codebook is a parameter trained by the commitment loss (needs ema_update = false, cosine = "
                "false)."),

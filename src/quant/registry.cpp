@@ -74,6 +74,7 @@ VqOptions vq_options(const OptionReader& o) {
       .orthogonal_reg_active_codes_only(o.boolean("orthogonal_reg_active_codes_only"))
       .orthogonal_reg_max_codes(o.integer("orthogonal_reg_max_codes"))
       .ema_update(o.boolean("ema_update"))
+      .manual_ema_update(o.boolean("manual_ema_update"))
       .learnable_codebook(o.boolean("learnable_codebook"))
       .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))
       .sample_codebook_temp(o.real("sample_codebook_temp"))

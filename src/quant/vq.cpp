@@ -637,7 +637,7 @@ std::function<void(Reducer&)> Vq::refresh_update(const at::Tensor& x, const Quan
   }
   auto update = [this, tokens, dead_codes, generator = or_default(ctx.generator)](Reducer& r) {
     torch::NoGradGuard no_grad;
-    if (options_.ema_update()) refresh_codebook();
+    if (options_.ema_update() && !options_.manual_ema_update()) refresh_codebook();
     if (dead_codes) expire_dead_codes(tokens, r, generator);
   };
   if (ctx.defer_updates) return update;
@@ -743,7 +743,12 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
     embed_avg_.lerp_(sums, rate);
   }
   if (!call.ema_update.value_or(options_.ema_update())) return;  // the sizes feed dead codes; the codebook stays
-  if (call.refresh_codebook) refresh_codebook();
+  if (call.refresh_codebook && !options_.manual_ema_update()) refresh_codebook();
+}
+
+void Vq::update_ema() {
+  torch::NoGradGuard no_grad;
+  refresh_codebook();
 }
 
 void Vq::refresh_codebook() {

@@ -123,6 +123,12 @@ struct VqOptions {
     orthogonal_reg_max_codes_ = n;
     return *this;
   }
+  // The EMA statistics move but the codebook is recomputed from them only by update_ema() (the
+  // reference's manual_ema_update); dead codes are still replaced at each training call.
+  VqOptions& manual_ema_update(bool on) {
+    manual_ema_update_ = on;
+    return *this;
+  }
   // false: the EMA does not move the codebook (cluster sizes are still tracked when dead codes are
   // replaced). Off with learnable_codebook, which learns it by gradient instead.
   VqOptions& ema_update(bool on) {
@@ -189,6 +195,7 @@ struct VqOptions {
   bool orthogonal_reg_active_codes_only() const { return orthogonal_reg_active_codes_only_; }
   int64_t orthogonal_reg_max_codes() const { return orthogonal_reg_max_codes_; }
   bool ema_update() const { return ema_update_; }
+  bool manual_ema_update() const { return manual_ema_update_; }
   bool learnable_codebook() const { return learnable_codebook_; }
   // Whether the codebook is a parameter: learned by gradient, or trained by the regulariser.
   bool codebook_is_parameter() const { return learnable_codebook_ || orthogonal_reg_weight_ > 0; }
@@ -230,6 +237,7 @@ struct VqOptions {
   bool orthogonal_reg_active_codes_only_ = false;
   int64_t orthogonal_reg_max_codes_ = 0;
   bool ema_update_ = true;
+  bool manual_ema_update_ = false;
   bool learnable_codebook_ = false;
   bool stochastic_sample_codes_ = false;
   double sample_codebook_temp_ = 1.0;
@@ -308,6 +316,10 @@ class Vq final : public Quantizer {
   // ema_update), then dead codes replaced from x (b, n, dim), every layer's input together (ctx.mask
   // (b, n) keeps padding out). Deferred or run at once as ctx says, as quantize's update.
   std::function<void(Reducer&)> refresh_update(const at::Tensor& x, const QuantizeContext& ctx);
+  // The codebook recomputed from the EMA statistics (Laplace-smoothed sizes; l2-normalised when
+  // cosine), as the reference's Codebook.update_ema: with manual_ema_update, what the training calls
+  // leave to the caller. Every rank holds the same statistics, so nothing is communicated.
+  void update_ema();
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
   // x (b, n, dim) -> each code's logit for each token, (b, n, K) or (b, n, heads, K): minus the
