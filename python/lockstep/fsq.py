@@ -1,7 +1,7 @@
 """Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, only_defaults
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature
 
 
 def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, scale=None,
@@ -10,8 +10,6 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
                 bound_hard_clamp=False, orthogonal_rotation=False):
     """vector-quantize-pytorch's FSQ arguments -> (liblockstep's FSQ options (quant/option_specs.h), the
     module's own settings); TypeError naming an option lockstep does not implement."""
-    only_defaults("lockstep.FSQ", fsq_options, locals(),
-                  ("orthogonal_rotation",))
     # force_quantization_f32=False: lockstep quantizes in float32 all the same (docs/python.md), which for a
     # half-precision input is the reference's forced path; the output takes the input's dtype either way.
     levels = [int(level) for level in levels]
@@ -24,7 +22,7 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
         raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
     options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
                    noise_dropout=float(noise_dropout), bound_hard_clamp=bool(bound_hard_clamp),
-                   projection_has_bias=bool(projection_has_bias))
+                   projection_has_bias=bool(projection_has_bias), orthogonal_rotation=bool(orthogonal_rotation))
     if dim is not None:
         options["dim"] = int(dim)
     module = dict(keep_num_codebooks_dim=keep_num_codebooks_dim, channel_first=channel_first,

@@ -31,7 +31,7 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
     only_defaults("lockstep.LFQ", lfq_options, locals(),
-                  ("cosine_sim_project_in", "orthogonal_rotation"))
+                  ("cosine_sim_project_in",))
     # force_quantization_f32=False: quantized in float32 all the same, as FSQ (docs/python.md).
     if soft_clamp_input_value is not None and soft_clamp_input_value < codebook_scale:  # the reference's assertion
         raise AssertionError(f"lockstep.LFQ: soft_clamp_input_value={soft_clamp_input_value} must be >= "
@@ -48,7 +48,7 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
                    projection_has_bias=bool(projection_has_bias), force_projections=bool(has_projections),
                    soft_clamp=float(soft_clamp_input_value or 0.0),
                    softplus_entropy=bool(experimental_softplus_entropy_loss),
-                   entropy_loss_offset=float(entropy_loss_offset))
+                   entropy_loss_offset=float(entropy_loss_offset), orthogonal_rotation=bool(orthogonal_rotation))
     module = dict(codebook_size=codebook_size, keep_num_codebooks_dim=keep_num_codebooks_dim,
                   channel_first=channel_first, inv_temperature=float(inv_temperature))
     return options, module
@@ -131,7 +131,10 @@ class LFQ(LockstepQuantizer):
         else:
             per_codebook = flat if keep else flat.unsqueeze(-1)  # (b, n, c)
             bits = (per_codebook.unsqueeze(-1) & bit_mask(self.codebook_size).to(flat.device)) != 0
-            codes = torch.where(bits, self._code_value, -self._code_value).float().flatten(-2)
+            codes = torch.where(bits, self._code_value, -self._code_value).float()
+            if "orthogonal_rot" in self._buffers:  # turned back, as forward's output before its projection
+                codes = codes @ self.orthogonal_rot.t()
+            codes = codes.flatten(-2)
         codes = codes.reshape(codes.shape[0], *spatial, codes.shape[-1])
         return codes.movedim(-1, 1) if channel_first else codes
 

@@ -134,7 +134,8 @@ class ResidualVQ(_Residual):
             "accept_3d_fmap": ((False,), "False: the stack takes tokens, or image maps with accept_image_fmap"),
             "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens"),
             "manual_ema_update": ((False,), "False: the stack refreshes its layers' codebooks; VectorQuantize takes "
-                                  "True")})
+                                  "True"),
+            "codebook_diversity_loss_weight": ((0, 0.0), "0.0 in a stack; VectorQuantize takes it")})
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
@@ -278,7 +279,8 @@ class ResidualFSQ(_Residual):
             "num_codebooks": ((1,), "1: each layer quantizes the whole residual"),
             "keep_num_codebooks_dim": ((None, False), "None: indices are (b, n, num_quantizers)"),
             "channel_first": ((None, False), "False; is_channel_first=True takes channel-first maps"),
-            "return_indices": ((True,), "True")})
+            "return_indices": ((True,), "True"),
+            "orthogonal_rotation": ((False,), "False; FSQ takes True")})
         layer, _ = fsq_options(levels, bound_hard_clamp=bound_hard_clamp, **fsq_kwargs)
         options = {f"fsq.{key}": value for key, value in layer.items()}
         if dim is not None:
@@ -331,7 +333,8 @@ class ResidualLFQ(_Residual):
             raise TypeError("lockstep.ResidualLFQ: codebook_scale is set per layer (2^-q)")
         refuse_layer_layout("lockstep.ResidualLFQ", lfq_kwargs, {
             "channel_first": ((None, False), "None: maps of two or more spatial axes are taken channel first"),
-            "keep_num_codebooks_dim": ((None, False), "None: indices are (..., num_quantizers)")})
+            "keep_num_codebooks_dim": ((None, False), "None: indices are (..., num_quantizers)"),
+            "orthogonal_rotation": ((False,), "False; LFQ takes True")})
         bits = int(codebook_size).bit_length() - 1
         layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
         layer.pop("dim")  # the layers take the residual's dimension

@@ -26,8 +26,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("codebook_diversity_loss_weight",
-                   "vq_bridge", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
+                  ("vq_bridge", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
     ema_update = (not directional_reparam) if ema_update is None else bool(ema_update)
@@ -90,6 +89,9 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     options["commitment_use_cross_entropy_loss"] = bool(commitment_use_cross_entropy_loss)
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
+    # The reference's codebook diversity loss (training; off unless its weight is > 0), over liblockstep's logits.
+    options["codebook_diversity_loss_weight"] = float(codebook_diversity_loss_weight)
+    options["codebook_diversity_temperature"] = float(codebook_diversity_temperature)
     return options
 
 
@@ -122,7 +124,8 @@ def _unweighted(losses, name, weight, device):
 
 # What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
 MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
-               "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss")
+               "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss",
+               "codebook_diversity_loss_weight", "codebook_diversity_temperature")
 
 
 def module_options(options):
@@ -167,6 +170,8 @@ class VectorQuantize(LockstepQuantizer):
         self.return_zeros_for_masked_padding = own["return_zeros_for_masked_padding"]
         self.freeze_codebook = own["freeze_codebook"]
         self.commitment_use_cross_entropy_loss = own["commitment_use_cross_entropy_loss"]
+        self.codebook_diversity_loss_weight = own["codebook_diversity_loss_weight"]
+        self.codebook_diversity_temperature = own["codebook_diversity_temperature"]
         self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
@@ -236,6 +241,23 @@ class VectorQuantize(LockstepQuantizer):
                              f"got {tuple(indices.shape)}")
         return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
 
+    def _codebook_diversity(self, x, mask):
+        """The reference's codebook diversity loss, unweighted: minus the entropy (its eps) of the code
+        probabilities softmax(temperature * logit), averaged over the batch and heads at each sequence position,
+        then over positions; liblockstep's logits, x as forward took it. Of this rank's tokens, as the
+        reference's; padding is left out (the reference counts it), a position with none counted too."""
+        if self.accept_image_fmap or self.accept_3d_fmap:
+            x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
+        probs = (self._core.vq_code_logits(x) * self.codebook_diversity_temperature).softmax(-1)  # (b, n[, h], K)
+        if probs.ndim == 3:
+            probs = probs.unsqueeze(2)
+        weights = (torch.ones(x.shape[:2], device=probs.device) if mask is None else mask.to(probs.dtype))
+        counted = weights.sum(0) * probs.shape[2]  # (n,)
+        average = (probs * weights[:, :, None, None]).sum((0, 2)) / counted.clamp(min=1)[:, None]  # (n, K)
+        entropy = (-average * average.clamp(min=1e-5).log()).sum(-1)
+        present = counted > 0
+        return -(entropy * present).sum() / present.sum().clamp(min=1)
+
     def _cross_entropy_commitment(self, x, idx, mask):
         """commitment_use_cross_entropy_loss: commitment_weight times the cross entropy of each token's chosen
         code under its logits (liblockstep's, the codebook as this call found it), padding ignored, as the
@@ -292,6 +314,10 @@ class VectorQuantize(LockstepQuantizer):
             # squared commitment's graph at weight 0.
             losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask)
                                     + 0.0 * losses["commitment"])
+        diversity = None
+        if self.training and self.codebook_diversity_loss_weight > 0 and topk is None:
+            diversity = self._codebook_diversity(x.unsqueeze(1) if only_one else x, mask)
+            losses["diversity"] = diversity * self.codebook_diversity_loss_weight
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         if topk is not None:
@@ -300,13 +326,13 @@ class VectorQuantize(LockstepQuantizer):
             loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         if not return_loss_breakdown:
             return out, idx, loss
-        zero = torch.zeros((), device=out.device)  # codebook diversity and in-place optimisation: not offered
+        zero = torch.zeros((), device=out.device)  # in-place optimisation: not offered
         if topk is not None:
             commitment = losses["code"].squeeze(1) if only_one else losses["code"]
         else:
             commitment = _unweighted(losses, "commitment", self.commitment_weight, out.device)
-        return out, idx, loss, LossBreakdown(commitment, zero, _unweighted(losses, "orthogonal",
-                                                                           self.orthogonal_reg_weight, out.device), zero)
+        orthogonal = _unweighted(losses, "orthogonal", self.orthogonal_reg_weight, out.device)
+        return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal, zero)
 
     def _topk_loss(self, losses, only_one):
         """The reference's loss of a top-k call: each code's commitment loss (..., k), times commitment_weight

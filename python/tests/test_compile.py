@@ -31,6 +31,8 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                                         orthogonal_reg_active_codes_only=True,
                                                                         orthogonal_reg_max_codes=4),
     "VectorQuantize manual EMA": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, manual_ema_update=True),
+    "FSQ rotation": lambda: lockstep.FSQ(levels=[5, 5, 5], dim=8, orthogonal_rotation=True),
+    "LFQ rotation": lambda: lockstep.LFQ(dim=8, codebook_size=2**4, orthogonal_rotation=True),
     "VectorQuantize heads": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, heads=2, codebook_dim=3,
                                                             separate_codebook_per_head=True,
                                                             stochastic_sample_codes=True),

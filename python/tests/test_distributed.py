@@ -187,6 +187,7 @@ def _new_option_module(name):
                                                 implicit_neural_codebook=True, seed=3),
         "diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True, seed=3),
         "topk_then_update": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3),
+        "lfq_rotation": lambda: lockstep.LFQ(dim=8, codebook_size=16, orthogonal_rotation=True, seed=3),
         "manual_ema": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3,
                                                       manual_ema_update=True),
         "orthogonal_max_codes": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3,
@@ -195,7 +196,8 @@ def _new_option_module(name):
     return made[name]()
 
 
-NEW_OPTIONS = ["beam", "diveq", "implicit", "manual_ema", "orthogonal_max_codes", "shared", "topk_then_update"]
+NEW_OPTIONS = ["beam", "diveq", "implicit", "lfq_rotation", "manual_ema", "orthogonal_max_codes", "shared",
+               "topk_then_update"]
 
 
 def _train_new_option(name, module, x, world=1, rank=0):
@@ -231,7 +233,8 @@ def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
     """Beam search (its chosen paths' statistics), a shared codebook (every layer's statistics, one refresh),
     implicit neural codebooks and DiVeQ (learned by gradient; DiVeQ's noise keyed by global position), a top-k
     search then update_ema_indices, the orthogonal regulariser over max_codes codes (drawn alike on every rank),
-    manual_ema_update with update_ema() between steps: 2 ranks with half of each batch end where one process with the whole ends."""
+    manual_ema_update with update_ema() between steps, LFQ's orthogonal rotation (drawn from the seed on every
+    rank): 2 ranks with half of each batch end where one process with the whole ends."""
     x = torch.randn(3, 4, 10, 8)
     one = _train_new_option(name, _new_option_module(name), x)
     ranks = run_ranks(2, _new_option_ranks, name, x)

@@ -72,14 +72,34 @@ def test_parameters_are_the_tensors_liblockstep_computes_with():
     assert ours.project_in.weight.grad is not None  # gradients reach the registered parameters
 
 
-@pytest.mark.parametrize(
-    "option",
-    [dict(orthogonal_rotation=True)],
-)
-def test_an_unsupported_option_is_a_type_error_naming_it(option):
-    name = next(iter(option))
-    with pytest.raises(TypeError, match=name):
-        lockstep.FSQ(levels=[8, 5, 5, 5], dim=8, **option)
+@pytest.mark.parametrize("options", [dict(levels=[5, 5, 5], dim=8), dict(levels=[5, 5, 5], num_codebooks=2),
+                                     dict(levels=[5, 5, 5], noise_dropout=0.0, preserve_symmetry=True)],
+                         ids=["projected", "two_codebooks", "symmetric"])
+def test_orthogonal_rotation_matches_the_reference(options):
+    """orthogonal_rotation: each codebook's vector turned by the buffer orthogonal_rot before quantization and
+    back after, in liblockstep; from the reference's state, indices, output, input gradient and
+    indices_to_codes equal the reference's."""
+    from vector_quantize_pytorch import FSQ as ReferenceFSQ
+    torch.manual_seed(0)
+    reference = ReferenceFSQ(orthogonal_rotation=True, **options)
+    ours = lockstep.FSQ(orthogonal_rotation=True, **options)
+    assert "orthogonal_rot" in dict(ours.named_buffers())
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 30, reference.dim)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    out_ref, idx_ref = reference(xs[0])
+    out, idx = ours(xs[1])
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    out_ref.square().sum().backward()
+    out.square().sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.indices_to_codes(idx), reference.indices_to_codes(idx_ref), atol=1e-5, rtol=1e-5)
+
+
+def test_orthogonal_rotation_is_fsq_s_alone_not_the_residual_stack_s():
+    with pytest.raises(TypeError, match="orthogonal_rotation"):
+        lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, dim=4, orthogonal_rotation=True)
 
 
 def test_bad_values_are_value_errors_with_liblockstep_s_words():

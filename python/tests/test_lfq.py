@@ -195,8 +195,11 @@ def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tok
 @pytest.mark.parametrize("options", [dict(dim=12, projection_has_bias=False), dict(dim=8, has_projections=True),
                                      dict(dim=12, soft_clamp_input_value=1.5, commitment_loss_weight=0.3),
                                      dict(experimental_softplus_entropy_loss=True, entropy_loss_offset=2.0),
-                                     dict(experimental_softplus_entropy_loss=True, spherical=True)],
-                         ids=["no_bias", "forced_projections", "soft_clamp", "softplus", "softplus_spherical"])
+                                     dict(experimental_softplus_entropy_loss=True, spherical=True),
+                                     dict(dim=12, orthogonal_rotation=True, commitment_loss_weight=0.3),
+                                     dict(orthogonal_rotation=True, spherical=True, num_codebooks=2)],
+                         ids=["no_bias", "forced_projections", "soft_clamp", "softplus", "softplus_spherical",
+                              "rotation", "rotation_spherical"])
 def test_options_once_refused_match_the_reference(options):
     """projection_has_bias=False, has_projections=True (dim equal to the code space), soft_clamp_input_value
     and the softplus entropy: output, indices, loss and input gradient in training, from the same state."""
@@ -212,3 +215,17 @@ def test_options_once_refused_match_the_reference(options):
     torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(aux, aux_ref.float(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(dim=12), dict(spherical=True, num_codebooks=2)], ids=["projected", "spherical"])
+def test_orthogonal_rotation_turns_decoded_codes_back_as_the_reference(options):
+    torch.manual_seed(0)
+    reference = ReferenceLFQ(codebook_size=2**6, orthogonal_rotation=True, **options)
+    ours = lockstep.LFQ(codebook_size=2**6, orthogonal_rotation=True, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    _, idx_ref, _ = reference.eval()(torch.randn(2, 12, reference.dim))
+    for project_out in (True, False):
+        torch.testing.assert_close(ours.indices_to_codes(idx_ref, project_out=project_out),
+                                   reference.indices_to_codes(idx_ref, project_out=project_out), atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="orthogonal_rotation"):
+        lockstep.ResidualLFQ(dim=6, num_quantizers=2, codebook_size=2**6, orthogonal_rotation=True)

@@ -127,6 +127,66 @@ def test_the_orthogonal_regulariser_over_some_codes_as_the_reference(options):
                            orthogonal=(0.5, lambda m: [m._codebook.embed], taken), optimizer=torch.optim.Adam)
 
 
+@pytest.mark.parametrize("options, shape", [
+    (dict(), (2, 50, 16)),
+    (dict(use_cosine_sim=True, codebook_diversity_temperature=10.0), (2, 50, 16)),
+    (dict(heads=2, codebook_dim=8), (2, 50, 16)),
+    (dict(heads=2, separate_codebook_per_head=True, codebook_dim=8), (2, 50, 16)),
+    (dict(accept_image_fmap=True), (2, 16, 5, 6)),
+    (dict(learnable_codebook=True, ema_update=False), (2, 50, 16)),
+], ids=["euclidean", "cosine", "heads_shared", "heads_separate", "image_fmap", "learnable"])
+def test_the_codebook_diversity_loss_matches_the_reference(options, shape):
+    """codebook_diversity_loss_weight: minus the entropy of the code probabilities averaged over the batch at each
+    position, over liblockstep's logits; indices, outputs, losses, input (and codebook) gradients and codebooks
+    over 3 steps, and the breakdown's unweighted term. With the EMA the reference's gradient of its distances is
+    taken at the codebook its in-forward update left (the storage its detached codebook shares, as with its
+    cross-entropy commitment, docs/python.md); lockstep's is the gradient of the value it returns, which a frozen
+    copy of the reference gives."""
+    import copy
+    reference = ReferenceVQ(dim=16, codebook_size=64, codebook_diversity_loss_weight=0.3, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, codebook_diversity_loss_weight=0.3, **options)
+    if options.get("learnable_codebook"):
+        compare_training_steps(reference, ours, shape, 3, ["_codebook.embed"], optimizer=torch.optim.SGD)
+    else:
+        ours.load_reference_state_dict(reference.state_dict())
+        for step in range(3):
+            x = torch.randn(*shape)
+            xs = [x.clone().requires_grad_(True) for _ in range(3)]
+            frozen = copy.deepcopy(reference)
+            out_frozen, _, loss_frozen = frozen(xs[0], freeze_codebook=True)
+            out_ref, idx_ref, loss_ref = reference(xs[1])
+            out, idx, loss = ours(xs[2])
+            assert torch.equal(idx, idx_ref), step
+            torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(loss.detach(), loss_ref.detach(), atol=1e-5, rtol=1e-5)
+            weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+            ((out_frozen * weights).sum() + loss_frozen).backward()
+            ((out * weights).sum() + loss).backward()
+            torch.testing.assert_close(xs[2].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours.state_dict()["_codebook.embed"], reference.state_dict()["_codebook.embed"],
+                                       atol=1e-5, rtol=1e-5)
+    x = torch.randn(*shape)
+    *_, breakdown_ref = reference(x, return_loss_breakdown=True)
+    *_, breakdown = ours(x, return_loss_breakdown=True)
+    torch.testing.assert_close(breakdown.codebook_diversity, breakdown_ref.codebook_diversity.detach(), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_the_codebook_diversity_loss_leaves_padding_out():
+    """A deliberate difference: the reference's average counts padded tokens; lockstep's, as its other terms,
+    only those that count (an item wholly masked gives the other item's value)."""
+    torch.manual_seed(0)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, codebook_diversity_loss_weight=1.0, commitment_weight=0.0)
+    x = torch.randn(2, 12, 8)
+    _, _, alone = ours(x[:1])
+    _, _, masked = ours(x, mask=torch.tensor([[True] * 12, [False] * 12]))
+    _, _, whole = ours(x, mask=torch.ones(2, 12, dtype=torch.bool))
+    _, _, unmasked = ours(x)
+    torch.testing.assert_close(masked, alone)
+    torch.testing.assert_close(whole, unmasked)
+    assert not torch.allclose(masked, unmasked)
+
+
 def test_orthogonal_reg_max_codes_takes_that_many_codes_drawn_each_step_from_the_seed():
     """Fewer codes than the codebook's: the regulariser is the reference's orthogonal_loss_fn over max_codes
     codes, its gradient theirs alone; drawn from (seed, step) rather than torch's generator (the reference's

@@ -96,6 +96,10 @@ Fsq::Fsq(FsqOptions options) : Quantizer("Fsq"), options_(std::move(options)) {
     project_out_ =
         register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(code_dim, dim_).bias(bias)));
   }
+  if (options_.orthogonal_rotation()) {
+    const auto d = static_cast<int64_t>(levels.size());
+    rotation_ = register_buffer("orthogonal_rot", torch::nn::init::orthogonal_(torch::empty({d, d})));
+  }
 }
 
 void Fsq::build_plan() {
@@ -220,11 +224,12 @@ at::Tensor Fsq::indices_to_codes(const at::Tensor& indices) const {
 at::Tensor Fsq::to_code_space(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "fsq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
   at::Tensor z = project_in_ ? project_in_->forward(x) : x;
-  return z.reshape({x.size(0), x.size(1), options_.num_codebooks(), static_cast<int64_t>(options_.levels().size())});
+  z = z.reshape({x.size(0), x.size(1), options_.num_codebooks(), static_cast<int64_t>(options_.levels().size())});
+  return rotation_.defined() ? torch::matmul(z, rotation_) : z;
 }
 
 at::Tensor Fsq::from_code_space(const at::Tensor& codes) {
-  at::Tensor flat = codes.flatten(2);
+  at::Tensor flat = (rotation_.defined() ? torch::matmul(codes, rotation_.t()) : codes).flatten(2);
   return project_out_ ? project_out_->forward(flat) : flat;
 }
 

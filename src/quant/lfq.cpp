@@ -70,6 +70,9 @@ Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
     project_out_ =
         register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(code_dim, dim_).bias(bias)));
   }
+  if (options_.orthogonal_rotation()) {
+    rotation_ = register_buffer("orthogonal_rot", torch::nn::init::orthogonal_(torch::empty({bits_, bits_})));
+  }
 }
 
 at::Tensor Lfq::quantize_codes(const at::Tensor& z) const {
@@ -97,11 +100,13 @@ at::Tensor Lfq::to_code_space(const at::Tensor& x) {
   at::Tensor z = (project_in_ ? project_in_->forward(x) : x).to(compute_type(x));
   if (options_.soft_clamp() > 0) z = (z / options_.soft_clamp()).tanh() * options_.soft_clamp();
   z = z.reshape({x.size(0), x.size(1), options_.num_codebooks(), bits_});
+  if (rotation_.defined()) z = torch::matmul(z, rotation_.to(z.scalar_type()));
   return options_.spherical() ? l2_normalize(z) * options_.codebook_scale() : z;
 }
 
 at::Tensor Lfq::from_code_space(const at::Tensor& codes) {
-  const at::Tensor flat = codes.flatten(-2);
+  const at::Tensor turned = rotation_.defined() ? torch::matmul(codes, rotation_.t().to(codes.scalar_type())) : codes;
+  const at::Tensor flat = turned.flatten(-2);
   if (!project_out_) return flat;
   return project_out_->forward(flat.to(project_out_->weight.scalar_type()));
 }

@@ -85,7 +85,10 @@ OptionSection fsq_section() {
                 "noise, clamped to [-1, 1].")
                .at_least(0)
                .less_than(1),
-           boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases.")}};
+           boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases."),
+           boolean("orthogonal_rotation", d.orthogonal_rotation(),
+                   "Each codebook's vector turned by a fixed random orthogonal matrix before quantization and back "
+                   "after (not in residual-fsq).")}};
 }
 
 OptionSection lfq_section() {
@@ -119,6 +122,9 @@ OptionSection lfq_section() {
            .greater_than(0)
            .at_most(1),
        boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases."),
+       boolean("orthogonal_rotation", d.orthogonal_rotation(),
+               "Each codebook's vector turned by a fixed random orthogonal matrix before quantization and back "
+               "after (not in residual-lfq)."),
        boolean("force_projections", d.force_projections(),
                "Projections in and out even when dim equals the code space's dimension."),
        real("soft_clamp", d.soft_clamp(),

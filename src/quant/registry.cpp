@@ -21,7 +21,8 @@ FsqOptions fsq_options(const OptionReader& o) {
       .preserve_symmetry(o.boolean("preserve_symmetry"))
       .bound_hard_clamp(o.boolean("bound_hard_clamp"))
       .noise_dropout(o.real("noise_dropout"))
-      .projection_has_bias(o.boolean("projection_has_bias"));
+      .projection_has_bias(o.boolean("projection_has_bias"))
+      .orthogonal_rotation(o.boolean("orthogonal_rotation"));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;
 }
@@ -38,6 +39,7 @@ LfqOptions lfq_options(const OptionReader& o) {
       .frac_per_sample_entropy(o.real("frac_per_sample_entropy"))
       .projection_has_bias(o.boolean("projection_has_bias"))
       .force_projections(o.boolean("force_projections"))
+      .orthogonal_rotation(o.boolean("orthogonal_rotation"))
       .soft_clamp(o.real("soft_clamp"))
       .softplus_entropy(o.boolean("softplus_entropy"))
       .entropy_loss_offset(o.real("entropy_loss_offset"));

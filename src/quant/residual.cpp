@@ -387,6 +387,7 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const V
 }
 
 std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, const FsqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(!layer.orthogonal_rotation(), "residual-fsq: orthogonal_rotation is fsq's alone");
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-fsq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");
@@ -432,6 +433,7 @@ std::shared_ptr<Residual> make_residual_simvq(const ResidualOptions& options, co
 }
 
 std::shared_ptr<Residual> make_residual_lfq(const ResidualOptions& options, const LfqOptions& layer) {
+  LOCKSTEP_CHECK_ARG(!layer.orthogonal_rotation(), "residual-lfq: orthogonal_rotation is lfq's alone");
   LOCKSTEP_CHECK_ARG(options.codebook_sizes().empty(),
                      "residual-lfq: codebook_sizes is residual-vq's (its layers have no "
                      "codebook of their own size)");

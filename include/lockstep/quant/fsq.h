@@ -55,6 +55,13 @@ struct FsqOptions {
     projection_has_bias_ = on;
     return *this;
   }
+  // Each codebook's code-space vectors turned by a fixed random orthogonal matrix (buffer orthogonal_rot,
+  // drawn from the default generator) before quantization and back after (the reference's
+  // orthogonal_rotation; better code use without an auxiliary loss).
+  FsqOptions& orthogonal_rotation(bool on) {
+    orthogonal_rotation_ = on;
+    return *this;
+  }
 
   const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
@@ -63,6 +70,7 @@ struct FsqOptions {
   bool bound_hard_clamp() const { return bound_hard_clamp_; }
   double noise_dropout() const { return noise_dropout_; }
   bool projection_has_bias() const { return projection_has_bias_; }
+  bool orthogonal_rotation() const { return orthogonal_rotation_; }
 
   // Throws InvalidArgument with the values: a level < 2 or > 2^22 (float32 rounding limit), no
   // levels, codebooks < 1, a product of levels beyond 2^31, dim < 1, noise_dropout outside
@@ -77,6 +85,7 @@ struct FsqOptions {
   bool bound_hard_clamp_ = false;
   double noise_dropout_ = 0.0;
   bool projection_has_bias_ = true;
+  bool orthogonal_rotation_ = false;
 };
 
 namespace detail {
@@ -140,6 +149,7 @@ class Fsq final : public Quantizer {
   std::shared_ptr<const detail::FsqKernelPlan> plan_;  // built once from the levels
   torch::nn::Linear project_in_{nullptr};
   torch::nn::Linear project_out_{nullptr};
+  at::Tensor rotation_;  // (L, L) with orthogonal_rotation, else undefined
 };
 
 }  // namespace lockstep::quant

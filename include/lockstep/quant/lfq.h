@@ -64,6 +64,13 @@ struct LfqOptions {
     projection_has_bias_ = on;
     return *this;
   }
+  // Each codebook's code-space vectors turned by a fixed random orthogonal matrix (buffer orthogonal_rot,
+  // drawn from the default generator) before quantization and back after (the reference's
+  // orthogonal_rotation; better code use without an auxiliary loss).
+  LfqOptions& orthogonal_rotation(bool on) {
+    orthogonal_rotation_ = on;
+    return *this;
+  }
   // Projections in and out even when dim equals the code space's (the reference's has_projections=True).
   LfqOptions& force_projections(bool on) {
     force_projections_ = on;
@@ -89,6 +96,7 @@ struct LfqOptions {
   std::optional<int64_t> dim() const { return dim_; }
   bool projection_has_bias() const { return projection_has_bias_; }
   bool force_projections() const { return force_projections_; }
+  bool orthogonal_rotation() const { return orthogonal_rotation_; }
   double soft_clamp() const { return soft_clamp_; }
   bool softplus_entropy() const { return softplus_entropy_; }
   double entropy_loss_offset() const { return entropy_loss_offset_; }
@@ -121,6 +129,7 @@ struct LfqOptions {
   int64_t num_codebooks_ = 1;
   bool projection_has_bias_ = true;
   bool force_projections_ = false;
+  bool orthogonal_rotation_ = false;
   double soft_clamp_ = 0;
   bool softplus_entropy_ = false;
   double entropy_loss_offset_ = 5.0;
@@ -185,6 +194,7 @@ class Lfq final : public Quantizer {
   int64_t bits_;
   torch::nn::Linear project_in_{nullptr};
   torch::nn::Linear project_out_{nullptr};
+  at::Tensor rotation_;  // (bits, bits) with orthogonal_rotation, else undefined
 };
 
 // The entropy terms, exposed for tests and benchmarks. Tokens are rows x: (n, d) in code space
