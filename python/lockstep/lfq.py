@@ -5,7 +5,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, only_defaults, padding_mask, refuse
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, padding_mask, refuse
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 # The reference's second return value with return_loss_breakdown=True: each term unweighted.
@@ -30,8 +30,6 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
     if has_projections is False and dim != codebook_dims:  # the reference then fails at its first forward
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
-    only_defaults("lockstep.LFQ", lfq_options, locals(),
-                  ("cosine_sim_project_in",))
     # force_quantization_f32=False: quantized in float32 all the same, as FSQ (docs/python.md).
     if soft_clamp_input_value is not None and soft_clamp_input_value < codebook_scale:  # the reference's assertion
         raise AssertionError(f"lockstep.LFQ: soft_clamp_input_value={soft_clamp_input_value} must be >= "
@@ -48,7 +46,10 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
                    projection_has_bias=bool(projection_has_bias), force_projections=bool(has_projections),
                    soft_clamp=float(soft_clamp_input_value or 0.0),
                    softplus_entropy=bool(experimental_softplus_entropy_loss),
-                   entropy_loss_offset=float(entropy_loss_offset), orthogonal_rotation=bool(orthogonal_rotation))
+                   entropy_loss_offset=float(entropy_loss_offset), orthogonal_rotation=bool(orthogonal_rotation),
+                   # The reference's CosineSimLinear projection in, scaled by its scale or codebook_scale.
+                   cosine_sim_project_in=float(codebook_scale if cosine_sim_project_in_scale is None
+                                               else cosine_sim_project_in_scale) if cosine_sim_project_in else 0.0)
     module = dict(codebook_size=codebook_size, keep_num_codebooks_dim=keep_num_codebooks_dim,
                   channel_first=channel_first, inv_temperature=float(inv_temperature))
     return options, module

@@ -59,7 +59,7 @@ def test_feature_maps_are_channel_first_like_the_reference():
 
 @pytest.mark.parametrize(
     "option",
-    [dict(cosine_sim_project_in=True), dict(straight_through_activation=torch.nn.Tanh())],
+    [dict(straight_through_activation=torch.nn.Tanh())],
 )
 def test_an_unsupported_option_is_a_type_error_naming_it(option):
     with pytest.raises(TypeError, match=next(iter(option))):
@@ -197,9 +197,12 @@ def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tok
                                      dict(experimental_softplus_entropy_loss=True, entropy_loss_offset=2.0),
                                      dict(experimental_softplus_entropy_loss=True, spherical=True),
                                      dict(dim=12, orthogonal_rotation=True, commitment_loss_weight=0.3),
-                                     dict(orthogonal_rotation=True, spherical=True, num_codebooks=2)],
+                                     dict(orthogonal_rotation=True, spherical=True, num_codebooks=2),
+                                     dict(dim=12, cosine_sim_project_in=True),
+                                     dict(dim=12, cosine_sim_project_in=True, cosine_sim_project_in_scale=3.0,
+                                          spherical=True)],
                          ids=["no_bias", "forced_projections", "soft_clamp", "softplus", "softplus_spherical",
-                              "rotation", "rotation_spherical"])
+                              "rotation", "rotation_spherical", "cosine_project_in", "cosine_project_in_scaled"])
 def test_options_once_refused_match_the_reference(options):
     """projection_has_bias=False, has_projections=True (dim equal to the code space), soft_clamp_input_value
     and the softplus entropy: output, indices, loss and input gradient in training, from the same state."""

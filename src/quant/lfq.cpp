@@ -46,7 +46,25 @@ void LfqOptions::validate() const {
                      " must be >= 0 (0: none)");
   LOCKSTEP_CHECK_ARG(std::isfinite(entropy_loss_offset_), "lfq: entropy_loss_offset = ", entropy_loss_offset_,
                      " must be finite");
+  LOCKSTEP_CHECK_ARG(cosine_sim_project_in_ >= 0 && std::isfinite(cosine_sim_project_in_),
+                     "lfq: cosine_sim_project_in = ", cosine_sim_project_in_, " must be >= 0 (0: a linear layer)");
 }
+
+namespace detail {
+// vector-quantize-pytorch's CosineSimLinear: the unit input times the unit columns of `weight` (in, out), times scale.
+struct CosineSimLinearImpl : torch::nn::Module {
+  CosineSimLinearImpl(int64_t in, int64_t out, double scale)
+      : weight(register_parameter("weight", torch::randn({in, out}))), scale(scale) {}
+  at::Tensor forward(const at::Tensor& x) const {
+    namespace F = torch::nn::functional;
+    return torch::matmul(F::normalize(x, F::NormalizeFuncOptions().dim(-1)),
+                         F::normalize(weight, F::NormalizeFuncOptions().dim(0))) *
+           scale;
+  }
+  at::Tensor weight;
+  double scale;
+};
+}  // namespace detail
 
 double detail::lfq_training_bytes(int64_t codebooks, int64_t codes) {
   // A training call holds several (codebooks, K) float tensors at once: the summed probabilities, the
@@ -66,7 +84,13 @@ Lfq::Lfq(LfqOptions options) : Quantizer("Lfq"), options_(std::move(options)) {
   dim_ = options_.dim().value_or(code_dim);
   if (dim_ != code_dim || options_.force_projections()) {
     const bool bias = options_.projection_has_bias();
-    project_in_ = register_module("project_in", torch::nn::Linear(torch::nn::LinearOptions(dim_, code_dim).bias(bias)));
+    if (options_.cosine_sim_project_in() > 0) {
+      cosine_project_in_ = register_module("project_in", std::make_shared<detail::CosineSimLinearImpl>(
+                                                             dim_, code_dim, options_.cosine_sim_project_in()));
+    } else {
+      project_in_ =
+          register_module("project_in", torch::nn::Linear(torch::nn::LinearOptions(dim_, code_dim).bias(bias)));
+    }
     project_out_ =
         register_module("project_out", torch::nn::Linear(torch::nn::LinearOptions(code_dim, dim_).bias(bias)));
   }
@@ -97,7 +121,10 @@ at::Tensor Lfq::indices_to_codes(const at::Tensor& indices) const {
 
 at::Tensor Lfq::to_code_space(const at::Tensor& x) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, "lfq: expected tokens (b, n, ", dim_, "), got ", x.sizes());
-  at::Tensor z = (project_in_ ? project_in_->forward(x) : x).to(compute_type(x));
+  at::Tensor z = (project_in_          ? project_in_->forward(x)
+                  : cosine_project_in_ ? cosine_project_in_->forward(x)
+                                       : x)
+                     .to(compute_type(x));
   if (options_.soft_clamp() > 0) z = (z / options_.soft_clamp()).tanh() * options_.soft_clamp();
   z = z.reshape({x.size(0), x.size(1), options_.num_codebooks(), bits_});
   if (rotation_.defined()) z = torch::matmul(z, rotation_.to(z.scalar_type()));

@@ -125,6 +125,10 @@ OptionSection lfq_section() {
        boolean("orthogonal_rotation", d.orthogonal_rotation(),
                "Each codebook's vector turned by a fixed random orthogonal matrix before quantization and back "
                "after (not in residual-lfq)."),
+       real("cosine_sim_project_in", d.cosine_sim_project_in(),
+            "s > 0: the projection in is the unit input times the unit columns of its weight, times s; 0 means a "
+            "linear layer.")
+           .at_least(0),
        boolean("force_projections", d.force_projections(),
                "Projections in and out even when dim equals the code space's dimension."),
        real("soft_clamp", d.soft_clamp(),

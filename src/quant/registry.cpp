@@ -40,6 +40,7 @@ LfqOptions lfq_options(const OptionReader& o) {
       .projection_has_bias(o.boolean("projection_has_bias"))
       .force_projections(o.boolean("force_projections"))
       .orthogonal_rotation(o.boolean("orthogonal_rotation"))
+      .cosine_sim_project_in(o.real("cosine_sim_project_in"))
       .soft_clamp(o.real("soft_clamp"))
       .softplus_entropy(o.boolean("softplus_entropy"))
       .entropy_loss_offset(o.real("entropy_loss_offset"));

@@ -9,6 +9,10 @@
 
 namespace lockstep::quant {
 
+namespace detail {
+struct CosineSimLinearImpl;  // lfq.cpp
+}  // namespace detail
+
 struct LfqOptions {
   // codebook_size: a power of two K; each codebook has log2 K code dimensions.
   explicit LfqOptions(int64_t codebook_size) : codebook_size_(codebook_size) {}
@@ -76,6 +80,12 @@ struct LfqOptions {
     force_projections_ = on;
     return *this;
   }
+  // s > 0: the projection in (when there is one) is vector-quantize-pytorch's CosineSimLinear, the unit input
+  // times the unit columns of its weight (dim, code dims), times s (cosine_sim_project_in); 0: a linear layer.
+  LfqOptions& cosine_sim_project_in(double s) {
+    cosine_sim_project_in_ = s;
+    return *this;
+  }
   // c > 0: the projected input squashed to tanh(z / c) c before quantization (soft_clamp_input_value); 0: none.
   LfqOptions& soft_clamp(double c) {
     soft_clamp_ = c;
@@ -98,6 +108,7 @@ struct LfqOptions {
   bool force_projections() const { return force_projections_; }
   bool orthogonal_rotation() const { return orthogonal_rotation_; }
   double soft_clamp() const { return soft_clamp_; }
+  double cosine_sim_project_in() const { return cosine_sim_project_in_; }
   bool softplus_entropy() const { return softplus_entropy_; }
   double entropy_loss_offset() const { return entropy_loss_offset_; }
   double entropy_loss_weight() const { return entropy_loss_weight_; }
@@ -131,6 +142,7 @@ struct LfqOptions {
   bool force_projections_ = false;
   bool orthogonal_rotation_ = false;
   double soft_clamp_ = 0;
+  double cosine_sim_project_in_ = 0;
   bool softplus_entropy_ = false;
   double entropy_loss_offset_ = 5.0;
 };
@@ -193,6 +205,7 @@ class Lfq final : public Quantizer {
   int64_t dim_;
   int64_t bits_;
   torch::nn::Linear project_in_{nullptr};
+  std::shared_ptr<detail::CosineSimLinearImpl> cosine_project_in_;  // instead of project_in_, cosine_sim_project_in
   torch::nn::Linear project_out_{nullptr};
   at::Tensor rotation_;  // (bits, bits) with orthogonal_rotation, else undefined
 };
