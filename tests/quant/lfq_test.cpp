@@ -541,13 +541,16 @@ TEST(Lfq, RegistryBuildsItFromEveryKey) {
                                                 {"num_codebooks", 2},
                                                 {"frac_per_sample_entropy", 0.5},
                                                 {"soft_clamp", 3},
-                                                {"entropy_loss_offset", 1.5}};
+                                                {"entropy_loss_offset", 1.5},
+                                                {"cosine_sim_project_in", 2.5}};
   OptionReader reader;
   reader.integer = [&](const std::string& key) { return static_cast<int64_t>(values.at(key)); };
   reader.real = [&](const std::string& key) { return values.at(key); };
   reader.boolean = [](const std::string& key) {
     if (key == "projection_has_bias") return false;
-    EXPECT_TRUE(key == "spherical" || key == "force_projections" || key == "softplus_entropy") << key;
+    EXPECT_TRUE(key == "spherical" || key == "force_projections" || key == "softplus_entropy" ||
+                key == "orthogonal_rotation")
+        << key;
     return true;
   };
   const auto q = std::dynamic_pointer_cast<Lfq>(make_quantizer("lfq", reader));
@@ -567,7 +570,11 @@ TEST(Lfq, RegistryBuildsItFromEveryKey) {
   EXPECT_TRUE(o.force_projections() && o.softplus_entropy());
   EXPECT_EQ(o.soft_clamp(), 3);
   EXPECT_EQ(o.entropy_loss_offset(), 1.5);
+  EXPECT_EQ(o.cosine_sim_project_in(), 2.5);
+  EXPECT_TRUE(o.orthogonal_rotation());
   EXPECT_FALSE(q->named_parameters().contains("project_in.bias"));
+  EXPECT_EQ(q->named_parameters()["project_in.weight"].sizes(), (c10::IntArrayRef{9, 12}));  // CosineSimLinear's
+  EXPECT_EQ(q->named_buffers()["orthogonal_rot"].sizes(), (c10::IntArrayRef{6, 6}));
 }
 
 }  // namespace

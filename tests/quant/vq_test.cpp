@@ -458,6 +458,7 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "kmeans_iters") return 3;
     if (key == "heads") return 2;
     if (key == "codebook_dim") return 0;  // 0: dim
+    if (key == "orthogonal_reg_max_codes") return 4;
     throw InvalidArgument("unknown key " + key);
   };
   o.real = [](const std::string& key) -> double {
@@ -481,6 +482,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "separate_codebook_per_head" || key == "learnable_codebook") return true;
     if (key == "ema_update") return false;
     if (key == "affine_param") return true;
+    if (key == "manual_ema_update") return true;
+    if (key == "orthogonal_reg_active_codes_only") return false;  // true needs one codebook
     throw InvalidArgument("unknown key " + key);
   };
   const auto q = make_quantizer("vq", o);
@@ -507,6 +510,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_DOUBLE_EQ(vq.options().sync_update_v(), 0.25);
   EXPECT_FALSE(vq.options().route_gradients_to_input());
   EXPECT_TRUE(vq.options().layernorm_after_project_in());
+  EXPECT_EQ(vq.options().orthogonal_reg_max_codes(), 4);
+  EXPECT_TRUE(vq.options().manual_ema_update());
 }
 
 // learnable_codebook: the codebook is a parameter that only the commitment loss moves (the

@@ -140,7 +140,7 @@ TEST(ConfigErrorTest, UnknownKeyNamesFileLineAndValidKeys) {
   expect_contains(load_error("[quantizer.fsq]\nlevles = [2]\n"),
                   {"unknown key 'quantizer.fsq.levles'", "line 2",
                    "valid keys in [quantizer.fsq]: bound_hard_clamp, dim, levels, noise_dropout, num_codebooks, "
-                   "preserve_symmetry"});
+                   "orthogonal_rotation, preserve_symmetry, projection_has_bias"});
   expect_contains(set_error("quantizer.x=1"),
                   {"unknown key 'quantizer.x'", "valid keys in [quantizer]: name", "[quantizer.fsq]"});
   expect_contains(set_error("train.batch=1"),
