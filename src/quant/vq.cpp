@@ -328,15 +328,15 @@ at::Tensor orthogonal_loss_of(const at::Tensor& embed) {
   return gram.pow(2).sum() / (static_cast<double>(embed.size(0)) * k * k) - 1.0 / k;
 }
 
-// The regulariser of a codebook parameter whose backward differentiates at the codebook's values
-// then: a deferred EMA update (run in backward, before this node) has moved it by then, and the
-// reference differentiates at the updated codebook. Nothing is saved, so the update is allowed.
 // `codes` (int64, undefined for all): the ids of the codes the regulariser takes.
 at::Tensor orthogonal_loss_of(const at::Tensor& embed, const at::Tensor& codes) {
   return orthogonal_loss_of(codes.defined() ? embed.index_select(1, codes) : embed);
 }
 
-// `codes` is kept out of apply()'s tensor arguments, which must be defined.
+// The regulariser of a codebook parameter whose backward differentiates at the codebook's values
+// then: a deferred EMA update (run in backward, before this node) has moved it by then, and the
+// reference differentiates at the updated codebook. Nothing is saved, so the update is allowed.
+// `codes` (none, or the ids) stays out of apply()'s tensor arguments, which must be defined.
 struct OrthogonalLoss : public torch::autograd::Function<OrthogonalLoss> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& embed,
                             const std::vector<at::Tensor>& codes) {
