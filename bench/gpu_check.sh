@@ -6,11 +6,16 @@
 #   build         everything but the Google Benchmark programs
 #   cuda-built    LOCKSTEP_HAVE_CUDA and LOCKSTEP_HAVE_NCCL compiled in
 #   doctor        lockstep doctor lists cuda:0 and the NCCL transport
-#   cuda-tests    the CudaPaths and CudaTraining suites (device paths against the CPU kernels, NCCL on
-#                 one and two GPUs with a collective mismatch, every quantizer training on cuda:0 and
-#                 resuming on the CPU), none skipped except what needs more GPUs than there are
+#   cuda-tests    the CudaKernels, CudaPaths and CudaTraining suites (the CUDA kernels and the device
+#                 paths against the CPU kernels, NCCL on one and two GPUs with a collective mismatch,
+#                 every quantizer training on cuda:0 and resuming on the CPU), none skipped except what
+#                 needs more GPUs than there are
 #   python-cuda   the Python modules moved with .cuda() train as on the CPU (python/tests/cuda_check.py),
 #                 when the build made the Python package
+#   compare-cuda  lockstep's Python modules beside vector-quantize-pytorch's on cuda:0 at an image
+#                 tokenizer's shapes: forward+backward time and peak memory (python/bench/compare_reference.py
+#                 --device cuda --tokenizer; without --quick also compiled); needs vector_quantize_pytorch
+#                 importable (a GPU machine without it: carry its wheels, docs/devices.md)
 #   unit-suite    the rest of the unit tests on this machine (not the CLI or Python tests)
 #   bench         lockstep bench quantizers on the CPU (all cores) and on cuda:0, side by side
 #   train-cuda    the demo on cuda:0 beside the demo on the CPU: time and test PSNR
@@ -118,7 +123,7 @@ fi
 ((gpus > 0)) || { skip "cuda-tests bench train-cuda nccl-*" "no GPU"; finish; }
 
 # --- the CUDA unit tests
-"$build/tests/lockstep_tests" --gtest_filter='CudaPaths.*:CudaTraining.*' > "$logs/cuda-tests.log" 2>&1
+"$build/tests/lockstep_tests" --gtest_filter='CudaKernels.*:CudaPaths.*:CudaTraining.*' > "$logs/cuda-tests.log" 2>&1
 rc=$?
 ran=$(grep -c '^\[ RUN' "$logs/cuda-tests.log")
 skipped_tests=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$logs/cuda-tests.log" | sed 's/^\[  SKIPPED \] //;s/ (.*//' | xargs)
@@ -140,6 +145,30 @@ else
   fail python-cuda "$(grep -m2 -E '^FAIL|Error' "$logs/python-cuda.log" | xargs | cut -c1-200)"
 fi
 
+# --- beside the reference on the GPU
+compare="$src/python/bench/compare_reference.py"
+if [[ ! -d "$build/python/lockstep" ]]; then
+  skip compare-cuda "the build made no Python package"
+elif ! python3 -c 'import vector_quantize_pytorch' 2> /dev/null; then
+  skip compare-cuda "vector_quantize_pytorch is not importable here (carry its wheels: docs/devices.md)"
+else
+  compare_time=$([[ $quick == 1 ]] && echo 0.2 || echo 1)
+  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$compare" --device cuda:0 --tokenizer \
+    --min-time "$compare_time" > "$logs/compare-cuda.log" 2>&1
+  rc=$?
+  if ((rc == 0 && quick == 0)); then
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$compare" --device cuda:0 --tokenizer --compile \
+      --min-time "$compare_time" >> "$logs/compare-cuda.log" 2>&1
+    rc=$?
+  fi
+  if ((rc == 0)); then
+    pass compare-cuda "lockstep beside vector-quantize-pytorch on cuda:0 (compare-cuda.log):"
+    grep -E '^(torch|\|)' "$logs/compare-cuda.log" | sed 's/^/    /'
+  else
+    fail compare-cuda "exit $rc: $(grep -m2 -E 'Error|error' "$logs/compare-cuda.log" | xargs | cut -c1-200)"
+  fi
+fi
+
 # --- the rest of the unit suite (the Python suite needs vector-quantize-pytorch, not installed there)
 if ((quick)); then
   skip unit-suite "--quick"
@@ -158,10 +187,13 @@ rc_gpu=$?
 if ((rc_cpu == 0 && rc_gpu == 0)); then
   pass bench "median ms per case, CPU ($(nproc) threads) and cuda:0 ($logs/bench-cpu.log, bench.log):"
   # Rows are 'case (13 chars) shape (31 chars) median-ms ...'; matched on the first 44 characters.
+  # Cases the CPU has no row for (the GPU's own, kernel beside torch-op path) print with "-".
   awk 'NR == FNR { if (length($0) > 44) cpu[substr($0, 1, 44)] = substr($0, 45); next }
        length($0) > 44 && (substr($0, 1, 44) in cpu) && $0 !~ /^(case|rate:)/ {
          split(cpu[substr($0, 1, 44)], c, " "); split(substr($0, 45), g, " ")
          printf "    %-44s cpu %10s ms  gpu %10s ms  %7.1fx\n", substr($0, 1, 44), c[1], g[1], c[1] / (g[1] > 0 ? g[1] : 1) }
+       length($0) > 44 && !(substr($0, 1, 44) in cpu) && $0 ~ /^[a-z]/ && $0 !~ /^(case|rate:)/ {
+         split(substr($0, 45), g, " "); printf "    %-44s cpu %10s    gpu %10s ms  %s\n", substr($0, 1, 44), "-", g[1], substr($0, 45) }
        /limits measured/ { print "    gpu " $0 }' "$logs/bench-cpu.log" "$logs/bench.log"
   grep 'limits measured' "$logs/bench-cpu.log" | sed 's/^/    cpu /'
 else

@@ -131,6 +131,17 @@ if(LOCKSTEP_WITH_CUDA AND TORCH_CUDA_LIBRARIES)
     set(LOCKSTEP_HAVE_NCCL ON)
   endif()
 endif()
+# The quantizers' CUDA kernels need nvcc beside a LibTorch with CUDA; without them CUDA tensors take
+# the torch-op paths (docs/devices.md).
+set(LOCKSTEP_HAVE_CUDA_KERNELS OFF)
+if(LOCKSTEP_HAVE_CUDA AND LOCKSTEP_WITH_CUDA_KERNELS)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(LOCKSTEP_HAVE_CUDA_KERNELS ON)
+  endif()
+endif()
 # Image folders decode and resize with OpenCV's core, imgcodecs and imgproc (Debian
 # ships no CMake config without the full libopencv-dev, so they are found by hand).
 find_path(LOCKSTEP_OPENCV_INCLUDE_DIR opencv2/imgcodecs.hpp PATH_SUFFIXES opencv4)
@@ -152,4 +163,4 @@ else()
   message(WARNING "OpenCV not found: image folders will be unavailable (scripts/install-deps installs it)")
 endif()
 message(STATUS "lockstep: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}), gloo=${LOCKSTEP_HAVE_GLOO}, "
-               "cuda=${LOCKSTEP_HAVE_CUDA}, nccl=${LOCKSTEP_HAVE_NCCL}, opencv=${LOCKSTEP_HAVE_OPENCV}")
+               "cuda=${LOCKSTEP_HAVE_CUDA} (kernels ${LOCKSTEP_HAVE_CUDA_KERNELS}), nccl=${LOCKSTEP_HAVE_NCCL}, opencv=${LOCKSTEP_HAVE_OPENCV}")

@@ -10,6 +10,7 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/vq.h"
+#include "quant/quant_paths.h"
 
 namespace lockstep::quant {
 namespace {
@@ -43,6 +44,48 @@ struct Where {
 };
 
 constexpr int64_t kBatch = 16, kTokens = 1024, kN = kBatch * kTokens;
+
+// On a CUDA device only: a tokenizer's largest search (65,536 tokens against 2^18 codes), by the
+// kernel and by the torch-op path it replaced, and the EMA's per-code statistics.
+void add_device_cases(const Where& where, std::vector<BenchCase>& cases) {
+  const int64_t n = 65536, k = int64_t{1} << 18;
+  for (const int64_t d : {8, 32}) {
+    for (const char* path : {"cuda", "tiled"}) {
+      BenchCase c;
+      c.name = "vq search";  // names and shapes fit the table's 13 and 31 columns
+      c.shape =
+          "65536 tok d" + std::to_string(d) + " K262144, " + (path == std::string("cuda") ? "kernel" : "torch-op");
+      c.tokens = static_cast<double>(n);
+      c.work = 2.0 * n * k * d;
+      c.counted = "2 n K d flops";
+      c.prepare = [where, d, path] {
+        auto x = where.normal({n, d}, 11);
+        auto codes = where.normal({k, d}, 12);
+        return std::function<void()>([x, codes, where, path] {
+          detail::nearest_code_with_kernel(x, codes, Metric::Euclidean, path);
+          where.finish();
+        });
+      };
+      cases.push_back(c);
+    }
+  }
+  BenchCase c;
+  c.name = "ema stats";
+  c.shape = "65536 tokens d32 K16384";
+  c.limit = BenchLimit::Bandwidth;
+  c.tokens = static_cast<double>(n);
+  c.work = n * (32 * 4.0 + 8) + 16384 * (32 + 1) * 8.0;  // tokens and indices read, float64 sums written
+  c.counted = "bytes: tokens and indices read, float64 counts and sums written";
+  c.prepare = [where, n] {
+    auto tokens = where.normal({1, n, 32}, 13);
+    auto indices = torch::randint(0, 16384, {1, n}, torch::kInt64).to(where.device());
+    return std::function<void()>([tokens, indices, where] {
+      code_counts_and_sums(tokens, indices, 16384);
+      where.finish();
+    });
+  };
+  cases.push_back(c);
+}
 
 }  // namespace
 
@@ -161,6 +204,7 @@ std::vector<BenchCase> quantizer_bench_cases(int cuda_device) {
     };
     cases.push_back(c);
   }
+  if (cuda_device >= 0) add_device_cases(where, cases);
   return cases;
 }
 

@@ -10,6 +10,7 @@
 
 #include "fsq_kernel.h"
 #include "lockstep/core/error.h"
+#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {
@@ -40,9 +41,11 @@ struct FsqFunction : public torch::autograd::Function<FsqFunction> {
     return at::empty(z.sizes().slice(0, z.dim() - 1), z.options().dtype(at::kLong));
   }
 
-  // Runs the kernel over all tokens of z (contiguous float32) into contiguous outputs.
+  // Runs the kernel over all tokens of z (contiguous float32) into contiguous outputs on z's device
+  // (the CPU, or CUDA where the build has the kernels).
   static void run(const detail::FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
                   float* derivative, const detail::FsqNoise& noise) {
+    if (z.is_cuda()) return detail::fsq_forward_cuda(plan, z, codes, indices, derivative, noise);
     const int64_t L = plan.num_levels;
     const int64_t tokens = z.numel() / L;
     const float* zp = z.data_ptr<float>();
@@ -163,7 +166,9 @@ FsqCodes Fsq::quantize_and_index(const at::Tensor& z_in, const std::optional<at:
     noise_spec.threshold = static_cast<uint32_t>(std::min(threshold, 4294967295.0));
     noise_spec.element_offset = element_offset;
   }
-  if (!z_in.device().is_cpu()) return detail::fsq_forward_torch(*plan_, z_in, noise_spec);
+  if (!z_in.device().is_cpu() && !(z_in.is_cuda() && detail::cuda_kernels_built())) {
+    return detail::fsq_forward_torch(*plan_, z_in, noise_spec);
+  }
 
   const at::Tensor z = z_in.to(torch::kFloat32).contiguous();  // no copy when it already is
   if (z.requires_grad() && at::GradMode::is_enabled()) {

@@ -47,6 +47,10 @@ namespace detail {
 // straight-through gradient and noise; torch's tanh may move a value within ~1e-6 of a rounding
 // boundary to the neighbouring level.
 FsqCodes fsq_forward_torch(const FsqKernelPlan& plan, const at::Tensor& z, const FsqNoise& noise);
+// The fused kernel's pass on a CUDA device (src/quant/cuda/fsq.cu): z contiguous float32 on the
+// device, outputs allocated there like z; derivative may be null. Only where cuda_kernels_built().
+void fsq_forward_cuda(const FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
+                      float* derivative, const FsqNoise& noise);
 }  // namespace detail
 
 }  // namespace lockstep::quant

@@ -4,11 +4,18 @@
 
 #include <cstdint>
 
+// Always inlined, so that each of the fused CPU kernel's target clones compiles it for its own
+// instruction set; under nvcc also a device function (src/quant/cuda/fsq.cu).
+#ifdef __CUDACC__
+#define LOCKSTEP_FSQ_HASH_INLINE __host__ __device__ __forceinline__
+#else
+#define LOCKSTEP_FSQ_HASH_INLINE inline __attribute__((always_inline))
+#endif
+
 namespace lockstep::quant::detail {
 
-// murmur3's finaliser. Always inlined, so that each of the fused kernel's target clones compiles it
-// for its own instruction set.
-inline __attribute__((always_inline)) uint32_t fsq_mix32(uint32_t h) {
+// murmur3's finaliser.
+LOCKSTEP_FSQ_HASH_INLINE uint32_t fsq_mix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
   h ^= h >> 13;
@@ -21,7 +28,7 @@ inline __attribute__((always_inline)) uint32_t fsq_mix32(uint32_t h) {
 struct FsqNoiseKeys {
   uint32_t key0, key1;
 };
-inline __attribute__((always_inline)) FsqNoiseKeys fsq_noise_keys(uint64_t seed, int64_t first) {
+LOCKSTEP_FSQ_HASH_INLINE FsqNoiseKeys fsq_noise_keys(uint64_t seed, int64_t first) {
   return {fsq_mix32(static_cast<uint32_t>(seed) ^ fsq_mix32(static_cast<uint32_t>(first >> 32))),
           fsq_mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9u)};
 }

@@ -25,6 +25,7 @@ std::vector<at::Tensor> code_counts_and_sums_torch(const at::Tensor& tokens, con
 }  // namespace detail
 
 std::vector<at::Tensor> code_counts_and_sums(const at::Tensor& tokens, const at::Tensor& indices, int64_t k) {
+  if (tokens.is_cuda() && detail::cuda_kernels_built()) return detail::code_counts_and_sums_cuda(tokens, indices, k);
   if (!tokens.device().is_cpu()) return detail::code_counts_and_sums_torch(tokens, indices, k);
   // A plain loop: LibTorch 1.13's index_add_ on a matrix runs one tensor op per row (~1.5 us each),
   // which made the EMA step of a 16384-token batch cost more than its nearest-code search.

@@ -269,6 +269,7 @@ constexpr int64_t kTileTokens = 2048, kTileCodes = 2048;
 
 NearestCode nearest_code(const at::Tensor& x, const at::Tensor& codebook, Metric metric) {
   check_shapes(x, codebook);
+  if (x.is_cuda() && detail::cuda_kernels_built()) return detail::nearest_code_cuda(x, codebook, metric);
   if (!x.device().is_cpu()) return detail::nearest_code_tiled(x, codebook, metric, kTileTokens, kTileCodes);
   return search(x, codebook, metric, kernels().front());
 }
@@ -319,6 +320,7 @@ NearestCode nearest_code_tiled(const at::Tensor& x_in, const at::Tensor& codeboo
 NearestCode nearest_code_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
                                      const std::string& kernel) {
   if (kernel == "tiled") return nearest_code_tiled(x, codebook, metric, kTileTokens, kTileCodes);
+  if (kernel == "cuda") return nearest_code_cuda(x, codebook, metric);
   for (const Kernel& candidate : kernels()) {
     if (kernel == candidate.name) return search(x, codebook, metric, candidate);
   }

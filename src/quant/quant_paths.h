@@ -46,6 +46,13 @@ at::Tensor rotate_to_torch(const at::Tensor& x, const at::Tensor& q);
 // integer operations on the counters' device: the sampling noise of stochastic code assignment.
 at::Tensor hashed_uniform_torch(uint64_t key, const at::Tensor& counters);
 
+// The CUDA kernels of src/quant/cuda (cuda_kernels.cpp): whether this build compiled them (nvcc
+// and a LibTorch with CUDA), and the searches and statistics they compute, for CUDA tensors. The
+// public calls use them for CUDA tensors where built, the torch-op paths above elsewhere.
+bool cuda_kernels_built();
+NearestCode nearest_code_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
+std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
+
 // The bytes a training call of an LFQ with `codebooks` codebooks of `codes` codes holds at its peak,
 // for the memory check before anything is allocated.
 double lfq_training_bytes(int64_t codebooks, int64_t codes);

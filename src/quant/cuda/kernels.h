@@ -1,0 +1,48 @@
+// The quantizers' CUDA kernels, called from src/quant/cuda_kernels.cpp with raw device pointers and
+// the caller's stream: no torch here, so these files compile in seconds with nvcc alone. Each call
+// returns nullptr once its kernels are queued, or the CUDA error's text. Internal to src/quant.
+#pragma once
+
+#include <cstdint>
+
+namespace lockstep::quant::cuda {
+
+// Nearest-code search with a running arg-min: no (n, k) matrix. Codes are split into `splits`
+// contiguous ranges, each searched by its own blocks into partial_value / partial_index
+// (splits x n each); a second kernel takes the first of the smallest in range order, so exact ties
+// go to the lowest code index. code_bias: |e|^2 per code (Euclidean), or null (cosine: largest x.e).
+// score: Euclidean max(|x|^2 + |e|^2 - 2 x.e, 0), cosine x.e.
+int nearest_code_splits(int64_t n, int64_t k);
+const char* nearest_code(const float* x, const float* codebook, const float* code_bias, int64_t n, int64_t k, int64_t d,
+                         int splits, float* partial_value, int32_t* partial_index, int64_t* index, float* score,
+                         void* stream);
+
+// FSQ's per-dimension constants (the fused CPU kernel's plan, src/quant/fsq_kernel.h), by value.
+constexpr int kFsqMaxLevels = 32;  // levels >= 2 with a product <= 2^31: at most 31
+struct FsqDevicePlan {
+  int levels = 0;
+  bool symmetric = false;
+  bool hard_clamp = false;
+  float shift[kFsqMaxLevels], scale[kFsqMaxLevels], offset[kFsqMaxLevels], half_width[kFsqMaxLevels],
+      step[kFsqMaxLevels], derivative_scale[kFsqMaxLevels];
+  int32_t half_width_int[kFsqMaxLevels];
+  int64_t basis[kFsqMaxLevels];
+};
+// Noise dropout: element i of z (global element element_offset + i) gets noise when its hash is
+// below threshold (0: none); key0 and key1 from fsq_noise_keys(seed, element_offset).
+struct FsqDeviceNoise {
+  uint32_t key0 = 0, key1 = 0, threshold = 0;
+  int64_t element_offset = 0;
+};
+// One pass over z (tokens, levels): codes, indices and, when derivative is not null, d code / d z.
+const char* fsq_forward(const FsqDevicePlan& plan, const FsqDeviceNoise& noise, const float* z, int64_t tokens,
+                        float* codes, int64_t* indices, float* derivative, void* stream);
+
+// Per-code float64 sums of d-dimensional float32 tokens, in a fixed order: order lists the token
+// rows grouped by code (a stable sort of their codes, so each code's tokens in token order) and
+// offsets (codes + 1) where each code's group starts. Every sum adds its tokens one after another,
+// as the CPU loop does, so the results equal the CPU's bit for bit, on every run.
+const char* code_sums(const float* tokens, const int64_t* order, const int64_t* offsets, int64_t codes, int64_t d,
+                      double* sums, void* stream);
+
+}  // namespace lockstep::quant::cuda

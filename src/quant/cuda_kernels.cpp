@@ -1,0 +1,132 @@
+// The bridge from tensors to the CUDA kernels of src/quant/cuda: shapes, dtypes, scratch from
+// torch's caching allocator, the caller's current stream, and errors as exceptions. Without CUDA
+// kernels in the build (Debian's LibTorch, or no nvcc) cuda_kernels_built() is false and the
+// callers keep the torch-op paths.
+#include <torch/torch.h>
+
+#include "fsq_kernel.h"
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+#include "quant_paths.h"
+
+#if LOCKSTEP_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/kernels.h"
+#include "fsq_noise_hash.h"
+#endif
+
+namespace lockstep::quant::detail {
+
+bool cuda_kernels_built() { return LOCKSTEP_HAVE_CUDA_KERNELS != 0; }
+
+#if LOCKSTEP_HAVE_CUDA_KERNELS
+namespace {
+
+void check_cuda(const at::Tensor& t, const char* what) {
+  LOCKSTEP_CHECK_ARG(t.is_cuda(), what, ": the CUDA kernel needs a CUDA tensor, got one on ", t.device());
+}
+
+void check_launch(const char* error, const char* what) {
+  LOCKSTEP_THROW_IF_NOT(error == nullptr, Error, what, ": CUDA kernel failed: ", error);
+}
+
+void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+}  // namespace
+
+NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric) {
+  check_cuda(x_in, "nearest_code");
+  LOCKSTEP_CHECK_ARG(x_in.dim() == 2 && codebook_in.dim() == 2 && x_in.size(1) == codebook_in.size(1),
+                     "nearest_code: expected x (n, d) and codebook (k, d), got ", x_in.sizes(), " and ",
+                     codebook_in.sizes());
+  LOCKSTEP_CHECK_ARG(codebook_in.size(0) >= 1, "nearest_code: the codebook is empty");
+  LOCKSTEP_CHECK_ARG(x_in.device() == codebook_in.device(), "nearest_code: x is on ", x_in.device(),
+                     " but the codebook on ", codebook_in.device());
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), k = codebook.size(0), d = x.size(1);
+  const auto on = x.options();
+  NearestCode out{torch::empty({n}, on.dtype(torch::kInt64)), torch::empty({n}, on)};
+  if (n == 0) return out;
+  const bool euclid = metric == Metric::Euclidean;
+  const at::Tensor bias = euclid ? codebook.square().sum(1) : at::Tensor();
+  const int splits = cuda::nearest_code_splits(n, k);
+  const at::Tensor partial_value = torch::empty({splits, n}, on);
+  const at::Tensor partial_index = torch::empty({splits, n}, on.dtype(torch::kInt32));
+  check_launch(cuda::nearest_code(x.data_ptr<float>(), codebook.data_ptr<float>(),
+                                  euclid ? bias.data_ptr<float>() : nullptr, n, k, d, splits,
+                                  partial_value.data_ptr<float>(), partial_index.data_ptr<int32_t>(),
+                                  out.indices.data_ptr<int64_t>(), out.score.data_ptr<float>(), current_stream(x)),
+               "nearest_code");
+  return out;
+}
+
+void fsq_forward_cuda(const FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
+                      float* derivative, const FsqNoise& noise) {
+  check_cuda(z, "fsq");
+  LOCKSTEP_CHECK_ARG(plan.num_levels <= cuda::kFsqMaxLevels, "fsq: ", plan.num_levels, " levels, the CUDA kernel takes ",
+                     cuda::kFsqMaxLevels, " at most");
+  const c10::cuda::CUDAGuard guard(z.device());
+  cuda::FsqDevicePlan device;
+  device.levels = static_cast<int>(plan.num_levels);
+  device.symmetric = plan.symmetric;
+  device.hard_clamp = plan.hard_clamp;
+  // The plan's vectors repeat the per-level constants for a chunk of tokens; the first L suffice.
+  for (int64_t j = 0; j < plan.num_levels; ++j) {
+    device.shift[j] = plan.shift[j];
+    device.scale[j] = plan.scale[j];
+    device.offset[j] = plan.offset[j];
+    device.half_width[j] = plan.half_width[j];
+    device.step[j] = plan.step[j];
+    device.derivative_scale[j] = plan.derivative_scale[j];
+    device.half_width_int[j] = plan.half_width_int[j];
+    device.basis[j] = plan.basis[j];
+  }
+  cuda::FsqDeviceNoise device_noise;
+  if (noise.threshold != 0) {
+    const auto keys = fsq_noise_keys(noise.seed, noise.element_offset);
+    device_noise = {keys.key0, keys.key1, noise.threshold, noise.element_offset};
+  }
+  check_launch(cuda::fsq_forward(device, device_noise, z.data_ptr<float>(), z.numel() / plan.num_levels,
+                                 codes.data_ptr<float>(), indices.data_ptr<int64_t>(), derivative, current_stream(z)),
+               "fsq");
+}
+
+std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens_in, const at::Tensor& indices, int64_t k) {
+  check_cuda(tokens_in, "code_counts_and_sums");
+  const c10::cuda::CUDAGuard guard(tokens_in.device());
+  const int64_t codebooks = tokens_in.size(0), d = tokens_in.size(2);
+  const at::Tensor idx = indices.to(torch::kInt64);
+  const bool outside = idx.numel() > 0 && (idx.lt(0) | idx.ge(k)).any().item<bool>();
+  LOCKSTEP_THROW_IF_NOT(!outside, InvalidArgument, "code index ",
+                        idx.masked_select(idx.lt(0) | idx.ge(k))[0].item<int64_t>(), " outside [0, ", k, ")");
+  const at::Tensor tokens = tokens_in.to(torch::kFloat32).contiguous();
+  const at::Tensor rows = (idx + torch::arange(codebooks, idx.options()).unsqueeze(1) * k).reshape({-1});
+  // A stable sort keeps each code's tokens in token order: the order the CPU adds them in.
+  const at::Tensor order = std::get<1>(rows.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor counts = torch::bincount(rows, {}, codebooks * k);
+  const at::Tensor offsets = torch::cat({torch::zeros({1}, counts.options()), counts.cumsum(0)});
+  at::Tensor sums = torch::empty({codebooks * k, d}, tokens.options().dtype(torch::kFloat64));
+  check_launch(cuda::code_sums(tokens.data_ptr<float>(), order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(),
+                               codebooks * k, d, sums.data_ptr<double>(), current_stream(tokens)),
+               "code_counts_and_sums");
+  return {counts.to(torch::kFloat64), sums};
+}
+
+#else
+// Never reached: callers ask cuda_kernels_built() first.
+NearestCode nearest_code_cuda(const at::Tensor&, const at::Tensor&, Metric) {
+  throw Error("nearest_code: this build has no CUDA kernels");
+}
+void fsq_forward_cuda(const FsqKernelPlan&, const at::Tensor&, at::Tensor&, at::Tensor&, float*, const FsqNoise&) {
+  throw Error("fsq: this build has no CUDA kernels");
+}
+std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor&, const at::Tensor&, int64_t) {
+  throw Error("code_counts_and_sums: this build has no CUDA kernels");
+}
+#endif
+
+}  // namespace lockstep::quant::detail

@@ -1,0 +1,161 @@
+// The CUDA kernels of src/quant/cuda against the fused CPU kernels and the torch-op paths on the
+// same inputs: indices equal where there is no near-tie, values within float32 rounding, exact
+// ties to the lowest code, and the same statistics on every run. They run where a GPU is visible
+// and the build has the kernels, and show as skipped elsewhere, saying why.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "lockstep/config_build.h"
+#include "lockstep/core/error.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/kmeans.h"
+#include "lockstep/quant/nearest_code.h"
+#include "quant/quant_paths.h"
+
+namespace lockstep::quant {
+namespace {
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LOCKSTEP_HAVE_CUDA_KERNELS) GTEST_SKIP() << "this build has no CUDA kernels (no nvcc, or no CUDA LibTorch)";
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+    torch::manual_seed(41);
+  }
+  const torch::Device cuda{torch::kCUDA, 0};
+};
+
+// Where the kernel's index differs from the CPU's, its code must be as near as the CPU's (a near-tie
+// rounded the other way), never a worse code.
+void expect_same_search(const NearestCode& gpu, const NearestCode& cpu, const at::Tensor& x, const at::Tensor& codebook,
+                        Metric metric) {
+  const at::Tensor gi = gpu.indices.cpu();
+  ASSERT_EQ(gi.sizes(), cpu.indices.sizes());
+  const at::Tensor differ = (gi != cpu.indices).nonzero().flatten();
+  EXPECT_LE(differ.numel(), std::max<int64_t>(2, x.size(0) / 500)) << "more than near-ties differ";
+  for (int64_t r = 0; r < differ.numel(); ++r) {
+    const int64_t t = differ[r].item<int64_t>();
+    const at::Tensor chosen = codebook[gi[t].item<int64_t>()], best = codebook[cpu.indices[t].item<int64_t>()];
+    const double a = metric == Metric::Euclidean ? (x[t] - chosen).square().sum().item<double>()
+                                                 : -(x[t] * chosen).sum().item<double>();
+    const double b = metric == Metric::Euclidean ? (x[t] - best).square().sum().item<double>()
+                                                 : -(x[t] * best).sum().item<double>();
+    EXPECT_NEAR(a, b, 1e-4 * (std::abs(b) + 1)) << "token " << t;
+  }
+  EXPECT_TRUE(torch::allclose(gpu.score.cpu(), cpu.score, 1e-4, 1e-3));
+}
+
+TEST_F(CudaKernels, NearestCodeEqualsTheFusedKernelAcrossShapesAndSplits) {
+  struct Shape {
+    int64_t n, k, d;
+  };
+  // One token, one code; d not a multiple of the kernel's stage of 8; k over many splits; d 256.
+  for (const Shape s : {Shape{1, 1, 8}, Shape{129, 3, 5}, Shape{5000, 1500, 32}, Shape{300, 20000, 8},
+                        Shape{1000, 512, 256}, Shape{40000, 129, 16}}) {
+    SCOPED_TRACE("n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " d " + std::to_string(s.d));
+    at::Tensor x = torch::randn({s.n, s.d}), codebook = torch::randn({s.k, s.d});
+    for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+      if (metric == Metric::Cosine) {
+        x = torch::nn::functional::normalize(x, torch::nn::functional::NormalizeFuncOptions().dim(1));
+        codebook = torch::nn::functional::normalize(codebook, torch::nn::functional::NormalizeFuncOptions().dim(1));
+      }
+      const NearestCode cpu = nearest_code(x, codebook, metric);
+      const NearestCode gpu = nearest_code(x.to(cuda), codebook.to(cuda), metric);
+      ASSERT_TRUE(gpu.indices.is_cuda() && gpu.score.is_cuda());
+      expect_same_search(gpu, cpu, x, codebook, metric);
+      // The torch-op path on the same GPU agrees too (what ran there before the kernel).
+      const NearestCode tiled = detail::nearest_code_with_kernel(x.to(cuda), codebook.to(cuda), metric, "tiled");
+      expect_same_search(gpu, {tiled.indices.cpu(), tiled.score.cpu()}, x, codebook, metric);
+    }
+  }
+}
+
+TEST_F(CudaKernels, NearestCodeExactTiesGoToTheLowestCodeAndNanRowsToCodeZero) {
+  // Codes 3000.. repeat codes 0.. exactly, in another split than the originals; tokens are copies of
+  // codes of both halves, and one token is NaN.
+  const at::Tensor half = torch::randn({3000, 16});
+  const at::Tensor codebook = torch::cat({half, half});
+  at::Tensor x = torch::cat({half.narrow(0, 0, 200), half.narrow(0, 2800, 200)}).clone();
+  x[17].fill_(NAN);
+  for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+    const NearestCode gpu = nearest_code(x.to(cuda), codebook.to(cuda), metric);
+    const at::Tensor gi = gpu.indices.cpu();
+    EXPECT_EQ(gi[17].item<int64_t>(), 0);
+    EXPECT_TRUE((gi < 3000).all().item<bool>()) << "a copy beat the lower original";
+    if (metric == Metric::Euclidean) {  // each token is its own code (cosine: unnormalised, any code may win)
+      at::Tensor expected = torch::cat({torch::arange(0, 200), torch::arange(2800, 3000)});
+      expected[17] = 0;
+      EXPECT_TRUE(torch::equal(gi, expected));
+    }
+  }
+}
+
+TEST_F(CudaKernels, NearestCodeRefusesMismatchedInputsWithTheirShapes) {
+  const at::Tensor x = torch::randn({10, 8}, cuda);
+  EXPECT_THROW(detail::nearest_code_cuda(x, torch::randn({5, 7}, cuda), Metric::Euclidean), InvalidArgument);
+  EXPECT_THROW(detail::nearest_code_cuda(x, torch::randn({0, 8}, cuda), Metric::Euclidean), InvalidArgument);
+  EXPECT_THROW(detail::nearest_code_cuda(x.cpu(), torch::randn({5, 8}), Metric::Euclidean), InvalidArgument);
+  EXPECT_EQ(nearest_code(torch::randn({0, 8}, cuda), torch::randn({5, 8}, cuda), Metric::Cosine).indices.numel(), 0);
+}
+
+// Every bound (tanh or hard clamp, default or symmetric), with and without noise: codes, indices,
+// gradients and the noise's elements as the fused CPU kernel gives them.
+TEST_F(CudaKernels, FsqForwardAndBackwardEqualTheFusedKernelForEveryBound) {
+  for (const bool symmetric : {false, true}) {
+    for (const bool hard_clamp : {false, true}) {
+      for (const double noise : {0.0, 0.4}) {
+        if (noise > 0 && !symmetric) continue;  // noise dropout needs the symmetric bound
+        SCOPED_TRACE(std::string(symmetric ? "symmetric" : "default") + (hard_clamp ? " hard clamp" : " tanh") +
+                     " noise " + std::to_string(noise));
+        Fsq fsq(FsqOptions({8, 5, 5, 5, 3}).preserve_symmetry(symmetric).bound_hard_clamp(hard_clamp).noise_dropout(noise));
+        const at::Tensor z = torch::randn({30000, 5}) * 1.5;
+        const at::Tensor zc = z.clone().requires_grad_(), zg = z.to(cuda).requires_grad_();
+        const FsqCodes cpu = fsq.quantize_and_index(zc, at::detail::createCPUGenerator(9), 12345);
+        const FsqCodes gpu = fsq.quantize_and_index(zg, at::detail::createCPUGenerator(9), 12345);
+        ASSERT_TRUE(gpu.codes.is_cuda() && gpu.indices.is_cuda());
+        // tanh may differ by an ulp, which moves a value within ~1e-6 of a boundary to its neighbour.
+        const double same_codes = (gpu.codes.detach().cpu() == cpu.codes.detach()).to(torch::kFloat64).mean().item<double>();
+        const double same_indices = (gpu.indices.cpu() == cpu.indices).to(torch::kFloat64).mean().item<double>();
+        EXPECT_GE(same_codes, 0.9999);
+        EXPECT_GE(same_indices, 0.9995);
+        if (noise == 0) {
+          EXPECT_TRUE(torch::equal(fsq.codes_to_indices(gpu.codes.detach()).cpu(), gpu.indices.cpu()));
+        }
+        const at::Tensor w = torch::randn_like(z);
+        (cpu.codes * w).sum().backward();
+        (gpu.codes * w.to(cuda)).sum().backward();
+        EXPECT_TRUE(torch::allclose(zg.grad().cpu(), zc.grad(), 1e-5, 1e-6));
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, FsqWithoutGradientAndWithManyLevelsEqualsTheCpu) {
+  Fsq fsq(FsqOptions({2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}));  // 20 levels, K = 2^20
+  const at::Tensor z = torch::randn({3, 777, 20});
+  const torch::NoGradGuard no_grad;
+  const FsqCodes cpu = fsq.quantize_and_index(z), gpu = fsq.quantize_and_index(z.to(cuda));
+  EXPECT_EQ(gpu.indices.sizes(), cpu.indices.sizes());
+  EXPECT_GE((gpu.indices.cpu() == cpu.indices).to(torch::kFloat64).mean().item<double>(), 0.999);
+}
+
+// Counts and float64 sums equal the CPU loop's bit for bit (the same additions in the same order),
+// on every run; with most tokens on one code, with empty codes, and with several codebooks.
+TEST_F(CudaKernels, CodeStatisticsEqualTheCpuBitForBitOnEveryRun) {
+  const at::Tensor tokens = torch::randn({3, 20000, 24});
+  at::Tensor indices = torch::randint(0, 300, {3, 20000}, torch::kInt64);
+  indices.narrow(1, 0, 15000).fill_(7);  // one code takes most tokens
+  const auto cpu = code_counts_and_sums(tokens, indices, 1000);
+  const auto first = code_counts_and_sums(tokens.to(cuda), indices.to(cuda), 1000);
+  const auto second = code_counts_and_sums(tokens.to(cuda), indices.to(cuda), 1000);
+  ASSERT_TRUE(first[0].is_cuda() && first[1].is_cuda());
+  EXPECT_EQ(first[1].scalar_type(), torch::kFloat64);
+  EXPECT_TRUE(torch::equal(first[0].cpu(), cpu[0]));
+  EXPECT_TRUE(torch::equal(first[1].cpu(), cpu[1]));
+  EXPECT_TRUE(torch::equal(first[1], second[1]));
+  EXPECT_THROW(code_counts_and_sums(tokens.to(cuda), (indices + 1000).to(cuda), 1000), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::quant
