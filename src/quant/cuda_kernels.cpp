@@ -56,19 +56,19 @@ NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook
   const int splits = cuda::nearest_code_splits(n, k);
   const at::Tensor partial_value = torch::empty({splits, n}, on);
   const at::Tensor partial_index = torch::empty({splits, n}, on.dtype(torch::kInt32));
-  check_launch(cuda::nearest_code(x.data_ptr<float>(), codebook.data_ptr<float>(),
-                                  euclid ? bias.data_ptr<float>() : nullptr, n, k, d, splits,
-                                  partial_value.data_ptr<float>(), partial_index.data_ptr<int32_t>(),
-                                  out.indices.data_ptr<int64_t>(), out.score.data_ptr<float>(), current_stream(x)),
-               "nearest_code");
+  check_launch(
+      cuda::nearest_code(x.data_ptr<float>(), codebook.data_ptr<float>(), euclid ? bias.data_ptr<float>() : nullptr, n,
+                         k, d, splits, partial_value.data_ptr<float>(), partial_index.data_ptr<int32_t>(),
+                         out.indices.data_ptr<int64_t>(), out.score.data_ptr<float>(), current_stream(x)),
+      "nearest_code");
   return out;
 }
 
 void fsq_forward_cuda(const FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
                       float* derivative, const FsqNoise& noise) {
   check_cuda(z, "fsq");
-  LOCKSTEP_CHECK_ARG(plan.num_levels <= cuda::kFsqMaxLevels, "fsq: ", plan.num_levels, " levels, the CUDA kernel takes ",
-                     cuda::kFsqMaxLevels, " at most");
+  LOCKSTEP_CHECK_ARG(plan.num_levels <= cuda::kFsqMaxLevels, "fsq: ", plan.num_levels,
+                     " levels, the CUDA kernel takes ", cuda::kFsqMaxLevels, " at most");
   const c10::cuda::CUDAGuard guard(z.device());
   cuda::FsqDevicePlan device;
   device.levels = static_cast<int>(plan.num_levels);

@@ -39,8 +39,8 @@ void expect_same_search(const NearestCode& gpu, const NearestCode& cpu, const at
     const at::Tensor chosen = codebook[gi[t].item<int64_t>()], best = codebook[cpu.indices[t].item<int64_t>()];
     const double a = metric == Metric::Euclidean ? (x[t] - chosen).square().sum().item<double>()
                                                  : -(x[t] * chosen).sum().item<double>();
-    const double b = metric == Metric::Euclidean ? (x[t] - best).square().sum().item<double>()
-                                                 : -(x[t] * best).sum().item<double>();
+    const double b =
+        metric == Metric::Euclidean ? (x[t] - best).square().sum().item<double>() : -(x[t] * best).sum().item<double>();
     EXPECT_NEAR(a, b, 1e-4 * (std::abs(b) + 1)) << "token " << t;
   }
   EXPECT_TRUE(torch::allclose(gpu.score.cpu(), cpu.score, 1e-4, 1e-3));
@@ -108,14 +108,16 @@ TEST_F(CudaKernels, FsqForwardAndBackwardEqualTheFusedKernelForEveryBound) {
         if (noise > 0 && !symmetric) continue;  // noise dropout needs the symmetric bound
         SCOPED_TRACE(std::string(symmetric ? "symmetric" : "default") + (hard_clamp ? " hard clamp" : " tanh") +
                      " noise " + std::to_string(noise));
-        Fsq fsq(FsqOptions({8, 5, 5, 5, 3}).preserve_symmetry(symmetric).bound_hard_clamp(hard_clamp).noise_dropout(noise));
+        Fsq fsq(
+            FsqOptions({8, 5, 5, 5, 3}).preserve_symmetry(symmetric).bound_hard_clamp(hard_clamp).noise_dropout(noise));
         const at::Tensor z = torch::randn({30000, 5}) * 1.5;
         const at::Tensor zc = z.clone().requires_grad_(), zg = z.to(cuda).requires_grad_();
         const FsqCodes cpu = fsq.quantize_and_index(zc, at::detail::createCPUGenerator(9), 12345);
         const FsqCodes gpu = fsq.quantize_and_index(zg, at::detail::createCPUGenerator(9), 12345);
         ASSERT_TRUE(gpu.codes.is_cuda() && gpu.indices.is_cuda());
         // tanh may differ by an ulp, which moves a value within ~1e-6 of a boundary to its neighbour.
-        const double same_codes = (gpu.codes.detach().cpu() == cpu.codes.detach()).to(torch::kFloat64).mean().item<double>();
+        const double same_codes =
+            (gpu.codes.detach().cpu() == cpu.codes.detach()).to(torch::kFloat64).mean().item<double>();
         const double same_indices = (gpu.indices.cpu() == cpu.indices).to(torch::kFloat64).mean().item<double>();
         EXPECT_GE(same_codes, 0.9999);
         EXPECT_GE(same_indices, 0.9995);
