@@ -192,7 +192,7 @@ if ((rc_cpu == 0 && rc_gpu == 0)); then
        length($0) > 44 && (substr($0, 1, 44) in cpu) && $0 !~ /^(case|rate:)/ {
          split(cpu[substr($0, 1, 44)], c, " "); split(substr($0, 45), g, " ")
          printf "    %-44s cpu %10s ms  gpu %10s ms  %7.1fx\n", substr($0, 1, 44), c[1], g[1], c[1] / (g[1] > 0 ? g[1] : 1) }
-       length($0) > 44 && !(substr($0, 1, 44) in cpu) && $0 ~ /^[a-z]/ && $0 !~ /^(case|rate:)/ {
+       length($0) > 44 && !(substr($0, 1, 44) in cpu) && $0 ~ /^[a-z]/ && $0 !~ /^(case|rate:|lockstep|limits)/ {
          split(substr($0, 45), g, " "); printf "    %-44s cpu %10s    gpu %10s ms  %s\n", substr($0, 1, 44), "-", g[1], substr($0, 45) }
        /limits measured/ { print "    gpu " $0 }' "$logs/bench-cpu.log" "$logs/bench.log"
   grep 'limits measured' "$logs/bench-cpu.log" | sed 's/^/    cpu /'

@@ -20,6 +20,7 @@
 #include "lockstep/dist/process_group.h"
 #include "lockstep/train/device.h"
 #include "quant/bench_cases.h"
+#include "quant/quant_paths.h"
 
 namespace lockstep::cli {
 namespace {
@@ -94,7 +95,9 @@ int run_bench(const BenchOptions& opt) {
   }
   at::set_num_threads(opt.threads);
   std::cout << "lockstep bench quantizers: "
-            << (on_gpu ? "cuda:" + std::to_string(cuda) + " (the device-independent paths)"
+            << (on_gpu ? "cuda:" + std::to_string(cuda) +
+                             (quant::detail::cuda_kernels_built() ? " (CUDA kernels where lockstep has them)"
+                                                                  : " (the device-independent paths: no CUDA kernels built)")
                        : std::to_string(opt.threads) + (opt.threads == 1 ? " thread" : " threads"))
             << "; each case: median of >= " << opt.min_runs << " runs over >= " << fixed(opt.min_seconds, 1)
             << " s after a warm-up\n";
@@ -229,8 +232,9 @@ void add_bench_command(CLI::App& app, Runner& run) {
       ->check(kPositiveReal);
   quantizers
       ->add_option("--device", opt->device,
-                   "cpu, or cuda / cuda:N: the same cases on a GPU (the device-independent paths), "
-                   "limits measured on the device, no CPU targets")
+                   "cpu, or cuda / cuda:N: the same cases on a GPU (lockstep's CUDA kernels where built, else "
+                   "the device-independent paths) and a few of the GPU's own, limits measured on the device, no "
+                   "CPU targets")
       ->capture_default_str();
   quantizers->callback([&run, opt] { run = [opt] { return run_bench(*opt); }; });
   auto copt = std::make_shared<CollectiveBenchOptions>();

@@ -165,6 +165,10 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
   rows.emplace_back("CUDA", b.cuda_built ? "built with CUDA " + b.cuda_version
                                          : "not built (this LibTorch has no CUDA, or LOCKSTEP_WITH_CUDA=OFF)");
   if (b.cuda_built) {
+    rows.emplace_back("CUDA kernels", LOCKSTEP_HAVE_CUDA_KERNELS
+                                          ? std::string("nearest-code search, FSQ, code statistics; built for ") +
+                                                LOCKSTEP_CUDA_ARCHITECTURES
+                                          : "not built (no nvcc at build time): CUDA tensors take torch operations");
     if (b.devices.empty()) rows.emplace_back("CUDA devices", "none: " + b.device_note);
     for (const auto& device : b.devices) rows.emplace_back("CUDA device", device);
   }

@@ -62,7 +62,10 @@ def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=N
 
 
 def _setup_context(ctx, inputs, output):
-    x, step, parameters, handle, training, _, mask, freeze_codebook = inputs
+    # Trailing arguments left at their defaults may be absent (torch 2.11's tracing drops them).
+    x, step, parameters, handle, training = inputs[:5]
+    mask = inputs[6] if len(inputs) > 6 else None
+    freeze_codebook = inputs[7] if len(inputs) > 7 else False
     ctx.save_for_backward(x, step, mask, *parameters)
     ctx.handle, ctx.training, ctx.freeze_codebook = handle, training, freeze_codebook
 
@@ -73,7 +76,9 @@ def _backward(ctx, grads):
     grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:]]
     result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses, mask,
                                ctx.freeze_codebook)
-    return result[0], None, result[1:], None, None, None, None, None
+    # One entry per input the op was given (see _setup_context): x, step, parameters, then Nones.
+    grads = (result[0], None, result[1:])
+    return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)
