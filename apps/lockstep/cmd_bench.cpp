@@ -96,8 +96,9 @@ int run_bench(const BenchOptions& opt) {
   at::set_num_threads(opt.threads);
   std::cout << "lockstep bench quantizers: "
             << (on_gpu ? "cuda:" + std::to_string(cuda) +
-                             (quant::detail::cuda_kernels_built() ? " (CUDA kernels where lockstep has them)"
-                                                                  : " (the device-independent paths: no CUDA kernels built)")
+                             (quant::detail::cuda_kernels_built()
+                                  ? " (CUDA kernels where lockstep has them)"
+                                  : " (the device-independent paths: no CUDA kernels built)")
                        : std::to_string(opt.threads) + (opt.threads == 1 ? " thread" : " threads"))
             << "; each case: median of >= " << opt.min_runs << " runs over >= " << fixed(opt.min_seconds, 1)
             << " s after a warm-up\n";
