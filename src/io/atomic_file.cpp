@@ -70,27 +70,32 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-// Where a write to `path` lands: the file a symlink leads to (written through, never replaced by
-// a file of its own). Throws IoError when that is anything but a regular file or absent: the
-// rename would otherwise turn /dev/null or a FIFO into a plain file.
-std::string regular_target(const std::string& path) {
-  std::error_code ec;
-  const auto target = std::filesystem::weakly_canonical(path, ec);
-  const std::string resolved = ec ? path : target.string();
+// Throws IoError when `path` itself (not what it points to) is a symbolic link or anything but a
+// regular file or absent: a link would redirect the write (a planted `R/.lock` -> ~/notes.txt), and
+// the rename would turn /dev/null or a FIFO into a plain file.
+void check_writable_name(const std::string& path) {
   struct stat st {};
-  if (::stat(resolved.c_str(), &st) != 0) return resolved;  // absent: created
+  if (::lstat(path.c_str(), &st) != 0) return;  // absent: created
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const std::string to = std::filesystem::read_symlink(path, ec).string();
+    throw IoError(detail::concat("cannot write '", path, "': it is a symbolic link", ec ? "" : " to '" + to + "'",
+                                 "; lockstep does not write through links (remove the link, or name a regular file)"));
+  }
   if (!S_ISREG(st.st_mode)) {
     throw IoError(detail::concat("cannot write '", path, "': it is ", kind_of(st.st_mode),
                                  "; lockstep writes regular files only (give the path of a new or regular file)"));
   }
-  return resolved;
 }
 
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   LOCKSTEP_CHECK_ARG(!path.empty(), "write_file_atomic: empty path");
-  const std::string target = regular_target(path);
+  check_writable_name(path);
+  // The rename below replaces whatever then has the name, a link planted after the check included:
+  // it never writes through one.
+  const std::string& target = path;
   TempFile tmp;
   // pid + counter: ranks run as threads in one process may write beside each other at once.
   static std::atomic<uint64_t> counter{0};

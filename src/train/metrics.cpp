@@ -29,8 +29,10 @@ MetricsLog::MetricsLog(std::string path, int64_t resume_step) : path_(std::move(
     }
     io::write_file_atomic(path_, kept);
   }
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  LOCKSTEP_THROW_IF_NOT(fd_ >= 0, IoError, "cannot open ", path_, " for writing: ", std::strerror(errno));
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  LOCKSTEP_THROW_IF_NOT(fd_ >= 0, IoError, "cannot open ", path_, " for writing: ",
+                        errno == ELOOP ? "it is a symbolic link; lockstep does not write through links (remove it)"
+                                       : std::strerror(errno));
 }
 
 MetricsLog::~MetricsLog() {

@@ -30,9 +30,11 @@ std::string manifest_path(const std::string& run_dir) { return (fs::path(run_dir
 
 RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string path = (fs::path(run_dir) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted at .lock must not have its target truncated to our pid.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   LOCKSTEP_THROW_IF_NOT(fd_ >= 0, IoError, "cannot lock run directory ", run_dir, ": cannot open ", path, ": ",
-                        std::strerror(errno));
+                        errno == ELOOP ? "it is a symbolic link; lockstep does not write through links (remove it)"
+                                       : std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char holder[32] = {0};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
@@ -46,6 +48,23 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
     // The pid is only for the message above; the lock itself holds.
+  }
+  // Every writer of the directory holds this lock, so its files are checked here, before any work:
+  // the writes refuse a link anyway (io::write_file_atomic), but only when they come, after training.
+  std::vector<std::string> links;
+  for (const std::string& file : {config_path(run_dir), checkpoint_path(run_dir), metrics_path(run_dir),
+                                  summary_path(run_dir), reconstructions_path(run_dir), manifest_path(run_dir)}) {
+    std::error_code ec;
+    if (fs::is_symlink(file, ec)) links.push_back(fs::path(file).filename().string());
+  }
+  if (!links.empty()) {
+    ::close(fd_);
+    fd_ = -1;
+    throw IoError(detail::concat("run directory ", run_dir, " holds ",
+                                 links.size() == 1 ? "a symbolic link" : "symbolic links",
+                                 " where lockstep writes its files: ", detail::concat_list(links),
+                                 "; lockstep does not write through links (remove ", links.size() == 1 ? "it" : "them",
+                                 ", or choose another --run-dir)"));
   }
 }
 

@@ -122,18 +122,28 @@ TEST(AtomicFile, SpecialFilesAreRefusedNotReplaced) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"pipe"});
 }
 
-// A symlink is written through: the link stays a link and its target gets the bytes.
-TEST(AtomicFile, SymlinksAreWrittenThrough) {
+// A symlink is refused by name, whether its target exists or not: the link and its target stay
+// as they were, and no temporary file is left.
+TEST(AtomicFile, SymlinksAreRefusedNotWrittenThrough) {
   TempDir dir;
   std::filesystem::create_directory(dir.file("real"));
-  const std::string target = dir.file("real/out.txt");
+  const std::string target = dir.file("real/notes.txt");
   lockstep::test_util::write_bytes(target, "old");
-  const std::string link = dir.file("link.txt");
-  std::filesystem::create_symlink(target, link);
-  write_file_atomic(link, "new");
-  EXPECT_TRUE(std::filesystem::is_symlink(link));
-  EXPECT_EQ(read_file(target), "new");
-  EXPECT_EQ(read_file(link), "new");
+  for (const std::string& to : {target, dir.file("real/absent.txt")}) {
+    const std::string link = dir.file("link.txt");
+    std::filesystem::remove(link);
+    std::filesystem::create_symlink(to, link);
+    try {
+      write_file_atomic(link, "new");
+      FAIL() << "wrote through " << link;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("is a symbolic link to '" + to + "'"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(std::filesystem::is_symlink(link));
+  }
+  EXPECT_EQ(read_file(target), "old");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("real/absent.txt")));
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"link.txt", "real"}));
 }
 
 // A FIFO would block the open until someone writes, /dev/zero would be read until memory runs out.

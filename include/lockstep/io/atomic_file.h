@@ -8,8 +8,8 @@ namespace lockstep::io {
 // Writes `bytes` to a temporary file beside `path`, flushes it to disk, then renames it over
 // `path` (and syncs the directory). Throws IoError naming the path on any failure and removes the
 // temporary file; an existing file at `path` is untouched unless the whole write succeeded. A
-// symlink is written through to its target; a directory, device, FIFO or socket at `path` (or at
-// the link's target) is refused with IoError, never replaced.
+// symbolic link, directory, device, FIFO or socket at `path` is refused with IoError, never
+// replaced or written through (a link planted in a run directory must not redirect a write).
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
 // Reads a whole regular file. Throws IoError naming the path when it cannot be opened or read, or

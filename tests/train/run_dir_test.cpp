@@ -1,0 +1,89 @@
+// A symbolic link in a run directory (issue #37: `ln -s ~/notes.txt R/.lock` had notes.txt
+// overwritten with the process id): at each file lockstep writes there, a new run and a resumed
+// one refuse it before any work, naming it, and what it points to keeps its bytes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/test_temp_dir.h"
+#include "lockstep/core/error.h"
+#include "lockstep/dist/process_group.h"
+#include "lockstep/io/atomic_file.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/run_dir.h"
+#include "lockstep/train/trainer.h"
+#include "train/small_run.h"
+
+namespace lockstep::train {
+namespace {
+namespace fs = std::filesystem;
+
+// Every file a run writes in its directory, by the functions the trainer uses.
+std::vector<std::string> run_files(const std::string& run) {
+  return {(fs::path(run) / ".lock").string(), config_path(run),         checkpoint_path(run), metrics_path(run),
+          summary_path(run),                  reconstructions_path(run), manifest_path(run)};
+}
+
+Config one_step() {
+  test_util::SmallRun r;
+  r.steps = 1;
+  r.train_images = 64;
+  r.test_images = 16;
+  r.no_checkpoints = false;
+  return test_util::small_run(r);
+}
+
+// Plants run_file -> victim, then expects `start` to throw an error naming the file's name and a
+// symbolic link, with the link and the victim as they were.
+template <class Start>
+void expect_refused(const std::string& run_file, const std::string& victim, Start start) {
+  const std::string name = fs::path(run_file).filename().string();
+  SCOPED_TRACE(name);
+  fs::remove(run_file);
+  fs::create_symlink(victim, run_file);
+  try {
+    start();
+    ADD_FAILURE() << "a link at " << name << " was not refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("symbolic link"), std::string::npos) << m;
+    EXPECT_NE(m.find(name), std::string::npos) << m;
+  }
+  EXPECT_TRUE(fs::is_symlink(run_file));
+  EXPECT_EQ(io::read_file(victim), "my notes\n");
+  fs::remove(run_file);
+}
+
+TEST(RunDirLinks, ANewRunRefusesALinkAtEachFileItWrites) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run"), victim = tmp.file("notes.txt");
+  io::write_file_atomic(victim, "my notes\n");
+  fs::create_directories(run);
+  for (const std::string& file : run_files(run)) {
+    expect_refused(file, victim, [&] { Trainer::create(one_step(), run, dist::make_single_process_group())->run({}); });
+  }
+}
+
+TEST(RunDirLinks, AResumedRunRefusesALinkAtEachFileItWrites) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run"), victim = tmp.file("notes.txt");
+  io::write_file_atomic(victim, "my notes\n");
+  Trainer::create(one_step(), run, dist::make_single_process_group())->run({});
+  // config.toml and the checkpoint are read before anything is written; the rest only written.
+  for (const std::string& file : {(fs::path(run) / ".lock").string(), metrics_path(run), summary_path(run),
+                                  reconstructions_path(run), manifest_path(run)}) {
+    const std::string kept = tmp.file("kept");
+    const bool existed = fs::exists(file);
+    if (existed) fs::rename(file, kept);
+    expect_refused(file, victim, [&] {
+      Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({});
+    });
+    if (existed) fs::rename(kept, file);
+  }
+  EXPECT_EQ(Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({}).steps, 2);
+}
+
+}  // namespace
+}  // namespace lockstep::train
