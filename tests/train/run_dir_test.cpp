@@ -22,8 +22,9 @@ namespace fs = std::filesystem;
 
 // Every file a run writes in its directory, by the functions the trainer uses.
 std::vector<std::string> run_files(const std::string& run) {
-  return {(fs::path(run) / ".lock").string(), config_path(run),         checkpoint_path(run), metrics_path(run),
-          summary_path(run),                  reconstructions_path(run), manifest_path(run)};
+  return {
+      (fs::path(run) / ".lock").string(), config_path(run),  checkpoint_path(run), metrics_path(run), summary_path(run),
+      reconstructions_path(run),          manifest_path(run)};
 }
 
 Config one_step() {
@@ -77,9 +78,8 @@ TEST(RunDirLinks, AResumedRunRefusesALinkAtEachFileItWrites) {
     const std::string kept = tmp.file("kept");
     const bool existed = fs::exists(file);
     if (existed) fs::rename(file, kept);
-    expect_refused(file, victim, [&] {
-      Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({});
-    });
+    expect_refused(file, victim,
+                   [&] { Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({}); });
     if (existed) fs::rename(kept, file);
   }
   EXPECT_EQ(Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({}).steps, 2);
