@@ -253,17 +253,51 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
   return update;
 }
 
+// A training call's batch, to be compared across the group's ranks in backward when the quantizer
+// draws per-token randomness keyed by rank x batch (Quantizer::draws_per_item); else local_batch -1.
+struct BatchCheck {
+  int64_t local_batch = -1;
+  std::string kind;
+};
+
+BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,
+                       const std::shared_ptr<lockstep::dist::LazyGroup>& group) {
+  if (!training || !group || !q.draws_per_item()) return {};
+  return {x.size(0), q.kind()};
+}
+
+// Every rank gathers the same batch sizes, so every rank decides alike: unequal batches are refused on
+// all of them at once, naming each rank's (forward cannot know the others' sizes without a collective).
+void check_even_batches(lockstep::quant::Reducer& reducer, const BatchCheck& check) {
+  const at::Tensor sizes =
+      reducer.gather(torch::full({1}, check.local_batch, torch::kInt64), LOCKSTEP_CALL_SITE("python.batch_sizes"));
+  if ((sizes == sizes[0]).all().item<bool>()) return;
+  std::string listed;
+  for (int64_t r = 0; r < sizes.size(0); ++r) {
+    listed += lockstep::detail::concat(r ? ", " : "", "rank ", r, ": ", sizes[r].item<int64_t>(), " items");
+  }
+  throw lockstep::InvalidArgument(lockstep::detail::concat(
+      check.kind, ": the ranks held batches of different sizes (", listed,
+      ") in a training step, and this quantizer draws per-token randomness keyed by each token's place in "
+      "the global batch, which lockstep takes as rank x batch size: draws would overlap and shift between "
+      "ranks. Give every rank the same batch size (a sampler with drop_last=True), or turn off the option "
+      "that draws (noise_dropout, stochastic_sample_codes, frac_per_sample_entropy < 1, directional_reparam, "
+      "quantize_rate < 1)"));
+}
+
 // A training step's deferred state update, reduced over `group` (or this process alone), then
 // `step` advanced. Errors keep their Python types through autograd (translate_for_autograd).
 void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
-                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step) {
+                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step,
+                  const BatchCheck& check = {}) {
   try {
-    if (update && group) {
+    if (group && (update || check.local_batch >= 0)) {
       // The step this update completes, declared for its collectives (GroupReducer requires one).
       const std::shared_ptr<lockstep::dist::Group> g = group->get();
       const lockstep::dist::PhaseScope phase(*g, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
       lockstep::dist::GroupReducer reducer(g);
-      update(reducer);
+      if (check.local_batch >= 0) check_even_batches(reducer, check);
+      if (update) update(reducer);
     } else if (update) {
       lockstep::quant::LocalReducer local;
       update(local);
@@ -322,8 +356,9 @@ PYBIND11_MODULE(_C, m) {
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
                                   vq_call ? &vq_update : nullptr, beam_size);
               if (training && at::GradMode::is_enabled()) {
-                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
-                  apply_update(update, group, step);
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
+                               check = batch_check(q, x, training, group)]() {
+                  apply_update(update, group, step, check);
                 };
                 std::vector<at::Tensor> tensors{out.quantized};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
@@ -370,8 +405,9 @@ PYBIND11_MODULE(_C, m) {
               const lockstep::quant::NoAutocast fp32;
               out = as_vq(q).quantize_topk(x.is_floating_point() ? x.to(at::kFloat) : x, k, ctx);
               if (training && at::GradMode::is_enabled()) {  // as quantize: the update and the step on backward
-                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step]() {
-                  apply_update(update, group, step);
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
+                               check = batch_check(q, x, training, group)]() {
+                  apply_update(update, group, step, check);
                 };
                 std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
@@ -469,7 +505,7 @@ PYBIND11_MODULE(_C, m) {
             }
             // Before the gradients, where eager's backward runs it too (the node on the outputs comes
             // first): the orthogonal loss's gradient is taken at the updated codebook.
-            apply_update(out.update, group, step);
+            apply_update(out.update, group, step, batch_check(q, x, training, group));
             std::vector<at::Tensor> found_grads;
             if (!outputs.empty()) {
               found_grads = torch::autograd::grad(outputs, inputs, grads, /*retain_graph=*/false,

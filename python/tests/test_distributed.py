@@ -241,3 +241,40 @@ def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
     for key, value in one.items():
         assert torch.equal(ranks[0][key], ranks[1][key]), f"{name}: {key} differs between ranks"
         torch.testing.assert_close(ranks[0][key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def _uneven_batches(rank, world, make_name):
+    import lockstep
+
+    makers = {
+        "fsq_noise": lambda: lockstep.FSQ(levels=[8, 5, 5, 5], noise_dropout=0.5, preserve_symmetry=True),
+        "lfq_subset": lambda: lockstep.LFQ(codebook_size=2**6, frac_per_sample_entropy=0.5),
+        "vq_stochastic": lambda: lockstep.VectorQuantize(dim=4, codebook_size=16, stochastic_sample_codes=True,
+                                                         sample_codebook_temp=0.5),
+        "vq_plain": lambda: lockstep.VectorQuantize(dim=4, codebook_size=16),
+    }
+    torch.manual_seed(0)
+    module = makers[make_name]()
+    dim = 6 if make_name == "lfq_subset" else 4
+    x = torch.randn(5 if rank == 0 else 3, 7, dim, generator=torch.Generator().manual_seed(rank))
+    out, indices, *aux = module(x.requires_grad_(True))
+    loss = out.sum() + sum(a.sum() for a in aux if torch.is_tensor(a))
+    try:
+        loss.backward()
+    except ValueError as e:
+        return str(e)
+    return "trained"
+
+
+@pytest.mark.parametrize("make_name", ["fsq_noise", "lfq_subset", "vq_stochastic"])
+def test_uneven_batches_with_per_token_draws_are_refused_on_every_rank(make_name):
+    # Draws are keyed by rank x local batch: with 5 items on rank 0 and 3 on rank 1 they would overlap and
+    # shift silently (issue #37 item 7). Every rank names every rank's batch in backward.
+    results = run_ranks(2, _uneven_batches, make_name)
+    for message in results:
+        assert "rank 0: 5 items, rank 1: 3 items" in message, message
+        assert "same batch size" in message, message
+
+
+def test_uneven_batches_without_per_token_draws_still_train():
+    assert run_ranks(2, _uneven_batches, "vq_plain") == ["trained", "trained"]

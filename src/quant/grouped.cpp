@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "lockstep/core/error.h"
 
 namespace lockstep::quant {
@@ -17,6 +19,10 @@ Grouped::Grouped(std::string kind, std::vector<std::shared_ptr<Quantizer>> group
     num_indices_ += groups_[g]->num_indices();
   }
   dim_ = d * static_cast<int64_t>(groups_.size());
+}
+
+bool Grouped::draws_per_item() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const auto& g) { return g->draws_per_item(); });
 }
 
 std::vector<at::Tensor> Grouped::split(const at::Tensor& x) const {

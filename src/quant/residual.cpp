@@ -38,6 +38,11 @@ void ResidualOptions::validate() const {
                      " weights, num_quantizers = ", num_quantizers_);
 }
 
+bool Residual::draws_per_item() const {
+  return options_.diveq() ||
+         std::any_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->draws_per_item(); });
+}
+
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
                    std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales,
                    at::Tensor input_clamp)

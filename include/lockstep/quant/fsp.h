@@ -108,6 +108,7 @@ class Fsp final : public Quantizer {
   explicit Fsp(FspOptions options);
 
   std::string kind() const override { return "fsp"; }
+  bool draws_per_item() const override { return options_.quantize_rate() < 1; }
   int64_t dim() const override { return options_.dim(); }
   int64_t codebook_size() const override { return options_.codebook_size(); }
 

@@ -103,6 +103,7 @@ class Fsq final : public Quantizer {
   explicit Fsq(FsqOptions options);
 
   std::string kind() const override { return "fsq"; }
+  bool draws_per_item() const override { return options_.noise_dropout() > 0; }
   int64_t dim() const override { return dim_; }
   int64_t codebook_size() const override { return codebook_size_; }
   int64_t num_indices() const override { return options_.num_codebooks(); }

@@ -18,6 +18,7 @@ class Grouped final : public Quantizer {
   Grouped(std::string kind, std::vector<std::shared_ptr<Quantizer>> groups);
 
   std::string kind() const override { return kind_; }
+  bool draws_per_item() const override;
   int64_t dim() const override { return dim_; }
   int64_t codebook_size() const override { return groups_.front()->codebook_size(); }
   // The groups' indices side by side: (b, n, G x each group's num_indices()).

@@ -159,6 +159,7 @@ class Lfq final : public Quantizer {
   explicit Lfq(LfqOptions options);
 
   std::string kind() const override { return "lfq"; }
+  bool draws_per_item() const override { return options_.frac_per_sample_entropy() < 1; }
   int64_t dim() const override { return dim_; }
   int64_t codebook_size() const override { return options_.codebook_size(); }
   int64_t num_indices() const override { return options_.num_codebooks(); }

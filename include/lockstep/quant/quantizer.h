@@ -67,6 +67,10 @@ class Quantizer : public torch::nn::Module {
   virtual int64_t codebook_size() const = 0;         // codes available to each index
   virtual int64_t num_indices() const { return 1; }  // indices per token
   virtual MaskSupport mask_support() const { return MaskSupport::Refused; }
+  // Whether a training call draws per-token randomness keyed by QuantizeContext::first_item (FSQ
+  // noise, sampled codes, LFQ's entropy subset, ...): then holders with unequal batches, each placing
+  // its first item at rank x its own batch, would draw overlapping, shifted values. From the options.
+  virtual bool draws_per_item() const { return false; }
 
   // x: (b, n, dim). Training behaviour (statistics, randomness) only in training mode.
   virtual QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) = 0;

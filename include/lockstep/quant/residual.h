@@ -150,6 +150,7 @@ class Residual final : public Quantizer {
            std::vector<at::Tensor> scales = {}, at::Tensor input_clamp = {});
 
   std::string kind() const override { return kind_; }
+  bool draws_per_item() const override;
   int64_t dim() const override { return dim_; }
   // The first layer's; layers may differ (ResidualOptions::codebook_sizes).
   int64_t codebook_size() const override { return layers_.front()->codebook_size(); }

@@ -281,6 +281,10 @@ class Vq final : public Quantizer {
   explicit Vq(VqOptions options, at::Generator generator = {});
 
   std::string kind() const override { return "vq"; }
+  bool draws_per_item() const override {
+    return (options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0) ||
+           (options_.route_gradients_to_input() && options_.estimator() == VqEstimator::DirectionalReparam);
+  }
   int64_t dim() const override { return options_.dim(); }
   int64_t codebook_size() const override { return options_.codebook_size(); }
   int64_t num_indices() const override { return options_.heads(); }
