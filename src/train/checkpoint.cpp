@@ -25,11 +25,12 @@ int64_t parse_int(const io::SafetensorsData& data, const std::string& key) {
   LOCKSTEP_THROW_IF_NOT(it != data.metadata.end(), CorruptInput, data.origin, ": checkpoint metadata has no '", key,
                         "'");
   // Digits only: stoll would also take " 10" or "+10", which lockstep never writes.
-  const bool digits = !it->second.empty() && it->second.size() <= 18 &&
+  const bool digits = !it->second.empty() &&
                       std::all_of(it->second.begin(), it->second.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (digits) return std::stoll(it->second);
-  throw CorruptInput(detail::concat(data.origin, ": checkpoint metadata '", key, "' = '", it->second,
-                                    "' is not a non-negative integer"));
+  if (digits && it->second.size() <= 18) return std::stoll(it->second);
+  throw CorruptInput(detail::concat(
+      data.origin, ": checkpoint metadata '", key, "' = '", it->second, "' is ",
+      digits ? "too large: lockstep writes at most 18 digits (below 10^18)" : "not a non-negative integer"));
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
