@@ -248,6 +248,11 @@ Value config_text::checked(const KeySpec& spec, Value v, const std::string& wher
       break;
     case ValueType::Int:
       check_number(spec, static_cast<double>(std::get<int64_t>(v)), spec.key + " = " + format_value(v), where);
+      // An integer key may take a few values only (data.channels: 1 or 3), listed as text.
+      if (!spec.choices.empty() &&
+          std::find(spec.choices.begin(), spec.choices.end(), format_value(v)) == spec.choices.end()) {
+        fail(spec.key + " = " + format_value(v) + " is not valid", where, "choose one of: " + join(spec.choices));
+      }
       break;
     case ValueType::Float:
       check_number(spec, std::get<double>(v), spec.key + " = " + format_value(v), where);

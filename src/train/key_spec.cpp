@@ -96,6 +96,7 @@ std::string KeySpec::name() const { return key.substr(key.rfind('.') + 1); }
 
 std::string KeySpec::constraint_text() const {
   if (type == ValueType::String) return !choices.empty() ? "one of: " + join(choices) : check_text;
+  if (type == ValueType::Int && !choices.empty()) return "one of: " + join(choices);
   bool list = type == ValueType::IntList || type == ValueType::FloatList;
   std::string range = range_text(*this);
   if (!list) return range;

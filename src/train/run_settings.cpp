@@ -102,7 +102,8 @@ std::vector<RunKey> build_run_keys() {
       "others) or padded with the bucket's first images.")
       .one_of({"drop", "pad"});
   add(keys, LOCKSTEP_RUN_KEY(data, channels), "Image folders: channels the images are converted to (1 gray, 3 RGB).")
-      .in_range(1, 3);
+      .in_range(1, 3)
+      .one_of({"1", "3"});
   add(keys, LOCKSTEP_RUN_KEY(data, eval_images),
       "Image folders: images held out for evaluation (those whose paths hash lowest); 0 holds out "
       "a tenth of the readable images, at least 1 and at most 64.")

@@ -205,6 +205,11 @@ TEST(ConfigErrorTest, BadChoiceListsTheChoices) {
        "grouped-residual-vq, grouped-residual-fsq, grouped-residual-lfq"});
   expect_contains(set_error("data.dataset=mnist"),
                   {"data.dataset = \"mnist\" is not valid", "choose one of: auto, fashion-mnist, folder"});
+  // An integer key with a few valid values: refused when read, not when an image folder meets it.
+  expect_contains(load_error("[data]\nchannels = 2\n"),
+                  {"data.channels = 2 is not valid", "line 2", "choose one of: 1, 3"});
+  expect_contains(set_error("data.channels=2"), {"data.channels = 2 is not valid"});
+  EXPECT_EQ(lockstep_schema().find("data.channels")->constraint_text(), "one of: 1, 3");
 }
 
 TEST(ConfigErrorTest, ListLengthIsChecked) {

@@ -35,7 +35,7 @@ struct KeySpec {
   std::optional<double> min, max;          // for numbers and for each list element
   bool min_exclusive = false;              // min is a strict bound ("> 0" rather than ">= 0")
   bool max_exclusive = false;              // max is a strict bound ("< 1" rather than "<= 1")
-  std::vector<std::string> choices;        // for strings; empty means any string
+  std::vector<std::string> choices;        // for strings and integers (as text); empty means any
   std::optional<size_t> min_len, max_len;  // for lists
   // For strings whose valid values are a pattern rather than a list: throws to refuse one.
   std::function<void(const std::string&)> check;
