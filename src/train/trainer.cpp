@@ -345,11 +345,15 @@ std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
   if (s->is_root()) s->run_dir_lock = prepare_new_run_dir(run_dir);
+  return start_from_scratch(std::move(s), on_info);
+}
+
+std::unique_ptr<Trainer> Trainer::start_from_scratch(std::unique_ptr<State> s, const InfoCallback& on_info) {
   s->build(/*resuming=*/false, on_info);
   s->check_same_config();
   s->sync_model();
   s->start_weight_average();
-  if (s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  if (s->is_root()) io::write_file_atomic(config_path(s->run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
 
@@ -372,8 +376,17 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   s->config = std::move(resolved.config);
   s->run = std::move(resolved.settings);
   const std::string path = checkpoint_path(run_dir);
-  LOCKSTEP_THROW_IF_NOT(fs::exists(path), IoError, "cannot resume ", run_dir, ": it has no checkpoint (", path,
-                        "); the run stopped before its first checkpoint, so start it again");
+  if (!fs::exists(path)) {
+    // Stopped before its first checkpoint (checkpoint_every defaults to 500): nothing to continue,
+    // and `lockstep train --run-dir` refuses a directory that holds a run, so it starts again here.
+    if (on_info) {
+      on_info(detail::concat(run_dir,
+                             " has no checkpoint: the run stopped before its first one, so it starts "
+                             "again from step 0 with its config.toml",
+                             overrides.empty() ? "" : " and the settings given"));
+    }
+    return start_from_scratch(std::move(s), on_info);
+  }
   Checkpoint c = load_checkpoint(path);
   // The checkpoint carries the config it was trained with; keys that shape the model or the
   // data order must still agree with the run directory's config.toml.

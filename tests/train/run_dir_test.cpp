@@ -3,6 +3,7 @@
 // one refuse it before any work, naming it, and what it points to keeps its bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "lockstep/dist/process_group.h"
 #include "lockstep/io/atomic_file.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/metrics.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
 #include "train/small_run.h"
@@ -83,6 +85,40 @@ TEST(RunDirLinks, AResumedRunRefusesALinkAtEachFileItWrites) {
     if (existed) fs::rename(kept, file);
   }
   EXPECT_EQ(Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group())->run({}).steps, 2);
+}
+
+// A run that stopped before its first checkpoint (issue #37 item 3: `--resume` said to start again,
+// starting again said to use `--resume`): starting again in the directory still points to --resume,
+// and --resume now starts the run again from step 0, with its config.toml and the settings given.
+TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  Config c = one_step();
+  c.set("train.log_every", int64_t{1});
+  Trainer::create(c, run, dist::make_single_process_group())->run({});
+  fs::remove(checkpoint_path(run));  // as if it had died before writing one
+  try {
+    Trainer::create(c, run, dist::make_single_process_group());
+    ADD_FAILURE() << "a second run was started in " << run;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("continue it with --resume " + run), std::string::npos) << e.what();
+  }
+  std::vector<std::string> said;
+  const TrainSummary s =
+      Trainer::resume(run, {"train.steps=2"}, dist::make_single_process_group(), [&](const std::string& line) {
+        said.push_back(line);
+      })->run({});
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_TRUE(fs::exists(checkpoint_path(run)));
+  EXPECT_TRUE(std::any_of(said.begin(), said.end(), [](const std::string& line) {
+    return line.find("starts again from step 0") != std::string::npos;
+  })) << testing::PrintToString(said);
+  // The stopped run's lines are replaced, not repeated: each training step is logged once.
+  std::vector<int64_t> steps;
+  for (const MetricsRecord& r : read_metrics(metrics_path(run))) {
+    if (r.kind == "train") steps.push_back(r.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2}));
 }
 
 }  // namespace

@@ -63,7 +63,9 @@ class Trainer {
   static std::unique_ptr<Trainer> create(const Config& config, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
   // Continues the run in `run_dir` from its checkpoint. `overrides` ("key=value") may change only
-  // keys that do not alter the model or the data order (see resumable_keys()).
+  // keys that do not alter the model or the data order (see resumable_keys()). A run that stopped
+  // before its first checkpoint starts again from step 0 with its config.toml and the overrides
+  // (on_info says so), so that `--resume` is always the way on.
   static std::unique_ptr<Trainer> resume(const std::string& run_dir, const std::vector<std::string>& overrides,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
   static const std::vector<std::string>& resumable_keys();
@@ -77,6 +79,8 @@ class Trainer {
  private:
   struct State;
   explicit Trainer(std::unique_ptr<State> state);
+  // A run from step 0 in s's run directory, whose lock s already holds (on rank 0).
+  static std::unique_ptr<Trainer> start_from_scratch(std::unique_ptr<State> s, const InfoCallback& on_info);
   std::unique_ptr<State> s_;
 };
 
