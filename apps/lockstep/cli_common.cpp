@@ -132,6 +132,9 @@ void check_forward_fits(const model::AutoencoderImpl& model, int64_t images, int
 int report_current_exception() {
   try {
     throw;
+  } catch (const UsageError& e) {
+    report_error(e.what());
+    return kExitUsage;
   } catch (const dist::CollectiveMismatch& e) {
     report_error(e.what());
     return kExitRanksDiffer;

@@ -123,8 +123,8 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
 }
 
 int run_decode(const DecodeArgs& args) {
-  LOCKSTEP_CHECK_ARG(!args.output_dir.empty() || !args.grid.empty(),
-                     "say where to write: --output DIR and/or --grid FILE.png");
+  LOCKSTEP_CHECK_USAGE(!args.output_dir.empty() || !args.grid.empty(),
+                       "say where to write: --output DIR and/or --grid FILE.png");
   apply_threads(args.threads);
   train::TrainedModel t = train::load_trained_model(args.checkpoint, args.weight_average);
   if (std::filesystem::is_directory(args.tokens)) return decode_folder(args, t);
@@ -158,7 +158,8 @@ void add_decode_command(CLI::App& app, Runner& run) {
   cmd->add_option("--tokens", args->tokens, "The .npy file of token ids, or the directory encode wrote for a folder")
       ->required()
       ->check(CLI::ExistingPath);
-  cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)");
+  cmd->add_option("-o,--output", args->output_dir, "Directory for one PNG per image (000000.png, ...)")
+      ->check(kNonEmptyPath);
   cmd->add_option("--grid", args->grid, "One PNG with every image in a grid, 16 per row")->check(kNonEmptyPath);
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")
       ->check(kPositiveInt)

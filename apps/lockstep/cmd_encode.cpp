@@ -126,7 +126,9 @@ void add_encode_command(CLI::App& app, Runner& run) {
       "data.buckets, and index.json with the source path of every row; `lockstep decode --tokens DIR` "
       "turns it back into a folder of PNGs.");
   cmd->add_option("checkpoint", args->checkpoint, "Checkpoint file, or a run directory holding one")->required();
-  cmd->add_option("-o,--output", args->output, "The .npy file to write (a directory for an image folder)")->required();
+  cmd->add_option("-o,--output", args->output, "The .npy file to write (a directory for an image folder)")
+      ->required()
+      ->check(kNonEmptyPath);
   cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--data", args->data_dir,

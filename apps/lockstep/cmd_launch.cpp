@@ -317,13 +317,14 @@ class Launcher {
 };
 
 int run_launch(const LaunchOptions& o) {
-  LOCKSTEP_CHECK_ARG(!o.command.empty(),
-                     "launch: give the subcommand to run after --, e.g. lockstep launch -n 2 -- "
-                     "train --steps 100");
-  LOCKSTEP_CHECK_ARG(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
-                     " must lie in [0, --nnodes ", o.nnodes, ")");
-  LOCKSTEP_CHECK_ARG(o.master_port != 0 || o.nnodes == 1, "launch: --master-port 0 (any free port) works on one node ",
-                     "only; with --nnodes ", o.nnodes, " every node must be given the same port");
+  LOCKSTEP_CHECK_USAGE(!o.command.empty(),
+                       "launch: give the subcommand to run after --, e.g. lockstep launch -n 2 -- "
+                       "train --steps 100");
+  LOCKSTEP_CHECK_USAGE(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
+                       " must lie in [0, --nnodes ", o.nnodes, ")");
+  LOCKSTEP_CHECK_USAGE(o.master_port != 0 || o.nnodes == 1,
+                       "launch: --master-port 0 (any free port) works on one node ", "only; with --nnodes ", o.nnodes,
+                       " every node must be given the same port");
   return Launcher(o).run();
 }
 

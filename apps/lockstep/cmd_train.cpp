@@ -82,6 +82,14 @@ int cuda_device_of(const TrainArgs& args) {
 }
 
 int run_train(const TrainArgs& args) {
+  // Flags that contradict each other, before anything is read (exit status 2).
+  if (!args.resume.empty()) {
+    LOCKSTEP_CHECK_USAGE(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",
+                         "keeps its own in ", args.resume, "/config.toml");
+    LOCKSTEP_CHECK_USAGE(args.config_file.empty() && args.run_dir.empty(),
+                         "--resume continues a run with its own config and directory; do not combine it with ",
+                         "--config or --run-dir");
+  }
   if (args.print_config && args.resume.empty()) {
     std::cout << new_run(args).config.to_toml();
     return kExitOk;
@@ -102,8 +110,8 @@ int run_train(const TrainArgs& args) {
       if (any_port) std::cout << "rank 0: the store listens on " << addr << ":" << port << std::endl;
       announce_store_port(port);
     };
-    LOCKSTEP_CHECK_ARG(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
-                       options.size);
+    LOCKSTEP_CHECK_USAGE(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
+                         options.size);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
     options.cuda_device = cuda_device_of(args);
     group = dist::make_process_group(options);
@@ -134,11 +142,6 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   std::unique_ptr<train::Trainer> trainer;
   const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
-    LOCKSTEP_CHECK_ARG(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",
-                       "keeps its own in ", args.resume, "/config.toml");
-    LOCKSTEP_CHECK_ARG(args.config_file.empty() && args.run_dir.empty(),
-                       "--resume continues a run with its own config and directory; do not combine it with ",
-                       "--config or --run-dir");
     trainer = train::Trainer::resume(args.resume, overrides(args), group, print_line);
   } else {
     trainer = train::Trainer::create(new_run(args).config, args.run_dir.empty() ? default_run_dir() : args.run_dir,
@@ -227,7 +230,8 @@ void add_train_command(CLI::App& app, Runner& run) {
       ->check(kNonEmptyPath)
       ->type_name("DIR");
   cmd->add_option("--resume", args->resume,
-                  "Continue the run in this directory from its checkpoint, exactly where it stopped")
+                  "Continue the run in this directory from its checkpoint, exactly where it stopped (a run "
+                  "that stopped before its first checkpoint starts again from step 0)")
       ->type_name("RUN_DIR");
   cmd->add_flag("--print-config", args->print_config, "Print the resolved configuration as TOML and exit");
   // The flags that set a key, as the run settings' table declares them.

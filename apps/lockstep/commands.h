@@ -7,7 +7,17 @@
 
 #include <functional>
 
+#include "lockstep/core/error.h"
+
 namespace lockstep::cli {
+
+// A mistake decided from the command line alone (flags that contradict each other, a value out of
+// its flag's range): reported as any InvalidArgument, with exit status 2 (kExitUsage).
+class UsageError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+#define LOCKSTEP_CHECK_USAGE(cond, ...) LOCKSTEP_THROW_IF_NOT(cond, ::lockstep::cli::UsageError, __VA_ARGS__)
 
 using Runner = std::function<int()>;
 

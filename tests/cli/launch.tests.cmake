@@ -40,8 +40,13 @@ lockstep_cli_test(launch_batch_norm_buffers_stay_in_sync EXIT 0
 lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "store listens on 127.0.0.1:[0-9]+.*trained 6 steps.*test: mse"
                   TIMEOUT 120 RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/two_ranks.sh -
                   ARGS train --run-dir run --steps 6 ${COMMON_ARGS})
-lockstep_cli_test(train_rank_beyond_world_size EXIT 1 OUTPUT "--rank 5 must be below --world-size 2"
+lockstep_cli_test(train_rank_beyond_world_size EXIT 2 OUTPUT "--rank 5 must be below --world-size 2"
                   ARGS train --rank 5 --world-size 2)
+# Flags that contradict each other are command-line mistakes: exit status 2, the flags named.
+lockstep_cli_test(launch_node_rank_beyond_nnodes EXIT 2 OUTPUT "--node-rank 5 must lie in .0, --nnodes 2."
+                  ARGS launch -n 2 --node-rank 5 --nnodes 2 -- train)
+lockstep_cli_test(launch_any_port_on_several_nodes EXIT 2 OUTPUT "--master-port 0 \\(any free port\\) works on one node"
+                  ARGS launch -n 2 --nnodes 2 --node-rank 0 --master-port 0 -- train)
 # Failure mode f end to end (tests/cli/kill_a_rank.sh): a SIGKILLed rank is named within 2 s, and
 # the run resumes exactly; `eval` then reads the resumed run.
 lockstep_cli_test(kill_a_rank_then_resume EXIT 0 OUTPUT "step 100" TIMEOUT 300

@@ -126,8 +126,17 @@ lockstep_cli_test(decode_rejects_out_of_range EXIT 1 OUTPUT "f.npy: token id 213
 lockstep_cli_test(decode_rejects_an_empty_grid EXIT 1 OUTPUT "with no side of length 0, got \\[2, 0, 7\\]" TIMEOUT 120
                   REJECT "frame #" SETUP "${TINY_RUN} && python3 ${MAKE_NPY} e.npy '<i4' 2,0,7 0"
                   ARGS decode run --tokens e.npy -o out)
-lockstep_cli_test(train_resume_print_config EXIT 1 OUTPUT "run being resumed keeps its own in nowhere/config.toml"
+lockstep_cli_test(train_resume_print_config EXIT 2 OUTPUT "run being resumed keeps its own in nowhere/config.toml"
                   ARGS train --resume nowhere --print-config)
+lockstep_cli_test(train_resume_with_run_dir EXIT 2 OUTPUT "do not combine it with --config or --run-dir"
+                  ARGS train --resume nowhere --run-dir elsewhere)
+lockstep_cli_test(decode_without_a_destination EXIT 2 OUTPUT "say where to write: --output DIR and/or --grid FILE.png"
+                  SETUP "touch t.npy" ARGS decode nowhere --tokens t.npy)
+# An empty argument does not survive ARGS (a CMake list): bash passes it.
+lockstep_cli_test(decode_empty_output EXIT 2 OUTPUT "--output: must name a file or directory, not an empty string"
+                  SETUP "touch t.npy" RUNNER bash -c [["$0" decode nowhere --tokens t.npy -o '']])
+lockstep_cli_test(encode_empty_output EXIT 2 OUTPUT "--output: must name a file or directory, not an empty string"
+                  REJECT "write_file_atomic" RUNNER bash -c [["$0" encode nowhere -o '']])
 # Numbers out of range are named in plain words: no 309-digit bound, no silent clamping.
 lockstep_cli_test(train_world_size_zero EXIT 2 OUTPUT "--world-size: must be a whole number >= 1 .*not '0'"
                   REJECT "179769" ARGS train --world-size 0)
