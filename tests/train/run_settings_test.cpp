@@ -28,7 +28,9 @@ Value another_value(const KeySpec& spec) {
       break;
     case ValueType::Int: {
       const int64_t d = std::get<int64_t>(spec.default_value);
-      candidates = {d + 1, d - 1};
+      for (const auto& choice : spec.choices) candidates.emplace_back(int64_t{std::stoll(choice)});
+      candidates.emplace_back(d + 1);
+      candidates.emplace_back(d - 1);
       break;
     }
     case ValueType::Float: {
