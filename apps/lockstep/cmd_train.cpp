@@ -1,6 +1,8 @@
 // lockstep train: train an autoencoder into a run directory, or resume one.
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -38,7 +40,30 @@ struct TrainArgs {
 };
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_interrupt(int) { g_stop.store(true); }
+// The first Ctrl-C (or SIGTERM) asks the run to stop after the step under way; a second one ends the
+// process at once (async-signal-safe calls only). Checkpoints are written atomically, so the last
+// one stays valid either way.
+// One Ctrl-C can arrive twice, within milliseconds: from the terminal and forwarded by a launcher
+// (lockstep launch's ranks share its process group; torchrun follows with SIGTERM), so a second
+// signal counts only 0.25 s after the first.
+std::atomic<int64_t> g_first_interrupt_ns{0};
+int64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+extern "C" void on_interrupt(int) {
+  if (!g_stop.exchange(true)) {
+    g_first_interrupt_ns.store(monotonic_ns());
+    static const char first[] = "\nlockstep: stopping after the step under way (interrupt again to stop at once)\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, first, sizeof first - 1);
+    return;
+  }
+  if (monotonic_ns() - g_first_interrupt_ns.load() < 250000000) return;
+  static const char second[] = "\nlockstep: stopped at once (a second interrupt); the last checkpoint is intact\n";
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, second, sizeof second - 1);
+  ::_exit(kExitInterrupted);
+}
 
 std::string ranks_text(const std::vector<int>& ranks) {  // "0, 2"
   std::vector<std::string> names;
@@ -174,6 +199,12 @@ int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
   if (summary.interrupted) {
     std::cout << "interrupted at step " << summary.steps
               << "; checkpoint saved. Continue with:\n  lockstep train --resume " << summary.run_dir << "\n";
+    return kExitInterrupted;
+  }
+  if (summary.evaluation_skipped) {  // stopped once every step was taken: complete, not evaluated
+    std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds)
+              << "; the run is complete and its checkpoint saved, but its final evaluation was skipped on request. "
+              << "Evaluate it with:\n  lockstep eval " << summary.run_dir << "\n";
     return kExitInterrupted;
   }
   if (!root) {

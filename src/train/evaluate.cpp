@@ -150,8 +150,13 @@ EvalResult Evaluation::result() const {
 
 namespace {
 // Converted one batch at a time: a whole test set as float would be 4x its bytes.
-void add_set(Evaluation& e, const data::ImageSet& set, int64_t batch) {
+void add_set(Evaluation& e, const data::ImageSet& set, const EvalOptions& options) {
+  const int64_t batch = options.batch_size_;
   for (int64_t first = 0; first < set.count; first += batch) {
+    if (options.stop_requested_ && options.stop_requested_->load()) {
+      throw EvaluationStopped(
+          detail::concat("evaluation stopped on request after ", first, " of ", set.count, " images"));
+    }
     e.add(data::images_to_tensor(set, first, std::min(batch, set.count - first)));
   }
 }
@@ -159,14 +164,14 @@ void add_set(Evaluation& e, const data::ImageSet& set, int64_t batch) {
 
 EvalResult evaluate(model::AutoencoderImpl& model, const data::ImageSet& set, const EvalOptions& options) {
   Evaluation e(model, options);
-  add_set(e, set, options.batch_size_);
+  add_set(e, set, options);
   return e.result();
 }
 
 EvalResult evaluate(model::AutoencoderImpl& model, const std::vector<data::ImageSet>& sets,
                     const EvalOptions& options) {
   Evaluation e(model, options);
-  for (const auto& set : sets) add_set(e, set, options.batch_size_);
+  for (const auto& set : sets) add_set(e, set, options);
   return e.result();
 }
 

@@ -102,8 +102,8 @@ std::vector<std::string> remove_stale_temporaries(const std::string& run_dir) {
   return removed;
 }
 
-void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test,
-                   const EvalResult* test_weight_average) {
+void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, bool evaluated, double seconds,
+                   const EvalResult& test, const EvalResult* test_weight_average) {
   const auto evaluation = [](const EvalResult& r) {
     nlohmann::json j{{"images", r.images},         {"mse", r.mse},
                      {"psnr_db", r.psnr_db},       {"code_usage", r.code_usage},
@@ -116,8 +116,9 @@ void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, 
   nlohmann::json j;
   j["steps"] = steps;
   j["interrupted"] = interrupted;
+  j["evaluated"] = evaluated;
   j["seconds"] = seconds;
-  if (!interrupted) {
+  if (evaluated) {
     j["test"] = evaluation(test);
     if (test_weight_average) j["test_ema"] = evaluation(*test_weight_average);
   }

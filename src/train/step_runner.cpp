@@ -23,9 +23,12 @@ struct StepRunner::StepControl {
   double loss = 0;       // each rank's (weighted) loss; summed, divide by the ranks for the mean
   bool stop = false;     // a rank was asked to stop (Ctrl-C, SIGTERM); summed: any rank was
   int64_t replaced = 0;  // images that failed to decode and were replaced; summed
+  // This rank's stop request, read when the control is packed: as late in the step as it can be.
+  const std::atomic<bool>* stop_requested = nullptr;
 
   at::Tensor pack() const {
-    return torch::tensor({static_cast<float>(loss), stop ? 1.0f : 0.0f, static_cast<float>(replaced)});
+    const bool stopping = stop || (stop_requested && stop_requested->load());
+    return torch::tensor({static_cast<float>(loss), stopping ? 1.0f : 0.0f, static_cast<float>(replaced)});
   }
   static StepControl unpack(const at::Tensor& summed) {
     const at::Tensor host = summed.to(at::kCPU, at::kFloat);
@@ -238,14 +241,15 @@ StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Te
   return all;
 }
 
-StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
-                           bool* stop, const std::function<std::string()>& diverged_note) {
+StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Device& device,
+                           const std::atomic<bool>* stop_requested, bool logged, bool* stop,
+                           const std::function<std::string()>& diverged_note) {
   const at::Tensor images = batch.images.to(device);
   StepFacts facts;
   // This rank's loss, stop request and replaced images travel summed with the last gradient
   // bucket, so every rank stops after the same step, whichever rank was asked.
   StepControl here;
-  here.stop = stop_here;
+  here.stop_requested = stop_requested;
   here.replaced = batch.replaced;
   DiscriminatorInputs disc;
   const int64_t micro_batches = settings_.train.grad_accum();

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,13 +40,16 @@ class StepRunner {
   StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch, int64_t total_steps,
              TrainedModules& modules, StepLosses losses);
 
-  // Step `step` + 1 on `batch`, this rank's part of its global batch. `stop_here`: this rank was
-  // asked to stop; the returned `stop` is true when any rank was (every rank sees the same).
+  // Step `step` + 1 on `batch`, this rank's part of its global batch. `stop_requested` (may be
+  // null): set when this rank is asked to stop; it is read as late as the step allows (just before
+  // the step's last backward, whose gradients carry it), and the returned `stop` is true when any
+  // rank was asked (every rank sees the same).
   // `logged`: the step's metrics are written, so its gradient norm is wanted even without
   // clipping. Throws TrainingDiverged before the parameters change when the loss is not finite;
   // `diverged_note` then says what the run directory still holds.
-  StepFacts take(int64_t step, const StepBatch& batch, const at::Device& device, bool stop_here, bool logged,
-                 bool* stop, const std::function<std::string()>& diverged_note);
+  StepFacts take(int64_t step, const StepBatch& batch, const at::Device& device,
+                 const std::atomic<bool>* stop_requested, bool logged, bool* stop,
+                 const std::function<std::string()>& diverged_note);
 
  private:
   struct StepControl;

@@ -285,19 +285,21 @@ struct Trainer::State {
 
   void save() {
     check_replicas(detail::concat("at step ", step).c_str());
+    saved_step = step;       // on every rank, which all decide alike whether a save is due
     if (!is_root()) return;  // rank 0 holds what every rank holds, as just checked
     save_checkpoint(checkpoint_path(run_dir), capture_checkpoint(modules, step, config));
-    saved_step = step;
   }
 
-  // The trainer runs the model (or its weight average) over the images the data layer holds for evaluation.
-  EvalResult evaluate_test(bool weight_average = false) {
+  // The trainer runs the model (or its weight average) over the images the data layer holds for
+  // evaluation; EvaluationStopped once `stop` is set (Ctrl-C), when given.
+  EvalResult evaluate_test(bool weight_average = false, const std::atomic<bool>* stop = nullptr) {
     EvalResult r = evaluate(weight_average ? *modules.ema_model : *modules.model, data->evaluation_images(),
                             EvalOptions()
                                 .batch_size(run.eval.batch_size())
                                 .grid_images(run.eval.grid_images())
                                 .lpips(lpips.is_empty() ? nullptr : lpips.ptr())
-                                .fid(fid.is_empty() ? nullptr : fid.ptr()));
+                                .fid(fid.is_empty() ? nullptr : fid.ptr())
+                                .stop_requested(stop));
     r.weight_average = weight_average;
     return r;
   }
@@ -315,8 +317,7 @@ struct Trainer::State {
     group->set_progress(detail::concat("step ", step + 1, " of ", total_steps));
     check_plan(step / steps_per_epoch);
     const StepBatch batch = data->batch(step);
-    const bool stop_here = cb.stop_requested && cb.stop_requested->load();
-    const StepFacts facts = runner->take(step, batch, device, stop_here, logged, stop, [this] {
+    const StepFacts facts = runner->take(step, batch, device, cb.stop_requested, logged, stop, [this] {
       return saved_step >= 0
                  ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step, ", before the divergence")
                  : std::string("No checkpoint was written yet");
@@ -422,34 +423,50 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     bool stop = false;
     const StepFacts facts = s.take_step(cb, report.logs(s.step + 1), &stop);
     report.after_step(s.step, facts, s.data->unreadable());
-    if (stop) summary.interrupted = true;
+    // A stop agreed at the last step is no interruption: the run is complete (only its final
+    // evaluation is skipped, below).
+    if (stop && s.step < s.total_steps) summary.interrupted = true;
+    if (stop) summary.evaluation_skipped = true;
     if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {
       s.save();
       if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
     }
-    // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3).
-    if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps) {
-      report.after_eval(s.step, s.evaluate_test());
-      if (s.modules.ema_model) report.after_eval(s.step, s.evaluate_test(/*weight_average=*/true));
-    }
-    if (summary.interrupted) break;
-  }
-
-  s.save();
-  summary.steps = s.step;
-  if (s.is_root()) {
-    if (!summary.interrupted) {
-      summary.test = s.evaluate_test();
-      report.after_eval(s.step, summary.test);
-      if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
-      if (s.modules.ema_model) {
-        summary.test_weight_average = s.evaluate_test(/*weight_average=*/true);
-        report.after_eval(s.step, summary.test_weight_average);
+    // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3). Ctrl-C
+    // during it skips the rest of it; the next step carries the stop to every rank.
+    if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps && !stop) {
+      try {
+        report.after_eval(s.step, s.evaluate_test(false, cb.stop_requested));
+        if (s.modules.ema_model) report.after_eval(s.step, s.evaluate_test(true, cb.stop_requested));
+      } catch (const EvaluationStopped& e) {
+        if (cb.on_info) cb.on_info(detail::concat("step ", s.step, ": ", e.what()));
       }
     }
+    if (stop) break;
+  }
+
+  if (s.saved_step != s.step) s.save();  // once: the loop may have just saved this step
+  summary.steps = s.step;
+  if (s.is_root()) {
+    if (!summary.evaluation_skipped) {
+      try {
+        summary.test = s.evaluate_test(false, cb.stop_requested);
+        if (s.modules.ema_model) summary.test_weight_average = s.evaluate_test(true, cb.stop_requested);
+      } catch (const EvaluationStopped& e) {
+        // Ctrl-C during the final evaluation: stopped promptly; the checkpoint above is intact.
+        summary.evaluation_skipped = true;
+        summary.test = {};
+        summary.test_weight_average = {};
+        if (cb.on_info) cb.on_info(detail::concat("final ", e.what()));
+      }
+    }
+    if (!summary.evaluation_skipped) {
+      report.after_eval(s.step, summary.test);
+      if (!summary.test.grid.pixels.empty()) io::save_png(reconstructions_path(s.run_dir), summary.test.grid);
+      if (s.modules.ema_model) report.after_eval(s.step, summary.test_weight_average);
+    }
     summary.seconds = report.elapsed_s();
-    write_summary(s.run_dir, summary.steps, summary.interrupted, summary.seconds, summary.test,
-                  s.modules.ema_model ? &summary.test_weight_average : nullptr);
+    write_summary(s.run_dir, summary.steps, summary.interrupted, !summary.evaluation_skipped, summary.seconds,
+                  summary.test, s.modules.ema_model ? &summary.test_weight_average : nullptr);
   }
   // Every rank ends together: a rank 0 that failed while saving or evaluating fails them all.
   s.group->barrier(LOCKSTEP_CALL_SITE("train.end"));

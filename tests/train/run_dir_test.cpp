@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -119,6 +120,50 @@ TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
     if (r.kind == "train") steps.push_back(r.step);
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2}));
+}
+
+// Ctrl-C once every step is taken (issue #37 item 2): no interruption, the run is complete and saved;
+// only its final evaluation is skipped, and summary.json says so.
+TEST(TrainerStop, AStopAtTheLastStepIsNoInterruption) {
+  for (const int64_t asked_after : {int64_t{2}, int64_t{3}}) {  // seen in the last step; in the final evaluation
+    SCOPED_TRACE("asked after step " + std::to_string(asked_after));
+    test_util::TempDir tmp;
+    const std::string run = tmp.file("run");
+    Config c = one_step();
+    c.set("train.steps", int64_t{3});
+    std::atomic<bool> stop{false};
+    TrainCallbacks cb;
+    cb.stop_requested = &stop;
+    cb.on_step = [&](const StepReport& r) { stop = stop || r.step == asked_after; };
+    const TrainSummary s = Trainer::create(c, run, dist::make_single_process_group())->run(cb);
+    EXPECT_EQ(s.steps, 3);
+    EXPECT_FALSE(s.interrupted);
+    EXPECT_TRUE(s.evaluation_skipped);
+    EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, 3);
+    EXPECT_FALSE(fs::exists(reconstructions_path(run)));
+    const std::string summary = io::read_file(summary_path(run));
+    EXPECT_NE(summary.find("\"interrupted\": false"), std::string::npos) << summary;
+    EXPECT_NE(summary.find("\"evaluated\": false"), std::string::npos) << summary;
+    EXPECT_EQ(summary.find("\"test\""), std::string::npos) << summary;
+  }
+}
+
+// Before the last step it is an interruption: the step under way completes, nothing after it.
+TEST(TrainerStop, AStopBeforeTheLastStepEndsTheRunAfterTheStepUnderWay) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  Config c = one_step();
+  c.set("train.steps", int64_t{5});
+  c.set("train.checkpoint_every", int64_t{1});
+  std::atomic<bool> stop{false};
+  TrainCallbacks cb;
+  cb.stop_requested = &stop;
+  cb.on_step = [&](const StepReport& r) { stop = stop || r.step == 2; };
+  const TrainSummary s = Trainer::create(c, run, dist::make_single_process_group())->run(cb);
+  EXPECT_TRUE(s.interrupted);
+  EXPECT_EQ(s.steps, 3);  // asked between steps 2 and 3: step 3 carries the request to every rank
+  EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, 3);
+  EXPECT_NE(io::read_file(summary_path(run)).find("\"interrupted\": true"), std::string::npos);
 }
 
 }  // namespace

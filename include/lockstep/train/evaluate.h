@@ -3,11 +3,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "lockstep/core/error.h"
 #include "lockstep/data/image_set.h"
 #include "lockstep/io/image.h"
 #include "lockstep/model/autoencoder.h"
@@ -35,10 +37,22 @@ struct EvalOptions {
     fid_ = std::move(network);
     return *this;
   }
+  // Checked before each batch: once set, evaluate() stops with EvaluationStopped (Ctrl-C).
+  EvalOptions& stop_requested(const std::atomic<bool>* flag) {
+    stop_requested_ = flag;
+    return *this;
+  }
   int64_t batch_size_ = 500;
   int64_t grid_images_ = 16;
   std::shared_ptr<model::LpipsImpl> lpips_;
-  std::shared_ptr<model::FidInceptionImpl> fid_;  // the first N images and their reconstructions, for a PNG grid
+  std::shared_ptr<model::FidInceptionImpl> fid_;
+  const std::atomic<bool>* stop_requested_ = nullptr;  // the first N images and their reconstructions, for a PNG grid
+};
+
+// evaluate() was asked to stop (EvalOptions::stop_requested) before it had seen every image.
+class EvaluationStopped : public Error {
+ public:
+  using Error::Error;
 };
 
 struct EvalResult {

@@ -44,7 +44,8 @@ std::vector<std::string> remove_stale_temporaries(const std::string& run_dir);
 
 // summary.json: steps, wall time and the final test evaluation ("test"), and that of the weights'
 // moving average ("test_ema") when there is one.
-void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, double seconds, const EvalResult& test,
-                   const EvalResult* test_weight_average = nullptr);
+// Without `evaluated` (interrupted, or the evaluation skipped) there are no test figures.
+void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, bool evaluated, double seconds,
+                   const EvalResult& test, const EvalResult* test_weight_average = nullptr);
 
 }  // namespace lockstep::train

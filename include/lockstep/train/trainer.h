@@ -47,8 +47,11 @@ struct TrainCallbacks {
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t steps = 0;               // steps completed in total
-  bool interrupted = false;        // stopped by stop_requested before the last step
+  int64_t steps = 0;         // steps completed in total
+  bool interrupted = false;  // stopped by stop_requested before the last step
+  // Every step was taken, but stop_requested came before or during the final evaluation, which was
+  // skipped: the run is complete, without test figures (`lockstep eval` gives them).
+  bool evaluation_skipped = false;
   double seconds = 0;              // wall time in this process
   EvalResult test;                 // final evaluation (absent when interrupted)
   EvalResult test_weight_average;  // the same for the weights' moving average (train.ema_decay > 0)
