@@ -40,9 +40,6 @@ struct TrainArgs {
 };
 
 std::atomic<bool> g_stop{false};
-// The first Ctrl-C (or SIGTERM) asks the run to stop after the step under way; a second one ends the
-// process at once (async-signal-safe calls only). Checkpoints are written atomically, so the last
-// one stays valid either way.
 // One Ctrl-C can arrive twice, within milliseconds: from the terminal and forwarded by a launcher
 // (lockstep launch's ranks share its process group; torchrun follows with SIGTERM), so a second
 // signal counts only 0.25 s after the first.
@@ -52,11 +49,17 @@ int64_t monotonic_ns() {
   ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
-extern "C" void on_interrupt(int) {
+// The first Ctrl-C (or SIGTERM) asks the run to stop after the step under way; a second one ends the
+// process at once (async-signal-safe calls only). Checkpoints are written atomically, so the last
+// one stays valid either way.
+extern "C" void on_interrupt(int sig) {
   if (!g_stop.exchange(true)) {
     g_first_interrupt_ns.store(monotonic_ns());
+    // Said to a person's Ctrl-C only: a launcher's SIGTERM is answered by the stop itself.
     static const char first[] = "\nlockstep: stopping after the step under way (interrupt again to stop at once)\n";
-    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, first, sizeof first - 1);
+    if (sig == SIGINT) {
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, first, sizeof first - 1);
+    }
     return;
   }
   if (monotonic_ns() - g_first_interrupt_ns.load() < 250000000) return;
