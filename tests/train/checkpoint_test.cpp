@@ -92,7 +92,17 @@ TEST(Checkpoint, MetadataNumbersAreDigitsOnly) {
   test_util::TempDir tmp;
   auto m = small_model({4, 8});
   save_checkpoint(tmp.file("c.safetensors"), sample_checkpoint(m));
-  for (const std::string bad : {" 10", "+10", "10 ", "1e3", ""}) {
+  // Digits, but more than lockstep writes (INT64_MAX is 19 digits): the limit is named.
+  const std::string not_digits = "is not a non-negative integer",
+                    too_long = "is too large: lockstep writes at most 18 digits";
+  for (const auto& [bad, expected] :
+       std::vector<std::pair<std::string, std::string>>{{" 10", not_digits},
+                                                        {"+10", not_digits},
+                                                        {"10 ", not_digits},
+                                                        {"1e3", not_digits},
+                                                        {"", not_digits},
+                                                        {"9223372036854775807", too_long},
+                                                        {"99999999999999999999", too_long}}) {
     io::SafetensorsData data = io::load_safetensors(tmp.file("c.safetensors"));
     data.metadata["step"] = bad;
     io::save_safetensors(tmp.file("bad.safetensors"), data);
@@ -100,21 +110,7 @@ TEST(Checkpoint, MetadataNumbersAreDigitsOnly) {
       load_checkpoint(tmp.file("bad.safetensors"));
       FAIL() << "step '" << bad << "' was accepted";
     } catch (const CorruptInput& e) {
-      EXPECT_NE(std::string(e.what()).find("is not a non-negative integer"), std::string::npos) << e.what();
-    }
-  }
-  // Digits, but more than lockstep writes: the limit is named (INT64_MAX is 19 digits).
-  for (const std::string big : {"9223372036854775807", "99999999999999999999"}) {
-    io::SafetensorsData data = io::load_safetensors(tmp.file("c.safetensors"));
-    data.metadata["step"] = big;
-    io::save_safetensors(tmp.file("bad.safetensors"), data);
-    try {
-      load_checkpoint(tmp.file("bad.safetensors"));
-      FAIL() << "step '" << big << "' was accepted";
-    } catch (const CorruptInput& e) {
-      EXPECT_NE(std::string(e.what()).find("'step' = '" + big + "' is too large: lockstep writes at most 18 digits"),
-                std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("'step' = '" + bad + "' " + expected), std::string::npos) << e.what();
     }
   }
 }
