@@ -1,6 +1,8 @@
 """The quantizers as torch custom ops, which torch.compile traces without a graph break: forward
-computes values only; backward recomputes the call with its graph (the same (seed, step), so the same
-draws), differentiates it, then reduces and applies the state update, as eager's backward does."""
+computes values only, and records its code choices; backward recomputes the call with its graph (the
+same (seed, step), so the same draws, and the recorded choices, so no second search), differentiates
+it, then reduces and applies the state update, as eager's backward does."""
+import itertools
 import weakref
 from typing import List, Optional
 
@@ -8,6 +10,11 @@ import torch
 
 _modules = weakref.WeakValueDictionary()  # handle -> LockstepQuantizer: the ops take plain ints
 _next_handle = [0]
+# Ticket -> the code choices a forward recorded, until its backward takes them or its graph is freed.
+# Their number depends on the call (layers dropped, beams), a shape the compiled graph cannot carry
+# without a break: the graph carries a scalar ticket instead.
+_choices = {}
+_tickets = itertools.count(1)
 
 
 def register(module):
@@ -27,37 +34,62 @@ def _module(handle):
 @torch.library.custom_op("lockstep::quantize", mutates_args=())
 def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int, training: bool,
              grad_mode: bool, mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False) -> List[torch.Tensor]:
-    """[quantized, int64 indices, one scalar per loss of the module's loss_names] for x (b, n, dim);
-    `mask` (b, n) bool keeps padding out of statistics and losses; `freeze_codebook` keeps the codebooks."""
+    """[quantized, int64 indices, one scalar per loss of the module's loss_names, a ticket (int64 scalar on
+    the CPU) to the call's code choices, for backward] for x (b, n, dim); `mask` (b, n) bool keeps padding
+    out of statistics and losses; `freeze_codebook` keeps the codebooks."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
-    return module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names), mask,
-                                        freeze_codebook)
+    values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names), mask,
+                                          freeze_codebook)
+    choices = values.pop()
+    if not (training and grad_mode):  # no backward will come
+        return values + [torch.zeros((), dtype=torch.int64)]
+    number = next(_tickets)
+    ticket = torch.tensor(number, dtype=torch.int64)
+    _choices[number] = choices
+    # A forward never backwarded (a training forward on some ranks only) leaves nothing behind.
+    weakref.finalize(ticket, _choices.pop, number, None)
+    return values + [ticket]
 
 
 @quantize.register_fake
 def _(x, step, parameters, handle, training, grad_mode, mask=None, freeze_codebook=False):
     loss_names, index_shape = _module(handle)._compile_signature()
     indices = x.new_empty((*x.shape[:2], *index_shape), dtype=torch.int64)
-    return [torch.empty_like(x), indices] + [x.new_empty(()) for _ in loss_names]
+    ticket = torch.empty((), dtype=torch.int64, device="cpu")
+    return [torch.empty_like(x), indices] + [x.new_empty(()) for _ in loss_names] + [ticket]
+
+
+def choices_waiting():
+    """How many forwards' code choices wait for their backward (tests: none once graphs are freed)."""
+    return len(_choices)
 
 
 @torch.library.custom_op("lockstep::quantize_backward", mutates_args=())
 def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int,
                       training: bool, grad_quantized: torch.Tensor, grad_losses: List[torch.Tensor],
-                      mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False) -> List[torch.Tensor]:
-    """[grad of x, grad of each parameter]; then the training step's state update, and step + 1."""
+                      mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
+                      ticket: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """[grad of x, grad of each parameter], the call's code choices those its forward recorded under
+    `ticket` (searched again when None); then the training step's state update, and step + 1."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
+    searches = None
+    if ticket is not None:
+        searches = _choices.get(int(ticket))  # kept until the graph is freed: a retained graph backwards again
+        if searches is None:
+            raise RuntimeError(f"lockstep: the code choices of the forward of ticket {int(ticket)} are gone "
+                               "(a forward without gradients, or a graph already freed)")
     return module._core.quantize_backward(x, training, module.seed, step, group, list(loss_names),
                                           grad_quantized, grad_losses, parameters, mask,
-                                          freeze_codebook)
+                                          freeze_codebook, searches)
 
 
 @quantize_backward.register_fake
-def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=None, freeze_codebook=False):
+def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=None, freeze_codebook=False,
+      ticket=None):
     return [torch.empty_like(x)] + [torch.empty_like(p) for p in parameters]
 
 
@@ -66,16 +98,16 @@ def _setup_context(ctx, inputs, output):
     x, step, parameters, handle, training = inputs[:5]
     mask = inputs[6] if len(inputs) > 6 else None
     freeze_codebook = inputs[7] if len(inputs) > 7 else False
-    ctx.save_for_backward(x, step, mask, *parameters)
+    ctx.save_for_backward(x, step, mask, output[-1], *parameters)
     ctx.handle, ctx.training, ctx.freeze_codebook = handle, training, freeze_codebook
 
 
 def _backward(ctx, grads):
-    x, step, mask, *parameters = ctx.saved_tensors
+    x, step, mask, ticket, *parameters = ctx.saved_tensors
     grad_quantized = grads[0] if grads[0] is not None else torch.zeros_like(x)
-    grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:]]
+    grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:-1]]
     result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses, mask,
-                               ctx.freeze_codebook)
+                               ctx.freeze_codebook, ticket)
     # One entry per input the op was given (see _setup_context): x, step, parameters, then Nones.
     grads = (result[0], None, result[1:])
     return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))

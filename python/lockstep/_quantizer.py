@@ -400,7 +400,7 @@ class LockstepQuantizer(nn.Module):
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
                                                  torch.is_grad_enabled(), mask, bool(freeze_codebook))
-            return values[0], values[1], dict(zip(loss_names, values[2:]))
+            return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the choices, for backward
         group = self._lazy_group() if self.training else None
         return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook))
 

@@ -27,6 +27,7 @@
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
+#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/vq.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
@@ -192,11 +193,13 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
                                                const std::optional<at::Tensor>& mask, bool freeze_codebook,
                                                const lockstep::quant::VqUpdate* vq_update = nullptr,
-                                               std::optional<int64_t> beam_size = std::nullopt) {
+                                               std::optional<int64_t> beam_size = std::nullopt,
+                                               lockstep::quant::SearchLog* searches = nullptr) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
+  ctx.searches = searches;
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
   if (training) {
     // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
@@ -458,35 +461,44 @@ PYBIND11_MODULE(_C, m) {
             // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
-            lockstep::quant::QuantizerOutput out =
-                quantize_call(q, x, training, seed, step, group, mask, freeze_codebook);
+            lockstep::quant::SearchLog searches;
+            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group, mask,
+                                                                 freeze_codebook, nullptr, std::nullopt, &searches);
             std::vector<at::Tensor> values{out.quantized, out.indices};
             for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
+            values.push_back(searches.recorded().to(x.device()));
             return values;
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
           py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
-          "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
-          "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward.")
+          "[quantized, indices, the losses named (0 where absent), the call's code choices (int64, flat: "
+          "quantize_backward's `searches`)] of quantize(), with no autograd graph and no state change (but VQ's "
+          "k-means initialisation when grad_mode): torch.compile's forward.")
       .def(
           "quantize_backward",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
              const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
-             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook) {
+             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook,
+             std::optional<at::Tensor> searches) {
             py::gil_scoped_release no_gil;
             LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
                                " loss gradients for ", names.size(), " losses");
-            // Recomputes the training forward with its graph (the same (seed, step), so the same draws),
-            // reduces and applies the state update, and differentiates, in eager's backward's order.
+            // Recomputes the training forward with its graph (the same (seed, step), so the same draws;
+            // the code choices its forward recorded, not searched again), reduces and applies the state
+            // update, and differentiates, in eager's backward's order.
             // Called inside a custom op, below autograd: recording is switched back on for this call.
             const auto tls = c10::impl::tls_local_dispatch_key_set();
             const c10::impl::ForceDispatchKeyGuard record(
                 tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
             const torch::AutoGradMode grad(true);
             const at::Tensor input = x.detach().requires_grad_(true);
+            std::optional<lockstep::quant::SearchLog> replay;
+            if (searches) replay.emplace(*searches);
             lockstep::quant::QuantizerOutput out =
-                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook);
+                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt,
+                              replay ? &*replay : nullptr);
+            if (replay) replay->check_all_taken();
             std::vector<at::Tensor> outputs, grads;
             const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
               if (value.requires_grad()) {
@@ -524,10 +536,10 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
           py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
-          py::arg("freeze_codebook") = false,
-          "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs; "
-          "then the state update of a training step, reduced over `group`, and `step` advanced: "
-          "torch.compile's backward.")
+          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(),
+          "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs, "
+          "taking the code choices it recorded (`searches`) instead of searching again; then the state update "
+          "of a training step, reduced over `group`, and `step` advanced: torch.compile's backward.")
       .def(
           "encode",
           [](Quantizer& q, const at::Tensor& x) {

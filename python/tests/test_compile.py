@@ -196,3 +196,61 @@ def test_custom_op_given_without_its_trailing_defaults_has_gradients():
         values = torch.ops.lockstep.quantize(x, module._steps, parameters, module._handle, True, True, *extra)
         values[0].sum().backward()
         assert x.grad is not None and x.grad.shape == x.shape, given
+
+
+MOVED = {  # a codebook buffer the search reads, with room for codes no token chose
+    "VectorQuantize": lambda: lockstep.VectorQuantize(dim=8, codebook_size=64, decay=0.9),
+    "VectorQuantize sampled": lambda: lockstep.VectorQuantize(dim=8, codebook_size=64, decay=0.9,
+                                                              stochastic_sample_codes=True, sample_codebook_temp=0.1),
+    "ResidualVQ": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=64, decay=0.9),
+    "ResidualVQ beam": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=64, beam_size=2),
+}
+
+
+def _backward_after_codes_moved(make, compiled):
+    """One training call whose first codebook gets, between forward and backward, codes equal to its
+    tokens where no token chose a code: a search in backward would choose those."""
+    torch.manual_seed(0)
+    module = make().train()
+    net = torch.compile(module, fullgraph=True, backend="aot_eager") if compiled else module
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    quantized, indices, loss = net(x)
+    name = next(name for name, _ in module.named_buffers() if name.endswith("embed"))
+    embed = module.get_buffer(name)
+    with torch.no_grad():
+        chosen = set((indices if indices.dim() == 2 else indices[..., 0]).reshape(-1).tolist())
+        unused = [code for code in range(embed.shape[1]) if code not in chosen][:6]
+        embed[0, unused] = x.detach().reshape(6, 8)
+    (quantized.square().sum() + loss.sum()).backward()
+    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return [[quantized.detach(), indices, x.grad]], state
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_compiled_backward_takes_the_codes_its_forward_chose(name):
+    # No second search under compile: backward differentiates and updates with the codes its forward
+    # chose (as eager's graph does), whatever happened to the codebook in between (another call's
+    # update before this one's backward, as in gradient accumulation).
+    torch._dynamo.reset()
+    _assert_same(_backward_after_codes_moved(MOVED[name], compiled=False),
+                 _backward_after_codes_moved(MOVED[name], compiled=True))
+
+
+def test_compiled_forward_leaves_no_choices_behind():
+    # The choices a training forward records live as long as its graph: backwarded, or never (a forward
+    # on some ranks only), nothing is kept once the outputs are gone.
+    torch._dynamo.reset()
+    module = lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16).train()
+    net = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    waiting = lockstep._ops.choices_waiting()
+    quantized, _, loss = net(x)
+    assert lockstep._ops.choices_waiting() == waiting + 1
+    (quantized.sum() + loss.sum()).backward()
+    del quantized, loss
+    assert lockstep._ops.choices_waiting() == waiting
+    net(x)  # never backwarded
+    assert lockstep._ops.choices_waiting() == waiting
+    with torch.no_grad():
+        net(x)
+    assert lockstep._ops.choices_waiting() == waiting

@@ -11,6 +11,7 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
+#include "lockstep/quant/search_log.h"
 #include "quant_paths.h"
 
 namespace lockstep::quant {
@@ -260,7 +261,7 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
 }
 
 at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                      int64_t first_token) const {
+                      int64_t first_token, SearchLog* searches) const {
   torch::NoGradGuard no_grad;  // a learnable codebook's search builds no graph
   uint64_t key = 0;
   if (generator.defined()) {        // one draw per call, the same on every rank
@@ -268,14 +269,17 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, cons
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
   }
-  std::vector<at::Tensor> per_codebook;
-  for (int64_t c = 0; c < tokens.size(0); ++c) {
-    per_codebook.push_back(generator.defined()
-                               ? sample_codes(tokens[c], codebook[c], metric_, options_.sample_codebook_temp(),
-                                              mix64(key + static_cast<uint64_t>(c)), first_token)
-                               : nearest_code(tokens[c], codebook[c], metric_).indices);
-  }
-  return torch::stack(per_codebook);
+  const auto search = [&] {
+    std::vector<at::Tensor> per_codebook;
+    for (int64_t c = 0; c < tokens.size(0); ++c) {
+      per_codebook.push_back(generator.defined()
+                                 ? sample_codes(tokens[c], codebook[c], metric_, options_.sample_codebook_temp(),
+                                                mix64(key + static_cast<uint64_t>(c)), first_token)
+                                 : nearest_code(tokens[c], codebook[c], metric_).indices);
+    }
+    return torch::stack(per_codebook);
+  };
+  return searches ? searches->choose({tokens.size(0), tokens.size(1)}, search) : search();
 }
 
 at::Tensor directional_reparam(const at::Tensor& t, const at::Tensor& q, double variance,
@@ -407,7 +411,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
   const at::Tensor codebook = searched_codebook();
   const at::Tensor indices = assign(tokens, codebook, stochastic ? or_default(ctx.generator) : at::Generator(),
-                                    ctx.first_item * tokens_per_item);
+                                    ctx.first_item * tokens_per_item, ctx.searches);
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
   at::Tensor out;
@@ -480,7 +484,7 @@ std::function<void(Reducer&)> Vq::state_update(const at::Tensor& tokens, const a
 }
 
 at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
-                          const at::Generator& generator, int64_t first_token) const {
+                          const at::Generator& generator, int64_t first_token, SearchLog* searches) const {
   torch::NoGradGuard no_grad;
   uint64_t key = 0;
   if (generator.defined()) {  // the key quantize's assign() draws for codebook 0: the same noise
@@ -489,20 +493,23 @@ at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, 
     key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
   }
   const int64_t n = tokens.size(0);
-  const int64_t codes = codebook.size(0);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
-  at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
-  const at::Tensor code_norms = codebook.pow(2).sum(1);
-  for (int64_t start = 0; start < n; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
-    if (generator.defined()) {
-      const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
-      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+  const auto search = [&] {
+    const int64_t codes = codebook.size(0);
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
+    at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
+    const at::Tensor code_norms = codebook.pow(2).sum(1);
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
+      if (generator.defined()) {
+        const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
+        logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+      }
+      out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
     }
-    out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
-  }
-  return out;
+    return out;
+  };
+  return searches ? searches->choose({n, k}, search) : search();
 }
 
 VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx) {
@@ -524,7 +531,8 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const at::Tensor codebook = searched_codebook()[0];  // (K, cd), differentiable when learned
   const at::Tensor indices =
-      topk_codes(tokens[0], codebook, k, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * n);
+      topk_codes(tokens[0], codebook, k, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * n,
+                 ctx.searches);
   const at::Tensor q = codebook.index_select(0, indices.reshape(-1)).reshape({m, k, cd});
   const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
@@ -584,20 +592,23 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   at::Tensor indices;
   {
     torch::NoGradGuard no_grad;
-    // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
-    at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
-                                                  : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
-    if (is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0) {
+    const bool sampled = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
+    uint64_t key = 0;
+    if (sampled) {  // drawn even when the choice is replayed: later draws see the generator as then
       at::Generator gen = or_default(ctx.generator);
-      uint64_t key = 0;
-      {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
-      }
-      const at::Tensor u = uniforms(key, ctx.first_item * n, m, k, logits.options());
-      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
     }
-    indices = logits.argmax(1);  // (M)
+    indices = choose_codes(ctx, {m}, [&] {
+      // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
+      at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
+                                                    : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
+      if (sampled) {
+        const at::Tensor u = uniforms(key, ctx.first_item * n, m, k, logits.options());
+        logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+      }
+      return logits.argmax(1);  // (M)
+    });
   }
   const at::Tensor q = book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
   at::Tensor out;

@@ -13,6 +13,8 @@
 
 namespace lockstep::quant {
 
+class SearchLog;
+
 // What the caller hands a quantizer for one forward.
 struct QuantizeContext {
   // Sums statistics over the global batch; null means this process holds all of it.
@@ -37,6 +39,8 @@ struct QuantizeContext {
   // initialisation still runs), its commitment loss detached from them. Quantizers without a
   // codebook to keep have nothing to freeze.
   bool freeze_codebook = false;
+  // Where the call's code searches are recorded, or replayed from (search_log.h); null: searched.
+  SearchLog* searches = nullptr;
 };
 
 struct QuantizerOutput {

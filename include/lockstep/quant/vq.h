@@ -351,10 +351,11 @@ class Vq final : public Quantizer {
   at::Tensor ungroup_indices(const at::Tensor& indices, int64_t b, int64_t n) const;
   // Tokens (C, M, cd) the codebooks see: l2-normalised when cosine.
   at::Tensor prepare(const at::Tensor& grouped) const;
-  // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined.
-  // first_token: the global index of tokens' first row (sampled codes are keyed by it).
+  // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined (its draw made even when
+  // `searches` replays the choice). first_token: the global index of tokens' first row (sampled codes
+  // are keyed by it).
   at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                    int64_t first_token) const;
+                    int64_t first_token, SearchLog* searches = nullptr) const;
   // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
   static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
   // The codebooks the search takes: embed (detached unless learnable), moved to the batch's
@@ -385,7 +386,7 @@ class Vq final : public Quantizer {
   // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
   // `generator` is defined.
   at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
-                        int64_t first_token) const;
+                        int64_t first_token, SearchLog* searches = nullptr) const;
   void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;
