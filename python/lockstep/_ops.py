@@ -33,15 +33,17 @@ def _module(handle):
 
 @torch.library.custom_op("lockstep::quantize", mutates_args=())
 def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int, training: bool,
-             grad_mode: bool, mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False) -> List[torch.Tensor]:
+             grad_mode: bool, mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
+             codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[quantized, int64 indices, one scalar per loss of the module's loss_names, a ticket (int64 scalar on
     the CPU) to the call's code choices, for backward] for x (b, n, dim); `mask` (b, n) bool keeps padding
-    out of statistics and losses; `freeze_codebook` keeps the codebooks."""
+    out of statistics and losses; `freeze_codebook` keeps the codebooks; `codebook`: the codes a module of the
+    user's made (SimVQ's codebook_transform)."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
     values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names), mask,
-                                          freeze_codebook)
+                                          freeze_codebook, codebook)
     choices = values.pop()
     if not (training and grad_mode):  # no backward will come
         return values + [torch.zeros((), dtype=torch.int64)]
@@ -54,7 +56,7 @@ def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor]
 
 
 @quantize.register_fake
-def _(x, step, parameters, handle, training, grad_mode, mask=None, freeze_codebook=False):
+def _(x, step, parameters, handle, training, grad_mode, mask=None, freeze_codebook=False, codebook=None):
     loss_names, index_shape = _module(handle)._compile_signature()
     indices = x.new_empty((*x.shape[:2], *index_shape), dtype=torch.int64)
     ticket = torch.empty((), dtype=torch.int64, device="cpu")
@@ -70,9 +72,11 @@ def choices_waiting():
 def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int,
                       training: bool, grad_quantized: torch.Tensor, grad_losses: List[torch.Tensor],
                       mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
-                      ticket: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-    """[grad of x, grad of each parameter], the call's code choices those its forward recorded under
-    `ticket` (searched again when None); then the training step's state update, and step + 1."""
+                      ticket: Optional[torch.Tensor] = None,
+                      codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """[grad of x, grad of each parameter, grad of `codebook` when given], the call's code choices those its
+    forward recorded under `ticket` (searched again when None); then the training step's state update, and
+    step + 1."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
@@ -84,13 +88,14 @@ def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torc
                                "(a forward without gradients, or a graph already freed)")
     return module._core.quantize_backward(x, training, module.seed, step, group, list(loss_names),
                                           grad_quantized, grad_losses, parameters, mask,
-                                          freeze_codebook, searches)
+                                          freeze_codebook, searches, codebook)
 
 
 @quantize_backward.register_fake
 def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=None, freeze_codebook=False,
-      ticket=None):
-    return [torch.empty_like(x)] + [torch.empty_like(p) for p in parameters]
+      ticket=None, codebook=None):
+    given = [] if codebook is None else [torch.empty_like(codebook)]
+    return [torch.empty_like(x)] + [torch.empty_like(p) for p in parameters] + given
 
 
 def _setup_context(ctx, inputs, output):
@@ -98,19 +103,24 @@ def _setup_context(ctx, inputs, output):
     x, step, parameters, handle, training = inputs[:5]
     mask = inputs[6] if len(inputs) > 6 else None
     freeze_codebook = inputs[7] if len(inputs) > 7 else False
-    ctx.save_for_backward(x, step, mask, output[-1], *parameters)
+    codebook = inputs[8] if len(inputs) > 8 else None
+    ctx.save_for_backward(x, step, mask, output[-1], codebook, *parameters)
     ctx.handle, ctx.training, ctx.freeze_codebook = handle, training, freeze_codebook
 
 
 def _backward(ctx, grads):
-    x, step, mask, ticket, *parameters = ctx.saved_tensors
+    x, step, mask, ticket, codebook, *parameters = ctx.saved_tensors
     grad_quantized = grads[0] if grads[0] is not None else torch.zeros_like(x)
     grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:-1]]
     result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses, mask,
-                               ctx.freeze_codebook, ticket)
-    # One entry per input the op was given (see _setup_context): x, step, parameters, then Nones.
-    grads = (result[0], None, result[1:])
-    return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
+                               ctx.freeze_codebook, ticket, codebook)
+    # One entry per input the op was given (see _setup_context): x, step, parameters, then Nones but
+    # for a given codebook's, the ninth.
+    grads = (result[0], None, result[1:1 + len(parameters)])
+    grads = grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
+    if codebook is not None:
+        grads = grads[:8] + (result[-1],) + grads[9:]
+    return grads
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)

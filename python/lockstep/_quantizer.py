@@ -134,7 +134,7 @@ class LockstepQuantizer(nn.Module):
     _maps_hint = ""
 
     def __init__(self, name, section, options, seed=None, process_group=None, collective_timeout=300.0,
-                 rename=None, persistent=None):
+                 rename=None, persistent=None, held=None):
         super().__init__()
         if seed is None:  # torch's global generator draws the initial state, as in the reference
             self._core = _C.Quantizer(name, section, options)
@@ -155,11 +155,12 @@ class LockstepQuantizer(nn.Module):
         self._steps = torch.zeros((), dtype=torch.int64)
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
+        held = held or (lambda dotted: True)  # liblockstep's tensors the module holds (a user's module replaces some)
         self._spec = (name, section, dict(options))  # rebuilds the quantizer for a copy (__setstate__)
         # (liblockstep's name, the module's name, is a parameter, is persistent) of each tensor
-        self._core_names = [(dotted, rename(dotted), True, True) for dotted in self._core.parameters()]
+        self._core_names = [(dotted, rename(dotted), True, True) for dotted in self._core.parameters() if held(dotted)]
         self._core_names += [(dotted, rename(dotted), False, persistent(rename(dotted)))
-                             for dotted in self._core.buffers()]
+                             for dotted in self._core.buffers() if held(dotted)]
         self._adopt_core_tensors(copies=False)
         self._register_ops()
 
@@ -371,10 +372,11 @@ class LockstepQuantizer(nn.Module):
             self._group = _module_channel(type(self).__name__, group, self._collective_timeout)
         return self._group
 
-    def _quantize(self, x, mask=None, freeze_codebook=False, topk=None, **vq_call):
+    def _quantize(self, x, mask=None, freeze_codebook=False, topk=None, codebook=None, **vq_call):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective.
         `topk` (VQ): (quantized (b, n, k, dim), indices (b, n, k), {"code": each code's loss (b, n, k), ...});
-        `vq_call`: VQ's per-call EMA arguments (the binding's ema_update_weight, accumulate, ema_update)."""
+        `vq_call`: VQ's per-call EMA arguments (the binding's ema_update_weight, accumulate, ema_update);
+        `codebook`: SimVQ's codes from a module of the user's, differentiable."""
         # The arguments a call gives (accumulate=False is no argument): the plain path otherwise.
         vq_call = {key: value for key, value in vq_call.items()
                    if value is not None and not (key == "accumulate" and not value)}
@@ -399,10 +401,11 @@ class LockstepQuantizer(nn.Module):
             loss_names, _ = self._compile_signature()
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
-                                                 torch.is_grad_enabled(), mask, bool(freeze_codebook))
+                                                 torch.is_grad_enabled(), mask, bool(freeze_codebook), codebook)
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the choices, for backward
         group = self._lazy_group() if self.training else None
-        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook))
+        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
+                                   codebook=codebook)
 
     @torch._dynamo.assume_constant_result
     def _compile_signature(self):

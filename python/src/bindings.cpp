@@ -28,6 +28,7 @@
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
 #include "lockstep/quant/search_log.h"
+#include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
@@ -194,12 +195,18 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
                                                const std::optional<at::Tensor>& mask, bool freeze_codebook,
                                                const lockstep::quant::VqUpdate* vq_update = nullptr,
                                                std::optional<int64_t> beam_size = std::nullopt,
-                                               lockstep::quant::SearchLog* searches = nullptr) {
+                                               lockstep::quant::SearchLog* searches = nullptr,
+                                               const std::optional<at::Tensor>& codebook = std::nullopt) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
+  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform)
+    LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::SimVq*>(&q), "codes given to a ", q.kind(),
+                       " quantizer: only simvq takes a caller's codebook");
+    ctx.codebook = *codebook;
+  }
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
   if (training) {
     // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
@@ -346,7 +353,7 @@ PYBIND11_MODULE(_C, m) {
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
-             std::optional<int64_t> beam_size) {
+             std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -357,7 +364,7 @@ PYBIND11_MODULE(_C, m) {
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
-                                  vq_call ? &vq_update : nullptr, beam_size);
+                                  vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook);
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -379,6 +386,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
+          py::arg("codebook") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
@@ -455,15 +463,15 @@ PYBIND11_MODULE(_C, m) {
           "quantize_values",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
-             std::optional<at::Tensor> mask, bool freeze_codebook) {
+             std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook) {
             py::gil_scoped_release no_gil;
             // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
             // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
             lockstep::quant::SearchLog searches;
-            lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group, mask,
-                                                                 freeze_codebook, nullptr, std::nullopt, &searches);
+            lockstep::quant::QuantizerOutput out = quantize_call(
+                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, &searches, codebook);
             std::vector<at::Tensor> values{out.quantized, out.indices};
             for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
             values.push_back(searches.recorded().to(x.device()));
@@ -471,6 +479,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
           py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+          py::arg("codebook") = py::none(),
           "[quantized, indices, the losses named (0 where absent), the call's code choices (int64, flat: "
           "quantize_backward's `searches`)] of quantize(), with no autograd graph and no state change (but VQ's "
           "k-means initialisation when grad_mode): torch.compile's forward.")
@@ -480,7 +489,7 @@ PYBIND11_MODULE(_C, m) {
              std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
              const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
              const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> searches) {
+             std::optional<at::Tensor> searches, std::optional<at::Tensor> codebook) {
             py::gil_scoped_release no_gil;
             LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
                                " loss gradients for ", names.size(), " losses");
@@ -495,9 +504,11 @@ PYBIND11_MODULE(_C, m) {
             const at::Tensor input = x.detach().requires_grad_(true);
             std::optional<lockstep::quant::SearchLog> replay;
             if (searches) replay.emplace(*searches);
+            std::optional<at::Tensor> given;  // a caller's codebook: differentiated as an input
+            if (codebook) given = codebook->detach().requires_grad_(true);
             lockstep::quant::QuantizerOutput out =
                 quantize_call(q, input, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt,
-                              replay ? &*replay : nullptr);
+                              replay ? &*replay : nullptr, given);
             if (replay) replay->check_all_taken();
             std::vector<at::Tensor> outputs, grads;
             const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
@@ -515,6 +526,7 @@ PYBIND11_MODULE(_C, m) {
             for (const auto& p : parameters) {
               if (p.requires_grad()) inputs.push_back(p);
             }
+            if (given) inputs.push_back(*given);
             // Before the gradients, where eager's backward runs it too (the node on the outputs comes
             // first): the orthogonal loss's gradient is taken at the updated codebook.
             apply_update(out.update, group, step, batch_check(q, x, training, group));
@@ -532,13 +544,15 @@ PYBIND11_MODULE(_C, m) {
             };
             grad_of(x, true);
             for (const auto& p : parameters) grad_of(p, p.requires_grad());
+            if (given) grad_of(*given, true);
             return result;
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
           py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
-          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(),
-          "[grad of x, grad of each of `parameters`] of quantize_values() for the gradients of its outputs, "
-          "taking the code choices it recorded (`searches`) instead of searching again; then the state update "
+          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(), py::arg("codebook") = py::none(),
+          "[grad of x, grad of each of `parameters`, grad of `codebook` when given] of quantize_values() for the "
+          "gradients of its outputs, taking the code choices it recorded (`searches`) instead of searching again; then "
+          "the state update "
           "of a training step, reduced over `group`, and `step` advanced: torch.compile's backward.")
       .def(
           "encode",

@@ -54,6 +54,10 @@ class _ChannelFirst(nn.Module):
 
 
 OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT),
+          # A map of the user's: its parameters are the model's, averaged by DDP as any.
+          "SimVQ(codebook_transform)": lambda: lockstep.SimVQ(
+              dim=8, codebook_size=16, codebook_transform=nn.Sequential(nn.Linear(8, 12), nn.Tanh(), nn.Linear(12, 8)),
+              collective_timeout=TIMEOUT),
           "LatentQuantize": lambda: _ChannelFirst(lockstep.LatentQuantize(levels=[5, 4, 3], dim=8,
                                                                           collective_timeout=TIMEOUT)),
           "ResidualSimVQ": lambda: lockstep.ResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16,

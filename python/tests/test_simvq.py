@@ -2,6 +2,8 @@
 and over several Adam steps from the same state the same indices, outputs, losses, input and parameter
 gradients (reference_steps.compare_training_steps), for tokens, feature maps, straight-through and a
 frozen codebook of another length. Under DDP on 2 processes: test_ddp.py."""
+import copy
+
 import pytest
 import torch
 
@@ -51,9 +53,48 @@ def test_indices_to_codes_is_the_forward_value_and_reaches_the_map():
     assert ours.code_transform.weight.grad is not None and ours.code_transform.weight.grad.abs().sum() > 0
 
 
-def test_options_lockstep_cannot_run_are_refused_by_name():
-    with pytest.raises(TypeError, match="codebook_transform"):
-        lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=torch.nn.Linear(8, 8, bias=False))
+def _transform(frozen_dim=8):
+    return torch.nn.Sequential(torch.nn.Linear(frozen_dim, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
+
+
+def test_a_codebook_transform_of_the_users_draws_and_holds_what_the_reference_does():
+    torch.manual_seed(7)
+    reference = vqp.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5))
+    after_reference = torch.rand(3)
+    torch.manual_seed(7)
+    ours = lockstep.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5))
+    assert torch.equal(torch.rand(3), after_reference)  # torch's generator advanced alike
+    expected = reference.state_dict()
+    assert set(expected) == set(ours.state_dict()) - {"_extra_state"}
+    for key, value in expected.items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    torch.testing.assert_close(ours.codebook, reference.codebook)
+
+
+@pytest.mark.parametrize("options, shape", [
+    ({}, (2, 16, 8)),
+    ({"rotation_trick": False, "frozen_codebook_dim": 5}, (3, 7, 8)),
+    ({"channel_first": True}, (2, 8, 4, 3)),
+])
+def test_a_codebook_transform_of_the_users_trains_as_the_reference(options, shape):
+    # The user's module runs in torch, liblockstep quantizes to its codes and returns their gradient:
+    # the module's parameters get the reference's gradients, step after step.
+    torch.manual_seed(0)
+    transform = _transform(options.get("frozen_codebook_dim", 8))
+    reference = vqp.SimVQ(dim=8, codebook_size=32, codebook_transform=transform, **options)
+    ours = lockstep.SimVQ(dim=8, codebook_size=32, codebook_transform=copy.deepcopy(transform), **options)
+    compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam)
+    indices = torch.randint(0, 32, (2, 5))
+    torch.testing.assert_close(ours.indices_to_codes(indices), reference.indices_to_codes(indices))
+
+
+def test_a_codebook_transform_giving_another_shape_is_refused_with_it():
+    ours = lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=torch.nn.Linear(8, 6))
+    with pytest.raises(ValueError, match=r"\(16, 8\), got \[16, 6\]"):
+        ours(torch.randn(2, 3, 8))
+    with pytest.raises(TypeError, match="codebook_transform must be a module"):
+        lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=3)
     lockstep.SimVQ(dim=8, codebook_size=16, init_fn=vqp.sim_vq.identity)  # the reference's default is accepted
 
 

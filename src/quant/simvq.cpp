@@ -33,6 +33,16 @@ SimVq::SimVq(SimVqOptions options) : Quantizer("SimVq"), options_(std::move(opti
       register_module("code_transform", torch::nn::Linear(torch::nn::LinearOptions(fd, options_.dim()).bias(false)));
 }
 
+at::Tensor SimVq::given_codebook(const at::Tensor& codebook) const {
+  LOCKSTEP_CHECK_ARG(
+      codebook.dim() == 2 && codebook.size(0) == options_.codebook_size() && codebook.size(1) == options_.dim(),
+      "simvq: the codebook_transform must map the frozen codes to (", options_.codebook_size(), ", ", options_.dim(),
+      "), got ", codebook.sizes());
+  LOCKSTEP_CHECK_ARG(codebook.is_floating_point(), "simvq: the codebook_transform gave ", codebook.scalar_type(),
+                     " codes, expected floating point");
+  return codebook.to(torch::kFloat32);
+}
+
 at::Tensor SimVq::implicit_codebook() const { return torch::linear(frozen_codebook_, code_transform_->weight); }
 
 QuantizerOutput SimVq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
@@ -42,7 +52,7 @@ QuantizerOutput SimVq::quantize(const at::Tensor& x, const QuantizeContext& ctx)
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
   const at::Tensor tokens = x.to(torch::kFloat32).reshape({b * n, options_.dim()});
-  const at::Tensor codebook = implicit_codebook();
+  const at::Tensor codebook = ctx.codebook.defined() ? given_codebook(ctx.codebook) : implicit_codebook();
   at::Tensor indices;
   {
     torch::NoGradGuard no_grad;

@@ -41,6 +41,10 @@ struct QuantizeContext {
   bool freeze_codebook = false;
   // Where the call's code searches are recorded, or replayed from (search_log.h); null: searched.
   SearchLog* searches = nullptr;
+  // The codes the call quantizes to, computed by the caller through a module of the user's from the
+  // quantizer's own state (SimVQ's codebook_transform of its frozen codes); undefined: the quantizer's
+  // own. Only SimVq takes one.
+  at::Tensor codebook = {};
 };
 
 struct QuantizerOutput {

@@ -66,9 +66,10 @@ class SimVq final : public Quantizer {
   int64_t dim() const override { return options_.dim(); }
   int64_t codebook_size() const override { return options_.codebook_size(); }
 
-  // Nearest code of the implicit codebook (Euclidean). Loss "commitment". Training and evaluation
-  // compute the same; nothing is reduced and no state changes, so data-parallel training needs only
-  // the gradient averaging of the map's weight.
+  // Nearest code of the implicit codebook (Euclidean), or of ctx.codebook when the caller gives the
+  // codes (its own map of frozen_codebook(), the Python module's codebook_transform). Loss "commitment".
+  // Training and evaluation compute the same; nothing is reduced and no state changes, so
+  // data-parallel training needs only the gradient averaging of the map's weights.
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;
@@ -79,6 +80,9 @@ class SimVq final : public Quantizer {
   const at::Tensor& frozen_codebook() const { return frozen_codebook_; }
 
  private:
+  // A caller's codes (K, dim), checked, in float32 (differentiable).
+  at::Tensor given_codebook(const at::Tensor& codebook) const;
+
   SimVqOptions options_;
   at::Tensor frozen_codebook_;  // buffer (K, fd)
   torch::nn::Linear code_transform_{nullptr};
