@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "lockstep/core/error.h"
 
@@ -48,8 +49,8 @@ void write_all(int fd, const std::string& bytes, const std::string& tmp) {
 }
 
 // After a rename the directory entry itself must reach the disk, or a crash can lose the file.
-void sync_directory(const std::string& path) {
-  const std::string parent = std::filesystem::path(path).parent_path().string();
+// `parent`: the directory, "" for the current one.
+void sync_directory_of(const std::string& parent) {
   // Not `dir = "."` after the fact: GCC 12 warns about that assignment under C++20 (a false positive).
   const std::string dir = parent.empty() ? std::string(".") : parent;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -60,6 +61,8 @@ void sync_directory(const std::string& path) {
   // Some filesystems cannot fsync a directory; the data itself is already safe then.
   if (rc != 0 && err != EINVAL && err != ENOTSUP) fail("sync directory", dir, err);
 }
+
+void sync_directory(const std::string& path) { sync_directory_of(std::filesystem::path(path).parent_path().string()); }
 
 const char* kind_of(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -88,18 +91,15 @@ void check_writable_name(const std::string& path) {
   }
 }
 
-}  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
+// The temporary file beside `path`, written (not yet synced) and closed. The rename that follows
+// replaces whatever then has the name, a link planted after the check included: it never writes
+// through one.
+void write_temporary(const std::string& path, const std::string& bytes, TempFile& tmp, bool sync) {
   LOCKSTEP_CHECK_ARG(!path.empty(), "write_file_atomic: empty path");
   check_writable_name(path);
-  // The rename below replaces whatever then has the name, a link planted after the check included:
-  // it never writes through one.
-  const std::string& target = path;
-  TempFile tmp;
   // pid + counter: ranks run as threads in one process may write beside each other at once.
   static std::atomic<uint64_t> counter{0};
-  tmp.path = detail::concat(target, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  tmp.path = detail::concat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (tmp.fd < 0) {
     int err = errno;
@@ -108,16 +108,53 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
         detail::concat("cannot write '", path, "': cannot create temporary file '", tmp.path, "': ", errno_text(err)));
   }
   write_all(tmp.fd, bytes, tmp.path);
-  if (::fsync(tmp.fd) != 0) fail("sync", tmp.path, errno);
+  if (sync && ::fsync(tmp.fd) != 0) fail("sync", tmp.path, errno);
   int fd = tmp.fd;
   tmp.fd = -1;
   if (::close(fd) != 0) fail("close", tmp.path, errno);
-  if (::rename(tmp.path.c_str(), target.c_str()) != 0) {
+}
+
+void rename_temporary(const std::string& path, TempFile& tmp) {
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
     int err = errno;
     throw IoError(detail::concat("cannot write '", path, "': rename from '", tmp.path, "' failed: ", errno_text(err)));
   }
   tmp.renamed = true;
-  sync_directory(target);
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  TempFile tmp;
+  write_temporary(path, bytes, tmp, /*sync=*/true);
+  rename_temporary(path, tmp);
+  sync_directory(path);
+}
+
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files) {
+  if (files.empty()) return;
+  std::vector<TempFile> temporaries(files.size());
+  for (size_t i = 0; i < files.size(); ++i) write_temporary(files[i].first, files[i].second, temporaries[i], false);
+  // One flush of the filesystem holding them for all (fsync of each where syncfs is refused).
+  int fd = ::open(temporaries.front().path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open", temporaries.front().path, errno);
+  const bool synced = ::syncfs(fd) == 0;
+  ::close(fd);
+  for (size_t i = 0; !synced && i < files.size(); ++i) {
+    fd = ::open(temporaries[i].path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      fail("sync", temporaries[i].path, err);
+    }
+    ::close(fd);
+  }
+  std::set<std::string> directories;
+  for (size_t i = 0; i < files.size(); ++i) {
+    rename_temporary(files[i].first, temporaries[i]);
+    directories.insert(std::filesystem::path(files[i].first).parent_path().string());
+  }
+  for (const std::string& directory : directories) sync_directory_of(directory);
 }
 
 std::string read_file(const std::string& path) {

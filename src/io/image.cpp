@@ -45,7 +45,9 @@ uint8_t luma(uint8_t r, uint8_t g, uint8_t b) {
 
 }  // namespace
 
-void save_png(const std::string& path, const Image& image) {
+void save_png(const std::string& path, const Image& image) { write_file_atomic(path, encode_png(image, path)); }
+
+std::string encode_png(const Image& image, const std::string& path) {
   check_image(image);
   PngImage p;
   p.png.width = static_cast<png_uint_32>(image.width);
@@ -61,7 +63,7 @@ void save_png(const std::string& path, const Image& image) {
     throw IoError(detail::concat("cannot encode PNG for '", path, "': ", p.message()));
   }
   bytes.resize(size);
-  write_file_atomic(path, bytes);
+  return bytes;
 }
 
 Image load_png(const std::string& path, int channels) {

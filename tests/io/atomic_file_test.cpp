@@ -162,3 +162,38 @@ TEST(AtomicFile, ReadingRefusesWhatIsNotARegularFileWithoutBlocking) {
 }
 
 }  // namespace
+
+namespace {
+
+using lockstep::io::write_files_atomic;
+
+TEST(AtomicFiles, WritesEveryFileOfABatchAndLeavesNoTemporary) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.file("sub"));
+  lockstep::test_util::write_bytes(dir.file("b.png"), "old");
+  write_files_atomic({{dir.file("a.png"), "first"}, {dir.file("b.png"), ""}, {dir.file("sub/c.png"), "third"}});
+  EXPECT_EQ(read_file(dir.file("a.png")), "first");
+  EXPECT_EQ(read_file(dir.file("b.png")), "");
+  EXPECT_EQ(read_file(dir.file("sub/c.png")), "third");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a.png", "b.png", "sub"}));
+  write_files_atomic({});  // nothing to write, nothing done
+}
+
+// A link among the names: nothing of the batch is written (each name is checked before any rename),
+// the link's target is untouched and no temporary file is left.
+TEST(AtomicFiles, ALinkInABatchIsRefusedBeforeAnyFileIsWritten) {
+  TempDir dir;
+  const std::string target = dir.file("notes.txt");
+  lockstep::test_util::write_bytes(target, "old");
+  std::filesystem::create_symlink(target, dir.file("b.png"));
+  try {
+    write_files_atomic({{dir.file("a.png"), "first"}, {dir.file("b.png"), "second"}, {dir.file("c.png"), "third"}});
+    FAIL() << "wrote through a link";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a symbolic link to '" + target + "'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(target), "old");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"b.png", "notes.txt"}));
+}
+
+}  // namespace

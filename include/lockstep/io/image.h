@@ -17,6 +17,8 @@ struct Image {
 
 // Writes atomically. Throws InvalidArgument for an inconsistent Image, IoError when unwritable.
 void save_png(const std::string& path, const Image& image);
+// The bytes of a PNG file of `image` (what save_png writes); `name` is for the error, as in save_png's.
+std::string encode_png(const Image& image, const std::string& name);
 // Reads any PNG (palette, alpha, 16-bit, gray) converted to `channels` (1 or 3): alpha is
 // composited on black, gray is replicated, colour is converted to luma for 1 channel.
 // Throws IoError when unreadable and CorruptInput naming the file when it is not a valid PNG.
