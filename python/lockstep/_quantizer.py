@@ -387,10 +387,11 @@ class LockstepQuantizer(nn.Module):
             group = self._lazy_group() if self.training else None
             if topk is not None:
                 out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
-                                                                    self._steps, group, mask, bool(freeze_codebook))
+                                                                    self._steps, group, mask, bool(freeze_codebook),
+                                                                    codebook)
                 return out, indices, {"code": code_loss, **losses}
             return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                       **vq_call)
+                                       codebook=codebook, **vq_call)
         if torch.compiler.is_compiling():
             if freeze_codebook and self._codebook_learned_by_commitment():
                 # The custom op's backward gives such a codebook a zero gradient where eager gives none,

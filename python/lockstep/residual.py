@@ -138,6 +138,9 @@ class ResidualVQ(_Residual):
             "codebook_diversity_loss_weight": ((0, 0.0), "0.0 in a stack; VectorQuantize takes it")})
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
+        if own["vq_bridge"] is not None:
+            refuse("lockstep.ResidualVQ", "vq_bridge", own["vq_bridge"], "None: a bridge is VectorQuantize's; the "
+                   "residual layers would each take the one module, which lockstep does not run between them")
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,

@@ -26,16 +26,27 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
     only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("vq_bridge", "in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
+                  ("in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
-    # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) learns it.
-    ema_update = (not directional_reparam) if ema_update is None else bool(ema_update)
-    learnable_codebook = bool(directional_reparam) if learnable_codebook is None else bool(learnable_codebook)
+    # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) and a
+    # vq_bridge (a module the codebook passes through before the search) learn it.
+    bridged = vq_bridge is not None
+    ema_update = (not directional_reparam and not bridged) if ema_update is None else bool(ema_update)
+    learnable_codebook = (bool(directional_reparam) or bridged) if learnable_codebook is None else bool(learnable_codebook)
+    if bridged and not callable(vq_bridge):
+        raise TypeError(f"lockstep.VectorQuantize: vq_bridge must be a module (codebook (codebooks, codebook_size, "
+                        f"codebook_dim) -> the same shape), got {type(vq_bridge).__name__}")
+    if bridged and kmeans_init:
+        refuse("lockstep.VectorQuantize", "kmeans_init", kmeans_init, "False with a vq_bridge: the bridge runs in torch "
+               "before liblockstep's k-means would set the codebook it reads")
     rotation_trick = (not directional_reparam and dim > 1) if rotation_trick is None else rotation_trick
     # straight_through (the reference's Gumbel-softmax straight-through): its soft gradient is detached again by
     # the output's straight-through estimator there, so it is that estimator, as rotation_trick=False gives.
     # The reference's assertions, with its exception type.
-    for broken, what in ((learnable_codebook and ema_update, "learnable_codebook=True needs ema_update=False (the "
+    for broken, what in ((bridged and not learnable_codebook, "learnable_codebook must be set to True if vq_bridge is "
+                          "passed in"),
+                         (bridged and ema_update, "ema_update must be False if vq_bridge is passed in"),
+                         (learnable_codebook and ema_update, "learnable_codebook=True needs ema_update=False (the "
                           "codebook is learned by gradient or by the EMA, not both)"),
                          (learnable_codebook and use_cosine_sim, "learnable_codebook=True is not compatible with "
                           "use_cosine_sim=True"),
@@ -92,6 +103,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     # The reference's codebook diversity loss (training; off unless its weight is > 0), over liblockstep's logits.
     options["codebook_diversity_loss_weight"] = float(codebook_diversity_loss_weight)
     options["codebook_diversity_temperature"] = float(codebook_diversity_temperature)
+    options["vq_bridge"] = vq_bridge  # run by the module, in torch, on the codebook before each search
     return options
 
 
@@ -125,7 +137,7 @@ def _unweighted(losses, name, weight, device):
 # What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
 MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
                "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss",
-               "codebook_diversity_loss_weight", "codebook_diversity_temperature")
+               "codebook_diversity_loss_weight", "codebook_diversity_temperature", "vq_bridge")
 
 
 def module_options(options):
@@ -175,6 +187,14 @@ class VectorQuantize(LockstepQuantizer):
         self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
+        if own["vq_bridge"] is not None:  # where the reference holds it: `_codebook.vq_bridge.*` in the state dict
+            self._codebook.add_module("vq_bridge", own["vq_bridge"])
+
+    def _bridged_codebook(self):
+        """The codebook through the vq_bridge (differentiable), for liblockstep to search and quantize to; None
+        without one. Decoding from indices takes embed itself, as the reference's does."""
+        bridge = self._codebook._modules.get("vq_bridge")
+        return None if bridge is None else bridge(self._codebook.embed)
 
     def _register_ops(self):
         super()._register_ops()
@@ -230,25 +250,25 @@ class VectorQuantize(LockstepQuantizer):
     def _codebook_learned_by_commitment(self):
         return self._spec[2].get("learnable_codebook", False) and not self.orthogonal_reg_weight
 
-    def _cross_entropy(self, x, indices):
+    def _cross_entropy(self, x, indices, codebook=None):
         """forward(x, indices=...): the cross entropy of the given codes (-1 ignored) under each code's
         logit for each token (minus the distance, or the cosine similarity; liblockstep's), as the
         reference's; the codebook as this call found it (the step's EMA update waits for backward)."""
-        logits = self._core.vq_code_logits(x)  # (b, n[, heads], K)
+        logits = self._core.vq_code_logits(x, codebook)  # (b, n[, heads], K)
         expected = logits.shape[:-1]
         if tuple(indices.shape) != tuple(expected):
             raise ValueError(f"lockstep.VectorQuantize: indices must have shape {tuple(expected)}, "
                              f"got {tuple(indices.shape)}")
         return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
 
-    def _codebook_diversity(self, x, mask):
+    def _codebook_diversity(self, x, mask, codebook=None):
         """The reference's codebook diversity loss, unweighted: minus the entropy (its eps) of the code
         probabilities softmax(temperature * logit), averaged over the batch and heads at each sequence position,
         then over positions; liblockstep's logits, x as forward took it. Of this rank's tokens, as the
         reference's; padding is left out (the reference counts it), a position with none counted too."""
         if self.accept_image_fmap or self.accept_3d_fmap:
             x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
-        probs = (self._core.vq_code_logits(x) * self.codebook_diversity_temperature).softmax(-1)  # (b, n[, h], K)
+        probs = (self._core.vq_code_logits(x, codebook) * self.codebook_diversity_temperature).softmax(-1)
         if probs.ndim == 3:
             probs = probs.unsqueeze(2)
         weights = (torch.ones(x.shape[:2], device=probs.device) if mask is None else mask.to(probs.dtype))
@@ -258,7 +278,7 @@ class VectorQuantize(LockstepQuantizer):
         present = counted > 0
         return -(entropy * present).sum() / present.sum().clamp(min=1)
 
-    def _cross_entropy_commitment(self, x, idx, mask):
+    def _cross_entropy_commitment(self, x, idx, mask, codebook=None):
         """commitment_use_cross_entropy_loss: commitment_weight times the cross entropy of each token's chosen
         code under its logits (liblockstep's, the codebook as this call found it), padding ignored, as the
         reference's; x as forward took it (tokens, or maps channel first), idx as forward returns them."""
@@ -268,7 +288,7 @@ class VectorQuantize(LockstepQuantizer):
         if mask is not None:
             chosen = chosen.masked_fill(~mask.reshape(*mask.shape, *([1] * (chosen.ndim - 2))), -1)
         weight = self.commitment_weight if self.commitment_weight > 0 else 0.0
-        return self._cross_entropy(x, chosen) * weight
+        return self._cross_entropy(x, chosen, codebook) * weight
 
     def forward(self, x, indices=None, mask=None, lens=None, topk=None, sample_codebook_temp=None,
                 freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
@@ -297,8 +317,9 @@ class VectorQuantize(LockstepQuantizer):
                              "reference's cross entropy fails on other shapes and ignores a mask)")
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         maps = self.accept_image_fmap or self.accept_3d_fmap
+        bridged = self._bridged_codebook()
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
-                                              freeze_codebook, topk=topk, **vq_call)
+                                              freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         if mask is not None and not self.return_zeros_for_masked_padding:
             kept = mask.reshape(*mask.shape, *([1] * (out.ndim - mask.ndim)))
             out = torch.where(kept, out, x.unsqueeze(2) if topk is not None else x)  # padding passes through
@@ -308,15 +329,15 @@ class VectorQuantize(LockstepQuantizer):
             # The training call's state update rides on the backward of what is returned (the reference
             # updates in forward): the cross entropy carries the call's graph at weight 0.
             anchor = sum(losses.values()) if losses else out.sum()
-            return out, self._cross_entropy(x, indices) + 0.0 * anchor
+            return out, self._cross_entropy(x, indices, bridged) + 0.0 * anchor
         if self.commitment_use_cross_entropy_loss and topk is None and "commitment" in losses:
             # The call's state update rides on the backward of what it returned: the cross entropy carries the
             # squared commitment's graph at weight 0.
-            losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask)
+            losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask, bridged)
                                     + 0.0 * losses["commitment"])
         diversity = None
         if self.training and self.codebook_diversity_loss_weight > 0 and topk is None:
-            diversity = self._codebook_diversity(x.unsqueeze(1) if only_one else x, mask)
+            diversity = self._codebook_diversity(x.unsqueeze(1) if only_one else x, mask, bridged)
             losses["diversity"] = diversity * self.codebook_diversity_loss_weight
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)

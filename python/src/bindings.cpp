@@ -202,9 +202,9 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
-  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform)
-    LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::SimVq*>(&q), "codes given to a ", q.kind(),
-                       " quantizer: only simvq takes a caller's codebook");
+  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
+    LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q),
+                       "codes given to a ", q.kind(), " quantizer: only simvq and vq take a caller's codebook");
     ctx.codebook = *codebook;
   }
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
@@ -397,13 +397,15 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "vq_topk",
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
+             std::optional<at::Tensor> codebook) {
             lockstep::quant::VqTopk out;
             {
               py::gil_scoped_release no_gil;  // as quantize
               q.train(training);
               lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
               ctx.freeze_codebook = freeze_codebook;
+              if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
               std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
               if (training) {
                 ctx.defer_updates = true;
@@ -435,7 +437,7 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(out.quantized, out.indices, out.code_loss, losses);
           },
           py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
           "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
           "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk). No EMA "
           "update; in training with gradients the step advances on backward, as quantize's.")
@@ -644,13 +646,15 @@ PYBIND11_MODULE(_C, m) {
           "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
       .def(
           "vq_code_logits",
-          [](Quantizer& q, const at::Tensor& x) {
+          [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook) {
             auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
             LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
             const lockstep::quant::NoAutocast fp32;
-            return vq->code_logits(x.is_floating_point() ? x.to(at::kFloat) : x);
+            return vq->code_logits(x.is_floating_point() ? x.to(at::kFloat) : x, codebook ? *codebook : at::Tensor());
           },
-          py::arg("x"), "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable.")
+          py::arg("x"), py::arg("codebook") = py::none(),
+          "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable; `codebook`: embed "
+          "through the module's vq_bridge.")
       .def(
           "layer",
           [](Quantizer& q, int64_t l) {

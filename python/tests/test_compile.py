@@ -48,6 +48,8 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
     "ResidualVQ implicit": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
                                                        implicit_neural_codebook=True, mlp_kwargs=dict(depth=1)),
     "ResidualVQ diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True),
+    "VectorQuantize bridge": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh())),
     "SimVQ transform": lambda: lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=nn.Sequential(
         nn.Linear(8, 12), nn.Tanh(), nn.Linear(12, 8))),
     "VectorQuantize layernorm": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, codebook_dim=4,

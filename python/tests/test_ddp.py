@@ -54,6 +54,10 @@ class _ChannelFirst(nn.Module):
 
 
 OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_timeout=TIMEOUT),
+          # A module of the user's that the codebook passes through (a learnable codebook): the module's
+          # parameters and the codebook are the model's, averaged by DDP as any.
+          "VectorQuantize(vq_bridge)": lambda: lockstep.VectorQuantize(
+              dim=8, codebook_size=16, vq_bridge=nn.Sequential(nn.Linear(8, 8), nn.Tanh()), collective_timeout=TIMEOUT),
           # A map of the user's: its parameters are the model's, averaged by DDP as any.
           "SimVQ(codebook_transform)": lambda: lockstep.SimVQ(
               dim=8, codebook_size=16, codebook_transform=nn.Sequential(nn.Linear(8, 12), nn.Tanh(), nn.Linear(12, 8)),

@@ -43,6 +43,7 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "noise_dropout": None, "allowed_dtypes": (torch.float32,), "mlp_kwargs": {"depth": 2},
                 "straight_through_activation": torch.nn.Tanh(), "init_fn": torch.tanh,
                 "codebook_transform": torch.nn.Linear(8, 8, bias=False), "ema_update": False,
+                "vq_bridge": torch.nn.Identity(),
                 "in_place_codebook_optimizer": lambda parameters: torch.optim.SGD(parameters, lr=0.1),
                 "beam_score_quantizer_weights": [1.0, 0.5, 0.25],
                 "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4), "has_projections": True, "soft_clamp_input_value": 1.5,

@@ -375,9 +375,9 @@ def test_indices_give_the_reference_s_cross_entropy(options):
 
 
 def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="vq_bridge"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=torch.nn.Identity(), learnable_codebook=True,
-                                ema_update=False)
+    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
+        lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
+                                in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1))
 
 
 @pytest.mark.parametrize("options", [

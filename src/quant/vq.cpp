@@ -178,8 +178,14 @@ namespace {
 at::Tensor std_of(const at::Tensor& variance) { return variance.clamp_min(1e-5).sqrt(); }
 }  // namespace
 
-at::Tensor Vq::searched_codebook() const {
-  const at::Tensor codes = options_.learnable_codebook() ? embed_ : embed_.detach();
+at::Tensor Vq::searched_codebook(const at::Tensor& bridged) const {
+  if (bridged.defined()) {
+    LOCKSTEP_CHECK_ARG(bridged.sizes() == embed_.sizes() && bridged.is_floating_point(),
+                       "vq: the vq_bridge must give a codebook of the shape it takes, ", embed_.sizes(), ", got ",
+                       bridged.sizes(), " of ", bridged.scalar_type());
+  }
+  const at::Tensor codes =
+      bridged.defined() ? bridged.to(torch::kFloat32) : (options_.learnable_codebook() ? embed_ : embed_.detach());
   if (!options_.affine_param() || affine_initted_.item<float>() == 0) return codes;
   return (codes - codebook_mean_) * (std_of(batch_variance_) / std_of(codebook_variance_)) + batch_mean_;
 }
@@ -409,7 +415,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
 
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
-  const at::Tensor codebook = searched_codebook();
+  const at::Tensor codebook = searched_codebook(ctx.codebook);
   const at::Tensor indices = assign(tokens, codebook, stochastic ? or_default(ctx.generator) : at::Generator(),
                                     ctx.first_item * tokens_per_item, ctx.searches);
   const at::Tensor q = lookup(codebook, indices);
@@ -529,7 +535,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
   const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
-  const at::Tensor codebook = searched_codebook()[0];  // (K, cd), differentiable when learned
+  const at::Tensor codebook = searched_codebook(ctx.codebook)[0];  // (K, cd), differentiable when learned
   const at::Tensor indices =
       topk_codes(tokens[0], codebook, k, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * n,
                  ctx.searches);
@@ -795,9 +801,9 @@ at::Tensor Vq::encode(const at::Tensor& x) {
   return ungroup_indices(assign(tokens, searched_codebook(), at::Generator(), 0), x.size(0), x.size(1));
 }
 
-at::Tensor Vq::code_logits(const at::Tensor& x) {
+at::Tensor Vq::code_logits(const at::Tensor& x, const at::Tensor& bridged) {
   const at::Tensor tokens = prepare(group_by_codebook(x));  // (C, M, cd)
-  const at::Tensor codes = searched_codebook();
+  const at::Tensor codes = searched_codebook(bridged);
   const at::Tensor dots = torch::matmul(tokens, codes.transpose(1, 2));  // (C, M, K)
   at::Tensor logits = dots;
   if (!options_.use_cosine_sim()) {  // the reference's cdist: sqrt(max(|x|^2 + |e|^2 - 2 x.e, 0))

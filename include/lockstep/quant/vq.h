@@ -329,7 +329,8 @@ class Vq final : public Quantizer {
   // x (b, n, dim) -> each code's logit for each token, (b, n, K) or (b, n, heads, K): minus the
   // Euclidean distance, or the cosine similarity (the reference's `distances`, which it takes the
   // cross entropy of given codes over). Differentiable in x, and in a learnable codebook; changes no state.
-  at::Tensor code_logits(const at::Tensor& x);
+  // `bridged`: the codebook as a module of the caller's made it from embed (QuantizeContext::codebook).
+  at::Tensor code_logits(const at::Tensor& x, const at::Tensor& bridged = {});
 
   const VqOptions& options() const { return options_; }
   // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
@@ -360,7 +361,9 @@ class Vq final : public Quantizer {
   static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
   // The codebooks the search takes: embed (detached unless learnable), moved to the batch's
   // statistics with affine_param once they are set.
-  at::Tensor searched_codebook() const;
+  // `bridged` (QuantizeContext::codebook: embed through the Python module's vq_bridge, (C, K, cd)) takes
+  // embed's place when defined.
+  at::Tensor searched_codebook(const at::Tensor& bridged = {}) const;
   // affine_param: folds the counted tokens' global statistics and the codebook's into the EMAs.
   void update_affine(const at::Tensor& tokens, Reducer& reducer);
   // Tokens (C, M, cd) moved from the batch's statistics to the codebooks' (identity until set).

@@ -1,0 +1,68 @@
+"""lockstep.VectorQuantize(vq_bridge=module) beside vector-quantize-pytorch's: the codebook passes through
+a module of the user's (run in torch at each call) before liblockstep searches, quantizes and computes the
+losses on it; the codebook is then learned by gradient through the module, as the reference's
+(learnable_codebook defaults to True and ema_update to False there). Under DDP on 2 processes: test_ddp.py;
+under torch.compile: test_compile.py."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lockstep
+from reference_steps import compare_training_steps
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+
+def _bridge(width):
+    return nn.Sequential(nn.Linear(width, width), nn.Tanh())
+
+
+@pytest.mark.parametrize("options, width", [
+    (dict(), 16),
+    (dict(rotation_trick=False, commitment_weight=0.5), 16),
+    (dict(heads=2, separate_codebook_per_head=True, codebook_dim=8), 8),
+    (dict(commitment_use_cross_entropy_loss=True), 16),
+], ids=["rotation", "straight_through", "heads", "cross_entropy"])
+def test_a_bridged_codebook_trains_as_the_references(options, width):
+    torch.manual_seed(0)
+    bridge = _bridge(width)
+    reference = vqp.VectorQuantize(dim=16, codebook_size=64, vq_bridge=bridge, **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=copy.deepcopy(bridge), **options)
+    assert set(ours.state_dict()) - {"_extra_state"} == set(reference.state_dict())
+    assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    compare_training_steps(reference, ours, (2, 30, 16), 4, ["_codebook.embed"], optimizer=torch.optim.Adam)
+    # Decoding takes the codebook itself, without the bridge, as the reference's does.
+    indices = torch.randint(0, 64, (2, 5, 2) if options.get("heads") else (2, 5))
+    torch.testing.assert_close(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices))
+
+
+def test_top_k_codes_of_a_bridged_codebook_are_the_references():
+    torch.manual_seed(1)
+    bridge = _bridge(16)
+    reference = vqp.VectorQuantize(dim=16, codebook_size=64, vq_bridge=bridge)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=copy.deepcopy(bridge))
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 10, 16)
+    out_ref, idx_ref, loss_ref = reference(x, topk=3)
+    out, idx, loss = ours(x, topk=3)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_cannot_run_is_named():
+    with pytest.raises(AssertionError, match="ema_update must be False"):
+        lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), ema_update=True)
+    with pytest.raises(AssertionError, match="learnable_codebook must be set to True"):
+        lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), learnable_codebook=False)
+    with pytest.raises(TypeError, match="kmeans_init"):
+        lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), kmeans_init=True)
+    with pytest.raises(TypeError, match="vq_bridge must be a module"):
+        lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=3)
+    with pytest.raises(TypeError, match="vq_bridge"):
+        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16))
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=nn.Linear(16, 8))
+    with pytest.raises(ValueError, match=r"the shape it takes, \[1, 64, 16\], got \[1, 64, 8\]"):
+        ours(torch.randn(2, 3, 16))
