@@ -25,8 +25,18 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
     codebook_size = codebook_size if codebook_size is not None else 2**dim
     codebook_dims = (int(codebook_size).bit_length() - 1) * num_codebooks
     dim = dim if dim is not None else codebook_dims
-    if not (straight_through_activation is None or isinstance(straight_through_activation, nn.Identity)):
-        refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation, "the identity")
+    activation = straight_through_activation
+    if activation is None or isinstance(activation, nn.Identity):
+        activation = None
+    elif not callable(activation):
+        raise TypeError(f"lockstep.LFQ: straight_through_activation must be a module, got {type(activation).__name__}")
+    elif (has_projections or dim != codebook_dims or soft_clamp_input_value is not None or spherical
+          or orthogonal_rotation or cosine_sim_project_in):
+        # The module's gradient replaces the identity at the tokens liblockstep quantizes; the module runs
+        # in torch on the input, which they are only without a projection, clamp, rotation or sphere.
+        refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation,
+               "the identity, or a module with no projection (dim = num_codebooks x log2 codebook_size), no soft "
+               "clamp, no rotation and not spherical")
     if has_projections is False and dim != codebook_dims:  # the reference then fails at its first forward
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
@@ -51,7 +61,8 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
                    cosine_sim_project_in=float(codebook_scale if cosine_sim_project_in_scale is None
                                                else cosine_sim_project_in_scale) if cosine_sim_project_in else 0.0)
     module = dict(codebook_size=codebook_size, keep_num_codebooks_dim=keep_num_codebooks_dim,
-                  channel_first=channel_first, inv_temperature=float(inv_temperature))
+                  channel_first=channel_first, inv_temperature=float(inv_temperature),
+                  straight_through_activation=activation)
     return options, module
 
 
@@ -113,6 +124,8 @@ class LFQ(LockstepQuantizer):
         # A bit's value in code space (liblockstep's too): the scale, over sqrt(bits) on the sphere.
         bits = int(self.codebook_size).bit_length() - 1
         self._code_value = options["codebook_scale"] / (bits**0.5 if options["spherical"] else 1.0)
+        if module["straight_through_activation"] is not None:  # `activation.*` in the state dict, as there
+            self.activation = module["straight_through_activation"]
 
     def _reference_constants(self):
         return {"mask": bit_mask(self.codebook_size)}
@@ -145,10 +158,22 @@ class LFQ(LockstepQuantizer):
         mask = lfq_padding_mask("lockstep.LFQ", x, mask, channel_first)
         out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks,
                                                   mask)
+        if self.training and "activation" in self._modules:
+            out = out + self._activation_gradient(x, channel_first).to(out.dtype)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         if not return_loss_breakdown:
             return Return(out, indices, aux_loss)
         return Return(out, indices, aux_loss), self._loss_breakdown(x, channel_first, mask)
+
+    def _activation_gradient(self, x, channel_first):
+        """straight_through_activation: a term of value 0 whose gradient turns liblockstep's straight-through
+        identity at the tokens into the module's, as the reference's act(x) + (q - act(x)).detach(). The
+        module sees each codebook's bits (..., num_codebooks, bits), as there; x in forward's layout."""
+        tokens = x.movedim(1, -1) if channel_first else x
+        split = tokens.float().reshape(*tokens.shape[:-1], self.num_codebooks, self.codebook_dim)
+        change = (self.activation(split) - split).reshape(tokens.shape)
+        change = change - change.detach()
+        return change.movedim(-1, 1) if channel_first else change
 
     def _loss_breakdown(self, x, channel_first, mask):
         """The unweighted terms of this call's loss, of this rank's tokens (liblockstep's Lfq::loss_terms:

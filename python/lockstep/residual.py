@@ -340,6 +340,9 @@ class ResidualLFQ(_Residual):
             "orthogonal_rotation": ((False,), "False; LFQ takes True")})
         bits = int(codebook_size).bit_length() - 1
         layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
+        if module["straight_through_activation"] is not None:
+            refuse("lockstep.ResidualLFQ", "straight_through_activation", lfq_kwargs["straight_through_activation"],
+                   "the identity: a module between the layers, on residuals inside liblockstep")
         layer.pop("dim")  # the layers take the residual's dimension
         options = {f"lfq.{key}": value for key, value in layer.items()}
         options["lfq.dim"] = int(dim)

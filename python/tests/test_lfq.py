@@ -1,10 +1,13 @@
 """lockstep.LFQ against vector_quantize_pytorch.LFQ on identical inputs and initial state."""
+import copy
+
 import pytest
 import torch
 from vector_quantize_pytorch import LFQ as ReferenceLFQ
 
 import lockstep
 from ranks import run_ranks
+from reference_steps import compare_training_steps
 
 
 def run(module, x):
@@ -57,13 +60,35 @@ def test_feature_maps_are_channel_first_like_the_reference():
     torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "option",
-    [dict(straight_through_activation=torch.nn.Tanh())],
-)
-def test_an_unsupported_option_is_a_type_error_naming_it(option):
-    with pytest.raises(TypeError, match=next(iter(option))):
-        lockstep.LFQ(dim=8, codebook_size=2**8, **option)
+@pytest.mark.parametrize("options", [
+    dict(dim=12),  # projected: the module would need the projected tokens, inside liblockstep
+    dict(dim=8, spherical=True), dict(dim=8, soft_clamp_input_value=1.5), dict(dim=8, orthogonal_rotation=True)])
+def test_a_straight_through_activation_lockstep_cannot_place_is_a_type_error_naming_it(options):
+    with pytest.raises(TypeError, match="straight_through_activation"):
+        lockstep.LFQ(codebook_size=2**8, straight_through_activation=torch.nn.Tanh(), **options)
+    with pytest.raises(TypeError, match="straight_through_activation"):
+        lockstep.ResidualLFQ(dim=8, num_quantizers=2, codebook_size=2**4, straight_through_activation=torch.nn.Tanh())
+
+
+@pytest.mark.parametrize("activation, options, shape", [
+    (torch.nn.Tanh(), dict(codebook_size=2**8), (2, 40, 8)),
+    (torch.nn.Tanh(), dict(codebook_size=2**8, commitment_loss_weight=0.3), (2, 8, 5, 4)),  # a map, channel first
+    # A module with parameters, not elementwise: it sees each codebook's bits, as the reference's does.
+    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), dict(codebook_size=2**4, num_codebooks=2),
+     (2, 30, 8)),
+], ids=["tanh", "tanh_map", "linear_per_codebook"])
+def test_a_straight_through_activation_gives_the_references_gradients(activation, options, shape):
+    # The reference's act(x) + (q - act(x)).detach(): the value q, the input's gradient the module's, and the
+    # module's parameters trained through it, step after step; evaluation as without it.
+    torch.manual_seed(0)
+    reference = ReferenceLFQ(straight_through_activation=activation, **options)
+    ours = lockstep.LFQ(straight_through_activation=copy.deepcopy(activation), **options)
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    trained = any(True for _ in reference.parameters())
+    compare_training_steps(reference, ours, shape, steps=3, optimizer=torch.optim.Adam if trained else None)
+    reference.eval(), ours.eval()
+    x = torch.randn(*shape)
+    assert torch.equal(ours(x)[1], reference(x)[1].to(torch.int64))
 
 
 def test_forward_options_lockstep_does_not_take_are_type_errors():
