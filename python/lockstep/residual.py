@@ -24,8 +24,10 @@ class _Residual(LockstepQuantizer):
     """What the three share: liblockstep's residual quantizer (quant/residual.h) under the
     reference's layer names, and decoding from indices."""
 
-    def __init__(self, name, options, seed, process_group, collective_timeout, rename=None, persistent=None):
-        super().__init__(name, "residual", options, seed, process_group, collective_timeout, rename, persistent)
+    def __init__(self, name, options, seed, process_group, collective_timeout, rename=None, persistent=None,
+                 held=None):
+        super().__init__(name, "residual", options, seed, process_group, collective_timeout, rename, persistent,
+                         held)
         self.dim = self._core.dim
         self.num_quantizers = options["num_quantizers"]
         self.quantize_dropout = options["quantize_dropout"]
@@ -387,10 +389,10 @@ class ResidualSimVQ(_Residual):
         if heads != 1:  # the reference's assertion
             raise AssertionError("lockstep.ResidualSimVQ: heads must be 1 (residual vq is not compatible with "
                                  "multi-headed codes, as in the reference)")
-        if sim_vq_kwargs.get("codebook_transform") is not None:
-            refuse("lockstep.ResidualSimVQ", "codebook_transform", sim_vq_kwargs["codebook_transform"],
-                   "None, as lockstep.SimVQ")
-        sim_vq_kwargs.pop("codebook_transform", None)
+        transform = sim_vq_kwargs.pop("codebook_transform", None)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"lockstep.ResidualSimVQ: codebook_transform must be a module (frozen codes -> codes "
+                            f"(codebook_size, dim)), got {type(transform).__name__}")
         init_fn = sim_vq_kwargs.pop("init_fn", None)
         unknown = set(sim_vq_kwargs) - {"input_to_quantize_commit_loss_weight", "commitment_weight",
                                         "frozen_codebook_dim"}
@@ -402,10 +404,24 @@ class ResidualSimVQ(_Residual):
         options = {f"simvq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
                                               quantize_dropout_multiple_of))
+        drawn = torch.get_rng_state() if seed is None and transform is not None else None
         super().__init__("residual-simvq", options, seed, process_group, collective_timeout,
-                         rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1.", name))
+                         rename=lambda name: re.sub(r"^layer(\d+)\.", r"layers.\1.", name),
+                         held=None if transform is None else (lambda dotted: ".code_transform." not in dotted))
         self.codebook_size = int(codebook_size)
         self.channel_first = bool(channel_first)
+        self._transform = transform is not None
+        if transform is not None:
+            # The reference's layers share the one module and draw their frozen codes one after the other
+            # (liblockstep drew each layer's map between them): drawn again so, from the same state.
+            if drawn is not None:
+                torch.set_rng_state(drawn)
+                with torch.no_grad():
+                    for q in range(self.num_quantizers):
+                        frozen = self.get_buffer(f"layers.{q}.frozen_codebook")
+                        frozen.copy_(torch.randn(frozen.shape) * frozen.shape[1] ** -0.5)
+            for q in range(self.num_quantizers):
+                self._owner(f"layers.{q}.frozen_codebook")[0].add_module("code_transform", transform)
         if init_fn is not None and init_fn is not identity:  # each layer's frozen codes, as the reference's layers
             with torch.no_grad():
                 for q in range(self.num_quantizers):
@@ -415,7 +431,10 @@ class ResidualSimVQ(_Residual):
     @property
     def codebooks(self):
         """Every layer's implicit codebook, (num_quantizers, codebook_size, dim): its frozen codes through
-        its map, differentiable."""
+        its map (the shared codebook_transform when given), differentiable."""
+        if self._transform:
+            return torch.stack([self.get_submodule(f"layers.{q}.code_transform")(
+                self.get_buffer(f"layers.{q}.frozen_codebook")) for q in range(self.num_quantizers)])
         return torch.stack([torch.nn.functional.linear(self.get_buffer(f"layers.{q}.frozen_codebook"),
                                                        self.get_parameter(f"layers.{q}.code_transform.weight"))
                             for q in range(self.num_quantizers)])
@@ -426,6 +445,8 @@ class ResidualSimVQ(_Residual):
         return codes.movedim(-1, 2) if self.channel_first else codes
 
     def get_output_from_indices(self, indices):
+        if self._transform:  # the layers' codes summed, as the reference's (its map runs here)
+            return self.get_codes_from_indices(indices).sum(0)
         out = super().get_output_from_indices(indices)
         return out.movedim(-1, 1) if self.channel_first else out
 
@@ -433,6 +454,7 @@ class ResidualSimVQ(_Residual):
         refuse_forward_options("lockstep.ResidualSimVQ", rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         if x.ndim == 2 and not self.channel_first:
             return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes)
-        out, idx, losses = self._quantize_any(x, self.channel_first, True, self.num_quantizers)
+        given = {"codebook": self.codebooks} if self._transform else {}  # every layer's, for liblockstep
+        out, idx, losses = self._quantize_any(x, self.channel_first, True, self.num_quantizers, **given)
         result = (out, idx, self._per_layer_losses(losses, out.device))
         return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result

@@ -203,8 +203,11 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
   if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
-    LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q),
-                       "codes given to a ", q.kind(), " quantizer: only simvq and vq take a caller's codebook");
+    LOCKSTEP_CHECK_ARG(
+        dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
+            q.kind() == "residual-simvq",
+        "codes given to a ", q.kind(),
+        " quantizer: only simvq, vq and residual-simvq (one codebook per layer) take a caller's codebook");
     ctx.codebook = *codebook;
   }
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;

@@ -172,3 +172,26 @@ def test_init_fn_shapes_the_frozen_codes_as_the_reference():
     assert ReferenceResidualSimVQ(dim=8, num_quantizers=2, codebook_size=16, init_fn=init_fn)
     with pytest.raises(ValueError, match="shape"):
         lockstep.SimVQ(dim=8, codebook_size=16, init_fn=lambda codes: codes[:4])
+
+
+@pytest.mark.parametrize("options, shape", [({}, (2, 16, 8)), ({"channel_first": True}, (2, 8, 4, 3))])
+def test_residual_simvq_layers_share_a_codebook_transform_of_the_users_as_the_reference(options, shape):
+    # The reference hands the one module to every layer: each layer's codes are it applied to that layer's
+    # frozen codes, and its parameters get every layer's gradient.
+    torch.manual_seed(3)
+    reference = vqp.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
+                                  **options)
+    after_reference = torch.rand(3)
+    torch.manual_seed(3)
+    ours = lockstep.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
+                                  **options)
+    assert torch.equal(torch.rand(3), after_reference)  # torch's generator advanced alike
+    expected = reference.state_dict()
+    assert set(expected) == set(ours.state_dict()) - {"_extra_state"}
+    for key, value in expected.items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam)
+    indices = torch.randint(0, 16, (2, 5, 3))
+    torch.testing.assert_close(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices))
+    torch.testing.assert_close(ours.codebooks, reference.codebooks)

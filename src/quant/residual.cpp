@@ -152,6 +152,13 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
       track.refresh_codebook = false;
       inputs.push_back(residual.detach());
       out = dynamic_cast<Vq&>(layer).quantize_with(residual, ctx, track);
+    } else if (ctx.codebook.defined()) {  // each layer's codes given (ResidualSimVQ's map of its frozen codes)
+      LOCKSTEP_CHECK_ARG(ctx.codebook.dim() >= 1 && ctx.codebook.size(0) == options_.num_quantizers(), kind_,
+                         ": expected one codebook per layer (", options_.num_quantizers(), "), got ",
+                         ctx.codebook.sizes());
+      QuantizeContext layer_ctx = ctx;
+      layer_ctx.codebook = ctx.codebook[l];
+      out = layer.quantize(scaled ? residual / scales_[l] : residual, layer_ctx);
     } else {
       out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
     }

@@ -43,7 +43,7 @@ struct QuantizeContext {
   SearchLog* searches = nullptr;
   // The codes the call quantizes to, computed by the caller through a module of the user's from the
   // quantizer's own state (SimVQ's codebook_transform of its frozen codes); undefined: the quantizer's
-  // own. Only SimVq takes one.
+  // own. SimVq and Vq take one (K, dim) or (C, K, cd); residual-simvq one per layer, stacked.
   at::Tensor codebook = {};
 };
 
