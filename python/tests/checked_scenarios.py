@@ -97,6 +97,37 @@ def accelerate_gather_on_one_rank(rank):
     accelerator.backward(loss)  # site: accelerate backward
 
 
+class _Tokenizer(torch.nn.Module):
+    """Linear encoder -> lockstep's VectorQuantize -> linear decoder; forward(x) -> (reconstruction, aux loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 8)
+        self.quantizer = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.9)
+        self.decoder = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        quantized, _, aux = self.quantizer(self.encoder(x))
+        return self.decoder(quantized), aux
+
+
+def accelerate_vq_preview_on_main_process(rank):
+    """Issue #37's layout under `accelerate launch`: the checked backend made before Accelerator (which
+    adopts it), a tokenizer with lockstep's VectorQuantize prepared by accelerate (DDP, which broadcasts
+    the buffers at every forward), and the main process alone running a training-mode forward through
+    the prepared model (a preview for a log). Its buffer broadcast meets rank 1's backward."""
+    from accelerate import Accelerator
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = accelerator.prepare(_Tokenizer())
+    x = torch.randn(2, 5, 4)
+    if accelerator.is_main_process:
+        model(x)  # site: preview forward
+    for _ in range(2):
+        reconstruction, aux = model(x)  # site: training forward
+        accelerator.backward((reconstruction - x).square().mean() + aux)  # site: training backward
+
+
 def lightning_log_on_one_rank(out):
     import pytorch_lightning as pl
     from pytorch_lightning.strategies import DDPStrategy
@@ -132,7 +163,7 @@ def main():
     scenario, OUT = sys.argv[1], sys.argv[2]
     if scenario == "lightning_log_on_one_rank":
         return lightning_log_on_one_rank(OUT)
-    dist.init_process_group("lockstep")
+    dist.init_process_group("lockstep")  # under `accelerate launch` too: made before Accelerator, which adopts it
     rank = dist.get_rank()
     dist.barrier()  # both ranks start the scenario together: the time to the error is the check's
     start = time.monotonic()
