@@ -111,7 +111,7 @@ lockstep_cli_test(train_fid_weights_missing EXIT 1 OUTPUT "eval.fid_weights = no
                   ARGS train --run-dir run --steps 1 --set eval.fid_weights=nowhere.safetensors)
 lockstep_cli_test(eval_fid_missing_weights EXIT 1 OUTPUT "--fid = nowhere.safetensors: no such file" TIMEOUT 120
                   SETUP "${TINY_RUN}" ARGS eval run --fid nowhere.safetensors --limit 32)
-lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out" TIMEOUT 120
+lockstep_cli_test(encode_decode_round_trip EXIT 0 OUTPUT "wrote 10 PNG images to out \\([0-9]+ images/s\\)" TIMEOUT 120
                   SETUP "${TINY_RUN} && ${LS} encode run --limit 10 -o tokens.npy | grep -q 'tokens of shape \\[10, 14, 14\\]'"
                   ARGS decode run --tokens tokens.npy -o out --grid grid.png)
 lockstep_cli_test(encode_png_inputs EXIT 0 OUTPUT "encoded 3 images of 28x28" TIMEOUT 120
