@@ -57,18 +57,27 @@ def _transform(frozen_dim=8):
     return torch.nn.Sequential(torch.nn.Linear(frozen_dim, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
 
 
-def test_a_codebook_transform_of_the_users_draws_and_holds_what_the_reference_does():
-    torch.manual_seed(7)
-    reference = vqp.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5))
+def _built_alike(make_reference, make_ours, seed):
+    """Both modules made from torch seed `seed`: torch's generator advanced alike, the same state dict and
+    parameter names. Returns (reference, ours)."""
+    torch.manual_seed(seed)
+    reference = make_reference()
     after_reference = torch.rand(3)
-    torch.manual_seed(7)
-    ours = lockstep.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5))
+    torch.manual_seed(seed)
+    ours = make_ours()
     assert torch.equal(torch.rand(3), after_reference)  # torch's generator advanced alike
     expected = reference.state_dict()
     assert set(expected) == set(ours.state_dict()) - {"_extra_state"}
     for key, value in expected.items():
         assert torch.equal(ours.state_dict()[key], value), key
     assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    return reference, ours
+
+
+def test_a_codebook_transform_of_the_users_draws_and_holds_what_the_reference_does():
+    reference, ours = _built_alike(
+        lambda: vqp.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5)),
+        lambda: lockstep.SimVQ(dim=8, codebook_size=32, frozen_codebook_dim=5, codebook_transform=_transform(5)), 7)
     torch.testing.assert_close(ours.codebook, reference.codebook)
 
 
@@ -178,19 +187,11 @@ def test_init_fn_shapes_the_frozen_codes_as_the_reference():
 def test_residual_simvq_layers_share_a_codebook_transform_of_the_users_as_the_reference(options, shape):
     # The reference hands the one module to every layer: each layer's codes are it applied to that layer's
     # frozen codes, and its parameters get every layer's gradient.
-    torch.manual_seed(3)
-    reference = vqp.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
-                                  **options)
-    after_reference = torch.rand(3)
-    torch.manual_seed(3)
-    ours = lockstep.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
-                                  **options)
-    assert torch.equal(torch.rand(3), after_reference)  # torch's generator advanced alike
-    expected = reference.state_dict()
-    assert set(expected) == set(ours.state_dict()) - {"_extra_state"}
-    for key, value in expected.items():
-        assert torch.equal(ours.state_dict()[key], value), key
-    assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    reference, ours = _built_alike(
+        lambda: vqp.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
+                                  **options),
+        lambda: lockstep.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16, codebook_transform=_transform(),
+                                       **options), 3)
     compare_training_steps(reference, ours, shape, steps=4, optimizer=torch.optim.Adam)
     indices = torch.randint(0, 16, (2, 5, 3))
     torch.testing.assert_close(ours.get_output_from_indices(indices), reference.get_output_from_indices(indices))
