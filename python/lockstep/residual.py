@@ -143,6 +143,10 @@ class ResidualVQ(_Residual):
         if own["vq_bridge"] is not None:
             refuse("lockstep.ResidualVQ", "vq_bridge", own["vq_bridge"], "None: a bridge is VectorQuantize's; the "
                    "residual layers would each take the one module, which lockstep does not run between them")
+        if own["in_place_codebook_optimizer"] is not None:
+            refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", own["in_place_codebook_optimizer"],
+                   "None: VectorQuantize takes one; the residual layers' codebooks are searched in one liblockstep "
+                   "call, which no optimizer of theirs steps between")
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,

@@ -1,13 +1,14 @@
 """Vector quantization with an EMA codebook (vector_quantize_pytorch.VectorQuantize's arguments
 and return values)."""
-from collections import namedtuple
+import weakref
+from collections import defaultdict, namedtuple
 
 import torch
 from torch import nn
 
 from . import _ops
-from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, only_defaults,
-                         padding_mask, refuse, refuse_forward_options)
+from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, padding_mask,
+                         refuse, refuse_forward_options)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -25,8 +26,9 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                sync_update_v=0.0, return_zeros_for_masked_padding=True, route_gradients_to_input=True):
     """vector-quantize-pytorch's VectorQuantize arguments -> liblockstep's VQ options
     (quant/option_specs.h); TypeError naming an option lockstep does not implement."""
-    only_defaults("lockstep.VectorQuantize", vq_options, locals(),
-                  ("in_place_codebook_optimizer", "manual_in_place_optimizer_update"))
+    if in_place_codebook_optimizer is not None and not callable(in_place_codebook_optimizer):
+        raise TypeError("lockstep.VectorQuantize: in_place_codebook_optimizer must make an optimizer from the "
+                        f"codebook's parameters (torch.optim.Adam, say), got {type(in_place_codebook_optimizer).__name__}")
     # As the reference: the EMA by default; learnable_codebook=True (with ema_update=False) learns the
     # codebook by gradient; ema_update=False alone keeps it as it is; DiVeQ (directional_reparam) and a
     # vq_bridge (a module the codebook passes through before the search) learn it.
@@ -104,7 +106,23 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     options["codebook_diversity_loss_weight"] = float(codebook_diversity_loss_weight)
     options["codebook_diversity_temperature"] = float(codebook_diversity_temperature)
     options["vq_bridge"] = vq_bridge  # run by the module, in torch, on the codebook before each search
+    # An optimizer of the codebook's parameters stepped on the in-place loss, in backward (docs/python.md).
+    options["in_place_codebook_optimizer"] = in_place_codebook_optimizer
+    options["manual_in_place_optimizer_update"] = bool(manual_in_place_optimizer_update)
     return options
+
+
+def _rebind_optimizer(optimizer, params):
+    """The optimizer of a copied module, whose parameters a copy made anew (liblockstep's tensors took their
+    places): the module's `params` in the same order take theirs, with their state."""
+    old = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(old) != len(params):
+        raise RuntimeError(f"lockstep.VectorQuantize: the copied in-place optimizer holds {len(old)} parameters, "
+                           f"the copy's codebook {len(params)}")
+    moved = dict(zip(map(id, old), params))
+    for group in optimizer.param_groups:
+        group["params"] = [moved[id(p)] for p in group["params"]]
+    optimizer.state = defaultdict(dict, {moved.get(id(p), p): state for p, state in optimizer.state.items()})
 
 
 def _reference_name(name):
@@ -137,7 +155,8 @@ def _unweighted(losses, name, weight, device):
 # What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
 MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
                "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss",
-               "codebook_diversity_loss_weight", "codebook_diversity_temperature", "vq_bridge")
+               "codebook_diversity_loss_weight", "codebook_diversity_temperature", "vq_bridge",
+               "in_place_codebook_optimizer", "manual_in_place_optimizer_update")
 
 
 def module_options(options):
@@ -189,6 +208,77 @@ class VectorQuantize(LockstepQuantizer):
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
         if own["vq_bridge"] is not None:  # where the reference holds it: `_codebook.vq_bridge.*` in the state dict
             self._codebook.add_module("vq_bridge", own["vq_bridge"])
+        # As the reference makes it: over the codebook's parameters (embed when learned, a vq_bridge's); an
+        # EMA codebook has none, and torch's optimizers refuse an empty list.
+        factory = own["in_place_codebook_optimizer"]
+        self.manual_in_place_optimizer_update = own["manual_in_place_optimizer_update"]
+        self.in_place_codebook_optimizer = None if factory is None else factory(self._codebook.parameters())
+        self._start_in_place_updates()
+
+    def _start_in_place_updates(self):
+        """With an in-place optimizer: liblockstep keeps each training call's in-place gradient (its global
+        batch's, summed in backward), and unless manual_in_place_optimizer_update the optimizer steps on it once
+        backward has accumulated the codebook's gradient (every use of the codebook in the graph done)."""
+        self._in_place_hook = None
+        if getattr(self, "in_place_codebook_optimizer", None) is None:
+            return
+        self._core.vq_keep_in_place_gradient(True)
+        embed = self._codebook.embed
+        if not self.manual_in_place_optimizer_update and isinstance(embed, nn.Parameter):
+            owner = weakref.ref(self)  # a strong one would make the module and its codebook a cycle
+
+            def step_after_backward(_):
+                module = owner()
+                if module is not None:
+                    module._in_place_step()
+
+            self._in_place_hook = embed.register_post_accumulate_grad_hook(step_after_backward)
+
+    def _in_place_gradients(self):
+        """{parameter: gradient} of the in-place loss for the optimizer's parameters, from liblockstep's
+        gradient at the codes (through the vq_bridge, when there is one); None when no backward added one."""
+        grad = self._core.vq_take_in_place_gradient()
+        if grad is None:
+            return None
+        embed = self._codebook.embed
+        bridge = self._codebook._modules.get("vq_bridge")
+        wanted = [p for group in self.in_place_codebook_optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        if bridge is None:
+            return {p: grad for p in wanted if p is embed}
+        with torch.enable_grad():
+            bridged = bridge(embed)
+            grads = torch.autograd.grad(bridged, wanted, grad.to(bridged.dtype), allow_unused=True)
+        return {p: g for p, g in zip(wanted, grads) if g is not None}
+
+    def _in_place_step(self):
+        """The optimizer's step on the in-place gradient alone (the gradients backward is accumulating for
+        the caller's optimizer are set aside meanwhile), as the reference's step in forward takes it."""
+        grads = self._in_place_gradients()
+        if grads is None:
+            return
+        params = [p for group in self.in_place_codebook_optimizer.param_groups for p in group["params"]]
+        kept = [p.grad for p in params]
+        try:
+            for p in params:
+                p.grad = grads.get(p)
+            self.in_place_codebook_optimizer.step()
+        finally:
+            for p, grad in zip(params, kept):
+                p.grad = grad
+
+    def update_in_place_optimizer(self):
+        """The in-place optimizer's step, as the reference's (what manual_in_place_optimizer_update=True leaves to
+        the caller): the in-place loss's gradient of the training calls backwarded since the last step (the
+        global batch's, reduced in their backward) added to the parameters' gradients, a step, then zero_grad.
+        Communicates nothing: the gradients the caller's backward left are the caller's framework's (DDP
+        averages them), where the reference all-reduces them here."""
+        if self.in_place_codebook_optimizer is None:
+            return
+        for p, grad in (self._in_place_gradients() or {}).items():
+            p.grad = grad if p.grad is None else p.grad + grad
+        self.in_place_codebook_optimizer.step()
+        self.in_place_codebook_optimizer.zero_grad()
 
     def _bridged_codebook(self):
         """The codebook through the vq_bridge (differentiable), for liblockstep to search and quantize to; None
@@ -201,6 +291,10 @@ class VectorQuantize(LockstepQuantizer):
         codebook = self._modules["_codebook"]  # made when the tensors were adopted
         codebook.__class__ = _Codebook
         codebook._quantizer_handle = self._handle
+        optimizer = self.__dict__.get("in_place_codebook_optimizer")
+        if optimizer is not None:  # a copy's (deepcopy, unpickling): its optimizer takes the adopted tensors
+            _rebind_optimizer(optimizer, list(self._codebook.parameters()))
+            self._start_in_place_updates()
 
     @property
     def codebook(self):
@@ -246,6 +340,11 @@ class VectorQuantize(LockstepQuantizer):
 
     def _reduces_over_group(self):
         return self.sync_codebook
+
+    def _all_loss_names(self, names):
+        # With an in-place optimizer a training call with gradients reports the in-place loss too (the
+        # signature's calls run without gradients).
+        return set(names) | ({"in_place"} if self.in_place_codebook_optimizer is not None else set())
 
     def _codebook_learned_by_commitment(self):
         return self._spec[2].get("learnable_codebook", False) and not self.orthogonal_reg_weight
@@ -301,6 +400,9 @@ class VectorQuantize(LockstepQuantizer):
             if self.heads != 1 or topk < 1:  # the reference's assertion
                 raise AssertionError("lockstep.VectorQuantize: topk codes need one head and topk > 0, as the "
                                      f"reference's; got heads={self.heads}, topk={topk}")
+            if self.training and self.in_place_codebook_optimizer is not None:
+                raise AssertionError("lockstep.VectorQuantize: topk codes are not taken in training with an "
+                                     "in_place_codebook_optimizer, as the reference's")
         # This call's EMA update, as the reference's forward takes it (a top-k search updates nothing).
         vq_call = dict(ema_update_weight=ema_update_weight, accumulate=bool(accum_ema_update),
                        ema_update=None if ema_update is None else bool(ema_update))
@@ -320,6 +422,7 @@ class VectorQuantize(LockstepQuantizer):
         bridged = self._bridged_codebook()
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
+        in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
         if mask is not None and not self.return_zeros_for_masked_padding:
             kept = mask.reshape(*mask.shape, *([1] * (out.ndim - mask.ndim)))
             out = torch.where(kept, out, x.unsqueeze(2) if topk is not None else x)  # padding passes through
@@ -347,13 +450,14 @@ class VectorQuantize(LockstepQuantizer):
             loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         if not return_loss_breakdown:
             return out, idx, loss
-        zero = torch.zeros((), device=out.device)  # in-place optimisation: not offered
+        zero = torch.zeros((), device=out.device)
         if topk is not None:
             commitment = losses["code"].squeeze(1) if only_one else losses["code"]
         else:
             commitment = _unweighted(losses, "commitment", self.commitment_weight, out.device)
         orthogonal = _unweighted(losses, "orthogonal", self.orthogonal_reg_weight, out.device)
-        return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal, zero)
+        return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal,
+                                             zero if in_place is None else in_place)
 
     def _topk_loss(self, losses, only_one):
         """The reference's loss of a top-k call: each code's commitment loss (..., k), times commitment_weight

@@ -648,6 +648,18 @@ PYBIND11_MODULE(_C, m) {
           "vq_update_ema", [](Quantizer& q) { as_vq(q).update_ema(); },
           "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
       .def(
+          "vq_keep_in_place_gradient", [](Quantizer& q, bool on) { as_vq(q).keep_in_place_gradient(on); },
+          py::arg("on"),
+          "VQ: training calls report loss 'in_place' and their updates sum its global gradient (quant/vq.h).")
+      .def(
+          "vq_take_in_place_gradient",
+          [](Quantizer& q) -> std::optional<at::Tensor> {
+            at::Tensor taken = as_vq(q).take_in_place_gradient();
+            return taken.defined() ? std::optional<at::Tensor>(taken) : std::nullopt;
+          },
+          "VQ: the in-place loss's gradient summed since the last take, (codebooks, K, codebook_dim), at the "
+          "codes searched (embed, or the vq_bridge's codebook); None when no update added one.")
+      .def(
           "vq_code_logits",
           [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook) {
             auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);

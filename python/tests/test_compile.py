@@ -50,6 +50,10 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
     "ResidualVQ diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True),
     "VectorQuantize bridge": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=nn.Sequential(
         nn.Linear(8, 8), nn.Tanh())),
+    # The in-place optimizer steps the codebook in backward, after the compiled graph's gradients.
+    "VectorQuantize in-place": lambda: lockstep.VectorQuantize(
+        dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
+        in_place_codebook_optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.05)),
     "SimVQ transform": lambda: lockstep.SimVQ(dim=8, codebook_size=16, codebook_transform=nn.Sequential(
         nn.Linear(8, 12), nn.Tanh(), nn.Linear(12, 8))),
     "VectorQuantize layernorm": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, codebook_dim=4,

@@ -68,6 +68,12 @@ OTHERS = {"SimVQ": lambda: lockstep.SimVQ(dim=8, codebook_size=16, collective_ti
                                                           collective_timeout=TIMEOUT),
           # A learnable codebook is a parameter: DDP averages its gradient; the cluster sizes that dead-code
           # replacement reads are lockstep's to reduce.
+          # An optimizer of the codebook stepped on the in-place loss in backward, its gradient the global
+          # batch's (lockstep's reduce); the model's optimizer steps the codebook too, DDP averaging its gradient.
+          "VectorQuantize(in_place_codebook_optimizer)": lambda: lockstep.VectorQuantize(
+              dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
+              in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.5),
+              collective_timeout=TIMEOUT),
           "VectorQuantize(learnable_codebook)": lambda: lockstep.VectorQuantize(
               dim=8, codebook_size=16, learnable_codebook=True, ema_update=False, threshold_ema_dead_code=0.5,
               decay=0.9, collective_timeout=TIMEOUT)}

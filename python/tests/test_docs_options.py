@@ -49,7 +49,9 @@ OTHER_VALUES = {"decay": 0.5, "quantize_dropout_cutoff_index": 1, "frac_per_samp
                 "learnable_codebook": True, "lfq": lockstep.LFQ(dim=4), "has_projections": True, "soft_clamp_input_value": 1.5,
                 "affine_param_batch_decay": 0.5, "affine_param_codebook_decay": 0.5, "orthogonal_reg_max_codes": 4}
 # Options whose other value needs another option with it, as the reference requires too.
-COMPANIONS = {"learnable_codebook": dict(ema_update=False), "eval_beam_size": dict(beam_size=2),
+COMPANIONS = {"learnable_codebook": dict(ema_update=False),
+              ("VectorQuantize", "in_place_codebook_optimizer"): dict(learnable_codebook=True, ema_update=False),
+              "eval_beam_size": dict(beam_size=2),
               ("ResidualFSQ", "soft_clamp_input_value"): dict(bound_hard_clamp=False),
               "directional_reparam": dict(threshold_ema_dead_code=1.0), "straight_through": dict(rotation_trick=False),
               "sync_update_v": dict(learnable_codebook=True, ema_update=False)}

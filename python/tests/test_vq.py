@@ -374,12 +374,6 @@ def test_indices_give_the_reference_s_cross_entropy(options):
         ours(torch.randn(2, 12, 8), indices=indices, lens=torch.tensor([12, 3]))
 
 
-def test_unsupported_options_are_type_errors_naming_them():
-    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
-        lockstep.VectorQuantize(dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,
-                                in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-
-
 @pytest.mark.parametrize("options", [
     dict(directional_reparam=True, threshold_ema_dead_code=1e-9, directional_reparam_variance=0.0),
     dict(directional_reparam=True, threshold_ema_dead_code=1e-9, directional_reparam_variance=0.0, codebook_dim=8),

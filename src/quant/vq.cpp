@@ -162,7 +162,8 @@ Vq::Vq(VqOptions options, at::Generator generator) : Quantizer("Vq"), options_(s
   // is a parameter, as in the reference; otherwise a buffer the EMA owns.
   embed_ = options_.codebook_is_parameter() ? register_parameter("embed", embed) : register_buffer("embed", embed);
   cluster_size_ = register_buffer("cluster_size", torch::ones({codebooks, k}));
-  embed_avg_ = register_buffer("embed_avg", embed.clone());
+  // Detached: register_parameter made embed require a gradient, and a buffer with a graph cannot be deep-copied.
+  embed_avg_ = register_buffer("embed_avg", embed.detach().clone());
   initted_ = register_buffer("initted", torch::tensor(options_.kmeans_init() ? 0.0f : 1.0f));
   if (options_.affine_param()) {
     batch_mean_ = register_buffer("batch_mean", torch::zeros({codebooks, 1, cd}));
@@ -186,8 +187,14 @@ at::Tensor Vq::searched_codebook(const at::Tensor& bridged) const {
   }
   const at::Tensor codes =
       bridged.defined() ? bridged.to(torch::kFloat32) : (options_.learnable_codebook() ? embed_ : embed_.detach());
-  if (!options_.affine_param() || affine_initted_.item<float>() == 0) return codes;
-  return (codes - codebook_mean_) * (std_of(batch_variance_) / std_of(codebook_variance_)) + batch_mean_;
+  const at::Tensor scale = affine_scale();
+  if (!scale.defined()) return codes;
+  return (codes - codebook_mean_) * scale + batch_mean_;
+}
+
+at::Tensor Vq::affine_scale() const {
+  if (!options_.affine_param() || affine_initted_.item<float>() == 0) return {};
+  return std_of(batch_variance_) / std_of(codebook_variance_);
 }
 
 at::Tensor Vq::in_codebook_frame(const at::Tensor& tokens) const {
@@ -445,6 +452,23 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
   // The affine statistics follow every training call, frozen codebook or not, as the reference's.
   if (may_change_state) result.update = state_update(counted_tokens, only_counted(indices), ctx, true, call);
+  if (may_change_state && keep_in_place_gradient_ && !ctx.freeze_codebook) {
+    const at::Tensor counted_codes = only_counted(q).detach();
+    result.losses["in_place"] =
+        counted_tokens.numel() > 0 ? torch::mse_loss(counted_codes, counted_tokens) : tokens.sum() * 0;
+    auto in_place = in_place_update(counted_tokens, only_counted(indices), codebook.detach(), affine_scale());
+    if (ctx.defer_updates && result.update) {
+      result.update = [first = std::move(result.update), in_place](Reducer& r) {
+        first(r);
+        in_place(r);
+      };
+    } else if (ctx.defer_updates) {
+      result.update = std::move(in_place);
+    } else {
+      LocalReducer local;
+      in_place(ctx.reducer ? *ctx.reducer : local);
+    }
+  }
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
   // codebook before the update (its gradient is still taken at the updated codebook: OrthogonalLoss).
   if (options_.orthogonal_reg_weight() > 0) {

@@ -331,6 +331,14 @@ class Vq final : public Quantizer {
   // cross entropy of given codes over). Differentiable in x, and in a learnable codebook; changes no state.
   // `bridged`: the codebook as a module of the caller's made it from embed (QuantizeContext::codebook).
   at::Tensor code_logits(const at::Tensor& x, const at::Tensor& bridged = {});
+  // For an optimizer of the caller's stepping the codebook on the reference's in-place loss (its
+  // in_place_codebook_optimizer): while on, each training call that may change the codebooks reports loss
+  // "in_place" (the mean squared distance of its counted tokens to their codes, this process's, without a
+  // gradient), and its update adds the gradient of that loss over the global batch to in_place_gradient.
+  void keep_in_place_gradient(bool on) { keep_in_place_gradient_ = on; }
+  // The gradients added since the last take, summed, (C, K, cd), at the codebook the searches took before
+  // any affine_param transform (embed, or QuantizeContext::codebook); undefined when none was. Clears them.
+  at::Tensor take_in_place_gradient();
 
   const VqOptions& options() const { return options_; }
   // Codebook state (C = num_codebooks(), cd = codebook_dim, the layout of the reference): embed
@@ -364,6 +372,12 @@ class Vq final : public Quantizer {
   // `bridged` (QuantizeContext::codebook: embed through the Python module's vq_bridge, (C, K, cd)) takes
   // embed's place when defined.
   at::Tensor searched_codebook(const at::Tensor& bridged = {}) const;
+  // d(searched codebook)/d(codes) of affine_param, (C, 1, cd); undefined where the search takes the codes.
+  at::Tensor affine_scale() const;
+  // One call's in-place gradient (keep_in_place_gradient), added when run: counted tokens (C, M, cd), their
+  // indices (C, M), the codebook searched (C, K, cd) and affine_scale() as the search found it.
+  std::function<void(Reducer&)> in_place_update(const at::Tensor& tokens, const at::Tensor& indices,
+                                                const at::Tensor& searched, const at::Tensor& scale);
   // affine_param: folds the counted tokens' global statistics and the codebook's into the EMAs.
   void update_affine(const at::Tensor& tokens, Reducer& reducer);
   // Tokens (C, M, cd) moved from the batch's statistics to the codebooks' (identity until set).
@@ -405,6 +419,8 @@ class Vq final : public Quantizer {
   // Global statistics accumulated by VqUpdate::accumulate, not yet folded in: counts (C, K), sums (C, K, cd).
   // Not state (as the reference keeps them in the buffers' .grad): undefined when none are pending.
   at::Tensor pending_counts_, pending_sums_;
+  bool keep_in_place_gradient_ = false;
+  at::Tensor in_place_gradient_;  // (C, K, cd) summed; undefined when none is kept
 };
 
 // DiVeQ's output (n, d) for tokens t (n, d) and codes q (n, d) (Vali et al., the reference's

@@ -1,0 +1,165 @@
+"""lockstep.VectorQuantize(in_place_codebook_optimizer=...) beside vector-quantize-pytorch's: an optimizer of the
+user's stepping the codebook's parameters on the in-place loss (each token's squared distance to its code). The
+reference steps in forward (all-reducing the gradient there) and searches again; lockstep takes the gradient over
+the global batch in the training call's backward and steps once backward has accumulated the codebook's gradient,
+so the codebooks move alike while the call's output is of the codebook before its step (docs/python.md). Under
+DDP on 2 processes: test_ddp.py."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lockstep
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+
+def adam(parameters):
+    return torch.optim.Adam(parameters, lr=0.05)
+
+
+def _pair(**options):
+    """The reference's module and lockstep's from its state, each with its in-place optimizer."""
+    torch.manual_seed(0)
+    bridge = options.pop("vq_bridge", None)
+    reference = vqp.VectorQuantize(dim=16, codebook_size=32, in_place_codebook_optimizer=adam, vq_bridge=bridge,
+                                   **options)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, in_place_codebook_optimizer=adam,
+                                   vq_bridge=copy.deepcopy(bridge), **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    if bridge is not None:
+        ours._codebook.vq_bridge.load_state_dict(reference._codebook.vq_bridge.state_dict())
+    return reference, ours
+
+
+def _first_search(reference, x, options):
+    """The codes the reference's first search picks (before its in-place step): nearest in its codebook."""
+    x = reference.project_in(x)
+    codebook = reference._codebook.embed.detach()
+    if reference._codebook.vq_bridge is not None:
+        codebook = reference._codebook.vq_bridge(codebook).detach()
+    heads = options.get("heads", 1)
+    tokens = x.reshape(x.shape[0], x.shape[1], heads, -1).permute(2, 0, 1, 3).reshape(heads, -1, codebook.shape[-1])
+    return torch.cdist(tokens, codebook).argmin(-1).reshape(heads, x.shape[0], x.shape[1]).permute(1, 2, 0).squeeze(-1)
+
+
+LEARNABLE = dict(learnable_codebook=True, ema_update=False)
+
+
+# (The reference's masked forward with heads fails in its commitment loss: no masked case with heads.)
+@pytest.mark.parametrize("options, masked", [
+    (LEARNABLE, False), (LEARNABLE, True),
+    (dict(LEARNABLE, heads=2, separate_codebook_per_head=True, codebook_dim=8), False),
+    (dict(vq_bridge=nn.Sequential(nn.Linear(16, 16), nn.Tanh())), False),
+    (dict(vq_bridge=nn.Sequential(nn.Linear(16, 16), nn.Tanh())), True),
+], ids=["learnable", "learnable-lens", "heads", "bridge", "bridge-lens"])
+def test_the_in_place_optimizer_moves_the_codebook_as_the_references(options, masked):
+    reference, ours = _pair(**options)
+    names = [name for name, _ in reference._codebook.named_parameters()]
+    assert names == [name for name, _ in ours._codebook.named_parameters()]
+    lens = torch.tensor([20, 7]) if masked else None
+    for step in range(4):
+        x = torch.randn(2, 20, 16)
+        expected_indices = _first_search(reference, x, options)
+        out_ref, idx_ref, _, breakdown_ref = reference(x, lens=lens, return_loss_breakdown=True)
+        out, idx, loss, breakdown = ours(x, lens=lens, return_loss_breakdown=True)
+        # Ours are the codes before the step: the reference's first search (its output is of its second).
+        kept = torch.ones(2, 20, dtype=torch.bool) if lens is None else torch.arange(20) < lens[:, None]
+        assert torch.equal(idx[kept], expected_indices[kept]), step
+        torch.testing.assert_close(breakdown.inplace_optimize, breakdown_ref.inplace_optimize, atol=1e-6, rtol=1e-5)
+        # Backward steps the in-place optimizer (the reference stepped in forward); the gradients the caller's
+        # backward leaves are the caller's and stay.
+        (out.sum() + loss).backward()
+        for name, parameter in ours._codebook.named_parameters():
+            torch.testing.assert_close(parameter, reference._codebook.get_parameter(name), atol=1e-5, rtol=1e-5,
+                                       msg=lambda m, name=name: f"step {step}, {name}: {m}")
+            assert parameter.grad is not None, name
+        ours.zero_grad()
+
+
+@pytest.mark.parametrize("options", [
+    dict(learnable_codebook=True, ema_update=False),
+    dict(vq_bridge=nn.Sequential(nn.Linear(16, 16), nn.Tanh())),
+], ids=["learnable", "bridge"])
+def test_a_manual_update_steps_on_the_in_place_and_the_callers_gradients_as_the_references(options):
+    reference, ours = _pair(manual_in_place_optimizer_update=True, **options)
+    for step in range(3):
+        xs = [torch.randn(2, 20, 16).requires_grad_(True)]
+        xs.append(xs[0].detach().clone().requires_grad_(True))
+        out_ref, idx_ref, loss_ref = reference(xs[0])
+        out, idx, loss = ours(xs[1])
+        # Nothing stepped in forward: the reference's second search found what its first did.
+        assert torch.equal(idx, idx_ref), step
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+        for o, l in ((out_ref, loss_ref), (out, loss)):
+            ((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() + l).backward()
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        reference.update_in_place_optimizer()
+        ours.update_in_place_optimizer()
+        for name, parameter in ours._codebook.named_parameters():
+            torch.testing.assert_close(parameter, reference._codebook.get_parameter(name), atol=1e-5, rtol=1e-5,
+                                       msg=lambda m, name=name: f"step {step}, {name}: {m}")
+            assert parameter.grad is None  # zero_grad, as the reference's
+
+
+def test_a_forward_never_backwarded_and_an_evaluation_step_nothing():
+    torch.manual_seed(2)
+    options = dict(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False, in_place_codebook_optimizer=adam)
+    plain = lockstep.VectorQuantize(**options)
+    previewed = copy.deepcopy(plain)
+    x = torch.randn(2, 20, 16)
+    before = plain.codebook.detach().clone()
+    previewed(torch.randn(2, 5, 16))  # a training forward whose outputs are dropped
+    previewed.eval()
+    previewed(torch.randn(2, 5, 16))[2].backward()  # evaluation: no in-place loss
+    assert torch.equal(previewed.codebook, before)
+    previewed.train()
+    for module in (plain, previewed):
+        module(x)[2].backward()
+    assert not torch.equal(plain.codebook, before)
+    torch.testing.assert_close(previewed.codebook, plain.codebook, atol=0, rtol=0)
+
+
+def test_a_copy_steps_its_own_codebook():
+    torch.manual_seed(3)
+    original = lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
+                                       in_place_codebook_optimizer=adam)
+    original(torch.randn(2, 10, 16))[2].backward()  # the optimizer holds Adam state now
+    copied = copy.deepcopy(original)
+    held = [p for group in copied.in_place_codebook_optimizer.param_groups for p in group["params"]]
+    assert held[0] is copied._codebook.embed and held[0] in copied.in_place_codebook_optimizer.state
+    before = original.codebook.detach().clone()
+    copied(torch.randn(2, 10, 16))[2].backward()
+    assert torch.equal(original.codebook, before)
+    assert not torch.equal(copied.codebook, before)
+
+
+def test_what_the_reference_refuses_with_an_in_place_optimizer_is_refused():
+    with pytest.raises(ValueError, match="empty parameter list"):  # an EMA codebook has no parameter, as there
+        lockstep.VectorQuantize(dim=16, codebook_size=32, in_place_codebook_optimizer=adam)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
+                                   in_place_codebook_optimizer=adam)
+    with pytest.raises(AssertionError, match="topk"):
+        ours(torch.randn(2, 5, 16), topk=2)
+    ours.eval()
+    assert ours(torch.randn(2, 5, 16), topk=2)[1].shape == (2, 5, 2)
+    with pytest.raises(TypeError, match="in_place_codebook_optimizer must make an optimizer"):
+        lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
+                                in_place_codebook_optimizer=torch.optim.Adam([torch.zeros(1, requires_grad=True)]))
+    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
+        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
+                            in_place_codebook_optimizer=adam)
+
+
+def test_a_frozen_codebook_is_not_stepped():
+    torch.manual_seed(4)
+    ours = lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
+                                   in_place_codebook_optimizer=adam)
+    before = ours.codebook.detach().clone()
+    out, _, loss, breakdown = ours(torch.randn(2, 10, 16, requires_grad=True), freeze_codebook=True,
+                                   return_loss_breakdown=True)
+    assert float(breakdown.inplace_optimize) == 0.0
+    (out.sum() + loss).backward()
+    assert torch.equal(ours.codebook, before)
