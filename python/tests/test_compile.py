@@ -48,6 +48,9 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
     "ResidualVQ implicit": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
                                                        implicit_neural_codebook=True, mlp_kwargs=dict(depth=1)),
     "ResidualVQ diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True),
+    "ResidualVQ implicit beam": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
+                                                            implicit_neural_codebook=True, beam_size=2,
+                                                            mlp_kwargs=dict(depth=1)),
     "VectorQuantize bridge": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=nn.Sequential(
         nn.Linear(8, 8), nn.Tanh())),
     # The in-place optimizer steps the codebook in backward, after the compiled graph's gradients.

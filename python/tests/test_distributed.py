@@ -185,6 +185,11 @@ def _new_option_module(name):
                                               decay=0.8, seed=3),
         "implicit": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16,
                                                 implicit_neural_codebook=True, seed=3),
+        "implicit_beam": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, beam_size=2,
+                                                     implicit_neural_codebook=True, seed=3),
+        "in_place": lambda: lockstep.VectorQuantize(
+            dim=8, codebook_size=16, learnable_codebook=True, ema_update=False, seed=3,
+            in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.5)),
         "diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True, seed=3),
         "topk_then_update": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3),
         "lfq_rotation": lambda: lockstep.LFQ(dim=8, codebook_size=16, orthogonal_rotation=True, seed=3),
@@ -196,7 +201,7 @@ def _new_option_module(name):
     return made[name]()
 
 
-NEW_OPTIONS = ["beam", "diveq", "implicit", "lfq_rotation", "manual_ema", "orthogonal_max_codes", "shared",
+NEW_OPTIONS = ["beam", "diveq", "implicit", "implicit_beam", "in_place", "lfq_rotation", "manual_ema", "orthogonal_max_codes", "shared",
                "topk_then_update"]
 
 
@@ -231,7 +236,8 @@ def _new_option_ranks(rank, world, name, x):
 @pytest.mark.parametrize("name", NEW_OPTIONS)
 def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
     """Beam search (its chosen paths' statistics), a shared codebook (every layer's statistics, one refresh),
-    implicit neural codebooks and DiVeQ (learned by gradient; DiVeQ's noise keyed by global position), a top-k
+    implicit neural codebooks (greedy and with beam search) and DiVeQ (learned by gradient; DiVeQ's noise keyed
+    by global position), an in-place codebook optimizer (stepped in backward on the global batch's gradient), a top-k
     search then update_ema_indices, the orthogonal regulariser over max_codes codes (drawn alike on every rank),
     manual_ema_update with update_ema() between steps, LFQ's orthogonal rotation (drawn from the seed on every
     rank): 2 ranks with half of each batch end where one process with the whole ends."""

@@ -439,6 +439,49 @@ def test_implicit_neural_codebooks_match_the_reference(options):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("options", [dict(beam_size=2), dict(beam_size=3, eval_beam_size=2, quant_grad_frac=0.3),
+                                     dict(beam_size=2, beam_score_quantizer_weights=[1.0, 0.5, 0.25],
+                                          mlp_kwargs=dict(dim_hidden=24, depth=2))],
+                         ids=["beam_2", "beam_3_grad_frac", "weighted_mlp"])
+def test_implicit_neural_codebooks_with_beam_search_match_the_reference(options):
+    """Beam search with QINCo's codebooks: each path's codes at a layer come from that path's sum so far through
+    the MLP. The reference's works for a batch of one item alone (its MLP's condition and the codebook's
+    tokens disagree in shape otherwise), so the comparison takes one: training steps (indices, outputs,
+    losses, input and parameter gradients), then evaluation (eval_beam_size) and decoding."""
+    torch.manual_seed(0)
+    reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True,
+                                    **options)
+    ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, **options)
+    compare_training_steps(reference, ours, (1, 30, 12), 3, [], optimizer=torch.optim.Adam)
+    reference.eval()
+    ours.eval()
+    x = torch.randn(1, 30, 12)
+    out_ref, idx_ref, loss_ref = reference(x)
+    out, idx, loss = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    greedy = ours(x, beam_size=1)[1]
+    assert torch.equal(greedy, reference(x, beam_size=1)[1]) and not torch.equal(greedy, idx)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_an_implicit_beam_search_over_a_batch_searches_each_item_as_alone(training):
+    """Where the reference fails (a batch of more than one item), each item's paths are its own: the batch's
+    indices and outputs are each item's searched alone."""
+    torch.manual_seed(1)
+    rvq = lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, beam_size=3)
+    rvq.train(training)
+    x = torch.randn(3, 10, 8)
+    with torch.no_grad():  # a training forward without gradients changes nothing
+        out, idx, _ = rvq(x)
+        alone = [rvq(x[i:i + 1]) for i in range(3)]
+    assert torch.equal(idx, torch.cat([a[1] for a in alone]))
+    torch.testing.assert_close(out, torch.cat([a[0] for a in alone]), atol=1e-6, rtol=1e-6)
+    assert not torch.equal(idx, rvq(x, beam_size=1)[1])
+
+
 def test_implicit_neural_codebooks_refuse_what_the_reference_refuses():
     with pytest.raises(AssertionError):
         ReferenceResidualVQ(dim=8, num_quantizers=2, codebook_size=8, implicit_neural_codebook=True, use_cosine_sim=True)

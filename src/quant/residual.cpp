@@ -30,8 +30,6 @@ void ResidualOptions::validate() const {
   }
   LOCKSTEP_CHECK_ARG(mlp_depth_ >= 0 && mlp_hidden_ >= 0, "residual: mlp_depth = ", mlp_depth_,
                      " and mlp_hidden = ", mlp_hidden_, " must be >= 0");
-  LOCKSTEP_CHECK_ARG(!(implicit_neural_codebook_ && (beam_size_ > 1 || eval_beam_size_ > 1)),
-                     "residual: implicit_neural_codebook with beam search is not computed by lockstep yet");
   LOCKSTEP_CHECK_ARG(beam_size_ >= 0 && eval_beam_size_ >= 0, "residual: beam_size = ", beam_size_,
                      " and eval_beam_size = ", eval_beam_size_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
@@ -241,7 +239,13 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     const int64_t paths = residual.size(1);
     QuantizeContext layer_ctx = ctx;
     if (mask.defined()) layer_ctx.mask = mask.reshape({m, 1}).expand({m, paths});
-    const VqTopk top = vq.quantize_topk(residual, beam, layer_ctx);  // (M, J, k, ...)
+    VqTopk top;                     // (M, J, k, ...)
+    if (!mlps_.empty() && l > 0) {  // each path's codes from the base codebook and the path's codes before
+      const at::Tensor codes = mlps_[static_cast<size_t>(l - 1)]->forward(vq.embed()[0], total.reshape({-1, ld}));
+      top = vq.quantize_topk_implicit(residual, codes, beam, layer_ctx);
+    } else {
+      top = vq.quantize_topk(residual, beam, layer_ctx);
+    }
     const int64_t k = top.indices.size(2);
     // The reference's loss of a code: weighted when the weight is > 0; in training with weight 0, none.
     const double weight = vq.options().commitment_weight();

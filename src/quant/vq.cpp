@@ -13,27 +13,16 @@
 #include "lockstep/quant/kmeans.h"
 #include "lockstep/quant/search_log.h"
 #include "quant_paths.h"
+#include "vq_internal.h"
 
 namespace lockstep::quant {
-namespace {
-// The reference's l2norm (F.normalize with eps 1e-6).
+namespace vq_detail {
 at::Tensor l2norm(const at::Tensor& t) {
   return torch::nn::functional::normalize(t, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
 }
 
 at::Generator or_default(const at::Generator& g) { return g.defined() ? g : at::detail::getDefaultCPUGenerator(); }
 
-// `count` distinct rows of `samples` (n, d) when n >= count, else `count` rows with repeats, as the
-// reference's sample_vectors.
-at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator generator) {
-  const int64_t n = samples.size(0);
-  const at::Tensor rows = n >= count ? torch::randperm(n, generator, torch::kInt64).narrow(0, 0, count)
-                                     : torch::randint(0, n, {count}, generator, torch::kInt64);
-  return samples.index_select(0, rows.to(samples.device()));  // drawn on the host: the same on every device
-}
-
-// The hashed uniform of (token, code) for tokens first..first+len-1 and codes 0..k-1, counter
-// token * k + code: on the host for CPU tensors, from torch operations on other devices.
 at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const at::TensorOptions& on) {
   if (on.device().is_cpu()) {
     at::Tensor u = torch::empty({len, k}, torch::kFloat32);
@@ -49,6 +38,22 @@ at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const a
   const auto i64 = on.dtype(torch::kInt64);
   const at::Tensor tokens = torch::arange(first, first + len, i64).unsqueeze(1);
   return detail::hashed_uniform_torch(key, tokens * k + torch::arange(k, i64));
+}
+}  // namespace vq_detail
+
+using vq_detail::l2norm;
+using vq_detail::or_default;
+using vq_detail::uniforms;
+
+namespace {
+
+// `count` distinct rows of `samples` (n, d) when n >= count, else `count` rows with repeats, as the
+// reference's sample_vectors.
+at::Tensor sample_rows(const at::Tensor& samples, int64_t count, at::Generator generator) {
+  const int64_t n = samples.size(0);
+  const at::Tensor rows = n >= count ? torch::randperm(n, generator, torch::kInt64).narrow(0, 0, count)
+                                     : torch::randint(0, n, {count}, generator, torch::kInt64);
+  return samples.index_select(0, rows.to(samples.device()));  // drawn on the host: the same on every device
 }
 
 // Each token's logit for each code (len, K): minus the Euclidean distance (the reference's cdist, clamped
@@ -602,66 +607,6 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
     result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
     result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
   }
-  return result;
-}
-
-QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx) {
-  const int64_t cd = options_.codebook_dim();
-  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !project_in_ && !options_.affine_param(),
-                     "vq: per-token codebooks take one head, no projection and no affine_param");
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == cd, "vq: expected tokens (b, n, ", cd, "), got ", x.sizes());
-  const int64_t b = x.size(0);
-  const int64_t n = x.size(1);
-  const int64_t m = b * n;
-  const int64_t k = options_.codebook_size();
-  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
-                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
-  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
-  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
-  const at::Tensor mask = checked_mask(ctx, x, "vq");
-  at::Tensor indices;
-  {
-    torch::NoGradGuard no_grad;
-    const bool sampled = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
-    uint64_t key = 0;
-    if (sampled) {  // drawn even when the choice is replayed: later draws see the generator as then
-      at::Generator gen = or_default(ctx.generator);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
-    }
-    indices = choose_codes(ctx, {m}, [&] {
-      // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
-      at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
-                                                    : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
-      if (sampled) {
-        const at::Tensor u = uniforms(key, ctx.first_item * n, m, k, logits.options());
-        logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
-      }
-      return logits.argmax(1);  // (M)
-    });
-  }
-  const at::Tensor q = book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
-  at::Tensor out;
-  if (!is_training()) {
-    out = tokens.requires_grad() ? q.detach() + (tokens - tokens.detach()) : q.detach();
-  } else {
-    out = estimated(tokens, q, or_default(ctx.generator), ctx.first_item * n);
-  }
-  QuantizerOutput result;
-  at::Tensor counted;
-  if (mask.defined()) counted = mask.reshape(-1).nonzero().squeeze(1);
-  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(0, counted) : t; };
-  const at::Tensor commit_codes = ctx.freeze_codebook ? only_counted(q).detach() : only_counted(q);
-  const at::Tensor commitment =
-      only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
-  result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
-  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
-    result.update =
-        state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});
-  }
-  result.quantized = out.reshape({b, n, cd}).to(x.scalar_type());
-  result.indices = indices.reshape({b, n});
-  apply_mask(mask, result.quantized, result.indices);
   return result;
 }
 

@@ -277,8 +277,29 @@ TEST(Residual, ImplicitCodebooksComeFromTheCodesBefore) {
   EXPECT_TRUE(torch::equal((residual - codes + 1e-6).norm(2, -1).argmin(1), out.indices.select(2, 1).reshape(-1)));
   (out.quantized.sum() + out.total_loss()).backward();
   EXPECT_TRUE(vq1.embed().grad().defined());
-  EXPECT_THROW(make_residual_vq(ResidualOptions(2).implicit_neural_codebook(true).beam_size(2), VqOptions(4, 8)),
-               InvalidArgument);
+}
+
+// Beam search with implicit codebooks: each path's codes at a layer from that path's sum so far; the paths'
+// top-k codes are each path's nearest among its own codes, and the best path decodes to the output.
+TEST(Residual, ImplicitCodebooksTakeEachBeamPathsOwnCodes) {
+  auto rvq =
+      make_residual_vq(ResidualOptions(3).implicit_neural_codebook(true).beam_size(3), VqOptions(4, 8), seeded(1));
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({2, 6, 4});
+  rvq->eval();
+  const QuantizerOutput beam = rvq->quantize(x, {});
+  EXPECT_TRUE(torch::allclose(rvq->decode(beam.indices), beam.quantized, 1e-5, 1e-5));
+  EXPECT_FALSE(torch::equal(beam.indices, rvq->quantize_beam(x, {}, 1).indices));
+  // Vq's per-token top-k: the k nearest of each token's own codes, best first; k = 1 is quantize_implicit's.
+  auto& vq1 = dynamic_cast<Vq&>(*rvq->layers()[1]);
+  const at::Tensor tokens = torch::randn({3, 2, 4});
+  const at::Tensor codes = torch::randn({6, 8, 4});
+  const VqTopk top = vq1.quantize_topk_implicit(tokens, codes, 3, {});
+  const at::Tensor distances = (tokens.reshape({6, 1, 4}) - codes + 1e-6).norm(2, -1);
+  EXPECT_TRUE(torch::equal(top.indices.reshape({6, 3}), std::get<1>(distances.topk(3, 1, /*largest=*/false))));
+  EXPECT_TRUE(torch::equal(top.indices.select(2, 0), vq1.quantize_implicit(tokens, codes, {}).indices));
+  EXPECT_TRUE(
+      torch::allclose(top.code_loss.reshape({6, 3}), std::get<0>(distances.topk(3, 1, false)).pow(2) / 4, 1e-4, 1e-5));
 }
 
 TEST(Residual, EachLayerHasTheCodebookSizeItIsGiven) {

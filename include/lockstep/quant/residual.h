@@ -75,7 +75,8 @@ struct ResidualOptions {
   // residual-vq: QINCo's implicit neural codebooks (the reference's implicit_neural_codebook): layer l > 0
   // takes, per token, its codes from its base codebook and the sum of the layers before it through a small
   // MLP (quant/implicit_codebook.h, `mlp_depth` blocks of width `mlp_hidden`, 0: the code's dimension);
-  // the codebooks and MLPs are learned by gradient (no EMA), as there.
+  // the codebooks and MLPs are learned by gradient (no EMA), as there. With beam search each path's
+  // codes come from that path's sum.
   ResidualOptions& implicit_neural_codebook(bool on) {
     implicit_neural_codebook_ = on;
     return *this;

@@ -315,6 +315,10 @@ class Vq final : public Quantizer {
   // the output, its estimator and the commitment loss differentiable in the codes (a learned codebook).
   // Statistics (dead codes) as quantize's, of the chosen indices.
   QuantizerOutput quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx);
+  // quantize_topk() with each token's own codes, `codes` (b * n, K, codebook_dim), as quantize_implicit takes
+  // them: each token's k best by the same distance (sampled the same way in training), the code losses
+  // differentiable in the codes. No statistics: the caller updates from the codes it keeps (update_from).
+  VqTopk quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx);
   // The end of a training call whose updates did not refresh the codebook (VqUpdate::refresh_codebook
   // false, a codebook shared by residual layers): the codebook recomputed from the statistics (with
   // ema_update), then dead codes replaced from x (b, n, dim), every layer's input together (ctx.mask
@@ -365,6 +369,13 @@ class Vq final : public Quantizer {
   // are keyed by it).
   at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
                     int64_t first_token, SearchLog* searches = nullptr) const;
+  // InvalidArgument unless x (b, n, codebook_dim) and codes (b * n, K, codebook_dim) suit a per-token search.
+  void check_implicit(const at::Tensor& x, const at::Tensor& codes) const;
+  // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
+  // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
+  // stochastic_sample_codes, rows keyed from first_row; recorded or replayed through ctx.searches.
+  at::Tensor implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
+                            const QuantizeContext& ctx, int64_t first_row) const;
   // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
   static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
   // The codebooks the search takes: embed (detached unless learnable), moved to the batch's

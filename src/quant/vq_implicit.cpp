@@ -1,0 +1,125 @@
+// Vq's searches among each token's own codes (an implicit neural codebook's, quant/implicit_codebook.h):
+// the greedy layer of a residual stack, and the top-k of its beam search.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include "lockstep/core/error.h"
+#include "lockstep/core/random.h"
+#include "lockstep/quant/search_log.h"
+#include "lockstep/quant/vq.h"
+#include "vq_internal.h"
+
+namespace lockstep::quant {
+
+using vq_detail::l2norm;
+using vq_detail::or_default;
+using vq_detail::uniforms;
+
+void Vq::check_implicit(const at::Tensor& x, const at::Tensor& codes) const {
+  const int64_t cd = options_.codebook_dim();
+  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !project_in_ && !options_.affine_param(),
+                     "vq: per-token codebooks take one head, no projection and no affine_param");
+  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == cd, "vq: expected tokens (b, n, ", cd, "), got ", x.sizes());
+  const int64_t m = x.size(0) * x.size(1);
+  const int64_t k = options_.codebook_size();
+  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
+                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
+}
+
+at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
+                              const QuantizeContext& ctx, int64_t first_row) const {
+  torch::NoGradGuard no_grad;
+  const int64_t m = tokens.size(0);
+  const int64_t k = book.size(1);
+  const bool sampled = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
+  uint64_t key = 0;
+  if (sampled) {  // drawn even when the choice is replayed: later draws see the generator as then
+    at::Generator gen = or_default(ctx.generator);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
+  }
+  const std::vector<int64_t> shape = top ? std::vector<int64_t>{m, *top} : std::vector<int64_t>{m};
+  return choose_codes(ctx, shape, [&] {
+    // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
+    at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
+                                                  : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
+    if (sampled) {
+      const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
+      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+    }
+    return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
+  });
+}
+
+QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx) {
+  check_implicit(x, codes);
+  const int64_t cd = options_.codebook_dim();
+  const int64_t b = x.size(0);
+  const int64_t n = x.size(1);
+  const int64_t m = b * n;
+  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
+  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  const at::Tensor indices = implicit_codes(tokens, book, std::nullopt, ctx, ctx.first_item * n);  // (M)
+  const at::Tensor q = book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);   // (M, cd)
+  at::Tensor out;
+  if (!is_training()) {
+    out = tokens.requires_grad() ? q.detach() + (tokens - tokens.detach()) : q.detach();
+  } else {
+    out = estimated(tokens, q, or_default(ctx.generator), ctx.first_item * n);
+  }
+  QuantizerOutput result;
+  at::Tensor counted;
+  if (mask.defined()) counted = mask.reshape(-1).nonzero().squeeze(1);
+  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(0, counted) : t; };
+  const at::Tensor commit_codes = ctx.freeze_codebook ? only_counted(q).detach() : only_counted(q);
+  const at::Tensor commitment =
+      only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
+  result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
+  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+    result.update =
+        state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});
+  }
+  result.quantized = out.reshape({b, n, cd}).to(x.scalar_type());
+  result.indices = indices.reshape({b, n});
+  apply_mask(mask, result.quantized, result.indices);
+  return result;
+}
+
+VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx) {
+  check_implicit(x, codes);
+  LOCKSTEP_CHECK_ARG(k >= 1, "vq: top-k takes k >= 1, got ", k);
+  k = std::min(k, options_.codebook_size());
+  const int64_t cd = options_.codebook_dim();
+  const int64_t b = x.size(0);
+  const int64_t n = x.size(1);
+  const int64_t m = b * n;
+  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
+  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  const at::Tensor indices = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
+  const at::Tensor q = book.gather(1, indices.unsqueeze(2).expand({m, k, cd}));         // (M, k, cd)
+  const at::Tensor token = tokens.unsqueeze(1).expand({m, k, cd});
+  at::Tensor out;
+  if (!is_training()) {
+    out = token.requires_grad() ? q.detach() + (token - token.detach()) : q.detach();
+  } else {
+    out = estimated(token.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator), ctx.first_item * n * k)
+              .reshape({m, k, cd});
+  }
+  VqTopk result;
+  result.code_loss = (token - (ctx.freeze_codebook ? q.detach() : q)).pow(2).mean(-1).reshape({b, n, k});
+  result.quantized = out.reshape({b, n, k, cd}).to(x.scalar_type());
+  result.indices = indices.reshape({b, n, k});
+  if (mask.defined()) {
+    const at::Tensor padding = mask.logical_not();
+    result.quantized = result.quantized.masked_fill(padding.reshape({b, n, 1, 1}), 0.0);
+    result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
+    result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
+  }
+  return result;
+}
+
+}  // namespace lockstep::quant

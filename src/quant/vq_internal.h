@@ -1,0 +1,18 @@
+// Helpers vq.cpp shares with vq_implicit.cpp (and nothing else): not part of the public interface.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace lockstep::quant::vq_detail {
+
+// The reference's l2norm (F.normalize with eps 1e-6).
+at::Tensor l2norm(const at::Tensor& t);
+// `g`, or torch's default CPU generator when undefined.
+at::Generator or_default(const at::Generator& g);
+// The hashed uniform of (token, code) for tokens first..first+len-1 and codes 0..k-1, counter
+// token * k + code: on the host for CPU tensors, from torch operations on other devices.
+at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const at::TensorOptions& on);
+
+}  // namespace lockstep::quant::vq_detail
