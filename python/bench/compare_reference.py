@@ -111,9 +111,23 @@ CASES = [
      lambda: (vqp.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True),
               lockstep.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True)),
      (4, 256, 32)),
+    # The reference's implicit beam search takes one item alone (its shapes disagree for more).
+    ("ResidualVQ implicit beam 2", "1x1024, d 32, 4 x K 256",
+     lambda: (vqp.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True, beam_size=2),
+              lockstep.ResidualVQ(dim=32, codebook_size=256, num_quantizers=4, implicit_neural_codebook=True,
+                                  beam_size=2)), (1, 1024, 32)),
+    ("VectorQuantize in-place optimizer", "16x1024, d 64, K 512, Adam",
+     lambda: (vqp.VectorQuantize(dim=64, codebook_size=512, learnable_codebook=True, ema_update=False,
+                                 in_place_codebook_optimizer=_adam),
+              lockstep.VectorQuantize(dim=64, codebook_size=512, learnable_codebook=True, ema_update=False,
+                                      in_place_codebook_optimizer=_adam)), (16, 1024, 64)),
     ("LFQ masked", "16x1024, K 2^10, half the items",
      lambda: (_Masked(vqp.LFQ(codebook_size=2**10)), _Masked(lockstep.LFQ(codebook_size=2**10))), (16, 1024, 10)),
 ]
+
+
+def _adam(parameters):
+    return torch.optim.Adam(parameters, lr=1e-3)
 
 
 def _vq_pair(d, k):

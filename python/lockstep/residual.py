@@ -4,7 +4,9 @@ import re
 from types import MappingProxyType
 
 import torch
+from torch import nn
 
+from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, identity, only_defaults, padding_mask, refuse,
                          refuse_forward_options)
 from .fsq import fsq_options
@@ -99,6 +101,42 @@ class _Residual(LockstepQuantizer):
         return out.reshape(*indices.shape[:-1], out.shape[-1])
 
 
+class _Layers(nn.Module):
+    """ResidualVQ's `layers`: the holder of each layer's tensors, indexable and iterable as the reference's
+    ModuleList."""
+
+    def _in_order(self):
+        return [self._modules[key] for key in sorted(self._modules, key=int)]
+
+    def __getitem__(self, q):
+        return self._in_order()[q]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._in_order())
+
+
+class _ResidualVqLayer(nn.Module):
+    """A layer of ResidualVQ (its `_codebook` tensors; `in_place_codebook_optimizer` when given). It finds its
+    quantizer by handle: a reference to it would be a cycle."""
+
+    @property
+    def codebook(self):
+        """The layer's codebook, as a VectorQuantize's `codebook`: (codebook_size, codebook_dim)."""
+        embed = self._codebook.embed
+        return embed if embed.shape[0] > 1 else embed[0]
+
+    def update_in_place_optimizer(self):
+        """The layer's in-place optimizer's step, as VectorQuantize.update_in_place_optimizer (what
+        manual_in_place_optimizer_update=True leaves to the caller)."""
+        optimizer = self.__dict__.get("in_place_codebook_optimizer")
+        if optimizer is not None:
+            module = _ops._module(self._quantizer_handle)
+            _in_place.add_and_step(optimizer, module._in_place_gradients(self._index))
+
+
 class ResidualVQ(_Residual):
     """ResidualVQ(dim=, num_quantizers=, codebook_size=, ...) as vector-quantize-pytorch's: each layer
     a VectorQuantize (its arguments are passed on) quantizing what the layers before left; forward(x)
@@ -143,10 +181,11 @@ class ResidualVQ(_Residual):
         if own["vq_bridge"] is not None:
             refuse("lockstep.ResidualVQ", "vq_bridge", own["vq_bridge"], "None: a bridge is VectorQuantize's; the "
                    "residual layers would each take the one module, which lockstep does not run between them")
-        if own["in_place_codebook_optimizer"] is not None:
-            refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", own["in_place_codebook_optimizer"],
-                   "None: VectorQuantize takes one; the residual layers' codebooks are searched in one liblockstep "
-                   "call, which no optimizer of theirs steps between")
+        in_place = own["in_place_codebook_optimizer"]
+        if in_place is not None and (shared_codebook or implicit_neural_codebook):
+            refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", in_place,
+                   "None with shared_codebook or implicit_neural_codebook (the reference's shared codebook never "
+                   "steps it; implicit codes are made from the codebook by the MLPs, inside liblockstep's search)")
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
@@ -194,6 +233,45 @@ class ResidualVQ(_Residual):
         self.return_zeros_for_masked_padding = bool(return_zeros_for_masked_padding)
         self.freeze_codebook = freeze_codebook
         self.sync_codebook = own["sync_codebook"]
+        # Each layer's in-place optimizer over its codebook's parameters, as the reference's layers make theirs.
+        self._in_place_manual = own["manual_in_place_optimizer_update"]
+        self._in_place = in_place is not None
+        for layer in (self.layers if self._in_place else ()):
+            layer.in_place_codebook_optimizer = in_place(layer._codebook.parameters())
+        self._start_in_place_updates()
+
+    def _register_ops(self):
+        super()._register_ops()
+        layers = self._modules["layers"]  # made when the tensors were adopted: indexable, as a ModuleList
+        layers.__class__ = _Layers
+        for q, layer in enumerate(layers):
+            layer.__class__ = _ResidualVqLayer
+            layer._quantizer_handle, layer._index = self._handle, q
+        if self.__dict__.get("_in_place"):  # a copy's (deepcopy, unpickling): its optimizers take the new tensors
+            for layer in layers:
+                _in_place.rebind(layer.in_place_codebook_optimizer, list(layer._codebook.parameters()))
+            self._start_in_place_updates()
+
+    def _start_in_place_updates(self):
+        """With in-place optimizers: liblockstep keeps each layer's in-place gradient, and unless
+        manual_in_place_optimizer_update each layer's optimizer steps once backward has accumulated the layer's
+        codebook gradient (VectorQuantize's, docs/python.md)."""
+        for q, layer in enumerate(self.layers if self._in_place else ()):
+            self._core.layer(q).vq_keep_in_place_gradient(True)
+            if not self._in_place_manual:
+                _in_place.after_backward(layer._codebook.embed, self, "_in_place_step", q)
+
+    def _in_place_gradients(self, q):
+        layer = self.layers[q]
+        return _in_place.gradients(layer.in_place_codebook_optimizer,
+                                   self._core.layer(q).vq_take_in_place_gradient(), layer._codebook)
+
+    def _in_place_step(self, q):
+        _in_place.step_alone(self.layers[q].in_place_codebook_optimizer, self._in_place_gradients(q))
+
+    def _all_loss_names(self, names):
+        names = super()._all_loss_names(names)
+        return names | ({f"layer{q}.in_place" for q in range(self.num_quantizers)} if self._in_place else set())
 
     def _reduces_over_group(self):
         return self.sync_codebook
@@ -227,11 +305,16 @@ class ResidualVQ(_Residual):
         # The layers' freeze_codebook holds unless forward freezes them (the reference's forward default,
         # False, overrides its layers' setting: a deliberate difference).
         # A beam given to forward replaces the module's (beam_size in training, eval_beam_size in evaluation).
+        beam = beam_size if beam_size is not None else (self.beam_size if self.training else self.eval_beam_size)
+        if self.training and self._in_place and beam is not None and int(beam) > 1:  # the reference's assertion
+            raise AssertionError("lockstep.ResidualVQ: beam search takes each layer's top-k codes, which are not "
+                                 "taken in training with an in_place_codebook_optimizer, as the reference's")
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook),
                                               beam_size=None if beam_size is None else int(beam_size))
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
+        losses = {name: loss for name, loss in losses.items() if not name.endswith(".in_place")}  # values only
         losses = self._per_layer_losses(losses, out.device)  # one commitment loss per layer, in order
         if indices is not None:
             # The training call's state update rides on the backward of what is returned (the reference

@@ -1,12 +1,11 @@
 """Vector quantization with an EMA codebook (vector_quantize_pytorch.VectorQuantize's arguments
 and return values)."""
-import weakref
-from collections import defaultdict, namedtuple
+from collections import namedtuple
 
 import torch
 from torch import nn
 
-from . import _ops
+from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, padding_mask,
                          refuse, refuse_forward_options)
 
@@ -112,19 +111,6 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     return options
 
 
-def _rebind_optimizer(optimizer, params):
-    """The optimizer of a copied module, whose parameters a copy made anew (liblockstep's tensors took their
-    places): the module's `params` in the same order take theirs, with their state."""
-    old = [p for group in optimizer.param_groups for p in group["params"]]
-    if len(old) != len(params):
-        raise RuntimeError(f"lockstep.VectorQuantize: the copied in-place optimizer holds {len(old)} parameters, "
-                           f"the copy's codebook {len(params)}")
-    moved = dict(zip(map(id, old), params))
-    for group in optimizer.param_groups:
-        group["params"] = [moved[id(p)] for p in group["params"]]
-    optimizer.state = defaultdict(dict, {moved.get(id(p), p): state for p, state in optimizer.state.items()})
-
-
 def _reference_name(name):
     """The reference keeps its codebook's tensors under `_codebook.` and its projections (codebook_dim) at the top."""
     return name if name.startswith(("project_in.", "project_out.")) else f"_codebook.{name}"
@@ -216,56 +202,23 @@ class VectorQuantize(LockstepQuantizer):
         self._start_in_place_updates()
 
     def _start_in_place_updates(self):
-        """With an in-place optimizer: liblockstep keeps each training call's in-place gradient (its global
-        batch's, summed in backward), and unless manual_in_place_optimizer_update the optimizer steps on it once
-        backward has accumulated the codebook's gradient (every use of the codebook in the graph done)."""
+        """With an in-place optimizer: liblockstep keeps each training call's in-place gradient, and unless
+        manual_in_place_optimizer_update the optimizer steps on it once backward has accumulated the codebook's
+        gradient (docs/python.md)."""
         self._in_place_hook = None
         if getattr(self, "in_place_codebook_optimizer", None) is None:
             return
         self._core.vq_keep_in_place_gradient(True)
         embed = self._codebook.embed
         if not self.manual_in_place_optimizer_update and isinstance(embed, nn.Parameter):
-            owner = weakref.ref(self)  # a strong one would make the module and its codebook a cycle
-
-            def step_after_backward(_):
-                module = owner()
-                if module is not None:
-                    module._in_place_step()
-
-            self._in_place_hook = embed.register_post_accumulate_grad_hook(step_after_backward)
+            self._in_place_hook = _in_place.after_backward(embed, self, "_in_place_step")
 
     def _in_place_gradients(self):
-        """{parameter: gradient} of the in-place loss for the optimizer's parameters, from liblockstep's
-        gradient at the codes (through the vq_bridge, when there is one); None when no backward added one."""
-        grad = self._core.vq_take_in_place_gradient()
-        if grad is None:
-            return None
-        embed = self._codebook.embed
-        bridge = self._codebook._modules.get("vq_bridge")
-        wanted = [p for group in self.in_place_codebook_optimizer.param_groups for p in group["params"]
-                  if p.requires_grad]
-        if bridge is None:
-            return {p: grad for p in wanted if p is embed}
-        with torch.enable_grad():
-            bridged = bridge(embed)
-            grads = torch.autograd.grad(bridged, wanted, grad.to(bridged.dtype), allow_unused=True)
-        return {p: g for p, g in zip(wanted, grads) if g is not None}
+        return _in_place.gradients(self.in_place_codebook_optimizer, self._core.vq_take_in_place_gradient(),
+                                   self._codebook)
 
     def _in_place_step(self):
-        """The optimizer's step on the in-place gradient alone (the gradients backward is accumulating for
-        the caller's optimizer are set aside meanwhile), as the reference's step in forward takes it."""
-        grads = self._in_place_gradients()
-        if grads is None:
-            return
-        params = [p for group in self.in_place_codebook_optimizer.param_groups for p in group["params"]]
-        kept = [p.grad for p in params]
-        try:
-            for p in params:
-                p.grad = grads.get(p)
-            self.in_place_codebook_optimizer.step()
-        finally:
-            for p, grad in zip(params, kept):
-                p.grad = grad
+        _in_place.step_alone(self.in_place_codebook_optimizer, self._in_place_gradients())
 
     def update_in_place_optimizer(self):
         """The in-place optimizer's step, as the reference's (what manual_in_place_optimizer_update=True leaves to
@@ -273,12 +226,8 @@ class VectorQuantize(LockstepQuantizer):
         global batch's, reduced in their backward) added to the parameters' gradients, a step, then zero_grad.
         Communicates nothing: the gradients the caller's backward left are the caller's framework's (DDP
         averages them), where the reference all-reduces them here."""
-        if self.in_place_codebook_optimizer is None:
-            return
-        for p, grad in (self._in_place_gradients() or {}).items():
-            p.grad = grad if p.grad is None else p.grad + grad
-        self.in_place_codebook_optimizer.step()
-        self.in_place_codebook_optimizer.zero_grad()
+        if self.in_place_codebook_optimizer is not None:
+            _in_place.add_and_step(self.in_place_codebook_optimizer, self._in_place_gradients())
 
     def _bridged_codebook(self):
         """The codebook through the vq_bridge (differentiable), for liblockstep to search and quantize to; None
@@ -293,7 +242,7 @@ class VectorQuantize(LockstepQuantizer):
         codebook._quantizer_handle = self._handle
         optimizer = self.__dict__.get("in_place_codebook_optimizer")
         if optimizer is not None:  # a copy's (deepcopy, unpickling): its optimizer takes the adopted tensors
-            _rebind_optimizer(optimizer, list(self._codebook.parameters()))
+            _in_place.rebind(optimizer, list(self._codebook.parameters()))
             self._start_in_place_updates()
 
     @property

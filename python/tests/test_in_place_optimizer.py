@@ -148,9 +148,16 @@ def test_what_the_reference_refuses_with_an_in_place_optimizer_is_refused():
     with pytest.raises(TypeError, match="in_place_codebook_optimizer must make an optimizer"):
         lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
                                 in_place_codebook_optimizer=torch.optim.Adam([torch.zeros(1, requires_grad=True)]))
-    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
-        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
-                            in_place_codebook_optimizer=adam)
+    for stack in (dict(shared_codebook=True), dict(implicit_neural_codebook=True)):
+        with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
+            lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
+                                in_place_codebook_optimizer=adam, **stack)
+    rvq = lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
+                              in_place_codebook_optimizer=adam, eval_beam_size=2, beam_size=2)
+    with pytest.raises(AssertionError, match="top-k"):  # a beam's top-k codes in training, as the reference
+        rvq(torch.randn(2, 5, 16))
+    rvq.eval()
+    assert rvq(torch.randn(2, 5, 16))[1].shape == (2, 5, 2)
 
 
 def test_a_frozen_codebook_is_not_stepped():
@@ -163,3 +170,65 @@ def test_a_frozen_codebook_is_not_stepped():
     assert float(breakdown.inplace_optimize) == 0.0
     (out.sum() + loss).backward()
     assert torch.equal(ours.codebook, before)
+
+
+def _residual_pair(**options):
+    torch.manual_seed(5)
+    options = dict(dim=16, num_quantizers=3, codebook_size=32, learnable_codebook=True, ema_update=False,
+                   in_place_codebook_optimizer=adam, **options)
+    reference = vqp.ResidualVQ(**options)
+    ours = lockstep.ResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    assert len(ours.layers) == 3 and isinstance(ours.layers[2].in_place_codebook_optimizer, torch.optim.Adam)
+    return reference, ours
+
+
+def _layer_codebooks(module):
+    return [layer._codebook.embed.detach().clone() for layer in module.layers]
+
+
+def test_a_residual_stacks_manual_in_place_updates_are_the_references():
+    """Each layer's optimizer, stepped by the caller after backward: nothing moves in forward, so outputs,
+    indices, losses and every layer's codebook equal the reference's."""
+    reference, ours = _residual_pair(manual_in_place_optimizer_update=True)
+    for step in range(3):
+        x = torch.randn(2, 20, 16, requires_grad=True)  # an encoder's output (the estimator's gradient path)
+        out_ref, idx_ref, loss_ref = reference(x)
+        out, idx, loss = ours(x)
+        assert torch.equal(idx, idx_ref), step
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+        for o, l in ((out_ref, loss_ref), (out, loss)):
+            ((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() + l.sum()).backward()
+        for module in (reference, ours):
+            for layer in module.layers:
+                layer.update_in_place_optimizer()
+        for q, (a, b) in enumerate(zip(_layer_codebooks(ours), _layer_codebooks(reference))):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, q=q: f"step {step}, layer {q}: {m}")
+
+
+def test_a_residual_stacks_layers_step_in_backward():
+    """Each layer's optimizer steps in backward on its in-place gradient alone: layer 0 moves as the reference's
+    (its input is the stack's; the later layers' inputs are what the reference's stepped codes leave), and the
+    stack ends where the same stack stepped by hand on the in-place gradients alone ends."""
+    reference, ours = _residual_pair()
+    by_hand = copy.deepcopy(ours)
+    for layer in by_hand.layers:  # the same optimizers, stepped by the test after each backward
+        layer.in_place_codebook_optimizer = adam(layer._codebook.parameters())
+    by_hand._in_place_manual = True
+    by_hand = copy.deepcopy(by_hand)  # made anew: no hooks
+    start = _layer_codebooks(ours)
+    for step in range(3):
+        x = torch.randn(2, 20, 16, requires_grad=True)
+        reference(x)
+        for module in (ours, by_hand):
+            out, _, loss = module(x)
+            (out.sum() + loss.sum()).backward()
+        for layer in by_hand.layers:
+            layer.zero_grad()  # the caller's gradients are not the in-place step's
+            layer.update_in_place_optimizer()
+        torch.testing.assert_close(ours.layers[0]._codebook.embed, reference.layers[0]._codebook.embed,
+                                   atol=1e-5, rtol=1e-5)
+        for q, (a, b) in enumerate(zip(_layer_codebooks(ours), _layer_codebooks(by_hand))):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, q=q: f"step {step}, layer {q}: {m}")
+    assert all(not torch.equal(a, b) for a, b in zip(_layer_codebooks(ours), start))

@@ -34,8 +34,20 @@ at::Tensor ImplicitCodebookImpl::forward(const at::Tensor& codes, const at::Tens
   const int64_t m = condition.size(0);
   const int64_t k = codes.size(0);
   // [condition, code] for every (token, code), as the reference concatenates them.
-  at::Tensor x = proj_in_->forward(
-      torch::cat({condition.unsqueeze(1).expand({m, k, d}), codes.unsqueeze(0).expand({m, k, d})}, -1));
+  return transform(torch::cat({condition.unsqueeze(1).expand({m, k, d}), codes.unsqueeze(0).expand({m, k, d})}, -1));
+}
+
+at::Tensor ImplicitCodebookImpl::forward_pairs(const at::Tensor& codes, const at::Tensor& condition) {
+  const int64_t d = options_.dim();
+  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(2) == d && condition.dim() == 2 && condition.size(1) == d &&
+                         codes.size(0) == condition.size(0),
+                     "implicit codebook: expected each token's codes (M, k, ", d, ") and a condition (M, ", d,
+                     "), got ", codes.sizes(), " and ", condition.sizes());
+  return transform(torch::cat({condition.unsqueeze(1).expand(codes.sizes()), codes}, -1));
+}
+
+at::Tensor ImplicitCodebookImpl::transform(const at::Tensor& pairs) {
+  at::Tensor x = proj_in_->forward(pairs);
   for (auto& block : blocks_) x = block->forward(x) + x;
   if (options_.l2norm_output()) {
     x = torch::nn::functional::normalize(x, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/search_log.h"
+#include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
 
@@ -120,6 +122,28 @@ at::Tensor Residual::passed_on(const at::Tensor& q) const {
   return frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach();
 }
 
+namespace {
+// Layer codes of an implicit codebook for conditions (M, ld): every token's K codes for the search, made
+// without a gradient, and a maker of the chosen ones with it, so the MLP's backward runs on the codes the
+// search chose rather than on all K (the same values: the MLP maps each (condition, code) pair alone).
+std::pair<at::Tensor, Vq::ChosenCodes> implicit_codes(ImplicitCodebook mlp, Vq& vq, const at::Tensor& condition) {
+  const at::Tensor base = vq.embed()[0];
+  at::Tensor all;
+  {
+    torch::NoGradGuard no_grad;
+    all = mlp->forward(base, condition);  // (M, K, ld)
+  }
+  Vq::ChosenCodes chosen = [mlp, base, condition](const at::Tensor& indices) mutable {
+    const at::Tensor per_token = indices.dim() == 1 ? indices.unsqueeze(1) : indices;  // (M, k)
+    const at::Tensor codes =
+        base.index_select(0, per_token.reshape(-1)).reshape({per_token.size(0), per_token.size(1), base.size(1)});
+    const at::Tensor q = mlp->forward_pairs(codes, condition);
+    return indices.dim() == 1 ? q.squeeze(1) : q;
+  };
+  return {all, std::move(chosen)};
+}
+}  // namespace
+
 QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeContext& ctx) {
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   // The layers keep masked tokens out of their statistics (or refuse a mask).
@@ -143,8 +167,8 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
       auto& vq = dynamic_cast<Vq&>(layer);
       const int64_t ld = residual.size(2);
-      const at::Tensor codes = mlps_[static_cast<size_t>(l - 1)]->forward(vq.embed()[0], total.reshape({-1, ld}));
-      out = vq.quantize_implicit(residual, codes, ctx);
+      const auto [codes, chosen] = implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}));
+      out = vq.quantize_implicit(residual, codes, ctx, chosen);
     } else if (options_.shared_codebook()) {  // statistics now, the shared codebook recomputed after the last layer
       VqUpdate track;
       track.refresh_codebook = false;
@@ -241,8 +265,8 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     if (mask.defined()) layer_ctx.mask = mask.reshape({m, 1}).expand({m, paths});
     VqTopk top;                     // (M, J, k, ...)
     if (!mlps_.empty() && l > 0) {  // each path's codes from the base codebook and the path's codes before
-      const at::Tensor codes = mlps_[static_cast<size_t>(l - 1)]->forward(vq.embed()[0], total.reshape({-1, ld}));
-      top = vq.quantize_topk_implicit(residual, codes, beam, layer_ctx);
+      const auto [codes, chosen] = implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}));
+      top = vq.quantize_topk_implicit(residual, codes, beam, layer_ctx, chosen);
     } else {
       top = vq.quantize_topk(residual, beam, layer_ctx);
     }
@@ -350,11 +374,13 @@ at::Tensor Residual::decode_layers(const at::Tensor& indices) {
       auto& vq = dynamic_cast<Vq&>(layer);
       LOCKSTEP_CHECK_ARG(kept.numel() == 0 || kept.max().item<int64_t>() < vq.codebook_size(), kind_,
                          ": indices must lie in [0, ", vq.codebook_size(), ")");
-      at::Tensor book = mlps_[l - 1]->forward(vq.embed()[0], total.reshape({-1, ld}));  // (b n, K, ld)
+      // Each token's code alone through the MLP (b n, 1, ld), not its whole codebook.
+      const at::Tensor base = vq.embed()[0].index_select(0, kept.reshape(-1)).reshape({b * n, 1, ld});
+      q = mlps_[l - 1]->forward_pairs(base, total.reshape({-1, ld}));
       if (vq.options().use_cosine_sim()) {
-        book = torch::nn::functional::normalize(book, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
+        q = torch::nn::functional::normalize(q, torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6));
       }
-      q = book.gather(1, kept.reshape({-1, 1, 1}).expand({b * n, 1, ld})).reshape({b, n, ld});
+      q = q.reshape({b, n, ld});
     } else {
       q = layer.decode(m == 1 ? kept.squeeze(2) : kept);
     }

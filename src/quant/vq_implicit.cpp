@@ -53,7 +53,16 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
   });
 }
 
-QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx) {
+at::Tensor Vq::picked(const ChosenCodes& chosen, const at::Tensor& indices) const {
+  const at::Tensor q = chosen(indices);
+  LOCKSTEP_CHECK_ARG(q.dim() == indices.dim() + 1 && q.sizes().slice(0, indices.dim()) == indices.sizes() &&
+                         q.size(-1) == options_.codebook_dim(),
+                     "vq: the chosen codes of indices ", indices.sizes(), " came as ", q.sizes());
+  return options_.use_cosine_sim() ? l2norm(q) : q;
+}
+
+QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx,
+                                      const ChosenCodes& chosen) {
   check_implicit(x, codes);
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
@@ -63,7 +72,8 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, std::nullopt, ctx, ctx.first_item * n);  // (M)
-  const at::Tensor q = book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);   // (M, cd)
+  const at::Tensor q = chosen ? picked(chosen, indices)
+                              : book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
   at::Tensor out;
   if (!is_training()) {
     out = tokens.requires_grad() ? q.detach() + (tokens - tokens.detach()) : q.detach();
@@ -88,7 +98,8 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   return result;
 }
 
-VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx) {
+VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx,
+                                  const ChosenCodes& chosen) {
   check_implicit(x, codes);
   LOCKSTEP_CHECK_ARG(k >= 1, "vq: top-k takes k >= 1, got ", k);
   k = std::min(k, options_.codebook_size());
@@ -100,7 +111,7 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
   const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
-  const at::Tensor q = book.gather(1, indices.unsqueeze(2).expand({m, k, cd}));         // (M, k, cd)
+  const at::Tensor q = chosen ? picked(chosen, indices) : book.gather(1, indices.unsqueeze(2).expand({m, k, cd}));
   const at::Tensor token = tokens.unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
   if (!is_training()) {

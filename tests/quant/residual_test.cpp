@@ -279,6 +279,25 @@ TEST(Residual, ImplicitCodebooksComeFromTheCodesBefore) {
   EXPECT_TRUE(vq1.embed().grad().defined());
 }
 
+// The MLP maps each (condition, code) pair alone: forward_pairs on the codes a search chose gives forward's rows
+// of them, and its gradient is theirs (what lets backward run the MLP on the chosen codes alone).
+TEST(Residual, AnImplicitCodebooksChosenPairsAreItsRowsOfThem) {
+  ImplicitCodebook mlp(ImplicitCodebookOptions(4).depth(2));
+  torch::manual_seed(4);
+  const at::Tensor codes = torch::randn({8, 4}, torch::requires_grad());
+  const at::Tensor condition = torch::randn({5, 4});
+  const at::Tensor chosen = torch::randint(0, 8, {5, 3});
+  const at::Tensor all = mlp->forward(codes, condition);  // (5, 8, 4)
+  const at::Tensor rows = all.gather(1, chosen.unsqueeze(2).expand({5, 3, 4}));
+  const at::Tensor pairs = mlp->forward_pairs(codes.index_select(0, chosen.reshape(-1)).reshape({5, 3, 4}), condition);
+  EXPECT_TRUE(torch::allclose(pairs, rows, 1e-6, 1e-5));
+  const at::Tensor weights = torch::randn({5, 3, 4});
+  const at::Tensor from_all = torch::autograd::grad({(rows * weights).sum()}, {codes})[0];
+  const at::Tensor from_pairs = torch::autograd::grad({(pairs * weights).sum()}, {codes})[0];
+  EXPECT_TRUE(torch::allclose(from_pairs, from_all, 1e-5, 1e-5));
+  EXPECT_THROW(mlp->forward_pairs(torch::randn({4, 3, 4}), condition), InvalidArgument);
+}
+
 // Beam search with implicit codebooks: each path's codes at a layer from that path's sum so far; the paths'
 // top-k codes are each path's nearest among its own codes, and the best path decodes to the output.
 TEST(Residual, ImplicitCodebooksTakeEachBeamPathsOwnCodes) {

@@ -49,9 +49,15 @@ class ImplicitCodebookImpl : public torch::nn::Module {
   explicit ImplicitCodebookImpl(ImplicitCodebookOptions options);
   // codes (K, d), condition (M, d) -> each token's codes (M, K, d), differentiable in all three.
   at::Tensor forward(const at::Tensor& codes, const at::Tensor& condition);
+  // Each token's own codes (M, k, d), condition (M, d) -> (M, k, d): forward() of just those pairs (what a
+  // search chose, so that backward runs the MLP on k codes per token rather than K).
+  at::Tensor forward_pairs(const at::Tensor& codes, const at::Tensor& condition);
   const ImplicitCodebookOptions& options() const { return options_; }
 
  private:
+  // [condition, code] pairs (..., 2d) through the projection and blocks.
+  at::Tensor transform(const at::Tensor& pairs);
+
   ImplicitCodebookOptions options_;
   torch::nn::Linear proj_in_{nullptr};
   std::vector<torch::nn::Sequential> blocks_;

@@ -314,11 +314,16 @@ class Vq final : public Quantizer {
   // pairwise_distance (or the cosine similarity), or sampled in training with stochastic_sample_codes;
   // the output, its estimator and the commitment loss differentiable in the codes (a learned codebook).
   // Statistics (dead codes) as quantize's, of the chosen indices.
-  QuantizerOutput quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx);
+  // `chosen`, when given, makes the codes the search chose, differentiable: indices (M) -> (M, cd) (or (M, k) ->
+  // (M, k, cd) for the top-k below); `codes` then serve the search alone (made without a gradient, say).
+  using ChosenCodes = std::function<at::Tensor(const at::Tensor&)>;
+  QuantizerOutput quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx,
+                                    const ChosenCodes& chosen = {});
   // quantize_topk() with each token's own codes, `codes` (b * n, K, codebook_dim), as quantize_implicit takes
   // them: each token's k best by the same distance (sampled the same way in training), the code losses
   // differentiable in the codes. No statistics: the caller updates from the codes it keeps (update_from).
-  VqTopk quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx);
+  VqTopk quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx,
+                                const ChosenCodes& chosen = {});
   // The end of a training call whose updates did not refresh the codebook (VqUpdate::refresh_codebook
   // false, a codebook shared by residual layers): the codebook recomputed from the statistics (with
   // ema_update), then dead codes replaced from x (b, n, dim), every layer's input together (ctx.mask
@@ -369,6 +374,8 @@ class Vq final : public Quantizer {
   // are keyed by it).
   at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
                     int64_t first_token, SearchLog* searches = nullptr) const;
+  // chosen(indices), checked, l2-normalised under cosine similarity as the searched codes are.
+  at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
   // InvalidArgument unless x (b, n, codebook_dim) and codes (b * n, K, codebook_dim) suit a per-token search.
   void check_implicit(const at::Tensor& x, const at::Tensor& codes) const;
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
