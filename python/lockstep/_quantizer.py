@@ -45,6 +45,18 @@ def refuse_forward_options(module_name, **given):
             raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep; see docs/python.md")
 
 
+def checked_temperature(module_name, value):
+    """forward(sample_codebook_temp=value) as a float >= 0 (0: no sampling); ValueError otherwise."""
+    value = float(value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{module_name}: sample_codebook_temp={value} must be a finite number >= 0")
+    return value
+
+
+# The reference's names of the per-call arguments _quantize takes under its own (for errors).
+_CALL_ARGUMENTS = {"dropout_layers": "rand_quantize_dropout_fixed_seed", "accumulate": "accum_ema_update"}
+
+
 def only_defaults(module_name, function, given, names):
     """For reference options lockstep implements only at their default: TypeError naming the first of
     `names` that `given` (the caller's locals()) sets to another value than `function`'s signature."""
@@ -382,13 +394,14 @@ class LockstepQuantizer(nn.Module):
                    if value is not None and not (key == "accumulate" and not value)}
         if topk is not None or vq_call:
             if torch.compiler.is_compiling():
-                raise ValueError(f"lockstep.{type(self).__name__}: forward's {', '.join(vq_call) or 'topk'} runs in "
-                                 "eager mode only (torch.compile takes the call without them)")
+                named = ", ".join(_CALL_ARGUMENTS.get(key, key) for key in vq_call) or "topk"
+                raise ValueError(f"lockstep.{type(self).__name__}: forward's {named} runs in eager mode only "
+                                 "(torch.compile takes the call without them)")
             group = self._lazy_group() if self.training else None
             if topk is not None:
                 out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
                                                                     self._steps, group, mask, bool(freeze_codebook),
-                                                                    codebook)
+                                                                    codebook, vq_call.get("sample_codebook_temp"))
                 return out, indices, {"code": code_loss, **losses}
             return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
                                        codebook=codebook, **vq_call)

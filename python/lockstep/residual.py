@@ -1,5 +1,6 @@
 """Residual quantizers (vector_quantize_pytorch's ResidualVQ, ResidualFSQ and ResidualLFQ: their
 arguments and return values). Each layer quantizes what the layers before it left, in liblockstep."""
+import random
 import re
 from types import MappingProxyType
 
@@ -7,8 +8,8 @@ import torch
 from torch import nn
 
 from . import _in_place, _ops
-from ._quantizer import (LockstepQuantizer, as_indices, identity, only_defaults, padding_mask, refuse,
-                         refuse_forward_options)
+from ._quantizer import (LockstepQuantizer, as_indices, checked_temperature, identity, only_defaults, padding_mask,
+                         refuse)
 from .fsq import fsq_options
 from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
 from .vq import module_options, vq_options
@@ -33,6 +34,18 @@ class _Residual(LockstepQuantizer):
         self.dim = self._core.dim
         self.num_quantizers = options["num_quantizers"]
         self.quantize_dropout = options["quantize_dropout"]
+
+    def _fixed_dropout(self, seed):
+        """forward(rand_quantize_dropout_fixed_seed=seed) -> {"dropout_layers": the layers this call runs}, the
+        reference's pick (random.Random(seed) draws the last layer kept, rounded up to quantize_dropout_multiple_of);
+        {} where the call drops no layer (evaluation, no quantize dropout) or no seed is given."""
+        if seed is None or not (self.training and self.quantize_dropout):
+            return {}
+        options = self._spec[2]
+        last = random.Random(seed).randrange(options["quantize_dropout_cutoff_index"], self.num_quantizers)
+        multiple = options["quantize_dropout_multiple_of"]
+        kept = -(-(last + 1) // multiple) * multiple  # last + 1 rounded up to the multiple
+        return {"dropout_layers": min(kept, self.num_quantizers)}
 
     @staticmethod
     def _residual_options(num_quantizers, quantize_dropout, cutoff_index, multiple_of):
@@ -293,11 +306,14 @@ class ResidualVQ(_Residual):
 
     def forward(self, x, mask=None, indices=None, return_all_codes=False, sample_codebook_temp=None,
                 freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):
-        refuse_forward_options("lockstep.ResidualVQ", sample_codebook_temp=sample_codebook_temp,
-                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         if x.ndim == 2 and not self.accept_image_fmap and mask is None and indices is None:
             return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes,
-                                            freeze_codebook=freeze_codebook, beam_size=beam_size)
+                                            freeze_codebook=freeze_codebook, beam_size=beam_size,
+                                            sample_codebook_temp=sample_codebook_temp,
+                                            rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
+        per_call = {} if indices is not None else self._fixed_dropout(rand_quantize_dropout_fixed_seed)
+        if sample_codebook_temp is not None:  # the layers' sampling temperature for this call
+            per_call["sample_codebook_temp"] = checked_temperature("lockstep.ResidualVQ", sample_codebook_temp)
         # Padded sequences: every layer keeps masked tokens out of its statistics and loss.
         mask = padding_mask("lockstep.ResidualVQ", x, mask, None)  # for (b, n, d) tokens only
         if indices is not None:
@@ -311,7 +327,7 @@ class ResidualVQ(_Residual):
                                  "taken in training with an in_place_codebook_optimizer, as the reference's")
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook),
-                                              beam_size=None if beam_size is None else int(beam_size))
+                                              beam_size=None if beam_size is None else int(beam_size), **per_call)
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         losses = {name: loss for name, loss in losses.items() if not name.endswith(".in_place")}  # values only
@@ -398,9 +414,8 @@ class ResidualFSQ(_Residual):
                             for q in range(self.num_quantizers)])
 
     def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
-        refuse_forward_options("lockstep.ResidualFSQ",
-                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
-        out, idx, _ = self._quantize_any(x, self.is_channel_first, True, self.num_quantizers)
+        out, idx, _ = self._quantize_any(x, self.is_channel_first, True, self.num_quantizers,
+                                         **self._fixed_dropout(rand_quantize_dropout_fixed_seed))
         codes = self.get_codes_from_indices(idx) if return_all_codes else None  # (q, b, ..., d)
         if self.is_channel_first:  # the reference moves the layer axis first too: (b, q, ...)
             idx = idx.movedim(-1, 1)
@@ -454,10 +469,9 @@ class ResidualLFQ(_Residual):
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         check_forward_options("lockstep.ResidualLFQ", self.inv_temperature)
-        refuse_forward_options("lockstep.ResidualLFQ",
-                               rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)
-        out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask)
+        out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask,
+                                              **self._fixed_dropout(rand_quantize_dropout_fixed_seed))
         result = (out, idx, self._per_layer_losses(losses, out.device))
         return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result
 
@@ -538,10 +552,11 @@ class ResidualSimVQ(_Residual):
         return out.movedim(-1, 1) if self.channel_first else out
 
     def forward(self, x, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
-        refuse_forward_options("lockstep.ResidualSimVQ", rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         if x.ndim == 2 and not self.channel_first:
-            return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes)
+            return self._one_token_per_item(self.forward, x, return_all_codes=return_all_codes,
+                                            rand_quantize_dropout_fixed_seed=rand_quantize_dropout_fixed_seed)
         given = {"codebook": self.codebooks} if self._transform else {}  # every layer's, for liblockstep
+        given.update(self._fixed_dropout(rand_quantize_dropout_fixed_seed))
         out, idx, losses = self._quantize_any(x, self.channel_first, True, self.num_quantizers, **given)
         result = (out, idx, self._per_layer_losses(losses, out.device))
         return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from . import _in_place, _ops
-from ._quantizer import (LockstepQuantizer, as_indices, check_floating, declare_reference_signature, padding_mask,
-                         refuse, refuse_forward_options)
+from ._quantizer import (LockstepQuantizer, as_indices, check_floating, checked_temperature,
+                         declare_reference_signature, padding_mask, refuse, refuse_forward_options)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -342,8 +342,7 @@ class VectorQuantize(LockstepQuantizer):
                 freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
                 accum_ema_update=False, ema_update=None):
         # The reference's forward arguments, in its order; those lockstep does not implement are named.
-        refuse_forward_options("lockstep.VectorQuantize", sample_codebook_temp=sample_codebook_temp,
-                               codebook_transform_fn=codebook_transform_fn)
+        refuse_forward_options("lockstep.VectorQuantize", codebook_transform_fn=codebook_transform_fn)
         if topk is not None:
             topk = min(int(topk), self.codebook_size)
             if self.heads != 1 or topk < 1:  # the reference's assertion
@@ -355,6 +354,8 @@ class VectorQuantize(LockstepQuantizer):
         # This call's EMA update, as the reference's forward takes it (a top-k search updates nothing).
         vq_call = dict(ema_update_weight=ema_update_weight, accumulate=bool(accum_ema_update),
                        ema_update=None if ema_update is None else bool(ema_update))
+        if sample_codebook_temp is not None:  # this call's sampling temperature (stochastic_sample_codes)
+            vq_call["sample_codebook_temp"] = checked_temperature("lockstep.VectorQuantize", sample_codebook_temp)
         # A training forward that leaves the codebook as it is (the module's setting unless given).
         freeze_codebook = self.freeze_codebook if freeze_codebook is None else bool(freeze_codebook)
         # channel_last=False: sequences come (b, dim, n) and go back so; a mask or lens counts along n.

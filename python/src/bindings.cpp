@@ -186,22 +186,28 @@ lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed
   return ctx;
 }
 
+// A forward's own arguments that change how this call searches (the reference's forward arguments).
+struct CallOptions {
+  std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
+  int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
+};
+
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,
 // docs/python.md); in training, state updates and their collectives wait for backward.
-lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
-                                               const at::Tensor& step,
-                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
-                                               const lockstep::quant::VqUpdate* vq_update = nullptr,
-                                               std::optional<int64_t> beam_size = std::nullopt,
-                                               lockstep::quant::SearchLog* searches = nullptr,
-                                               const std::optional<at::Tensor>& codebook = std::nullopt) {
+lockstep::quant::QuantizerOutput quantize_call(
+    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
+    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update = nullptr,
+    std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
+    const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {}) {
   q.train(training);
   const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
+  ctx.sample_codebook_temp = call.sample_codebook_temp;
+  ctx.dropout_layers = call.dropout_layers;
   if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
     LOCKSTEP_CHECK_ARG(
         dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
@@ -356,7 +362,8 @@ PYBIND11_MODULE(_C, m) {
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
-             std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook) {
+             std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
+             std::optional<double> sample_codebook_temp, int64_t dropout_layers) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -367,7 +374,8 @@ PYBIND11_MODULE(_C, m) {
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
-                                  vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook);
+                                  vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook,
+                                  CallOptions{sample_codebook_temp, dropout_layers});
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -389,7 +397,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
-          py::arg("codebook") = py::none(),
+          py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
@@ -401,13 +409,14 @@ PYBIND11_MODULE(_C, m) {
           "vq_topk",
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> codebook) {
+             std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp) {
             lockstep::quant::VqTopk out;
             {
               py::gil_scoped_release no_gil;  // as quantize
               q.train(training);
               lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
               ctx.freeze_codebook = freeze_codebook;
+              ctx.sample_codebook_temp = sample_codebook_temp;
               if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
               std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
               if (training) {
@@ -441,6 +450,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
+          py::arg("sample_codebook_temp") = py::none(),
           "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
           "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk). No EMA "
           "update; in training with gradients the step advances on backward, as quantize's.")

@@ -68,12 +68,10 @@ def test_a_token_layout_error_names_the_module_and_what_it_takes():
         MODULES["latent"][0]()(torch.randn(8))
 
 
-@pytest.mark.parametrize("given", [dict(sample_codebook_temp=0.5), dict(codebook_transform_fn=lambda e: e)])
-def test_the_reference_s_forward_keywords_lockstep_lacks_are_refused_by_name(given):
-    (name, _), = given.items()
+def test_the_reference_s_forward_keywords_lockstep_lacks_are_refused_by_name():
     vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
-    with pytest.raises(TypeError, match=name):
-        vq(torch.randn(2, 5, 8), **given)
+    with pytest.raises(TypeError, match="codebook_transform_fn"):
+        vq(torch.randn(2, 5, 8), codebook_transform_fn=lambda e: e)
 
 
 def test_forward_s_positional_arguments_are_the_reference_s():

@@ -179,9 +179,6 @@ def test_unsupported_options_are_type_errors_naming_them():
         lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, orthogonal_rotation=True)
     with pytest.raises(TypeError, match="codebook_scale"):
         lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2, codebook_scale=2.0)
-    rlfq = lockstep.ResidualLFQ(dim=4, codebook_size=16, num_quantizers=2)
-    with pytest.raises(TypeError, match="rand_quantize_dropout_fixed_seed"):
-        rlfq(torch.randn(1, 3, 4), rand_quantize_dropout_fixed_seed=3)
 
 
 @pytest.mark.parametrize("reference_class, ours_class, options", [

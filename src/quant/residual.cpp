@@ -88,6 +88,9 @@ Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
 int64_t Residual::layers_to_run(const QuantizeContext& ctx) const {
   const int64_t q = options_.num_quantizers();
   if (!is_training() || !options_.quantize_dropout()) return q;
+  if (ctx.dropout_layers > 0) return std::min(ctx.dropout_layers, q);  // the caller's choice, no draw
+  LOCKSTEP_CHECK_ARG(ctx.dropout_layers == 0, kind_, ": dropout_layers = ", ctx.dropout_layers,
+                     " must be >= 1 (0: drawn)");
   const int64_t low = options_.quantize_dropout_cutoff_index();
   const at::Generator generator = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
   const int64_t cutoff = torch::randint(low, q, {1}, generator, torch::kInt64).item<int64_t>();

@@ -278,8 +278,16 @@ at::Tensor Vq::prepare(const at::Tensor& grouped) const {
   return options_.use_cosine_sim() ? l2norm(grouped) : grouped;
 }
 
+double Vq::temperature(const QuantizeContext& ctx) const {
+  return ctx.sample_codebook_temp.value_or(options_.sample_codebook_temp());
+}
+
+bool Vq::samples(const QuantizeContext& ctx) const {
+  return is_training() && options_.stochastic_sample_codes() && temperature(ctx) > 0;
+}
+
 at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                      int64_t first_token, SearchLog* searches) const {
+                      double temperature, int64_t first_token, SearchLog* searches) const {
   torch::NoGradGuard no_grad;  // a learnable codebook's search builds no graph
   uint64_t key = 0;
   if (generator.defined()) {        // one draw per call, the same on every rank
@@ -290,10 +298,9 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, cons
   const auto search = [&] {
     std::vector<at::Tensor> per_codebook;
     for (int64_t c = 0; c < tokens.size(0); ++c) {
-      per_codebook.push_back(generator.defined()
-                                 ? sample_codes(tokens[c], codebook[c], metric_, options_.sample_codebook_temp(),
-                                                mix64(key + static_cast<uint64_t>(c)), first_token)
-                                 : nearest_code(tokens[c], codebook[c], metric_).indices);
+      per_codebook.push_back(generator.defined() ? sample_codes(tokens[c], codebook[c], metric_, temperature,
+                                                                mix64(key + static_cast<uint64_t>(c)), first_token)
+                                                 : nearest_code(tokens[c], codebook[c], metric_).indices);
     }
     return torch::stack(per_codebook);
   };
@@ -425,11 +432,10 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
 
-  const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
   const at::Tensor codebook = searched_codebook(ctx.codebook);
-  const at::Tensor indices = assign(tokens, codebook, stochastic ? or_default(ctx.generator) : at::Generator(),
-                                    ctx.first_item * tokens_per_item, ctx.searches);
+  const at::Tensor indices = assign(tokens, codebook, samples(ctx) ? or_default(ctx.generator) : at::Generator(),
+                                    temperature(ctx), ctx.first_item * tokens_per_item, ctx.searches);
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
   at::Tensor out;
@@ -519,7 +525,8 @@ std::function<void(Reducer&)> Vq::state_update(const at::Tensor& tokens, const a
 }
 
 at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
-                          const at::Generator& generator, int64_t first_token, SearchLog* searches) const {
+                          const at::Generator& generator, double temperature, int64_t first_token,
+                          SearchLog* searches) const {
   torch::NoGradGuard no_grad;
   uint64_t key = 0;
   if (generator.defined()) {  // the key quantize's assign() draws for codebook 0: the same noise
@@ -538,7 +545,7 @@ at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, 
       at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
       if (generator.defined()) {
         const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
-        logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+        logits = logits / temperature - (-(u.log())).log();
       }
       out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
     }
@@ -563,11 +570,10 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
       mask.defined() ? tokens.index_select(1, mask.reshape(-1).nonzero().squeeze(1)) : tokens;
   const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
-  const bool stochastic = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
   const at::Tensor codebook = searched_codebook(ctx.codebook)[0];  // (K, cd), differentiable when learned
   const at::Tensor indices =
-      topk_codes(tokens[0], codebook, k, stochastic ? or_default(ctx.generator) : at::Generator(), ctx.first_item * n,
-                 ctx.searches);
+      topk_codes(tokens[0], codebook, k, samples(ctx) ? or_default(ctx.generator) : at::Generator(), temperature(ctx),
+                 ctx.first_item * n, ctx.searches);
   const at::Tensor q = codebook.index_select(0, indices.reshape(-1)).reshape({m, k, cd});
   const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
@@ -767,7 +773,7 @@ void Vq::expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Gener
 at::Tensor Vq::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
   const at::Tensor tokens = prepare(group_by_codebook(x));
-  return ungroup_indices(assign(tokens, searched_codebook(), at::Generator(), 0), x.size(0), x.size(1));
+  return ungroup_indices(assign(tokens, searched_codebook(), at::Generator(), 0.0, 0), x.size(0), x.size(1));
 }
 
 at::Tensor Vq::code_logits(const at::Tensor& x, const at::Tensor& bridged) {

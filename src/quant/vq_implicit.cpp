@@ -33,7 +33,7 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
   torch::NoGradGuard no_grad;
   const int64_t m = tokens.size(0);
   const int64_t k = book.size(1);
-  const bool sampled = is_training() && options_.stochastic_sample_codes() && options_.sample_codebook_temp() > 0;
+  const bool sampled = samples(ctx);
   uint64_t key = 0;
   if (sampled) {  // drawn even when the choice is replayed: later draws see the generator as then
     at::Generator gen = or_default(ctx.generator);
@@ -47,7 +47,7 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
                                                   : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
     if (sampled) {
       const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
-      logits = logits / options_.sample_codebook_temp() - (-(u.log())).log();
+      logits = logits / temperature(ctx) - (-(u.log())).log();
     }
     return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
   });

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lockstep/quant/reduce.h"
@@ -45,6 +46,12 @@ struct QuantizeContext {
   // quantizer's own state (SimVQ's codebook_transform of its frozen codes); undefined: the quantizer's
   // own. SimVq and Vq take one (K, dim) or (C, K, cd); residual-simvq one per layer, stacked.
   at::Tensor codebook = {};
+  // VQ's sampling temperature for this call in place of the option's (the reference's forward
+  // sample_codebook_temp); unset: the option's.
+  std::optional<double> sample_codebook_temp;
+  // Residual quantize dropout: in a training call, the number of layers run (>= 1), as the caller chose it
+  // (the reference's rand_quantize_dropout_fixed_seed); 0: drawn from the generator.
+  int64_t dropout_layers = 0;
 };
 
 struct QuantizerOutput {

@@ -369,11 +369,15 @@ class Vq final : public Quantizer {
   at::Tensor ungroup_indices(const at::Tensor& indices, int64_t b, int64_t n) const;
   // Tokens (C, M, cd) the codebooks see: l2-normalised when cosine.
   at::Tensor prepare(const at::Tensor& grouped) const;
-  // Nearest codes (C, M), or Gumbel-max samples when `generator` is defined (its draw made even when
-  // `searches` replays the choice). first_token: the global index of tokens' first row (sampled codes
-  // are keyed by it).
+  // The call's sampling temperature (QuantizeContext::sample_codebook_temp, else the option's), and
+  // whether a call samples its codes: training, stochastic_sample_codes and a temperature > 0.
+  double temperature(const QuantizeContext& ctx) const;
+  bool samples(const QuantizeContext& ctx) const;
+  // Nearest codes (C, M), or Gumbel-max samples at `temperature` when `generator` is defined (its draw made
+  // even when `searches` replays the choice). first_token: the global index of tokens' first row (sampled
+  // codes are keyed by it).
   at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                    int64_t first_token, SearchLog* searches = nullptr) const;
+                    double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
   // chosen(indices), checked, l2-normalised under cosine similarity as the searched codes are.
   at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
   // InvalidArgument unless x (b, n, codebook_dim) and codes (b * n, K, codebook_dim) suit a per-token search.
@@ -421,7 +425,7 @@ class Vq final : public Quantizer {
   // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
   // `generator` is defined.
   at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
-                        int64_t first_token, SearchLog* searches = nullptr) const;
+                        double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
   void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;

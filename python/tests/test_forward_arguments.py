@@ -1,0 +1,79 @@
+"""Forward arguments of vector-quantize-pytorch's classes that change one call: sample_codebook_temp (VQ's
+sampling temperature for the call) and rand_quantize_dropout_fixed_seed (the residual stacks' dropped layers
+picked by random.Random(seed), as the reference picks them)."""
+import pytest
+import torch
+
+import lockstep
+
+vqp = pytest.importorskip("vector_quantize_pytorch")
+
+
+def _sampling_vq(temperature, **options):
+    return lockstep.VectorQuantize(dim=8, codebook_size=32, stochastic_sample_codes=True,
+                                   sample_codebook_temp=temperature, seed=7, **options)
+
+
+@pytest.mark.parametrize("topk", [None, 3], ids=["codes", "topk"])
+def test_a_calls_sampling_temperature_is_a_module_made_with_it(topk):
+    """A call at temperature t samples what a module made with t samples (same seed and step), and not what
+    the module's own temperature samples."""
+    x = torch.randn(2, 50, 8)
+    made_with, other = _sampling_vq(0.3), _sampling_vq(2.0)
+    other.load_state_dict(made_with.state_dict())
+    expected = made_with(x, topk=topk)[1]
+    assert torch.equal(other(x, topk=topk, sample_codebook_temp=0.3)[1], expected)
+    assert not torch.equal(other(x, topk=topk)[1], expected)  # its own temperature draws otherwise
+
+
+def test_a_zero_temperature_takes_the_nearest_codes_as_the_reference():
+    torch.manual_seed(0)
+    reference = vqp.VectorQuantize(dim=8, codebook_size=32, stochastic_sample_codes=True, sample_codebook_temp=1.0)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=32, stochastic_sample_codes=True, sample_codebook_temp=1.0)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 50, 8)
+    assert torch.equal(ours(x, sample_codebook_temp=0.0)[1], reference(x, sample_codebook_temp=0.0)[1])
+    with pytest.raises(ValueError, match="sample_codebook_temp"):
+        ours(x, sample_codebook_temp=-1.0)
+
+
+def test_a_residual_stacks_layers_take_the_calls_temperature():
+    x = torch.randn(2, 30, 8)
+    made = [lockstep.ResidualVQ(dim=8, num_quantizers=3, codebook_size=16, stochastic_sample_codes=True,
+                                sample_codebook_temp=t, seed=3) for t in (0.3, 2.0)]
+    made[1].load_state_dict(made[0].state_dict())
+    expected = made[0](x)[1]
+    assert torch.equal(made[1](x, sample_codebook_temp=0.3)[1], expected)
+    assert not torch.equal(made[1](x)[1], expected)
+
+
+def test_a_per_call_temperature_runs_eagerly_only():
+    compiled = torch.compile(_sampling_vq(1.0), fullgraph=True)
+    with pytest.raises(Exception, match="sample_codebook_temp"):
+        compiled(torch.randn(2, 5, 8), sample_codebook_temp=0.5)
+
+
+STACKS = {
+    "ResidualVQ": (vqp.ResidualVQ, lockstep.ResidualVQ, dict(dim=8, num_quantizers=6, codebook_size=16), (2, 10, 8)),
+    "ResidualFSQ": (vqp.ResidualFSQ, lockstep.ResidualFSQ, dict(levels=[5, 5], num_quantizers=6, dim=8), (2, 10, 8)),
+    "ResidualLFQ": (vqp.ResidualLFQ, lockstep.ResidualLFQ, dict(dim=4, num_quantizers=6, codebook_size=16),
+                    (2, 10, 4)),
+}
+
+
+@pytest.mark.parametrize("name", STACKS)
+@pytest.mark.parametrize("multiple_of", [1, 4])
+def test_a_fixed_dropout_seed_drops_the_layers_the_references_does(name, multiple_of):
+    reference_class, ours_class, options, shape = STACKS[name]
+    options = dict(options, quantize_dropout=True, quantize_dropout_cutoff_index=1,
+                   quantize_dropout_multiple_of=multiple_of)
+    torch.manual_seed(0)
+    reference, ours = reference_class(**options), ours_class(**options)
+    x = torch.randn(*shape)
+    kept = set()
+    for seed in range(12):
+        expected = reference(x, rand_quantize_dropout_fixed_seed=seed)[1]
+        got = ours(x, rand_quantize_dropout_fixed_seed=seed)[1]
+        assert torch.equal(got == -1, expected == -1), seed  # the same layers dropped
+        kept.add(int((got[0, 0] != -1).sum()))
+    assert len(kept) > 1  # the seeds picked different depths
