@@ -7,7 +7,7 @@ from torch import nn
 
 from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, checked_temperature,
-                         declare_reference_signature, padding_mask, refuse, refuse_forward_options)
+                         declare_reference_signature, padding_mask, refuse)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -342,7 +342,6 @@ class VectorQuantize(LockstepQuantizer):
                 freeze_codebook=None, return_loss_breakdown=False, codebook_transform_fn=None, ema_update_weight=None,
                 accum_ema_update=False, ema_update=None):
         # The reference's forward arguments, in its order; those lockstep does not implement are named.
-        refuse_forward_options("lockstep.VectorQuantize", codebook_transform_fn=codebook_transform_fn)
         if topk is not None:
             topk = min(int(topk), self.codebook_size)
             if self.heads != 1 or topk < 1:  # the reference's assertion
@@ -370,6 +369,9 @@ class VectorQuantize(LockstepQuantizer):
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         maps = self.accept_image_fmap or self.accept_3d_fmap
         bridged = self._bridged_codebook()
+        if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
+            vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x, maps or only_one or topk is not None
+                                                           or bridged is not None or indices is not None)
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
@@ -408,6 +410,24 @@ class VectorQuantize(LockstepQuantizer):
         orthogonal = _unweighted(losses, "orthogonal", self.orthogonal_reg_weight, out.device)
         return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal,
                                              zero if in_place is None else in_place)
+
+    def _codes_per_token(self, transform, x, other_layout):
+        """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
+        token's own codes) as (b * n, K, d) for liblockstep, which searches each token's codes alone. Taken for
+        tokens (b, n, dim) with one head and no projection, affine_param, vq_bridge, topk or indices (TypeError
+        otherwise)."""
+        if other_layout or self.heads != 1 or self.has_projections or self._spec[2].get("affine_param"):
+            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes tokens (b, n, dim) with one head "
+                            "and no codebook_dim projection, affine_param, vq_bridge, topk or indices")
+        embed = self._codebook.embed
+        learned = self._spec[2].get("learnable_codebook", False)
+        codes = transform(embed if learned else embed.detach())
+        b, n = x.shape[:2]
+        k, d = embed.shape[-2:]
+        if codes.shape[-2:] != (k, d) or codes.numel() != b * n * k * d:
+            raise ValueError(f"lockstep.VectorQuantize: codebook_transform_fn must give each token's codes "
+                             f"(1, {b}, {n}, {k}, {d}), got {tuple(codes.shape)}")
+        return codes.reshape(b * n, k, d).float()
 
     def _topk_loss(self, losses, only_one):
         """The reference's loss of a top-k call: each code's commitment loss (..., k), times commitment_weight

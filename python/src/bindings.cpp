@@ -190,6 +190,8 @@ lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed
 struct CallOptions {
   std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
   int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
+  // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
+  std::optional<at::Tensor> token_codes;
 };
 
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
@@ -229,6 +231,10 @@ lockstep::quant::QuantizerOutput quantize_call(
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
   const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+  if (call.token_codes) {
+    LOCKSTEP_CHECK_ARG(!vq_update, "each token's own codes take no per-call EMA arguments");
+    return as_vq(q).quantize_implicit(input, *call.token_codes, ctx);
+  }
   if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
   if (beam_size) {
     auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
@@ -363,7 +369,8 @@ PYBIND11_MODULE(_C, m) {
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
              std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
-             std::optional<double> sample_codebook_temp, int64_t dropout_layers) {
+             std::optional<double> sample_codebook_temp, int64_t dropout_layers,
+             std::optional<at::Tensor> token_codes) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -375,7 +382,7 @@ PYBIND11_MODULE(_C, m) {
               py::gil_scoped_release no_gil;
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
                                   vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook,
-                                  CallOptions{sample_codebook_temp, dropout_layers});
+                                  CallOptions{sample_codebook_temp, dropout_layers, token_codes});
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -398,10 +405,12 @@ PYBIND11_MODULE(_C, m) {
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
           py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
+          py::arg("token_codes") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
-          "EMA update (quant/vq.h, VqUpdate); residual-vq alone: beam_size, this call's beam search width. Issues no "
+          "EMA update (quant/vq.h, VqUpdate), token_codes each token's own codes (Vq::quantize_implicit); residual-vq "
+          "alone: beam_size, this call's beam search width. Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")

@@ -1,6 +1,9 @@
 """Forward arguments of vector-quantize-pytorch's classes that change one call: sample_codebook_temp (VQ's
-sampling temperature for the call) and rand_quantize_dropout_fixed_seed (the residual stacks' dropped layers
-picked by random.Random(seed), as the reference picks them)."""
+sampling temperature for the call), rand_quantize_dropout_fixed_seed (the residual stacks' dropped layers
+picked by random.Random(seed), as the reference picks them) and codebook_transform_fn (each token's own
+codes, from a function of the codebook)."""
+import copy
+
 import pytest
 import torch
 
@@ -77,3 +80,48 @@ def test_a_fixed_dropout_seed_drops_the_layers_the_references_does(name, multipl
         assert torch.equal(got == -1, expected == -1), seed  # the same layers dropped
         kept.add(int((got[0, 0] != -1).sum()))
     assert len(kept) > 1  # the seeds picked different depths
+
+
+class _PerTokenCodes(torch.nn.Module):
+    """A function of the codebook giving each token its own codes, as the reference's codebook_transform_fn
+    (its ResidualVQ passes an MLP conditioned on the codes before): a learned map of the codes plus a
+    per-token offset, (1, K, d) -> (1, b, n, K, d)."""
+
+    def __init__(self, condition):
+        super().__init__()
+        self.map = torch.nn.Linear(8, 8)
+        self.condition = condition  # (b, n, d)
+
+    def forward(self, codebook):
+        return self.map(codebook)[:, None, None] + 0.3 * self.condition[None, :, :, None]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(learnable_codebook=True, ema_update=False),
+                                     dict(use_cosine_sim=True)], ids=["ema", "learnable", "cosine"])
+def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(options):
+    torch.manual_seed(0)
+    reference = vqp.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    transforms = [_PerTokenCodes(torch.randn(2, 10, 8))]
+    transforms.append(copy.deepcopy(transforms[0]))
+    for step in range(2):
+        xs = [torch.randn(2, 10, 8).requires_grad_(True)]
+        xs.append(xs[0].detach().clone().requires_grad_(True))
+        results = [module(x, codebook_transform_fn=transform)
+                   for module, x, transform in zip((reference, ours), xs, transforms)]
+        (out_ref, idx_ref, loss_ref), (out, idx, loss) = results
+        assert torch.equal(idx, idx_ref), step
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+        for o, l in ((out_ref, loss_ref), (out, loss)):
+            ((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() + l).backward()
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        for a, b in zip(transforms[1].parameters(), transforms[0].parameters()):
+            torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)
+        # the EMA (the base codebook's statistics of the codes chosen) after the call's backward
+        torch.testing.assert_close(ours.codebook, reference.codebook, atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="codebook_transform_fn"):
+        ours(torch.randn(2, 10, 8), topk=2, codebook_transform_fn=transforms[1])
+    with pytest.raises(ValueError, match="each token's codes"):
+        ours(torch.randn(2, 10, 8), codebook_transform_fn=lambda codebook: codebook)

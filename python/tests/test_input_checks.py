@@ -68,12 +68,6 @@ def test_a_token_layout_error_names_the_module_and_what_it_takes():
         MODULES["latent"][0]()(torch.randn(8))
 
 
-def test_the_reference_s_forward_keywords_lockstep_lacks_are_refused_by_name():
-    vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
-    with pytest.raises(TypeError, match="codebook_transform_fn"):
-        vq(torch.randn(2, 5, 8), codebook_transform_fn=lambda e: e)
-
-
 def test_forward_s_positional_arguments_are_the_reference_s():
     vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
     assert vq(torch.randn(2, 5, 8), None, None, None, 2)[1].shape == (2, 5, 2)  # the reference's 5th: topk

@@ -84,7 +84,9 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   at::Tensor counted;
   if (mask.defined()) counted = mask.reshape(-1).nonzero().squeeze(1);
   const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(0, counted) : t; };
-  const at::Tensor commit_codes = ctx.freeze_codebook ? only_counted(q).detach() : only_counted(q);
+  // As quantize's: a codebook not learned (or frozen) takes no gradient from the commitment loss.
+  const bool learned = options_.learnable_codebook() && !ctx.freeze_codebook;
+  const at::Tensor commit_codes = learned ? only_counted(q) : only_counted(q).detach();
   const at::Tensor commitment =
       only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
@@ -121,7 +123,8 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
               .reshape({m, k, cd});
   }
   VqTopk result;
-  result.code_loss = (token - (ctx.freeze_codebook ? q.detach() : q)).pow(2).mean(-1).reshape({b, n, k});
+  const bool learned = options_.learnable_codebook() && !ctx.freeze_codebook;
+  result.code_loss = (token - (learned ? q : q.detach())).pow(2).mean(-1).reshape({b, n, k});
   result.quantized = out.reshape({b, n, k, cd}).to(x.scalar_type());
   result.indices = indices.reshape({b, n, k});
   if (mask.defined()) {
