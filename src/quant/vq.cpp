@@ -39,9 +39,22 @@ at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const a
   const at::Tensor tokens = torch::arange(first, first + len, i64).unsqueeze(1);
   return detail::hashed_uniform_torch(key, tokens * k + torch::arange(k, i64));
 }
+at::Tensor codes_with_token_gradient(const at::Tensor& t, const at::Tensor& q) {
+  return t.requires_grad() ? q.detach() + (t - t.detach()) : q.detach();
+}
+
+void mask_topk(const at::Tensor& mask, VqTopk& result) {
+  if (!mask.defined()) return;
+  const at::Tensor padding = mask.logical_not();
+  result.quantized = result.quantized.masked_fill(padding.reshape({mask.size(0), mask.size(1), 1, 1}), 0.0);
+  result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
+  result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
+}
 }  // namespace vq_detail
 
+using vq_detail::codes_with_token_gradient;
 using vq_detail::l2norm;
+using vq_detail::mask_topk;
 using vq_detail::or_default;
 using vq_detail::uniforms;
 
@@ -442,9 +455,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   if (!is_training() && !options_.route_gradients_to_input()) {
     out = q;  // the codes, a learned codebook's gradient only, as in training (and the reference's evaluation)
   } else if (!is_training()) {
-    // The codes exactly, as the reference gives them (x + (q - x) rounds), with the straight-through
-    // gradient where the input takes one (x - x is exactly 0).
-    out = grouped.requires_grad() ? q.detach() + (grouped - grouped.detach()) : q.detach();
+    out = codes_with_token_gradient(grouped, q);
   } else {
     out = estimated(grouped.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator),
                     ctx.first_item * tokens_per_item)
@@ -462,23 +473,27 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   // DiVeQ has none, as the reference (its estimator pulls the codes to the tokens).
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
   // The affine statistics follow every training call, frozen codebook or not, as the reference's.
-  if (may_change_state) result.update = state_update(counted_tokens, only_counted(indices), ctx, true, call);
+  // The in-place gradient first: it is taken at the codes searched, which the EMA's refresh overwrites.
+  std::function<void(Reducer&)> in_place;
   if (may_change_state && keep_in_place_gradient_ && !ctx.freeze_codebook) {
     const at::Tensor counted_codes = only_counted(q).detach();
     result.losses["in_place"] =
         counted_tokens.numel() > 0 ? torch::mse_loss(counted_codes, counted_tokens) : tokens.sum() * 0;
-    auto in_place = in_place_update(counted_tokens, only_counted(indices), codebook.detach(), affine_scale());
-    if (ctx.defer_updates && result.update) {
-      result.update = [first = std::move(result.update), in_place](Reducer& r) {
-        first(r);
-        in_place(r);
-      };
-    } else if (ctx.defer_updates) {
-      result.update = std::move(in_place);
-    } else {
+    in_place = in_place_update(counted_tokens, only_counted(indices), codebook.detach(), affine_scale());
+    if (!ctx.defer_updates) {
       LocalReducer local;
       in_place(ctx.reducer ? *ctx.reducer : local);
+      in_place = {};
     }
+  }
+  if (may_change_state) result.update = state_update(counted_tokens, only_counted(indices), ctx, true, call);
+  if (in_place && result.update) {
+    result.update = [in_place, then = std::move(result.update)](Reducer& r) {
+      in_place(r);
+      then(r);
+    };
+  } else if (in_place) {
+    result.update = std::move(in_place);
   }
   // Of the codebook as this call left it, as the reference reports it; with deferred updates, of the
   // codebook before the update (its gradient is still taken at the updated codebook: OrthogonalLoss).
@@ -578,7 +593,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
   if (!is_training()) {
-    out = token.requires_grad() ? q.detach() + (token - token.detach()) : q.detach();
+    out = codes_with_token_gradient(token, q);
   } else {
     out = estimated(token.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator), ctx.first_item * n * k)
               .reshape({m, k, cd});
@@ -607,12 +622,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   if (project_out_) out = project_out_->forward(out);
   result.quantized = out.reshape({b, n, k, options_.dim()}).to(x.scalar_type());
   result.indices = indices.reshape({b, n, k});
-  if (mask.defined()) {
-    const at::Tensor padding = mask.logical_not();
-    result.quantized = result.quantized.masked_fill(padding.reshape({b, n, 1, 1}), 0.0);
-    result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
-    result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
-  }
+  mask_topk(mask, result);
   return result;
 }
 

@@ -13,7 +13,9 @@
 
 namespace lockstep::quant {
 
+using vq_detail::codes_with_token_gradient;
 using vq_detail::l2norm;
+using vq_detail::mask_topk;
 using vq_detail::or_default;
 using vq_detail::uniforms;
 
@@ -76,7 +78,7 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
                               : book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
   at::Tensor out;
   if (!is_training()) {
-    out = tokens.requires_grad() ? q.detach() + (tokens - tokens.detach()) : q.detach();
+    out = codes_with_token_gradient(tokens, q);
   } else {
     out = estimated(tokens, q, or_default(ctx.generator), ctx.first_item * n);
   }
@@ -117,7 +119,7 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
   const at::Tensor token = tokens.unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
   if (!is_training()) {
-    out = token.requires_grad() ? q.detach() + (token - token.detach()) : q.detach();
+    out = codes_with_token_gradient(token, q);
   } else {
     out = estimated(token.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator), ctx.first_item * n * k)
               .reshape({m, k, cd});
@@ -127,12 +129,7 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
   result.code_loss = (token - (learned ? q : q.detach())).pow(2).mean(-1).reshape({b, n, k});
   result.quantized = out.reshape({b, n, k, cd}).to(x.scalar_type());
   result.indices = indices.reshape({b, n, k});
-  if (mask.defined()) {
-    const at::Tensor padding = mask.logical_not();
-    result.quantized = result.quantized.masked_fill(padding.reshape({b, n, 1, 1}), 0.0);
-    result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
-    result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
-  }
+  mask_topk(mask, result);
   return result;
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "lockstep/quant/vq.h"
+
 namespace lockstep::quant::vq_detail {
 
 // The reference's l2norm (F.normalize with eps 1e-6).
@@ -14,5 +16,10 @@ at::Generator or_default(const at::Generator& g);
 // The hashed uniform of (token, code) for tokens first..first+len-1 and codes 0..k-1, counter
 // token * k + code: on the host for CPU tensors, from torch operations on other devices.
 at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const at::TensorOptions& on);
+// An evaluation call's output: the codes q exactly (the reference's x + (q - x) rounds), with the
+// straight-through gradient to the tokens t where they take one (t - t is exactly 0).
+at::Tensor codes_with_token_gradient(const at::Tensor& t, const at::Tensor& q);
+// A top-k call's padding (`mask` (b, n) false; undefined: none): output 0, indices -1, code losses 0.
+void mask_topk(const at::Tensor& mask, VqTopk& result);
 
 }  // namespace lockstep::quant::vq_detail
