@@ -4,14 +4,19 @@ import torch
 from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
 
 
+def weighted_backward(out, loss):
+    """Backward of the output times a fixed weight (each element its own) plus the losses summed: the same
+    gradient for both modules, whatever their shapes."""
+    ((out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum() + loss.sum()).backward()
+
+
 def backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers=(), rtol=1e-5,
                                    step=None):
     """Backward of the same weighted sum of both modules' outputs plus their losses; the input gradients
     (xs: the reference's input, then ours) within 1e-5 absolute, each parameter's within 5e-5 (it sums
     over every token), both `rtol` relative; then a step of each optimizer."""
-    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
-    ((out_ref * weights).sum() + loss_ref).backward()
-    ((out * weights).sum() + loss).backward()
+    weighted_backward(out_ref, torch.as_tensor(loss_ref))
+    weighted_backward(out, torch.as_tensor(loss))
     torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=rtol)
     reference_parameters = dict(reference.named_parameters())
     for name, parameter in ours.named_parameters():

@@ -404,6 +404,21 @@ def test_diveq_learns_every_layer_s_codebook_by_gradient_as_the_reference(traini
     assert xs[1].grad.abs().sum() > 0
 
 
+def _evaluation_matches(reference, ours, x, losses=True):
+    """Both modules in evaluation on x: indices, outputs and (with `losses`; a greedy reference reports none in
+    evaluation) losses equal, ours decoding its indices to its output; returns (ours' indices, the reference's)."""
+    reference.eval()
+    ours.eval()
+    out_ref, idx_ref, loss_ref = reference(x)
+    out, idx, loss = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    if losses:
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    return idx, idx_ref
+
+
 @pytest.mark.parametrize("options", [dict(), dict(quant_grad_frac=0.3, rotation_trick=False),
                                      dict(mlp_kwargs=dict(dim_hidden=24, depth=2), codebook_dim=8),
                                      dict(quantize_dropout=True, quantize_dropout_cutoff_index=2),
@@ -420,14 +435,7 @@ def test_implicit_neural_codebooks_match_the_reference(options):
     assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
     # With the cutoff index at the last layer, dropout keeps every layer (its draws are lockstep's own).
     compare_training_steps(reference, ours, (2, 20, 12), 3, [], optimizer=torch.optim.Adam)
-    reference.eval()
-    ours.eval()
-    x = torch.randn(2, 20, 12)
-    out_ref, idx_ref, _ = reference(x)
-    out, idx, _ = ours(x)
-    assert torch.equal(idx, idx_ref)
-    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    idx, idx_ref = _evaluation_matches(reference, ours, torch.randn(2, 20, 12), losses=False)
     torch.testing.assert_close(ours.get_codes_from_indices(idx), reference.get_codes_from_indices(idx_ref),
                                atol=1e-5, rtol=1e-5)
     if options.get("quantize_dropout"):  # coarse indices: the dropped layers contribute nothing
@@ -450,15 +458,8 @@ def test_implicit_neural_codebooks_with_beam_search_match_the_reference(options)
                                     **options)
     ours = lockstep.ResidualVQ(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, **options)
     compare_training_steps(reference, ours, (1, 30, 12), 3, [], optimizer=torch.optim.Adam)
-    reference.eval()
-    ours.eval()
     x = torch.randn(1, 30, 12)
-    out_ref, idx_ref, loss_ref = reference(x)
-    out, idx, loss = ours(x)
-    assert torch.equal(idx, idx_ref)
-    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours.get_output_from_indices(idx), out, atol=1e-5, rtol=1e-5)
+    idx, _ = _evaluation_matches(reference, ours, x)
     greedy = ours(x, beam_size=1)[1]
     assert torch.equal(greedy, reference(x, beam_size=1)[1]) and not torch.equal(greedy, idx)
 
