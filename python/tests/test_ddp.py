@@ -308,5 +308,5 @@ def test_modules_that_disagree_raise_collective_mismatch_on_every_rank(rank0_opt
         assert f"seen by rank {rank} of 2" in message, message
         # both ranks' calls, with their call sites
         rank0_part, rank1_part = message.split("; rank 0: ")[1].split("; rank 1: ")
-        assert rank0_call in rank0_part and "vq.cpp:" in rank0_part, message
-        assert rank1_call in rank1_part and "vq.cpp:" in rank1_part, message
+        assert rank0_call in rank0_part and "vq_updates.cpp:" in rank0_part, message
+        assert rank1_call in rank1_part and "vq_updates.cpp:" in rank1_part, message

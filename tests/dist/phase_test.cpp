@@ -126,13 +126,13 @@ TEST_P(Phases, AnUndeclaredPhaseIsRefusedOnEveryRankBeforeAnythingMoves) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Quantizers, Phases,
-                         ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}, "vq.cpp"},
+                         ::testing::Values(PhaseCase{"vq", "vq", {"quantizer.vq.codebook_size=16"}, "vq_updates.cpp"},
                                            PhaseCase{"lfq", "lfq", {"quantizer.lfq.codebook_size=64"}, "lfq.cpp"},
                                            PhaseCase{
                                                "residual_vq",
                                                "residual-vq",
                                                {"quantizer.vq.codebook_size=16", "quantizer.residual.num_quantizers=2"},
-                                               "vq.cpp"}),
+                                               "vq_updates.cpp"}),
                          [](const ::testing::TestParamInfo<PhaseCase>& info) { return info.param.name; });
 
 TEST(Phase, IsPartOfTheFingerprintAndTheDescription) {
