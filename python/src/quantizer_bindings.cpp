@@ -1,0 +1,629 @@
+// lockstep._C.Quantizer: liblockstep's quantizers for Python. One class binds them all (the Quantizer
+// interface, built by name from the options declared in quant/option_specs.h); the modules of
+// python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
+// backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
+#include <torch/extension.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "lockstep/core/error.h"
+#include "lockstep/dist/backward_reducer.h"
+#include "lockstep/dist/collective.h"
+#include "lockstep/dist/group_reducer.h"
+#include "lockstep/quant/autocast.h"
+#include "lockstep/quant/call_context.h"
+#include "lockstep/quant/fsp.h"
+#include "lockstep/quant/fsq.h"
+#include "lockstep/quant/lfq.h"
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/registry.h"
+#include "lockstep/quant/residual.h"
+#include "lockstep/quant/search_log.h"
+#include "lockstep/quant/simvq.h"
+#include "lockstep/quant/vq.h"
+
+using lockstep::python::translate_for_autograd;
+using lockstep::quant::OptionValue;
+using lockstep::quant::Quantizer;
+
+namespace {
+
+// A Python value (bool, int, float, list of ints) as the option it sets; TypeError naming it otherwise.
+OptionValue option_value(const std::string& key, const py::handle& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
+  if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
+  if (py::isinstance<py::float_>(value)) return value.cast<double>();
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    // Integers make a list of integers; a float among them, a list of numbers (the declaration decides).
+    std::vector<int64_t> ints;
+    std::vector<double> numbers;
+    bool any_float = false;
+    for (const py::handle item : value) {
+      const bool is_int = py::isinstance<py::int_>(item) && !py::isinstance<py::bool_>(item);
+      if (!is_int && !py::isinstance<py::float_>(item)) {
+        throw py::type_error("option '" + key + "' must be a list of integers or of numbers");
+      }
+      any_float = any_float || !is_int;
+      numbers.push_back(item.cast<double>());
+      if (is_int) ints.push_back(item.cast<int64_t>());
+    }
+    if (any_float) return numbers;
+    return ints;
+  }
+  throw py::type_error("option '" + key + "' must be a bool, an int, a float, a string or a list of ints, not " +
+                       std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+}
+
+std::shared_ptr<Quantizer> make(const std::string& name, const std::string& section, const py::dict& options) {
+  std::map<std::string, OptionValue> overrides;
+  for (const auto& [key, value] : options) {
+    const std::string k = py::str(key);
+    // "key" is in `section`; "other.key" names another section (a residual quantizer's layers read theirs).
+    overrides[k.find('.') == std::string::npos ? section + "." + k : k] = option_value(k, value);
+  }
+  return lockstep::quant::make_quantizer(name, lockstep::quant::default_option_reader(section, overrides));
+}
+
+// The quantizer's tensors by dotted name, the same tensors (not copies): the Python module registers
+// them as its own parameters and buffers, so optimizers, state_dict() and .to() act on what runs here.
+py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
+  py::dict out;
+  for (const auto& item : named) out[py::str(item.key())] = item.value();
+  return out;
+}
+
+// The FSP behind a module's core, or InvalidArgument naming what it is instead.
+lockstep::quant::Fsp& as_fsp(Quantizer& q) {
+  auto* fsp = dynamic_cast<lockstep::quant::Fsp*>(&q);
+  LOCKSTEP_CHECK_ARG(fsp, "an FSP method called on a ", q.kind(), " quantizer");
+  return *fsp;
+}
+
+// The VQ behind a module's core, or InvalidArgument naming what it is instead.
+lockstep::quant::Vq& as_vq(Quantizer& q) {
+  auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
+  LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
+  return *vq;
+}
+
+// The FSQ behind a module's core, or InvalidArgument naming what it is instead.
+const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
+  const auto* fsq = dynamic_cast<const lockstep::quant::Fsq*>(&q);
+  LOCKSTEP_CHECK_ARG(fsq, "an FSQ method called on a ", q.kind(), " quantizer");
+  return *fsq;
+}
+
+// The randomness and placement of one call as the Python modules make it: draws from (seed, step); with
+// a group, equal batches on every rank put this rank's first item at rank * b in the global batch.
+lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+                                              const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                              const std::optional<at::Tensor>& mask) {
+  lockstep::quant::QuantizeContext ctx = lockstep::quant::seeded_context(
+      seed, static_cast<uint64_t>(step.item<int64_t>()), group ? group->rank() * x.size(0) : 0);
+  if (mask) ctx.mask = *mask;
+  return ctx;
+}
+
+// A forward's own arguments that change how this call searches (the reference's forward arguments).
+struct CallOptions {
+  std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
+  int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
+  // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
+  std::optional<at::Tensor> token_codes;
+};
+
+// One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
+// step), step counting the backwards that updated the module (every rank agrees with no collective,
+// docs/python.md); in training, state updates and their collectives wait for backward.
+lockstep::quant::QuantizerOutput quantize_call(
+    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
+    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update = nullptr,
+    std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
+    const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {}) {
+  q.train(training);
+  const int64_t synced_steps = step.item<int64_t>();
+  lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+  ctx.freeze_codebook = freeze_codebook;
+  ctx.searches = searches;
+  ctx.sample_codebook_temp = call.sample_codebook_temp;
+  ctx.dropout_layers = call.dropout_layers;
+  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
+    LOCKSTEP_CHECK_ARG(
+        dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
+            q.kind() == "residual-simvq",
+        "codes given to a ", q.kind(),
+        " quantizer: only simvq, vq and residual-simvq (one codebook per layer) take a caller's codebook");
+    ctx.codebook = *codebook;
+  }
+  std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+  if (training) {
+    // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
+    ctx.defer_updates = true;
+    if (group) {
+      reducer =
+          std::make_unique<lockstep::dist::BackwardReducer>(group, lockstep::dist::Phase::train_step(synced_steps + 1));
+      ctx.reducer = reducer.get();
+    }
+  }
+  // In float32 whatever torch.autocast says (quant/autocast.h).
+  const lockstep::quant::NoAutocast fp32;
+  const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+  if (call.token_codes) {
+    LOCKSTEP_CHECK_ARG(!vq_update, "each token's own codes take no per-call EMA arguments");
+    return as_vq(q).quantize_implicit(input, *call.token_codes, ctx);
+  }
+  if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
+  if (beam_size) {
+    auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
+    LOCKSTEP_CHECK_ARG(residual, "a beam size given to a ", q.kind(), " quantizer, not a residual one");
+    return residual->quantize_beam(input, ctx, *beam_size);
+  }
+  return q.quantize(input, ctx);
+}
+
+// VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a tensor, or a callable of
+// (embed_sum, cluster_size), called in backward with the GIL), accum_ema_update, ema_update.
+lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumulate, std::optional<bool> ema_update) {
+  lockstep::quant::VqUpdate update;
+  update.accumulate = accumulate;
+  update.ema_update = ema_update;
+  if (weight.is_none()) return update;
+  if (THPVariable_Check(weight.ptr())) {
+    update.weight = weight.cast<at::Tensor>();
+    return update;
+  }
+  LOCKSTEP_CHECK_ARG(PyCallable_Check(weight.ptr()),
+                     "ema_update_weight must be a tensor or a callable of "
+                     "(embed_sum, cluster_size), got ",
+                     std::string(py::str(py::type::of(weight))));
+  // Released with the GIL held, as gloo_from_python's callable (see there).
+  std::shared_ptr<py::object> held(new py::object(weight), [](py::object* f) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (Py_IsInitialized() && !finalizing) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    }
+  });
+  update.weight_fn = [held](const at::Tensor& embed_sum, const at::Tensor& cluster_size) {
+    py::gil_scoped_acquire gil;
+    return (*held)(embed_sum, cluster_size).cast<at::Tensor>();
+  };
+  return update;
+}
+
+// A training call's batch, to be compared across the group's ranks in backward when the quantizer
+// draws per-token randomness keyed by rank x batch (Quantizer::draws_per_item); else local_batch -1.
+struct BatchCheck {
+  int64_t local_batch = -1;
+  std::string kind;
+};
+
+BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,
+                       const std::shared_ptr<lockstep::dist::LazyGroup>& group) {
+  if (!training || !group || !q.draws_per_item()) return {};
+  return {x.size(0), q.kind()};
+}
+
+// Every rank gathers the same batch sizes, so every rank decides alike: unequal batches are refused on
+// all of them at once, naming each rank's (forward cannot know the others' sizes without a collective).
+void check_even_batches(lockstep::quant::Reducer& reducer, const BatchCheck& check) {
+  const at::Tensor sizes =
+      reducer.gather(torch::full({1}, check.local_batch, torch::kInt64), LOCKSTEP_CALL_SITE("python.batch_sizes"));
+  if ((sizes == sizes[0]).all().item<bool>()) return;
+  std::string listed;
+  for (int64_t r = 0; r < sizes.size(0); ++r) {
+    listed += lockstep::detail::concat(r ? ", " : "", "rank ", r, ": ", sizes[r].item<int64_t>(), " items");
+  }
+  throw lockstep::InvalidArgument(lockstep::detail::concat(
+      check.kind, ": the ranks held batches of different sizes (", listed,
+      ") in a training step, and this quantizer draws per-token randomness keyed by each token's place in "
+      "the global batch, which lockstep takes as rank x batch size: draws would overlap and shift between "
+      "ranks. Give every rank the same batch size (a sampler with drop_last=True), or turn off the option "
+      "that draws (noise_dropout, stochastic_sample_codes, frac_per_sample_entropy < 1, directional_reparam, "
+      "quantize_rate < 1)"));
+}
+
+// A training step's deferred state update, reduced over `group` (or this process alone), then
+// `step` advanced. Errors keep their Python types through autograd (translate_for_autograd).
+void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
+                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step,
+                  const BatchCheck& check = {}) {
+  try {
+    if (group && (update || check.local_batch >= 0)) {
+      // The step this update completes, declared for its collectives (GroupReducer requires one).
+      const std::shared_ptr<lockstep::dist::Group> g = group->get();
+      const lockstep::dist::PhaseScope phase(*g, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+      lockstep::dist::GroupReducer reducer(g);
+      if (check.local_batch >= 0) check_even_batches(reducer, check);
+      if (update) update(reducer);
+    } else if (update) {
+      lockstep::quant::LocalReducer local;
+      update(local);
+    }
+  } catch (...) {
+    translate_for_autograd(std::current_exception());
+    throw;
+  }
+  step.add_(1);
+}
+
+// Loss `name` of a call, or a zero scalar where this call has none (a dropped residual layer).
+at::Tensor loss_or_zero(const lockstep::quant::QuantizerOutput& out, const std::string& name, const at::Tensor& x) {
+  const auto found = out.losses.find(name);
+  return found != out.losses.end() ? found->second : torch::zeros({}, x.options().dtype(at::kFloat));
+}
+}  // namespace
+
+void lockstep::python::bind_quantizer(py::module_& m) {
+  py::class_<Quantizer, std::shared_ptr<Quantizer>>(m, "Quantizer")
+      .def(py::init(&make), py::arg("name"), py::arg("section"), py::arg("options"),
+           "Builds quantizer `name` (\"fsq\", \"residual-vq\", ...) from the options of `section` "
+           "(quant/option_specs.h), the declared defaults with `options` on top.")
+      .def_property_readonly("kind", &Quantizer::kind)
+      .def_property_readonly("dim", &Quantizer::dim)
+      .def_property_readonly("codebook_size", &Quantizer::codebook_size)
+      .def_property_readonly("num_indices", &Quantizer::num_indices)
+      .def(
+          "quantize",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
+             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
+             std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
+             std::optional<double> sample_codebook_temp, int64_t dropout_layers,
+             std::optional<at::Tensor> token_codes) {
+            lockstep::quant::QuantizerOutput out;
+            const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
+            const lockstep::quant::VqUpdate vq_update =
+                vq_call ? vq_update_from(ema_update_weight, accumulate, ema_update) : lockstep::quant::VqUpdate{};
+            {
+              // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
+              // may need it (to free a Python object the job held) while holding the queue this
+              // thread's next collective waits for, and both would wait forever.
+              py::gil_scoped_release no_gil;
+              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
+                                  vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook,
+                                  CallOptions{sample_codebook_temp, dropout_layers, token_codes});
+              if (training && at::GradMode::is_enabled()) {
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
+                               check = batch_check(q, x, training, group)]() {
+                  apply_update(update, group, step, check);
+                };
+                std::vector<at::Tensor> tensors{out.quantized};
+                for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
+                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
+                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                out.quantized = tensors[0];
+                size_t i = 1;
+                for (auto& [name, loss] : out.losses) loss = tensors[i++];
+              }
+            }
+            py::dict losses;
+            for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
+            return py::make_tuple(out.quantized, out.indices, losses);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
+          py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
+          py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
+          py::arg("token_codes") = py::none(),
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
+          "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
+          "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
+          "EMA update (quant/vq.h, VqUpdate), token_codes each token's own codes (Vq::quantize_implicit); residual-vq "
+          "alone: beam_size, this call's beam search width. Issues no "
+          "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
+          "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
+          "tensor) advances then.")
+      .def(
+          "vq_topk",
+          [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
+             std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp) {
+            lockstep::quant::VqTopk out;
+            {
+              py::gil_scoped_release no_gil;  // as quantize
+              q.train(training);
+              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+              ctx.freeze_codebook = freeze_codebook;
+              ctx.sample_codebook_temp = sample_codebook_temp;
+              if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
+              std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+              if (training) {
+                ctx.defer_updates = true;
+                if (group) {
+                  reducer = std::make_unique<lockstep::dist::BackwardReducer>(
+                      group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+                  ctx.reducer = reducer.get();
+                }
+              }
+              const lockstep::quant::NoAutocast fp32;
+              out = as_vq(q).quantize_topk(x.is_floating_point() ? x.to(at::kFloat) : x, k, ctx);
+              if (training && at::GradMode::is_enabled()) {  // as quantize: the update and the step on backward
+                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
+                               check = batch_check(q, x, training, group)]() {
+                  apply_update(update, group, step, check);
+                };
+                std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
+                for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
+                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
+                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                out.quantized = tensors[0];
+                out.code_loss = tensors[1];
+                size_t i = 2;
+                for (auto& [name, loss] : out.losses) loss = tensors[i++];
+              }
+            }
+            py::dict losses;
+            for (const auto& [name, value] : out.losses) losses[py::str(name)] = value;
+            return py::make_tuple(out.quantized, out.indices, out.code_loss, losses);
+          },
+          py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
+          py::arg("sample_codebook_temp") = py::none(),
+          "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
+          "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk). No EMA "
+          "update; in training with gradients the step advances on backward, as quantize's.")
+      .def(
+          "vq_update_indices",
+          [](Quantizer& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool training,
+             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
+            const lockstep::quant::VqUpdate vq_update = vq_update_from(ema_update_weight, accumulate, ema_update);
+            py::gil_scoped_release no_gil;
+            q.train(training);
+            lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+            ctx.defer_updates = true;  // run below, over the group, as a training step's update
+            const lockstep::quant::NoAutocast fp32;
+            auto update = as_vq(q).update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx, vq_update);
+            apply_update(update, group, step);
+          },
+          py::arg("x"), py::arg("indices"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("training") = true, py::arg("ema_update_weight") = py::none(),
+          py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
+          "VQ: the EMA update (and, in training, dead-code replacement) of tokens x (b, n, dim) with codes chosen "
+          "elsewhere, `indices` (b, n) (-1: not counted), now: its statistics are reduced over `group` at once "
+          "(every rank of it must call this), then the step advances (quant/vq.h, Vq::update_from).")
+      .def(
+          "quantize_values",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
+             std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook) {
+            py::gil_scoped_release no_gil;
+            // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
+            // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
+            const at::AutoDispatchBelowAutograd no_graph;
+            const torch::AutoGradMode caller(grad_mode);
+            lockstep::quant::SearchLog searches;
+            lockstep::quant::QuantizerOutput out = quantize_call(
+                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, &searches, codebook);
+            std::vector<at::Tensor> values{out.quantized, out.indices};
+            for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
+            values.push_back(searches.recorded().to(x.device()));
+            return values;
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
+          py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+          py::arg("codebook") = py::none(),
+          "[quantized, indices, the losses named (0 where absent), the call's code choices (int64, flat: "
+          "quantize_backward's `searches`)] of quantize(), with no autograd graph and no state change (but VQ's "
+          "k-means initialisation when grad_mode): torch.compile's forward.")
+      .def(
+          "quantize_backward",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
+             const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
+             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook,
+             std::optional<at::Tensor> searches, std::optional<at::Tensor> codebook) {
+            py::gil_scoped_release no_gil;
+            LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
+                               " loss gradients for ", names.size(), " losses");
+            // Recomputes the training forward with its graph (the same (seed, step), so the same draws;
+            // the code choices its forward recorded, not searched again), reduces and applies the state
+            // update, and differentiates, in eager's backward's order.
+            // Called inside a custom op, below autograd: recording is switched back on for this call.
+            const auto tls = c10::impl::tls_local_dispatch_key_set();
+            const c10::impl::ForceDispatchKeyGuard record(
+                tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+            const torch::AutoGradMode grad(true);
+            const at::Tensor input = x.detach().requires_grad_(true);
+            std::optional<lockstep::quant::SearchLog> replay;
+            if (searches) replay.emplace(*searches);
+            std::optional<at::Tensor> given;  // a caller's codebook: differentiated as an input
+            if (codebook) given = codebook->detach().requires_grad_(true);
+            lockstep::quant::QuantizerOutput out =
+                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt,
+                              replay ? &*replay : nullptr, given);
+            if (replay) replay->check_all_taken();
+            std::vector<at::Tensor> outputs, grads;
+            const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
+              if (value.requires_grad()) {
+                outputs.push_back(value);
+                grads.push_back(g);
+              }
+            };
+            take(out.quantized, grad_quantized);
+            for (size_t i = 0; i < names.size(); ++i) {
+              const auto found = out.losses.find(names[i]);
+              if (found != out.losses.end()) take(found->second, grad_losses[i]);
+            }
+            std::vector<at::Tensor> inputs{input};
+            for (const auto& p : parameters) {
+              if (p.requires_grad()) inputs.push_back(p);
+            }
+            if (given) inputs.push_back(*given);
+            // Before the gradients, where eager's backward runs it too (the node on the outputs comes
+            // first): the orthogonal loss's gradient is taken at the updated codebook.
+            apply_update(out.update, group, step, batch_check(q, x, training, group));
+            std::vector<at::Tensor> found_grads;
+            if (!outputs.empty()) {
+              found_grads = torch::autograd::grad(outputs, inputs, grads, /*retain_graph=*/false,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+            }
+            // One gradient for x and each parameter, zeros where none flows.
+            std::vector<at::Tensor> result;
+            size_t next = 0;
+            const auto grad_of = [&](const at::Tensor& t, bool differentiated) {
+              at::Tensor g = differentiated && next < found_grads.size() ? found_grads[next++] : at::Tensor();
+              result.push_back(g.defined() ? g : torch::zeros_like(t));
+            };
+            grad_of(x, true);
+            for (const auto& p : parameters) grad_of(p, p.requires_grad());
+            if (given) grad_of(*given, true);
+            return result;
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
+          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
+          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(), py::arg("codebook") = py::none(),
+          "[grad of x, grad of each of `parameters`, grad of `codebook` when given] of quantize_values() for the "
+          "gradients of its outputs, taking the code choices it recorded (`searches`) instead of searching again; then "
+          "the state update "
+          "of a training step, reduced over `group`, and `step` advanced: torch.compile's backward.")
+      .def(
+          "encode",
+          [](Quantizer& q, const at::Tensor& x) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.encode(x.is_floating_point() ? x.to(at::kFloat) : x);
+          },
+          py::arg("x"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "decode",
+          [](Quantizer& q, const at::Tensor& indices) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.decode(indices);
+          },
+          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "fsq_codes_to_indices",
+          [](Quantizer& q, const at::Tensor& codes) { return as_fsq(q).codes_to_indices(codes); }, py::arg("codes"),
+          "FSQ: codes (..., len(levels)) in [-1, 1] on the grid -> indices (...), int64.")
+      .def(
+          "fsq_indices_to_codes",
+          [](Quantizer& q, const at::Tensor& indices) { return as_fsq(q).indices_to_codes(indices); },
+          py::arg("indices"), "FSQ: indices (...) -> codes (..., len(levels)) in [-1, 1], float32.")
+      .def(
+          "lfq_indices_to_codes",
+          [](Quantizer& q, const at::Tensor& indices) {
+            const auto* lfq = dynamic_cast<const lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            return lfq->indices_to_codes(indices);
+          },
+          py::arg("indices"), "LFQ: one codebook's indices (...) -> codes (..., bits), float32.")
+      .def(
+          "lfq_loss_terms",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            lockstep::quant::LfqLossTerms terms;
+            {
+              py::gil_scoped_release no_gil;
+              q.train(training);
+              const lockstep::quant::NoAutocast fp32;
+              terms = lfq->loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                      call_context(x, seed, step, group, mask));
+            }
+            return py::make_tuple(terms.per_sample_entropy, terms.codebook_entropy, terms.commitment);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(),
+          "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
+          "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
+      .def(
+          "lfq_entropy_subset",
+          [](Quantizer& q, const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
+            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
+            py::gil_scoped_release no_gil;
+            const lockstep::quant::NoAutocast fp32;
+            return lfq->entropy_subset(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                       call_context(x, seed, step, group, mask));
+          },
+          py::arg("x"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr, py::arg("mask") = py::none(),
+          "bool (b, n): the tokens a training call with these arguments counts in its entropy terms (the mask's, "
+          "and of those the frac_per_sample_entropy subset); no collective, no state change.")
+      .def(
+          "fsp_diagnostics",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             std::shared_ptr<lockstep::dist::LazyGroup> group) {
+            lockstep::quant::FspDiagnostics d;
+            {
+              py::gil_scoped_release no_gil;
+              q.train(training);
+              const lockstep::quant::NoAutocast fp32;
+              d = as_fsp(q).diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                        call_context(x, seed, step, group, std::nullopt));
+            }
+            return py::make_tuple(d.level_indices, d.mean, d.variance, d.skewness, d.kurtosis,
+                                  d.accept_rate.defined() ? py::cast(d.accept_rate) : py::none());
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          "(level indices, mean, variance, skewness, kurtosis, accept rate or None) of this rank's tokens "
+          "(quant/fsp.h, Fsp::diagnostics); the same draws as the call of quantize with these arguments.")
+      .def(
+          "fsp_level_indices", [](Quantizer& q, const at::Tensor& indices) { return as_fsp(q).level_indices(indices); },
+          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "vq_update_ema", [](Quantizer& q) { as_vq(q).update_ema(); },
+          "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
+      .def(
+          "vq_keep_in_place_gradient", [](Quantizer& q, bool on) { as_vq(q).keep_in_place_gradient(on); },
+          py::arg("on"),
+          "VQ: training calls report loss 'in_place' and their updates sum its global gradient (quant/vq.h).")
+      .def(
+          "vq_take_in_place_gradient",
+          [](Quantizer& q) -> std::optional<at::Tensor> {
+            at::Tensor taken = as_vq(q).take_in_place_gradient();
+            return taken.defined() ? std::optional<at::Tensor>(taken) : std::nullopt;
+          },
+          "VQ: the in-place loss's gradient summed since the last take, (codebooks, K, codebook_dim), at the "
+          "codes searched (embed, or the vq_bridge's codebook); None when no update added one.")
+      .def(
+          "vq_code_logits",
+          [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook) {
+            auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
+            LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
+            const lockstep::quant::NoAutocast fp32;
+            return vq->code_logits(x.is_floating_point() ? x.to(at::kFloat) : x, codebook ? *codebook : at::Tensor());
+          },
+          py::arg("x"), py::arg("codebook") = py::none(),
+          "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable; `codebook`: embed "
+          "through the module's vq_bridge.")
+      .def(
+          "layer",
+          [](Quantizer& q, int64_t l) {
+            const auto* residual = dynamic_cast<const lockstep::quant::Residual*>(&q);
+            LOCKSTEP_CHECK_ARG(residual, "layer(", l, ") called on a ", q.kind(), " quantizer, not a residual one");
+            const int64_t n = static_cast<int64_t>(residual->layers().size());
+            LOCKSTEP_CHECK_ARG(l >= 0 && l < n, "layer(", l, "): the residual quantizer has ", n, " layers");
+            return residual->layers()[static_cast<size_t>(l)];
+          },
+          py::arg("l"), "A residual quantizer's layer l (the same object).")
+      .def(
+          "residual_layer_codes",
+          [](Quantizer& q, const at::Tensor& indices) {
+            auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
+            LOCKSTEP_CHECK_ARG(residual, "residual_layer_codes called on a ", q.kind(), " quantizer");
+            return residual->decode_layers(indices.to(at::kLong));
+          },
+          py::arg("indices"),
+          "Indices (b, n, num_quantizers) -> each layer's code as it enters the sum, (num_quantizers, b, n, "
+          "layer_dim); zeros for a dropped layer (quant/residual.h, Residual::decode_layers).")
+      .def(
+          "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
+          "The quantizer's parameters by dotted name, the same tensors.")
+      .def(
+          "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
+          "The quantizer's buffers by dotted name, the same tensors.");
+}
