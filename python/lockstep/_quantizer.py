@@ -38,13 +38,6 @@ def refuse(module_name, name, value, supported):
                     "see docs/python.md for the options and deliberate differences")
 
 
-def refuse_forward_options(module_name, **given):
-    """TypeError naming a forward option given another value than its default (None or False)."""
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise TypeError(f"{module_name}: forward option {name} is not supported by lockstep; see docs/python.md")
-
-
 def checked_temperature(module_name, value):
     """forward(sample_codebook_temp=value) as a float >= 0 (0: no sampling); ValueError otherwise."""
     value = float(value)

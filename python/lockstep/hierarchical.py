@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._quantizer import refuse_forward_options
 from .vq import VectorQuantize
 
 _UPSAMPLE_MODES = ("linear", "bilinear", "trilinear")
@@ -172,7 +171,6 @@ class HierarchicalVQ(nn.Module):
 
     def forward(self, x, indices=None, mask=None, lens=None, sample_codebook_temp=None, return_cutoff=False):
         name = "lockstep.HierarchicalVQ"
-        refuse_forward_options(name, sample_codebook_temp=sample_codebook_temp)
         if indices is not None:
             raise ValueError(f"{name}: forward takes no indices (as the reference); use get_output_from_indices")
         if mask is not None and lens is not None:
@@ -195,7 +193,8 @@ class HierarchicalVQ(nn.Module):
             pooled, level_mask = self._pool(residual, level_shape, mask)
             tokens = pooled.flatten(2).transpose(1, 2)
             quantized, level_indices, loss = self.get_vq(level)(
-                tokens, mask=None if level_mask is None else level_mask.flatten(1))
+                tokens, mask=None if level_mask is None else level_mask.flatten(1),
+                sample_codebook_temp=sample_codebook_temp)
             quantized = quantized.transpose(1, 2).reshape(pooled.shape)
             quantized = self._upsample(quantized, full_shape, level)
             reconstruction = reconstruction + quantized

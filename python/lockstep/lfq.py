@@ -72,11 +72,15 @@ def bit_mask(codebook_size):
     return 2 ** torch.arange(bits - 1, -1, -1)
 
 
-def check_forward_options(module_name, made_with, inv_temperature=None):
-    """TypeError for LFQ forward options lockstep does not take (inv_temperature is set at construction)."""
-    if inv_temperature is not None and float(inv_temperature) != made_with:
-        raise TypeError(f"{module_name}: inv_temperature={inv_temperature} at forward; lockstep sets it when the "
-                        f"module is made (inv_temperature={made_with})")
+def call_inv_temperature(module_name, made_with, inv_temperature):
+    """forward(inv_temperature=t) -> the binding's per-call argument: none when it is the module's own
+    (the compiled path takes that), ValueError unless a finite number > 0 (as the option)."""
+    if inv_temperature is None or float(inv_temperature) == made_with:
+        return {}
+    value = float(inv_temperature)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{module_name}: inv_temperature={inv_temperature} must be a finite number > 0")
+    return {"inv_temperature": value}
 
 
 def lfq_padding_mask(module_name, x, mask, channel_first):
@@ -153,17 +157,17 @@ class LFQ(LockstepQuantizer):
         return codes.movedim(-1, 1) if channel_first else codes
 
     def forward(self, x, inv_temperature=None, return_loss_breakdown=False, mask=None):
-        check_forward_options("lockstep.LFQ", self.inv_temperature, inv_temperature)
+        call = call_inv_temperature("lockstep.LFQ", self.inv_temperature, inv_temperature)
         channel_first = self.channel_first if self.channel_first is not None else x.ndim >= 4
         mask = lfq_padding_mask("lockstep.LFQ", x, mask, channel_first)
         out, indices, losses = self._quantize_any(x, channel_first, self.keep_num_codebooks_dim, self.num_codebooks,
-                                                  mask)
+                                                  mask, **call)
         if self.training and "activation" in self._modules:
             out = out + self._activation_gradient(x, channel_first).to(out.dtype)
         aux_loss = sum(losses.values()) if losses else torch.zeros((), device=out.device)
         if not return_loss_breakdown:
             return Return(out, indices, aux_loss)
-        return Return(out, indices, aux_loss), self._loss_breakdown(x, channel_first, mask)
+        return Return(out, indices, aux_loss), self._loss_breakdown(x, channel_first, mask, **call)
 
     def _activation_gradient(self, x, channel_first):
         """straight_through_activation: a term of value 0 whose gradient turns liblockstep's straight-through
@@ -175,7 +179,7 @@ class LFQ(LockstepQuantizer):
         change = change - change.detach()
         return change.movedim(-1, 1) if channel_first else change
 
-    def _loss_breakdown(self, x, channel_first, mask):
+    def _loss_breakdown(self, x, channel_first, mask, inv_temperature=None):
         """The unweighted terms of this call's loss, of this rank's tokens (liblockstep's Lfq::loss_terms:
         the tokens the call counted). Zeros in evaluation, as the reference's."""
         if torch.compiler.is_compiling():
@@ -184,7 +188,8 @@ class LFQ(LockstepQuantizer):
         if channel_first:
             x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
         group = self._lazy_group() if self.training else None
-        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, self._steps, group, mask)
+        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, self._steps, group, mask,
+                                          inv_temperature)
         return LossBreakdown(*terms)
 
 

@@ -11,7 +11,7 @@ from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, checked_temperature, identity, only_defaults, padding_mask,
                          refuse)
 from .fsq import fsq_options
-from .lfq import bit_mask, check_forward_options, lfq_options, lfq_padding_mask
+from .lfq import bit_mask, lfq_options, lfq_padding_mask
 from .vq import module_options, vq_options
 
 
@@ -468,7 +468,6 @@ class ResidualLFQ(_Residual):
         return {f"layers.{q}.mask": bit_mask(self.codebook_size) for q in range(self.num_quantizers)}
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
-        check_forward_options("lockstep.ResidualLFQ", self.inv_temperature)
         mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)
         out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask,
                                               **self._fixed_dropout(rand_quantize_dropout_fixed_seed))

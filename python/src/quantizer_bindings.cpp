@@ -113,6 +113,7 @@ lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed
 // A forward's own arguments that change how this call searches (the reference's forward arguments).
 struct CallOptions {
   std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
+  std::optional<double> inv_temperature;       // LFQ: the inverse temperature in place of the option's
   int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
   // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
   std::optional<at::Tensor> token_codes;
@@ -133,6 +134,7 @@ lockstep::quant::QuantizerOutput quantize_call(
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
   ctx.sample_codebook_temp = call.sample_codebook_temp;
+  ctx.inv_temperature = call.inv_temperature;
   ctx.dropout_layers = call.dropout_layers;
   if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
     LOCKSTEP_CHECK_ARG(
@@ -280,8 +282,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
              std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
-             std::optional<double> sample_codebook_temp, int64_t dropout_layers,
-             std::optional<at::Tensor> token_codes) {
+             std::optional<double> sample_codebook_temp, int64_t dropout_layers, std::optional<at::Tensor> token_codes,
+             std::optional<double> inv_temperature) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -293,7 +295,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               py::gil_scoped_release no_gil;
               out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
                                   vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook,
-                                  CallOptions{sample_codebook_temp, dropout_layers, token_codes});
+                                  CallOptions{sample_codebook_temp, inv_temperature, dropout_layers, token_codes});
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -316,7 +318,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
           py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
-          py::arg("token_codes") = py::none(),
+          py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
@@ -522,7 +524,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
       .def(
           "lfq_loss_terms",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask,
+             std::optional<double> inv_temperature) {
             auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
             LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
             lockstep::quant::LfqLossTerms terms;
@@ -530,13 +533,14 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               py::gil_scoped_release no_gil;
               q.train(training);
               const lockstep::quant::NoAutocast fp32;
-              terms = lfq->loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x,
-                                      call_context(x, seed, step, group, mask));
+              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+              ctx.inv_temperature = inv_temperature;
+              terms = lfq->loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
             }
             return py::make_tuple(terms.per_sample_entropy, terms.codebook_entropy, terms.commitment);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(),
+          py::arg("mask") = py::none(), py::arg("inv_temperature") = py::none(),
           "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
           "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
       .def(

@@ -106,6 +106,26 @@ def test_a_shared_codebook_quantizes_every_level_with_the_step_s_codebook():
     assert not torch.equal(ours.vq._codebook.embed, before)
 
 
+def test_a_calls_sampling_temperature_reaches_every_level():
+    # At 0 each level takes its nearest codes, as the reference's; at t it draws what levels made with t draw.
+    options = dict(dim=6, codebook_size=8, scales=[1, 2, 4], shared_codebook=False, stochastic_sample_codes=True,
+                   sample_codebook_temp=1.0)
+    reference, ours = _pair(options)
+    x = torch.randn(3, 6, 4)  # (b, dim, n)
+    out_ref, idx_ref, _ = reference(x, sample_codebook_temp=0.0)
+    out, idx, _ = ours(x, sample_codebook_temp=0.0)
+    for a, b in zip(idx, idx_ref):
+        assert torch.equal(a, b.long())
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    made_with = lockstep.HierarchicalVQ(**FIXED, **dict(options, sample_codebook_temp=5.0))
+    made_with.load_state_dict(ours.state_dict())
+    x = torch.randn(8, 6, 16)
+    with torch.no_grad():
+        expected = made_with(x)[1]
+        assert all(torch.equal(a, b) for a, b in zip(ours(x, sample_codebook_temp=5.0)[1], expected))
+        assert not all(torch.equal(a, b) for a, b in zip(ours(x)[1], expected))
+
+
 def test_decoding_from_indices_matches_the_reference():
     options = dict(dim=6, codebook_size=8, scales=[1, (2, 2), (2, 4)], accept_image_fmap=True, shared_codebook=False)
     reference, ours = _pair(options)
@@ -148,8 +168,6 @@ def test_bad_inputs_are_errors_naming_them():
         hvq(torch.randn(2, 4, 4), mask=torch.ones(2, 4, dtype=torch.bool), lens=torch.tensor([4, 4]))
     with pytest.raises(ValueError, match="get_output_from_indices"):
         hvq(torch.randn(2, 4, 4), indices=torch.zeros(2, 4, dtype=torch.long))
-    with pytest.raises(TypeError, match="sample_codebook_temp"):
-        hvq(torch.randn(2, 4, 4), sample_codebook_temp=0.5)
     image = lockstep.HierarchicalVQ(dim=4, codebook_size=8, scales=[1, 2], accept_image_fmap=True)
     with pytest.raises(ValueError, match="lens is for 1d"):
         image(torch.randn(2, 4, 2, 2), lens=torch.tensor([1, 2]))

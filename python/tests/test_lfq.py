@@ -91,11 +91,58 @@ def test_a_straight_through_activation_gives_the_references_gradients(activation
     assert torch.equal(ours(x)[1], reference(x)[1].to(torch.int64))
 
 
-def test_forward_options_lockstep_does_not_take_are_type_errors():
-    ours = lockstep.LFQ(codebook_size=2**4)
-    x = torch.randn(1, 3, 4)
-    with pytest.raises(TypeError, match="inv_temperature"):
-        ours(x, inv_temperature=10.0)
+@pytest.mark.parametrize("options", [dict(dim=6, codebook_size=16, commitment_loss_weight=0.25),
+                                     dict(codebook_size=2**8, num_codebooks=2, dim=16, frac_per_sample_entropy=0.5)],
+                         ids=["projected", "two_codebooks_half_the_tokens"])
+def test_a_calls_inv_temperature_gives_the_references_loss_breakdown_and_gradient(options):
+    torch.manual_seed(0)
+    reference, ours = ReferenceLFQ(**options), lockstep.LFQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(3, 5, options["dim"])
+    xs = [x.clone().requires_grad_(True) for _ in range(3)]
+    (_, _, aux_ref), expected = reference(xs[0], inv_temperature=2.0, return_loss_breakdown=True)
+    (_, _, aux), got = ours(xs[1], inv_temperature=2.0, return_loss_breakdown=True)
+    if options.get("frac_per_sample_entropy", 1) == 1:  # the reference draws its subset from torch's generator
+        torch.testing.assert_close(aux, aux_ref, atol=1e-5, rtol=1e-5)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        aux_ref.backward(), aux.backward()
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+    # The call's temperature acts for that call alone, as a module made with it.
+    made_with = lockstep.LFQ(inv_temperature=2.0, **options)
+    made_with.load_state_dict(ours.state_dict())
+    made_with.step = ours.step = 0
+    torch.testing.assert_close(ours(x, inv_temperature=2.0)[2], made_with(x)[2], atol=0, rtol=0)
+    assert ours(x)[2].item() != made_with(x)[2].item()
+    with pytest.raises(ValueError, match="inv_temperature"):
+        ours(x, inv_temperature=0.0)
+
+
+def test_a_calls_own_inv_temperature_compiles_and_another_runs_eagerly_only():
+    lfq = lockstep.LFQ(dim=6, codebook_size=16, inv_temperature=50.0)
+    compiled = torch.compile(lfq, fullgraph=True)
+    x = torch.randn(2, 5, 6)
+    torch.testing.assert_close(compiled(x, inv_temperature=50.0)[2], lfq(x)[2], atol=1e-6, rtol=1e-6)
+    with pytest.raises(Exception, match="inv_temperature"):
+        compiled(x, inv_temperature=2.0)
+
+
+def _temperature_ranks(rank, world, x):
+    called = lockstep.LFQ(dim=6, codebook_size=16, seed=4, collective_timeout=20.0)
+    made = lockstep.LFQ(dim=6, codebook_size=16, seed=4, collective_timeout=20.0, inv_temperature=3.0)
+    made.load_state_dict(called.state_dict())
+    grads = []
+    for module, call in ((called, dict(inv_temperature=3.0)), (made, {})):
+        part = x.chunk(world)[rank].clone().requires_grad_(True)
+        module(part, **call)[2].backward()  # the entropy statistics reduced over the ranks, in backward
+        grads.append(part.grad)
+    return grads
+
+
+def test_on_two_ranks_a_calls_inv_temperature_reduces_as_the_option():
+    x = torch.randn(4, 8, 6)
+    for called, made in run_ranks(2, _temperature_ranks, x):
+        torch.testing.assert_close(called, made, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("options", [dict(dim=6, codebook_size=16, commitment_loss_weight=0.25),

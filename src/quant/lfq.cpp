@@ -24,6 +24,13 @@ at::ScalarType compute_type(const at::Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
 }
 
+// The call's inverse temperature (the reference's forward argument), else the option's.
+double call_inv_temperature(const LfqOptions& options, const QuantizeContext& ctx) {
+  const double inv_t = ctx.inv_temperature.value_or(options.inv_temperature());
+  LOCKSTEP_CHECK_ARG(inv_t > 0 && std::isfinite(inv_t), "lfq: inv_temperature = ", inv_t, " must be > 0");
+  return inv_t;
+}
+
 }  // namespace
 
 void LfqOptions::validate() const {
@@ -155,7 +162,7 @@ QuantizerOutput Lfq::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
   const at::Tensor tokens = entropy_tokens(z, mask, ctx);  // (N, c, bits)
   const double code_value = this->code_value();
-  const double inv_t = options_.inv_temperature();
+  const double inv_t = call_inv_temperature(options_, ctx);
   // Everything the entropy loss needs is a sum over the chosen tokens of the global batch: their
   // count, their per-sample entropies (the reference's mean over (N, c)) and their code probabilities.
   const at::Tensor per_sample = tokens.size(0) > 0
@@ -255,7 +262,7 @@ LfqLossTerms Lfq::loss_terms(const at::Tensor& x, const QuantizeContext& ctx) {
     return {zero, zero, zero};
   }
   const at::Tensor tokens = entropy_tokens(z, mask, ctx);  // (N, c, bits)
-  const double inv_t = options_.inv_temperature();
+  const double inv_t = call_inv_temperature(options_, ctx);
   LfqLossTerms terms;
   if (tokens.size(0) == 0) {  // nothing counted: zeros, carrying z's graph
     terms.per_sample_entropy = terms.codebook_entropy = z.sum() * 0;

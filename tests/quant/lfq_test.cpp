@@ -482,6 +482,25 @@ TEST(Lfq, LossTermsAreTheCallsUnweightedTermsOfTheSameTokens) {
   }
 }
 
+TEST(Lfq, ACallsInverseTemperatureActsAsTheOptionForThatCallAlone) {
+  torch::manual_seed(6);
+  const at::Tensor x = torch::randn({2, 8, 4});
+  Lfq made_with_default(LfqOptions(16).inv_temperature(100.0).diversity_gamma(0.8));
+  Lfq made_with_two(LfqOptions(16).inv_temperature(2.0).diversity_gamma(0.8));
+  QuantizeContext at_two;
+  at_two.inv_temperature = 2.0;
+  const at::Tensor expected = made_with_two.quantize(x, {}).losses.at("entropy");
+  EXPECT_NEAR(made_with_default.quantize(x, at_two).losses.at("entropy").item<float>(), expected.item<float>(), 1e-6);
+  EXPECT_NE(made_with_default.quantize(x, {}).losses.at("entropy").item<float>(), expected.item<float>());
+  const LfqLossTerms terms = made_with_default.loss_terms(x, at_two);
+  const LfqLossTerms option_terms = made_with_two.loss_terms(x, {});
+  EXPECT_NEAR(terms.per_sample_entropy.item<float>(), option_terms.per_sample_entropy.item<float>(), 1e-6);
+  EXPECT_NEAR(terms.codebook_entropy.item<float>(), option_terms.codebook_entropy.item<float>(), 1e-6);
+  QuantizeContext invalid;
+  invalid.inv_temperature = 0.0;
+  EXPECT_THROW(made_with_default.quantize(x, invalid), InvalidArgument);
+}
+
 TEST(Lfq, TotalLossGradientMatchesFiniteDifferences) {
   for (bool spherical : {false, true}) {
     Lfq lfq(LfqOptions(8).spherical(spherical).inv_temperature(1.5).commitment_loss_weight(0.25).diversity_gamma(0.6));

@@ -48,7 +48,10 @@ struct QuantizeContext {
   at::Tensor codebook = {};
   // VQ's sampling temperature for this call in place of the option's (the reference's forward
   // sample_codebook_temp); unset: the option's.
-  std::optional<double> sample_codebook_temp;
+  std::optional<double> sample_codebook_temp = std::nullopt;
+  // LFQ's inverse temperature of the code probabilities for this call in place of the option's (the
+  // reference's forward inv_temperature); unset: the option's.
+  std::optional<double> inv_temperature = std::nullopt;
   // Residual quantize dropout: in a training call, the number of layers run (>= 1), as the caller chose it
   // (the reference's rand_quantize_dropout_fixed_seed); 0: drawn from the generator.
   int64_t dropout_layers = 0;
