@@ -60,6 +60,7 @@ struct FsqFunction : public torch::autograd::Function<FsqFunction> {
 }  // namespace
 
 void FsqOptions::validate() const {
+  check_fields("fsq", *this);
   LOCKSTEP_CHECK_ARG(!levels_.empty(), "fsq: levels must not be empty");
   int64_t product = 1;
   for (size_t i = 0; i < levels_.size(); ++i) {
@@ -71,10 +72,7 @@ void FsqOptions::validate() const {
     LOCKSTEP_CHECK_ARG(product <= (int64_t{1} << 31), "fsq: the product of levels exceeds 2^31 at levels[", i,
                        "]; use several codebooks instead");
   }
-  LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "fsq: num_codebooks = ", num_codebooks_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(!dim_ || *dim_ >= 1, "fsq: dim = ", dim_.value_or(0), " must be >= 1");
-  LOCKSTEP_CHECK_ARG(noise_dropout_ >= 0 && noise_dropout_ < 1, "fsq: noise_dropout = ", noise_dropout_,
-                     " must lie in [0, 1)");
   LOCKSTEP_CHECK_ARG(noise_dropout_ == 0 || preserve_symmetry_, "fsq: noise_dropout = ", noise_dropout_,
                      " needs preserve_symmetry = true (got preserve_symmetry = false)");
 }

@@ -34,27 +34,11 @@ double call_inv_temperature(const LfqOptions& options, const QuantizeContext& ct
 }  // namespace
 
 void LfqOptions::validate() const {
+  check_fields("lfq", *this);
   const int64_t k = codebook_size_;
   LOCKSTEP_CHECK_ARG(k >= 2 && k <= (int64_t{1} << 24) && (k & (k - 1)) == 0, "lfq: codebook_size = ", k,
                      " must be a power of two in [2, 2^24]");
   LOCKSTEP_CHECK_ARG(!dim_ || *dim_ >= 1, "lfq: dim = ", dim_.value_or(0), " must be >= 1");
-  LOCKSTEP_CHECK_ARG(entropy_loss_weight_ >= 0, "lfq: entropy_loss_weight = ", entropy_loss_weight_, " must be >= 0");
-  LOCKSTEP_CHECK_ARG(commitment_loss_weight_ >= 0, "lfq: commitment_loss_weight = ", commitment_loss_weight_,
-                     " must be >= 0");
-  LOCKSTEP_CHECK_ARG(std::isfinite(diversity_gamma_), "lfq: diversity_gamma = ", diversity_gamma_, " must be finite");
-  LOCKSTEP_CHECK_ARG(codebook_scale_ > 0 && std::isfinite(codebook_scale_), "lfq: codebook_scale = ", codebook_scale_,
-                     " must be > 0");
-  LOCKSTEP_CHECK_ARG(inv_temperature_ > 0 && std::isfinite(inv_temperature_),
-                     "lfq: inv_temperature = ", inv_temperature_, " must be > 0");
-  LOCKSTEP_CHECK_ARG(frac_per_sample_entropy_ > 0 && frac_per_sample_entropy_ <= 1,
-                     "lfq: frac_per_sample_entropy = ", frac_per_sample_entropy_, " must be in (0, 1]");
-  LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "lfq: num_codebooks = ", num_codebooks_, " must be >= 1");
-  LOCKSTEP_CHECK_ARG(soft_clamp_ >= 0 && std::isfinite(soft_clamp_), "lfq: soft_clamp = ", soft_clamp_,
-                     " must be >= 0 (0: none)");
-  LOCKSTEP_CHECK_ARG(std::isfinite(entropy_loss_offset_), "lfq: entropy_loss_offset = ", entropy_loss_offset_,
-                     " must be finite");
-  LOCKSTEP_CHECK_ARG(cosine_sim_project_in_ >= 0 && std::isfinite(cosine_sim_project_in_),
-                     "lfq: cosine_sim_project_in = ", cosine_sim_project_in_, " must be >= 0 (0: a linear layer)");
 }
 
 namespace detail {

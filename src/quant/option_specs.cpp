@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsp.h"
@@ -57,6 +58,41 @@ Spec one_of(std::string key, std::string value, std::vector<std::string> choices
   return spec;
 }
 
+// The option type of a field's C++ type.
+template <typename T>
+OptionSpec::Type type_of() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return OptionSpec::Type::Bool;
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    return OptionSpec::Type::Int;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return OptionSpec::Type::Float;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return OptionSpec::Type::String;
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return OptionSpec::Type::IntList;
+  } else {
+    static_assert(std::is_same_v<T, std::vector<double>>, "a field's type is one of OptionSpec's");
+    return OptionSpec::Type::FloatList;
+  }
+}
+
+// The options an options struct declares in its field list (option_fields.h), after the section's
+// constructor arguments, in the list's order, with the struct's defaults.
+template <typename Options>
+void append_fields(OptionSection& section, const Options& defaults) {
+  defaults.for_each_field([&section](const char* key, const auto& value, const FieldLimits& limits, const char* help) {
+    Spec spec = option(key, type_of<std::decay_t<decltype(value)>>(), value, help);
+    spec.s.min = limits.min;
+    spec.s.max = limits.max;
+    spec.s.min_exclusive = limits.min_exclusive;
+    spec.s.max_exclusive = limits.max_exclusive;
+    spec.s.min_len = limits.min_len;
+    spec.s.max_len = limits.max_len;
+    section.options.push_back(spec);
+  });
+}
+
 // What the library takes as constructor arguments has no library default; these are the CLI's.
 const std::vector<int64_t> kFsqLevels = {8, 5, 5, 5};
 constexpr int64_t kLfqCodebookSize = 1024;
@@ -64,36 +100,21 @@ constexpr int64_t kVqDim = 8, kVqCodebookSize = 512;
 constexpr int64_t kResidualLayers = 4;
 
 OptionSection fsq_section() {
-  const FsqOptions d(kFsqLevels);
-  return {"fsq",
-          {int_list("levels", kFsqLevels,
-                    "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
-               .in_range(2, 256)
-               .length(1, 16),
-           integer("dim", 0,
-                   "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-               .in_range(0, 4096),
-           integer("num_codebooks", d.num_codebooks(), "FSQ codebooks per token, each with all the levels.")
-               .in_range(1, 64),
-           boolean("preserve_symmetry", d.preserve_symmetry(),
-                   "Symmetric bound 2/(L-1) floor((L-1)(tanh z + 1)/2 + 0.5) - 1 instead of the default."),
-           boolean("bound_hard_clamp", d.bound_hard_clamp(),
-                   "Bound with clamp(z, -1, 1) instead of tanh; residual-fsq then first squashes its input with "
-                   "tanh(z / c) c, c = 1 + 1/(L-1)."),
-           real("noise_dropout", d.noise_dropout(),
-                "Training only, needs preserve_symmetry: probability that a code element gets U[-0.5, 0.5) "
-                "noise, clamped to [-1, 1].")
-               .at_least(0)
-               .less_than(1),
-           boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases."),
-           boolean("orthogonal_rotation", d.orthogonal_rotation(),
-                   "Each codebook's vector turned by a fixed random orthogonal matrix before quantization and back "
-                   "after (not in residual-fsq).")}};
+  OptionSection section{
+      "fsq",
+      {int_list("levels", kFsqLevels,
+                "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
+           .in_range(2, 256)
+           .length(1, 16),
+       integer("dim", 0,
+               "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
+           .in_range(0, 4096)}};
+  append_fields(section, FsqOptions(kFsqLevels));
+  return section;
 }
 
 OptionSection lfq_section() {
-  const LfqOptions d(kLfqCodebookSize);
-  return {
+  OptionSection section{
       "lfq",
       {integer("codebook_size", kLfqCodebookSize,
                "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
@@ -101,42 +122,9 @@ OptionSection lfq_section() {
        integer("dim", 0,
                "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
                "log2 K.")
-           .in_range(0, 4096),
-       real("entropy_loss_weight", d.entropy_loss_weight(), "Weight of the entropy loss (per-sample minus codebook).")
-           .at_least(0),
-       real("commitment_loss_weight", d.commitment_loss_weight(),
-            "Weight of the commitment loss mse(x, code); 0 leaves it out. The reference defaults to 0, "
-            "which lets training collapse onto few codes.")
-           .at_least(0),
-       real("diversity_gamma", d.diversity_gamma(),
-            "How much the codebook entropy (usage across the global batch) counts in the entropy loss.")
-           .at_least(0),
-       real("inv_temperature", d.inv_temperature(), "Inverse temperature of the code probabilities.").greater_than(0),
-       real("codebook_scale", d.codebook_scale(), "Each code coordinate is +scale or -scale.").greater_than(0),
-       boolean("spherical", d.spherical(),
-               "Binary spherical quantization: l2-normalise the latent and the codes (times the scale)."),
-       integer("num_codebooks", d.num_codebooks(), "LFQ codebooks per token, each of log2 K bits.").in_range(1, 64),
-       real("frac_per_sample_entropy", d.frac_per_sample_entropy(),
-            "Fraction of each batch's tokens that enter the entropy loss: each token with this probability, "
-            "by a hash of its place in the global batch (the reference takes exactly that share).")
-           .greater_than(0)
-           .at_most(1),
-       boolean("projection_has_bias", d.projection_has_bias(), "The projections in and out have biases."),
-       boolean("orthogonal_rotation", d.orthogonal_rotation(),
-               "Each codebook's vector turned by a fixed random orthogonal matrix before quantization and back "
-               "after (not in residual-lfq)."),
-       real("cosine_sim_project_in", d.cosine_sim_project_in(),
-            "s > 0: the projection in is the unit input times the unit columns of its weight, times s; 0 means a "
-            "linear layer.")
-           .at_least(0),
-       boolean("force_projections", d.force_projections(),
-               "Projections in and out even when dim equals the code space's dimension."),
-       real("soft_clamp", d.soft_clamp(),
-            "c > 0: the projected input squashed to tanh(z / c) c before quantization; 0 means none.")
-           .at_least(0),
-       boolean("softplus_entropy", d.softplus_entropy(),
-               "The entropy term made positive: softplus(entropy term + entropy_loss_offset)."),
-       real("entropy_loss_offset", d.entropy_loss_offset(), "The offset inside softplus_entropy's softplus.")}};
+           .in_range(0, 4096)}};
+  append_fields(section, LfqOptions(kLfqCodebookSize));
+  return section;
 }
 
 OptionSection vq_section() {

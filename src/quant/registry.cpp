@@ -1,5 +1,7 @@
 #include "lockstep/quant/registry.h"
 
+#include <type_traits>
+
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsp.h"
 #include "lockstep/quant/fsq.h"
@@ -15,35 +17,30 @@ namespace lockstep::quant {
 
 namespace {
 
+// Every field an options struct declares (option_fields.h), read under its own name as its type.
+template <typename Options>
+void read_fields(const OptionReader& o, Options& options) {
+  options.for_each_field([&o](const char* key, auto& value, const FieldLimits&, const char*) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, bool>) value = o.boolean(key);
+    if constexpr (std::is_same_v<T, int64_t>) value = o.integer(key);
+    if constexpr (std::is_same_v<T, double>) value = o.real(key);
+    if constexpr (std::is_same_v<T, std::string>) value = o.string(key);
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) value = o.int_list(key);
+    if constexpr (std::is_same_v<T, std::vector<double>>) value = o.float_list(key);
+  });
+}
+
 FsqOptions fsq_options(const OptionReader& o) {
   FsqOptions options(o.int_list("levels"));
-  options.num_codebooks(o.integer("num_codebooks"))
-      .preserve_symmetry(o.boolean("preserve_symmetry"))
-      .bound_hard_clamp(o.boolean("bound_hard_clamp"))
-      .noise_dropout(o.real("noise_dropout"))
-      .projection_has_bias(o.boolean("projection_has_bias"))
-      .orthogonal_rotation(o.boolean("orthogonal_rotation"));
+  read_fields(o, options);
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;
 }
 
 LfqOptions lfq_options(const OptionReader& o) {
   LfqOptions options(o.integer("codebook_size"));
-  options.entropy_loss_weight(o.real("entropy_loss_weight"))
-      .commitment_loss_weight(o.real("commitment_loss_weight"))
-      .diversity_gamma(o.real("diversity_gamma"))
-      .inv_temperature(o.real("inv_temperature"))
-      .codebook_scale(o.real("codebook_scale"))
-      .spherical(o.boolean("spherical"))
-      .num_codebooks(o.integer("num_codebooks"))
-      .frac_per_sample_entropy(o.real("frac_per_sample_entropy"))
-      .projection_has_bias(o.boolean("projection_has_bias"))
-      .force_projections(o.boolean("force_projections"))
-      .orthogonal_rotation(o.boolean("orthogonal_rotation"))
-      .cosine_sim_project_in(o.real("cosine_sim_project_in"))
-      .soft_clamp(o.real("soft_clamp"))
-      .softplus_entropy(o.boolean("softplus_entropy"))
-      .entropy_loss_offset(o.real("entropy_loss_offset"));
+  read_fields(o, options);
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: codebooks x log2 codebook_size
   return options;
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -23,69 +24,39 @@ struct FsqOptions {
     dim_ = d;
     return *this;
   }
-  FsqOptions& num_codebooks(int64_t n) {
-    num_codebooks_ = n;
-    return *this;
-  }
-  // Use the symmetric bound 2/(L-1) * floor((L-1)(tanh z + 1)/2 + 0.5) - 1.
-  FsqOptions& preserve_symmetry(bool on) {
-    preserve_symmetry_ = on;
-    return *this;
-  }
-  // Bound with clamp(., -1, 1) where the definition has tanh (the reference's bound_hard_clamp, for
-  // inputs already squashed into range, as residual FSQ's are): the gradient is 1 inside (-1, 1) and
-  // 0 elsewhere, as torch 2's clamp; the default bound's shift is offset / half, not its atanh.
-  FsqOptions& bound_hard_clamp(bool on) {
-    bound_hard_clamp_ = on;
-    return *this;
-  }
-  // Training only, needs preserve_symmetry. After the indices are computed, each element of the
-  // quantized code independently, with probability p, gets an offset u ~ U[-0.5, 0.5) added and
-  // the sum clamped to [-1, 1] (docs/quantizers.md; the Python reference adds the same offset to
-  // the bounded value without a clamp). The gradient is unchanged: still the straight-through
-  // gradient of the bound, also where the clamp bit. Indices are never affected. Randomness: one
-  // 64-bit draw per forward from QuantizeContext::generator (torch's default CPU generator when
-  // undefined), expanded per element by a counter-based hash; eval mode draws nothing.
-  FsqOptions& noise_dropout(double p) {
-    noise_dropout_ = p;
-    return *this;
-  }
-  // The projections in and out have biases (the reference's projection_has_bias).
-  FsqOptions& projection_has_bias(bool on) {
-    projection_has_bias_ = on;
-    return *this;
-  }
-  // Each codebook's code-space vectors turned by a fixed random orthogonal matrix (buffer orthogonal_rot,
-  // drawn from the default generator) before quantization and back after (the reference's
-  // orthogonal_rotation; better code use without an auxiliary loss).
-  FsqOptions& orthogonal_rotation(bool on) {
-    orthogonal_rotation_ = on;
-    return *this;
-  }
-
   const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
-  int64_t num_codebooks() const { return num_codebooks_; }
-  bool preserve_symmetry() const { return preserve_symmetry_; }
-  bool bound_hard_clamp() const { return bound_hard_clamp_; }
-  double noise_dropout() const { return noise_dropout_; }
-  bool projection_has_bias() const { return projection_has_bias_; }
-  bool orthogonal_rotation() const { return orthogonal_rotation_; }
 
-  // Throws InvalidArgument with the values: a level < 2 or > 2^22 (float32 rounding limit), no
-  // levels, codebooks < 1, a product of levels beyond 2^31, dim < 1, noise_dropout outside
-  // [0, 1), or noise_dropout > 0 without preserve_symmetry.
+  // Every other option: fsq_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(FsqOptions, type, name, value)
+#include "lockstep/quant/fsq_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of fsq_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument with the values: a field outside its limits, a level < 2 or > 2^22 (float32
+  // rounding limit), no levels, a product of levels beyond 2^31, dim < 1, or noise_dropout > 0 without
+  // preserve_symmetry.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/fsq_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   std::vector<int64_t> levels_;
   std::optional<int64_t> dim_;
-  int64_t num_codebooks_ = 1;
-  bool preserve_symmetry_ = false;
-  bool bound_hard_clamp_ = false;
-  double noise_dropout_ = 0.0;
-  bool projection_has_bias_ = true;
-  bool orthogonal_rotation_ = false;
 };
 
 namespace detail {

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -22,129 +23,38 @@ struct LfqOptions {
     dim_ = d;
     return *this;
   }
-  LfqOptions& entropy_loss_weight(double w) {
-    entropy_loss_weight_ = w;
-    return *this;
-  }
-  LfqOptions& commitment_loss_weight(double w) {
-    commitment_loss_weight_ = w;
-    return *this;
-  }
-  LfqOptions& diversity_gamma(double g) {
-    diversity_gamma_ = g;
-    return *this;
-  }
-  LfqOptions& codebook_scale(double s) {
-    codebook_scale_ = s;
-    return *this;
-  }
-  LfqOptions& inv_temperature(double t) {
-    inv_temperature_ = t;
-    return *this;
-  }
-  // f in (0, 1]: the tokens of each training call that enter both the per-sample entropy and the
-  // average probability. Each token joins with probability f, decided by a hash of (one draw of
-  // ctx.generator, the token's global position in the batch), so W ranks choose exactly the tokens
-  // one process would (the reference takes exactly int(n * f) at random; here the count is binomial).
-  LfqOptions& frac_per_sample_entropy(double f) {
-    frac_per_sample_entropy_ = f;
-    return *this;
-  }
-  // BSQ: l2-normalise the inputs and the codes (times codebook_scale).
-  LfqOptions& spherical(bool on) {
-    spherical_ = on;
-    return *this;
-  }
-  // c >= 1 codebooks of K codes each: the code space has c * log2 K dimensions, codebook g owning
-  // dimensions [g log2 K, (g + 1) log2 K); indices (b, n, c), or (b, n) when c = 1. Entropies
-  // are per codebook, averaged over codebooks; spherical normalises each group.
-  LfqOptions& num_codebooks(int64_t n) {
-    num_codebooks_ = n;
-    return *this;
-  }
-
-  // The projections in and out have biases (the reference's projection_has_bias).
-  LfqOptions& projection_has_bias(bool on) {
-    projection_has_bias_ = on;
-    return *this;
-  }
-  // Each codebook's code-space vectors turned by a fixed random orthogonal matrix (buffer orthogonal_rot,
-  // drawn from the default generator) before quantization and back after (the reference's
-  // orthogonal_rotation; better code use without an auxiliary loss).
-  LfqOptions& orthogonal_rotation(bool on) {
-    orthogonal_rotation_ = on;
-    return *this;
-  }
-  // Projections in and out even when dim equals the code space's (the reference's has_projections=True).
-  LfqOptions& force_projections(bool on) {
-    force_projections_ = on;
-    return *this;
-  }
-  // s > 0: the projection in (when there is one) is vector-quantize-pytorch's CosineSimLinear, the unit input
-  // times the unit columns of its weight (dim, code dims), times s (cosine_sim_project_in); 0: a linear layer.
-  LfqOptions& cosine_sim_project_in(double s) {
-    cosine_sim_project_in_ = s;
-    return *this;
-  }
-  // c > 0: the projected input squashed to tanh(z / c) c before quantization (soft_clamp_input_value); 0: none.
-  LfqOptions& soft_clamp(double c) {
-    soft_clamp_ = c;
-    return *this;
-  }
-  // The entropy term made positive: softplus(per-sample - gamma * codebook entropy + offset), the
-  // reference's experimental_softplus_entropy_loss with entropy_loss_offset.
-  LfqOptions& softplus_entropy(bool on) {
-    softplus_entropy_ = on;
-    return *this;
-  }
-  LfqOptions& entropy_loss_offset(double o) {
-    entropy_loss_offset_ = o;
-    return *this;
-  }
-
   int64_t codebook_size() const { return codebook_size_; }
   std::optional<int64_t> dim() const { return dim_; }
-  bool projection_has_bias() const { return projection_has_bias_; }
-  bool force_projections() const { return force_projections_; }
-  bool orthogonal_rotation() const { return orthogonal_rotation_; }
-  double soft_clamp() const { return soft_clamp_; }
-  double cosine_sim_project_in() const { return cosine_sim_project_in_; }
-  bool softplus_entropy() const { return softplus_entropy_; }
-  double entropy_loss_offset() const { return entropy_loss_offset_; }
-  double entropy_loss_weight() const { return entropy_loss_weight_; }
-  double commitment_loss_weight() const { return commitment_loss_weight_; }
-  double diversity_gamma() const { return diversity_gamma_; }
-  double codebook_scale() const { return codebook_scale_; }
-  double inv_temperature() const { return inv_temperature_; }
-  double frac_per_sample_entropy() const { return frac_per_sample_entropy_; }
-  bool spherical() const { return spherical_; }
-  int64_t num_codebooks() const { return num_codebooks_; }
 
-  // Throws InvalidArgument naming the value: K not a power of two in [2, 2^24], dim < 1, negative
-  // weights, scale or inv_temperature <= 0, frac_per_sample_entropy outside (0, 1], num_codebooks < 1,
-  // a negative soft clamp, an offset that is not finite.
+  // Every other option: lfq_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(LfqOptions, type, name, value)
+#include "lockstep/quant/lfq_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of lfq_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument naming the value: a field outside its limits, K not a power of two in
+  // [2, 2^24], dim < 1.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/lfq_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   int64_t codebook_size_;
   std::optional<int64_t> dim_;
-  double entropy_loss_weight_ = 0.1;
-  // Not the reference's 0: without it an autoencoder's straight-through latents drift and the codes
-  // collapse (10 of 1024 used after 300 demo steps, 1010 with 0.25).
-  double commitment_loss_weight_ = 0.25;
-  double diversity_gamma_ = 1.0;
-  double codebook_scale_ = 1.0;
-  double inv_temperature_ = 100.0;
-  double frac_per_sample_entropy_ = 1.0;
-  bool spherical_ = false;
-  int64_t num_codebooks_ = 1;
-  bool projection_has_bias_ = true;
-  bool force_projections_ = false;
-  bool orthogonal_rotation_ = false;
-  double soft_clamp_ = 0;
-  double cosine_sim_project_in_ = 0;
-  bool softplus_entropy_ = false;
-  double entropy_loss_offset_ = 5.0;
 };
 
 // vector-quantize-pytorch's LossBreakdown of one LFQ call: the unweighted terms of its loss.
