@@ -93,6 +93,14 @@ void append_fields(OptionSection& section, const Options& defaults) {
   });
 }
 
+// `specs` placed right after the option `key` of `section`.
+void insert_after(OptionSection& section, const std::string& key, const std::vector<OptionSpec>& specs) {
+  auto at = std::find_if(section.options.begin(), section.options.end(),
+                         [&key](const OptionSpec& o) { return o.key == key; });
+  LOCKSTEP_ASSERT(at != section.options.end(), "no option '", key, "' in section ", section.name);
+  section.options.insert(at + 1, specs.begin(), specs.end());
+}
+
 // What the library takes as constructor arguments has no library default; these are the CLI's.
 const std::vector<int64_t> kFsqLevels = {8, 5, 5, 5};
 constexpr int64_t kLfqCodebookSize = 1024;
@@ -129,75 +137,26 @@ OptionSection lfq_section() {
 
 OptionSection vq_section() {
   const VqOptions d(kVqDim, kVqCodebookSize);
-  return {
+  OptionSection section{
       "vq",
       {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
-       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
-       real("decay", d.decay(), "EMA decay of the codebook statistics; 1 keeps the codebook as it is.").in_range(0, 1),
-       real("eps", d.eps(), "Laplace smoothing of the cluster sizes the EMA divides by: (n_k + eps) / (n + K eps) n.")
-           .greater_than(0),
-       real("commitment_weight", d.commitment_weight(), "Weight of the commitment loss mse(q, x).").in_range(0, 1000),
-       boolean("kmeans_init", d.kmeans_init(), "Initialise the codebook by k-means on the first training batch."),
-       integer("kmeans_iters", d.kmeans_iters(), "Rounds of k-means when kmeans_init is on.").in_range(1, 1000),
-       real("threshold_ema_dead_code", d.threshold_ema_dead_code(),
-            "Codes whose EMA cluster size falls below this get a batch vector; 0 turns it off.")
-           .at_least(0),
-       boolean("cosine", d.use_cosine_sim(), "Cosine similarity: l2-normalise tokens and codes."),
-       // The library's rule (the rotation trick when dim > 1), applied to the default dim.
-       boolean("rotation_trick", d.estimator() == VqEstimator::RotationTrick,
-               "Rotation-trick gradient estimator; false uses straight-through."),
-       boolean("layernorm_after_project_in", d.layernorm_after_project_in(),
-               "A LayerNorm after the projection in (when heads x codebook_dim != dim)."),
-       boolean("directional_reparam", false,
-               "DiVeQ estimator: the token plus its distance to the code along the noised direction to it (needs "
-               "rotation_trick = false and threshold_ema_dead_code > 0; no commitment loss)."),
-       real("directional_reparam_variance", d.directional_reparam_variance(),
-            "Variance of the Gaussian noise on DiVeQ's direction.")
-           .at_least(0),
-       boolean("route_gradients_to_input", d.route_gradients_to_input(),
-               "The output takes the estimator's gradient to the token; false outputs the codes themselves."),
-       real("sync_update_v", d.sync_update_v(),
-            "Learnable codebook: the output's gradient times 1 + v (the synchronous update rule's v).")
-           .in_range(0, 1),
-       integer("heads", d.heads(), "Vectors each token is split into, each quantized on its own.").in_range(1, 64),
-       boolean("separate_codebook_per_head", d.separate_codebook_per_head(),
-               "One codebook per head instead of one shared by all heads."),
-       integer("codebook_dim", 0,
-               "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
-           .in_range(0, 4096),
-       real("orthogonal_reg_weight", d.orthogonal_reg_weight(),
-            "Weight of the orthogonal regulariser over the codes; when > 0 the codebook is a parameter that "
-            "the regulariser trains beside the EMA, as vector-quantize-pytorch does.")
-           .at_least(0),
-       boolean("orthogonal_reg_active_codes_only", d.orthogonal_reg_active_codes_only(),
-               "The orthogonal regulariser takes only the codes the call's tokens chose on this rank (one codebook "
-               "only)."),
-       integer("orthogonal_reg_max_codes", d.orthogonal_reg_max_codes(),
-               "At most this many codes in the orthogonal regulariser, drawn anew each step (the same on every "
-               "rank); 0 means all.")
-           .at_least(0),
-       boolean("ema_update", d.ema_update(),
-               "The EMA of assigned tokens moves the codebook; false keeps it (dead codes are still replaced) or, "
-               "with learnable_codebook, leaves it to the gradient."),
-       boolean("manual_ema_update", d.manual_ema_update(),
-               "The EMA statistics move but the codebook is recomputed from them only when asked (Python: "
-               "_codebook.update_ema()); dead codes are still replaced."),
-       boolean("learnable_codebook", d.learnable_codebook(),
-               "The codebook is a parameter trained by the commitment loss (needs ema_update = false, cosine = "
-               "false)."),
-       boolean("stochastic_sample_codes", d.stochastic_sample_codes(),
-               "Training draws each code from softmax(-distance / temperature) instead of the nearest."),
-       real("sample_codebook_temp", d.sample_codebook_temp(), "Temperature of stochastic code sampling.").at_least(0),
-       boolean("affine_param", d.affine_param(),
-               "The search moves each codebook to EMAs of the global batch's per-dimension mean and variance "
-               "(Euclidean only)."),
-       real("affine_param_batch_decay", d.affine_param_batch_decay(), "EMA decay of the batch's mean and variance.")
-           .at_least(0)
-           .less_than(1),
-       real("affine_param_codebook_decay", d.affine_param_codebook_decay(),
-            "EMA decay of the codebook's mean and variance.")
-           .at_least(0)
-           .less_than(1)}};
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20)}};
+  append_fields(section, d);
+  // What VqOptions holds otherwise, each after the key it has always followed.
+  insert_after(section, "threshold_ema_dead_code",
+               {boolean("cosine", d.use_cosine_sim(), "Cosine similarity: l2-normalise tokens and codes."),
+                // The library's rule (the rotation trick when dim > 1), applied to the default dim.
+                boolean("rotation_trick", d.estimator() == VqEstimator::RotationTrick,
+                        "Rotation-trick gradient estimator; false uses straight-through.")});
+  insert_after(section, "layernorm_after_project_in",
+               {boolean("directional_reparam", false,
+                        "DiVeQ estimator: the token plus its distance to the code along the noised direction to it "
+                        "(needs rotation_trick = false and threshold_ema_dead_code > 0; no commitment loss).")});
+  insert_after(section, "separate_codebook_per_head",
+               {integer("codebook_dim", 0,
+                        "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
+                    .in_range(0, 4096)});
+  return section;
 }
 
 OptionSection simvq_section() {

@@ -56,31 +56,8 @@ VqEstimator vq_estimator(const OptionReader& o) {
 
 VqOptions vq_options(const OptionReader& o) {
   VqOptions options(o.integer("dim"), o.integer("codebook_size"));
-  options.decay(o.real("decay"))
-      .eps(o.real("eps"))
-      .commitment_weight(o.real("commitment_weight"))
-      .use_cosine_sim(o.boolean("cosine"))
-      .estimator(vq_estimator(o))
-      .directional_reparam_variance(o.real("directional_reparam_variance"))
-      .layernorm_after_project_in(o.boolean("layernorm_after_project_in"))
-      .route_gradients_to_input(o.boolean("route_gradients_to_input"))
-      .sync_update_v(o.real("sync_update_v"))
-      .kmeans_init(o.boolean("kmeans_init"))
-      .kmeans_iters(o.integer("kmeans_iters"))
-      .threshold_ema_dead_code(o.real("threshold_ema_dead_code"))
-      .heads(o.integer("heads"))
-      .separate_codebook_per_head(o.boolean("separate_codebook_per_head"))
-      .orthogonal_reg_weight(o.real("orthogonal_reg_weight"))
-      .orthogonal_reg_active_codes_only(o.boolean("orthogonal_reg_active_codes_only"))
-      .orthogonal_reg_max_codes(o.integer("orthogonal_reg_max_codes"))
-      .ema_update(o.boolean("ema_update"))
-      .manual_ema_update(o.boolean("manual_ema_update"))
-      .learnable_codebook(o.boolean("learnable_codebook"))
-      .stochastic_sample_codes(o.boolean("stochastic_sample_codes"))
-      .sample_codebook_temp(o.real("sample_codebook_temp"))
-      .affine_param(o.boolean("affine_param"))
-      .affine_param_batch_decay(o.real("affine_param_batch_decay"))
-      .affine_param_codebook_decay(o.real("affine_param_codebook_decay"));
+  read_fields(o, options);
+  options.use_cosine_sim(o.boolean("cosine")).estimator(vq_estimator(o));
   if (const int64_t cd = o.integer("codebook_dim"); cd != 0) options.codebook_dim(cd);  // 0: dim
   return options;
 }

@@ -98,20 +98,10 @@ at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Me
 }  // namespace
 
 void VqOptions::validate() const {
+  check_fields("vq", *this);
   LOCKSTEP_CHECK_ARG(dim_ >= 1, "vq: dim = ", dim_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(codebook_size_ >= 1, "vq: codebook_size = ", codebook_size_, " must be >= 1");
-  LOCKSTEP_CHECK_ARG(heads_ >= 1, "vq: heads = ", heads_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(codebook_dim() >= 1, "vq: codebook_dim = ", codebook_dim(), " must be >= 1");
-  // decay 1 keeps the statistics, and so the codebook, as they are (dead codes are still replaced).
-  LOCKSTEP_CHECK_ARG(decay_ >= 0 && decay_ <= 1, "vq: decay = ", decay_, " must lie in [0, 1]");
-  LOCKSTEP_CHECK_ARG(eps_ > 0, "vq: eps = ", eps_, " must be > 0");
-  LOCKSTEP_CHECK_ARG(commitment_weight_ >= 0, "vq: commitment_weight = ", commitment_weight_, " must be >= 0");
-  LOCKSTEP_CHECK_ARG(orthogonal_reg_weight_ >= 0, "vq: orthogonal_reg_weight = ", orthogonal_reg_weight_,
-                     " must be >= 0");
-  LOCKSTEP_CHECK_ARG(kmeans_iters_ >= 1, "vq: kmeans_iters = ", kmeans_iters_, " must be >= 1");
-  LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ >= 0, "vq: threshold_ema_dead_code = ", threshold_ema_dead_code_,
-                     " must be >= 0");
-  LOCKSTEP_CHECK_ARG(sample_codebook_temp_ >= 0, "vq: sample_codebook_temp = ", sample_codebook_temp_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(!(learnable_codebook_ && ema_update_),
                      "vq: learnable_codebook = true needs ema_update = false (the codebook is learned by gradient or "
                      "by the EMA, not both)");
@@ -119,20 +109,11 @@ void VqOptions::validate() const {
                      "vq: learnable_codebook = true needs cosine = false (as in vector-quantize-pytorch)");
   LOCKSTEP_CHECK_ARG(!(affine_param_ && use_cosine_sim_),
                      "vq: affine_param = true needs cosine = false (as in vector-quantize-pytorch)");
-  for (double d : {affine_param_batch_decay_, affine_param_codebook_decay_}) {
-    LOCKSTEP_CHECK_ARG(d >= 0 && d < 1, "vq: an affine_param decay is ", d, ", it must lie in [0, 1)");
-  }
   if (estimator() == VqEstimator::DirectionalReparam) {  // as the reference asserts
     LOCKSTEP_CHECK_ARG(threshold_ema_dead_code_ > 0,
                        "vq: directional_reparam needs dead-code replacement (threshold_ema_dead_code > 0)");
-    LOCKSTEP_CHECK_ARG(directional_reparam_variance_ >= 0,
-                       "vq: directional_reparam_variance = ", directional_reparam_variance_, " must be >= 0");
   }
-  LOCKSTEP_CHECK_ARG(sync_update_v_ >= 0 && sync_update_v_ <= 1, "vq: sync_update_v = ", sync_update_v_,
-                     " must lie in [0, 1]");
   LOCKSTEP_CHECK_ARG(sync_update_v_ == 0 || learnable_codebook_, "vq: sync_update_v > 0 needs learnable_codebook");
-  LOCKSTEP_CHECK_ARG(orthogonal_reg_max_codes_ >= 0, "vq: orthogonal_reg_max_codes = ", orthogonal_reg_max_codes_,
-                     " must be >= 0 (0: every code)");
   LOCKSTEP_CHECK_ARG(!(orthogonal_reg_active_codes_only_ && separate_codebook_per_head_ && heads_ > 1),
                      "vq: orthogonal_reg_active_codes_only needs one codebook (not separate_codebook_per_head), as in "
                      "vector-quantize-pytorch");

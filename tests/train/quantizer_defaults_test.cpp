@@ -184,6 +184,7 @@ void expect_fields_declared_and_checked(const std::string& section, const Option
 TEST(QuantizerDefaults, EveryDeclaredFieldIsItsSectionsOptionAndItsLimitsAreChecked) {
   expect_fields_declared_and_checked("fsq", quant::FsqOptions({8, 5, 5, 5}));
   expect_fields_declared_and_checked("lfq", quant::LfqOptions(1024));
+  expect_fields_declared_and_checked("vq", quant::VqOptions(8, 512));
 }
 
 // Overrides are held to the declarations: an undeclared key, a wrong type, a string not among the

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "lockstep/quant/nearest_code.h"
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -32,18 +33,6 @@ struct VqOptions {
     codebook_size_ = k;
     return *this;
   }
-  VqOptions& decay(double v) {
-    decay_ = v;
-    return *this;
-  }
-  VqOptions& eps(double v) {
-    eps_ = v;
-    return *this;
-  }
-  VqOptions& commitment_weight(double v) {
-    commitment_weight_ = v;
-    return *this;
-  }
   VqOptions& use_cosine_sim(bool on) {
     use_cosine_sim_ = on;
     return *this;
@@ -53,197 +42,61 @@ struct VqOptions {
     estimator_ = e;
     return *this;
   }
-  // The variance of the Gaussian noise on the error direction with VqEstimator::DirectionalReparam.
-  VqOptions& directional_reparam_variance(double v) {
-    directional_reparam_variance_ = v;
-    return *this;
-  }
-  // false: the output is the codes themselves in training, no estimator, no gradient to the input (a
-  // learnable codebook still gets its own), as the reference's route_gradients_to_input=False.
-  VqOptions& route_gradients_to_input(bool on) {
-    route_gradients_to_input_ = on;
-    return *this;
-  }
-  // Training only (learnable codebook): the output's gradient times 1 + v (out + v (out - sg(out))), the
-  // synchronous update rule's v (Huh et al. 2023, eq. 21), as the reference's sync_update_v.
-  VqOptions& sync_update_v(double v) {
-    sync_update_v_ = v;
-    return *this;
-  }
-  // A LayerNorm after the projection in (when there is one), as the reference's layernorm_after_project_in:
-  // the projection is then `project_in.0`, the norm `project_in.1`.
-  VqOptions& layernorm_after_project_in(bool on) {
-    layernorm_after_project_in_ = on;
-    return *this;
-  }
-  VqOptions& kmeans_init(bool on) {
-    kmeans_init_ = on;
-    return *this;
-  }
-  VqOptions& kmeans_iters(int64_t v) {
-    kmeans_iters_ = v;
-    return *this;
-  }
-  // Codes whose EMA cluster size falls below this are replaced by batch vectors; 0 disables.
-  VqOptions& threshold_ema_dead_code(double v) {
-    threshold_ema_dead_code_ = v;
-    return *this;
-  }
-  // Each token is split into `heads` vectors of codebook_dim, quantized by one shared codebook or,
-  // with separate_codebook_per_head, by one codebook per head; indices become (b, n, heads).
-  VqOptions& heads(int64_t h) {
-    heads_ = h;
-    return *this;
-  }
-  VqOptions& separate_codebook_per_head(bool on) {
-    separate_codebook_per_head_ = on;
-    return *this;
-  }
   // Length of each code; unset means dim. Linear projections in and out are added when
   // heads * codebook_dim != dim.
   VqOptions& codebook_dim(int64_t d) {
     codebook_dim_ = d;
     return *this;
   }
-  // Weight of sum(cos^2) / K^2 - 1/K over the l2-normalised codes (Shin et al. 2021). When > 0 the
-  // codebook is a parameter that this term trains beside the EMA, as in the reference (whose codebook
-  // it makes learnable; the commitment loss stays detached from it).
-  VqOptions& orthogonal_reg_weight(double w) {
-    orthogonal_reg_weight_ = w;
-    return *this;
+
+  // Every other option: vq_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(VqOptions, type, name, value)
+#include "lockstep/quant/vq_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of vq_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
   }
-  // The regulariser takes only the codes this call's counted tokens chose on this rank (as the
-  // reference's, per rank); one codebook only (not separate_codebook_per_head).
-  VqOptions& orthogonal_reg_active_codes_only(bool on) {
-    orthogonal_reg_active_codes_only_ = on;
-    return *this;
-  }
-  // At most this many of those codes, drawn from the call's generator (the same on every rank); 0: all.
-  VqOptions& orthogonal_reg_max_codes(int64_t n) {
-    orthogonal_reg_max_codes_ = n;
-    return *this;
-  }
-  // The EMA statistics move but the codebook is recomputed from them only by update_ema() (the
-  // reference's manual_ema_update); dead codes are still replaced at each training call.
-  VqOptions& manual_ema_update(bool on) {
-    manual_ema_update_ = on;
-    return *this;
-  }
-  // false: the EMA does not move the codebook (cluster sizes are still tracked when dead codes are
-  // replaced). Off with learnable_codebook, which learns it by gradient instead.
-  VqOptions& ema_update(bool on) {
-    ema_update_ = on;
-    return *this;
-  }
-  // The codebook is a parameter trained by the commitment loss (not detached from the codes: the
-  // VQ-VAE codebook term), with ema_update off; Euclidean distance only, as in the reference.
-  VqOptions& learnable_codebook(bool on) {
-    learnable_codebook_ = on;
-    return *this;
-  }
-  // Training only: draw each index from softmax(-distance / temperature) by Gumbel-max with the
-  // caller's generator instead of taking the nearest code; temperature 0 keeps the nearest code.
-  VqOptions& stochastic_sample_codes(bool on) {
-    stochastic_sample_codes_ = on;
-    return *this;
-  }
-  VqOptions& sample_codebook_temp(double t) {
-    sample_codebook_temp_ = t;
-    return *this;
-  }
-  // The search takes each codebook moved to the batch's statistics: (e - m_c) * s_b / s_c + m_b per
-  // dimension, with EMAs of the global batch's mean and variance (m_b, s_b^2, decay
-  // affine_param_batch_decay) and of the codebook's (m_c, s_c^2, affine_param_codebook_decay); the EMA
-  // update sums the tokens moved back the other way. Each call uses the statistics through the last
-  // update, which adds the call's own (in the update); the first training call searches unmoved.
-  // Euclidean distance only, as in the reference.
-  VqOptions& affine_param(bool on) {
-    affine_param_ = on;
-    return *this;
-  }
-  VqOptions& affine_param_batch_decay(double d) {
-    affine_param_batch_decay_ = d;
-    return *this;
-  }
-  VqOptions& affine_param_codebook_decay(double d) {
-    affine_param_codebook_decay_ = d;
-    return *this;
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
   }
 
   int64_t dim() const { return dim_; }
   int64_t codebook_size() const { return codebook_size_; }
-  double decay() const { return decay_; }
-  double eps() const { return eps_; }
-  double commitment_weight() const { return commitment_weight_; }
   bool use_cosine_sim() const { return use_cosine_sim_; }
   VqEstimator estimator() const {
     return estimator_.value_or(dim_ > 1 ? VqEstimator::RotationTrick : VqEstimator::StraightThrough);
   }
-  double directional_reparam_variance() const { return directional_reparam_variance_; }
-  bool layernorm_after_project_in() const { return layernorm_after_project_in_; }
-  bool route_gradients_to_input() const { return route_gradients_to_input_; }
-  double sync_update_v() const { return sync_update_v_; }
+  int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
   // The commitment loss counts: its weight > 0 and not DiVeQ's estimator, as the reference's.
   bool has_commitment_loss() const { return commitment_weight_ > 0 && estimator() != VqEstimator::DirectionalReparam; }
-  bool kmeans_init() const { return kmeans_init_; }
-  int64_t kmeans_iters() const { return kmeans_iters_; }
-  double threshold_ema_dead_code() const { return threshold_ema_dead_code_; }
-  int64_t heads() const { return heads_; }
-  bool separate_codebook_per_head() const { return separate_codebook_per_head_; }
-  int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
-  double orthogonal_reg_weight() const { return orthogonal_reg_weight_; }
-  bool orthogonal_reg_active_codes_only() const { return orthogonal_reg_active_codes_only_; }
-  int64_t orthogonal_reg_max_codes() const { return orthogonal_reg_max_codes_; }
-  bool ema_update() const { return ema_update_; }
-  bool manual_ema_update() const { return manual_ema_update_; }
-  bool learnable_codebook() const { return learnable_codebook_; }
   // Whether the codebook is a parameter: learned by gradient, or trained by the regulariser.
   bool codebook_is_parameter() const { return learnable_codebook_ || orthogonal_reg_weight_ > 0; }
-  bool stochastic_sample_codes() const { return stochastic_sample_codes_; }
-  double sample_codebook_temp() const { return sample_codebook_temp_; }
-  bool affine_param() const { return affine_param_; }
-  double affine_param_batch_decay() const { return affine_param_batch_decay_; }
-  double affine_param_codebook_decay() const { return affine_param_codebook_decay_; }
   // Codebooks held: heads with separate codebooks, else 1.
   int64_t num_codebooks() const { return separate_codebook_per_head_ ? heads_ : 1; }
 
-  // Throws InvalidArgument with the value: dim, codebook_size, heads or codebook_dim < 1, decay
-  // outside [0, 1], eps <= 0, a negative weight, kmeans_iters < 1, threshold < 0, temperature < 0,
-  // learnable_codebook with ema_update or with cosine similarity, affine_param with cosine
-  // similarity, an affine decay outside [0, 1), DiVeQ without dead-code replacement or with a negative
-  // variance, sync_update_v outside [0, 1] or above 0 without a learnable codebook, a negative
-  // orthogonal_reg_max_codes, orthogonal_reg_active_codes_only with separate codebooks per head.
+  // Throws InvalidArgument with the value: a field outside its limits, dim, codebook_size or
+  // codebook_dim < 1, learnable_codebook with ema_update or with cosine similarity, affine_param with
+  // cosine similarity, DiVeQ without dead-code replacement, sync_update_v above 0 without a learnable
+  // codebook, orthogonal_reg_active_codes_only with separate codebooks per head.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/vq_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   int64_t dim_;
   int64_t codebook_size_;
-  double decay_ = 0.8;
-  double eps_ = 1e-5;
-  double commitment_weight_ = 1.0;
   bool use_cosine_sim_ = false;
   std::optional<VqEstimator> estimator_;
-  double directional_reparam_variance_ = 5e-3;
-  bool layernorm_after_project_in_ = false;
-  bool route_gradients_to_input_ = true;
-  double sync_update_v_ = 0;
-  bool kmeans_init_ = false;
-  int64_t kmeans_iters_ = 10;
-  double threshold_ema_dead_code_ = 0;
-  int64_t heads_ = 1;
-  bool separate_codebook_per_head_ = false;
   std::optional<int64_t> codebook_dim_;
-  double orthogonal_reg_weight_ = 0;
-  bool orthogonal_reg_active_codes_only_ = false;
-  int64_t orthogonal_reg_max_codes_ = 0;
-  bool ema_update_ = true;
-  bool manual_ema_update_ = false;
-  bool learnable_codebook_ = false;
-  bool stochastic_sample_codes_ = false;
-  double sample_codebook_temp_ = 1.0;
-  bool affine_param_ = false;
-  double affine_param_batch_decay_ = 0.99;
-  double affine_param_codebook_decay_ = 0.9;
 };
 
 // What one call may change about the EMA update (vector-quantize-pytorch's forward arguments).
