@@ -3,6 +3,7 @@ buffers it registers as its own (the same tensors, so optimizers, state_dict() a
 what liblockstep computes with), and the randomness it draws from (seed, step)."""
 import copy
 import datetime
+import functools
 import inspect
 import math
 import re
@@ -30,6 +31,25 @@ def declare_reference_signature(cls, options_function):
     parameters += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
     cls.__init__.__signature__ = inspect.Signature(parameters)
     return cls
+
+
+_CASTS = {"bool": bool, "int": int, "float": float, "str": str,
+          "int_list": lambda v: [int(x) for x in v], "float_list": lambda v: [float(x) for x in v]}
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(section):
+    return tuple(_C.declared_options(section))
+
+
+def declared_arguments(section, arguments, besides=()):
+    """The options liblockstep declares for `section` (one line each in quant/*_options.def, or
+    option_specs.cpp) that the reference's constructor takes under the same name and meaning, from
+    `arguments` (the options function's locals()), each cast to the option's type: {key: value}. An
+    option the reference spells otherwise, or whose value it gives another meaning (None for "the
+    default"), is named in `besides` and mapped by the module; the rest keep liblockstep's default."""
+    return {key: _CASTS[kind](arguments[key]) for key, kind in _declared(section)
+            if key in arguments and key not in besides}
 
 
 def refuse(module_name, name, value, supported):

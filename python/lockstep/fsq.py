@@ -1,7 +1,7 @@
 """Finite scalar quantization (vector_quantize_pytorch.FSQ's arguments and return values)."""
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, declared_arguments
 
 
 def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, scale=None,
@@ -20,9 +20,7 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
         keep_num_codebooks_dim = num_codebooks > 1
     if num_codebooks > 1 and not keep_num_codebooks_dim:
         raise ValueError("lockstep.FSQ: keep_num_codebooks_dim must be True with several codebooks")
-    options = dict(levels=levels, num_codebooks=int(num_codebooks), preserve_symmetry=bool(preserve_symmetry),
-                   noise_dropout=float(noise_dropout), bound_hard_clamp=bool(bound_hard_clamp),
-                   projection_has_bias=bool(projection_has_bias), orthogonal_rotation=bool(orthogonal_rotation))
+    options = declared_arguments("fsq", locals(), besides=("dim",))  # levels, num_codebooks, ...: the same
     if dim is not None:
         options["dim"] = int(dim)
     module = dict(keep_num_codebooks_dim=keep_num_codebooks_dim, channel_first=channel_first,

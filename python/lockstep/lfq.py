@@ -5,7 +5,8 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, padding_mask, refuse
+from ._quantizer import (LockstepQuantizer, as_indices, declare_reference_signature, declared_arguments, padding_mask,
+                         refuse)
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 # The reference's second return value with return_loss_breakdown=True: each term unweighted.
@@ -48,15 +49,10 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
         keep_num_codebooks_dim = num_codebooks > 1
     if num_codebooks > 1 and not keep_num_codebooks_dim:
         raise ValueError("lockstep.LFQ: keep_num_codebooks_dim must be True with several codebooks")
-    options = dict(codebook_size=int(codebook_size), dim=int(dim), entropy_loss_weight=float(entropy_loss_weight),
-                   commitment_loss_weight=float(commitment_loss_weight), diversity_gamma=float(diversity_gamma),
-                   inv_temperature=float(inv_temperature), codebook_scale=float(codebook_scale),
-                   spherical=bool(spherical), num_codebooks=int(num_codebooks),
-                   frac_per_sample_entropy=float(frac_per_sample_entropy),
-                   projection_has_bias=bool(projection_has_bias), force_projections=bool(has_projections),
-                   soft_clamp=float(soft_clamp_input_value or 0.0),
+    # dim, codebook_size, the loss weights, ...: the same names; the rest spelt otherwise there.
+    options = declared_arguments("lfq", locals(), besides=("cosine_sim_project_in",))
+    options.update(force_projections=bool(has_projections), soft_clamp=float(soft_clamp_input_value or 0.0),
                    softplus_entropy=bool(experimental_softplus_entropy_loss),
-                   entropy_loss_offset=float(entropy_loss_offset), orthogonal_rotation=bool(orthogonal_rotation),
                    # The reference's CosineSimLinear projection in, scaled by its scale or codebook_scale.
                    cosine_sim_project_in=float(codebook_scale if cosine_sim_project_in_scale is None
                                                else cosine_sim_project_in_scale) if cosine_sim_project_in else 0.0)

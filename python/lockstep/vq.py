@@ -7,7 +7,7 @@ from torch import nn
 
 from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, checked_temperature,
-                         declare_reference_signature, padding_mask, refuse)
+                         declare_reference_signature, declared_arguments, padding_mask, refuse)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -64,23 +64,10 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
                           "per head")):
         if broken:
             raise AssertionError(f"lockstep.VectorQuantize: {what}, as in the reference")
-    options = dict(dim=int(dim), codebook_size=int(codebook_size), decay=float(decay), eps=float(eps),
-                   commitment_weight=float(commitment_weight), kmeans_init=bool(kmeans_init),
-                   kmeans_iters=int(kmeans_iters), threshold_ema_dead_code=float(threshold_ema_dead_code),
-                   cosine=bool(use_cosine_sim), rotation_trick=bool(rotation_trick), heads=int(heads),
-                   directional_reparam=bool(directional_reparam),
-                   layernorm_after_project_in=bool(layernorm_after_project_in),
-                   directional_reparam_variance=float(directional_reparam_variance),
-                   route_gradients_to_input=bool(route_gradients_to_input), sync_update_v=float(sync_update_v),
-                   separate_codebook_per_head=bool(separate_codebook_per_head),
-                   orthogonal_reg_weight=float(orthogonal_reg_weight), ema_update=ema_update,
-                   manual_ema_update=bool(manual_ema_update),
-                   learnable_codebook=learnable_codebook,
-                   stochastic_sample_codes=bool(stochastic_sample_codes),
-                   sample_codebook_temp=float(sample_codebook_temp),
-                   # The statistics are the global batch's whatever sync_affine_param says (docs/python.md).
-                   affine_param=bool(affine_param), affine_param_batch_decay=float(affine_param_batch_decay),
-                   affine_param_codebook_decay=float(affine_param_codebook_decay))
+    # decay, eps, heads, the EMA and estimator flags (as decided above), ...: the same names. The statistics of
+    # affine_param are the global batch's whatever sync_affine_param says (docs/python.md).
+    options = declared_arguments("vq", locals(), besides=("codebook_dim", "orthogonal_reg_max_codes"))
+    options["cosine"] = bool(use_cosine_sim)
     if codebook_dim is not None:
         options["codebook_dim"] = int(codebook_dim)
     # The regulariser over this rank's active codes only, and at most max_codes of them (drawn from the call's
@@ -88,7 +75,6 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     if orthogonal_reg_max_codes is not None and int(orthogonal_reg_max_codes) < 1:
         raise ValueError(f"lockstep.VectorQuantize: orthogonal_reg_max_codes={orthogonal_reg_max_codes} must be at "
                          "least 1, or None for every code")
-    options["orthogonal_reg_active_codes_only"] = bool(orthogonal_reg_active_codes_only)
     options["orthogonal_reg_max_codes"] = 0 if orthogonal_reg_max_codes is None else int(orthogonal_reg_max_codes)
     # The module's, not liblockstep's: how inputs are laid out, and what padding returns (liblockstep gives
     # 0 there, the module the input when False).

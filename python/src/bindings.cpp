@@ -18,6 +18,7 @@
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/binary_mapper.h"
 #include "lockstep/quant/fsp.h"
+#include "lockstep/quant/option_specs.h"
 #if !LOCKSTEP_PYTHON_ONLY  // the full build's test helpers (LPIPS, FID) need the train layer
 #include "lockstep/train/fid.h"
 #include "lockstep/train/lpips_weights.h"
@@ -81,6 +82,26 @@ void delete_without_gil(lockstep::dist::LazyGroup* group) {
     delete group;
   }
 }
+// The Python modules' name of an option type (_quantizer.declared_arguments casts to it).
+const char* option_type_name(lockstep::quant::OptionSpec::Type type) {
+  using Type = lockstep::quant::OptionSpec::Type;
+  switch (type) {
+    case Type::Bool:
+      return "bool";
+    case Type::Int:
+      return "int";
+    case Type::Float:
+      return "float";
+    case Type::String:
+      return "str";
+    case Type::IntList:
+      return "int_list";
+    case Type::FloatList:
+      return "float_list";
+  }
+  return "?";
+}
+
 }  // namespace
 
 // Rethrows a lockstep error as TypedPythonError; returns for anything else.
@@ -192,6 +213,19 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("width"), py::arg("height"),
       "The bucket of `table` ((width, height) pairs) nearest width/height in aspect ratio, as image folders choose.");
+  m.def(
+      "declared_options",
+      [](const std::string& section) {
+        py::list declared;
+        for (const auto& s : lockstep::quant::quantizer_option_sections()) {
+          if (s.name != section) continue;
+          for (const auto& o : s.options) declared.append(py::make_tuple(o.key, option_type_name(o.type)));
+        }
+        return declared;
+      },
+      py::arg("section"),
+      "[(key, type)] of the options liblockstep declares for `section` (\"vq\", \"lfq\", ...; quant/*_options.def "
+      "and option_specs.cpp), type one of bool, int, float, str, int_list, float_list.");
   m.def(
       "fsp_activate",
       [](const std::string& name, const at::Tensor& z) {
