@@ -2,7 +2,7 @@
 latent channel snaps to the nearest of its level's values."""
 import torch
 
-from ._quantizer import LockstepQuantizer, as_indices, refuse
+from ._quantizer import LockstepQuantizer, as_indices, declared_arguments, refuse
 
 
 class LatentQuantize(LockstepQuantizer):
@@ -31,9 +31,7 @@ class LatentQuantize(LockstepQuantizer):
             if weight is None:
                 refuse("lockstep.LatentQuantize", name, weight, "a number (0 leaves the term out)")
         keep = bool(keep_num_codebooks_dim) or num_codebooks > 1  # the reference's rule
-        options = dict(levels=levels, dim=int(dim), num_codebooks=int(num_codebooks),
-                       commitment_loss_weight=float(commitment_loss_weight),
-                       quantization_loss_weight=float(quantization_loss_weight))
+        options = declared_arguments("latent", locals())  # levels, dim, the loss weights: the same names
         super().__init__("latent", "latent", options, seed, process_group, collective_timeout,
                          persistent=lambda name: bool(optimize_values) or not name.startswith("values_per_latent."))
         self.dim = int(dim)

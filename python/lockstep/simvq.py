@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._quantizer import LockstepQuantizer, as_indices, identity
+from ._quantizer import LockstepQuantizer, as_indices, declared_arguments, identity
 
 
 class SimVQ(LockstepQuantizer):
@@ -24,9 +24,7 @@ class SimVQ(LockstepQuantizer):
         if codebook_transform is not None and not callable(codebook_transform):
             raise TypeError(f"lockstep.SimVQ: codebook_transform must be a module (frozen codes (codebook_size, "
                             f"frozen_codebook_dim) -> codes (codebook_size, dim)), got {type(codebook_transform).__name__}")
-        options = dict(dim=int(dim), codebook_size=int(codebook_size), rotation_trick=bool(rotation_trick),
-                       input_to_quantize_commit_loss_weight=float(input_to_quantize_commit_loss_weight),
-                       commitment_weight=float(commitment_weight))
+        options = declared_arguments("simvq", locals(), besides=("frozen_codebook_dim",))  # the same names
         if frozen_codebook_dim is not None:
             options["frozen_codebook_dim"] = int(frozen_codebook_dim)
         own_map = codebook_transform is None

@@ -15,6 +15,7 @@ int64_t LatentQuantizeOptions::codebook_size() const {
 }
 
 void LatentQuantizeOptions::validate() const {
+  check_fields("latent", *this);
   LOCKSTEP_CHECK_ARG(!levels_.empty(), "latent: levels must not be empty");
   double product = 1;
   for (int64_t l : levels_) {
@@ -22,11 +23,7 @@ void LatentQuantizeOptions::validate() const {
     product *= static_cast<double>(l);
   }
   LOCKSTEP_CHECK_ARG(product <= 2147483648.0, "latent: the levels' product ", product, " exceeds 2^31 codes");
-  LOCKSTEP_CHECK_ARG(num_codebooks_ >= 1, "latent: num_codebooks = ", num_codebooks_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(dim() >= 1, "latent: dim = ", dim(), " must be >= 1");
-  for (double w : {commitment_loss_weight_, quantization_loss_weight_}) {
-    LOCKSTEP_CHECK_ARG(std::isfinite(w) && w >= 0, "latent: a loss weight is ", w, ", it must be finite and >= 0");
-  }
 }
 
 LatentQuantize::LatentQuantize(LatentQuantizeOptions options)

@@ -160,36 +160,27 @@ OptionSection vq_section() {
 }
 
 OptionSection simvq_section() {
-  const SimVqOptions d(kVqDim, kVqCodebookSize);
-  return {
+  OptionSection section{
       "simvq",
       {integer("dim", kVqDim, "Channels of each latent token, the length of each code the map gives.")
            .in_range(1, 4096),
        integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
        integer("frozen_codebook_dim", 0, "Length of the frozen random codes the linear map reads; 0 means dim.")
-           .in_range(0, 4096),
-       boolean("rotation_trick", d.rotation_trick(), "Rotation-trick gradient estimator; false uses straight-through."),
-       real("input_to_quantize_commit_loss_weight", d.input_to_quantize_commit_loss_weight(),
-            "Weight of mse(x, sg(q)), which pulls tokens to their codes, beside mse(sg(x), q), which trains "
-            "the map.")
-           .in_range(0, 1000),
-       real("commitment_weight", d.commitment_weight(), "Weight of the whole commitment loss.").in_range(0, 1000)}};
+           .in_range(0, 4096)}};
+  append_fields(section, SimVqOptions(kVqDim, kVqCodebookSize));
+  return section;
 }
 
 OptionSection latent_section() {
-  const LatentQuantizeOptions d(kFsqLevels);
-  return {
+  OptionSection section{
       "latent",
       {int_list("levels", kFsqLevels, "Values per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
            .in_range(2, 256)
            .length(1, 16),
        integer("dim", 0, "Channels fed in, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-           .in_range(0, 4096),
-       integer("num_codebooks", d.num_codebooks(), "Latent codebooks per token, each with all the levels.")
-           .in_range(1, 64),
-       real("commitment_loss_weight", d.commitment_loss_weight(), "Weight of mse(sg(x), output).").in_range(0, 1000),
-       real("quantization_loss_weight", d.quantization_loss_weight(), "Weight of mse(x, sg(output)).")
-           .in_range(0, 1000)}};
+           .in_range(0, 4096)}};
+  append_fields(section, LatentQuantizeOptions(kFsqLevels));
+  return section;
 }
 
 OptionSection fsp_section() {

@@ -64,18 +64,14 @@ VqOptions vq_options(const OptionReader& o) {
 
 SimVqOptions simvq_options(const OptionReader& o) {
   SimVqOptions options(o.integer("dim"), o.integer("codebook_size"));
-  options.rotation_trick(o.boolean("rotation_trick"))
-      .input_to_quantize_commit_loss_weight(o.real("input_to_quantize_commit_loss_weight"))
-      .commitment_weight(o.real("commitment_weight"));
+  read_fields(o, options);
   if (const int64_t fd = o.integer("frozen_codebook_dim"); fd != 0) options.frozen_codebook_dim(fd);  // 0: dim
   return options;
 }
 
 LatentQuantizeOptions latent_options(const OptionReader& o) {
   LatentQuantizeOptions options(o.int_list("levels"));
-  options.num_codebooks(o.integer("num_codebooks"))
-      .commitment_loss_weight(o.real("commitment_loss_weight"))
-      .quantization_loss_weight(o.real("quantization_loss_weight"));
+  read_fields(o, options);
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
   return options;
 }

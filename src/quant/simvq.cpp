@@ -12,15 +12,11 @@
 namespace lockstep::quant {
 
 void SimVqOptions::validate() const {
+  check_fields("simvq", *this);
   LOCKSTEP_CHECK_ARG(dim_ >= 1, "simvq: dim = ", dim_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(codebook_size_ >= 1, "simvq: codebook_size = ", codebook_size_, " must be >= 1");
   LOCKSTEP_CHECK_ARG(frozen_codebook_dim() >= 1, "simvq: frozen_codebook_dim = ", frozen_codebook_dim(),
                      " must be >= 1");
-  LOCKSTEP_CHECK_ARG(std::isfinite(commitment_weight_) && commitment_weight_ >= 0,
-                     "simvq: commitment_weight = ", commitment_weight_, " must be finite and >= 0");
-  LOCKSTEP_CHECK_ARG(std::isfinite(input_to_quantize_commit_loss_weight_) && input_to_quantize_commit_loss_weight_ >= 0,
-                     "simvq: input_to_quantize_commit_loss_weight = ", input_to_quantize_commit_loss_weight_,
-                     " must be finite and >= 0");
 }
 
 SimVq::SimVq(SimVqOptions options) : Quantizer("SimVq"), options_(std::move(options)) {

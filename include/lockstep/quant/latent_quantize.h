@@ -9,6 +9,7 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -22,38 +23,40 @@ struct LatentQuantizeOptions {
     dim_ = d;
     return *this;
   }
-  LatentQuantizeOptions& num_codebooks(int64_t c) {
-    num_codebooks_ = c;
-    return *this;
-  }
-  // Training losses: commitment mse(sg(x), out), quantization mse(x, sg(out)); x the input, out the output.
-  LatentQuantizeOptions& commitment_loss_weight(double w) {
-    commitment_loss_weight_ = w;
-    return *this;
-  }
-  LatentQuantizeOptions& quantization_loss_weight(double w) {
-    quantization_loss_weight_ = w;
-    return *this;
-  }
-
   const std::vector<int64_t>& levels() const { return levels_; }
-  int64_t num_codebooks() const { return num_codebooks_; }
   int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
   int64_t dim() const { return dim_.value_or(codebook_dim() * num_codebooks_); }
-  double commitment_loss_weight() const { return commitment_loss_weight_; }
-  double quantization_loss_weight() const { return quantization_loss_weight_; }
   int64_t codebook_size() const;  // the product of the levels
 
-  // Throws InvalidArgument with the value: no levels, a level < 2, a product above 2^31, dim or
-  // num_codebooks < 1, a negative or non-finite weight.
+  // Every other option: latent_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(LatentQuantizeOptions, type, name, value)
+#include "lockstep/quant/latent_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of latent_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument with the value: a field outside its limits, no levels, a level < 2, a
+  // product above 2^31, dim < 1.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/latent_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   std::vector<int64_t> levels_;
   std::optional<int64_t> dim_;
-  int64_t num_codebooks_ = 1;
-  double commitment_loss_weight_ = 0.1;
-  double quantization_loss_weight_ = 0.1;
 };
 
 class LatentQuantize final : public Quantizer {

@@ -8,6 +8,7 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -20,40 +21,40 @@ struct SimVqOptions {
     frozen_codebook_dim_ = d;
     return *this;
   }
-  // The rotation trick (value q, gradient rotated from x onto q); false uses straight-through.
-  SimVqOptions& rotation_trick(bool on) {
-    rotation_trick_ = on;
-    return *this;
-  }
-  // The commitment loss is mse(sg(x), q) + w * mse(x, sg(q)), times commitment_weight: the first term
-  // trains the linear map, the second (w, 0.25 by default) pulls the tokens towards their codes.
-  SimVqOptions& input_to_quantize_commit_loss_weight(double w) {
-    input_to_quantize_commit_loss_weight_ = w;
-    return *this;
-  }
-  SimVqOptions& commitment_weight(double w) {
-    commitment_weight_ = w;
-    return *this;
-  }
-
   int64_t dim() const { return dim_; }
   int64_t codebook_size() const { return codebook_size_; }
   int64_t frozen_codebook_dim() const { return frozen_codebook_dim_.value_or(dim_); }
-  bool rotation_trick() const { return rotation_trick_; }
-  double input_to_quantize_commit_loss_weight() const { return input_to_quantize_commit_loss_weight_; }
-  double commitment_weight() const { return commitment_weight_; }
 
-  // Throws InvalidArgument with the value: dim, codebook_size or frozen_codebook_dim < 1, a negative
-  // or non-finite weight.
+  // Every other option: simvq_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(SimVqOptions, type, name, value)
+#include "lockstep/quant/simvq_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of simvq_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument with the value: a field outside its limits, dim, codebook_size or
+  // frozen_codebook_dim < 1.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/simvq_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   int64_t dim_;
   int64_t codebook_size_;
   std::optional<int64_t> frozen_codebook_dim_;
-  bool rotation_trick_ = true;
-  double input_to_quantize_commit_loss_weight_ = 0.25;
-  double commitment_weight_ = 1.0;
 };
 
 class SimVq final : public Quantizer {
