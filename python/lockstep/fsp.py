@@ -5,7 +5,7 @@ import math
 import torch
 
 from . import _C
-from ._quantizer import LockstepQuantizer, as_indices, check_floating, refuse
+from ._quantizer import LockstepQuantizer, as_indices, check_floating, declared_arguments, refuse
 
 
 def build_cdf_act(act_name):
@@ -45,9 +45,9 @@ class FSP(LockstepQuantizer):
                  quantize_rate=0.0, need_inv_act=False, vector_norm="var_tanh", *, seed=None, process_group=None,
                  collective_timeout=300.0):
         levels = [int(level) for level in levels]
-        options = dict(levels=levels, dim=0 if dim is None else int(dim), projection_has_bias=bool(projection_has_bias),
-                       activation=str(act_name), quantize_rate=float(quantize_rate), need_inv_act=bool(need_inv_act),
-                       vector_norm=str(vector_norm))
+        # levels, projection_has_bias, quantize_rate, need_inv_act, vector_norm: the same names.
+        options = declared_arguments("fsp", locals(), besides=("dim",))
+        options.update(dim=0 if dim is None else int(dim), activation=str(act_name))
         # The reference keeps its level and basis tensors out of its state dict.
         super().__init__("fsp", "fsp", options, seed, process_group, collective_timeout,
                          persistent=lambda name: name not in ("_levels", "_basis"))

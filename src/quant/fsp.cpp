@@ -76,6 +76,7 @@ int64_t FspOptions::codebook_size() const {
 }
 
 void FspOptions::validate() const {
+  check_fields("fsp", *this);
   LOCKSTEP_CHECK_ARG(!levels_.empty(), "fsp: levels must not be empty");
   double product = 1;
   for (int64_t l : levels_) {
@@ -84,8 +85,6 @@ void FspOptions::validate() const {
   }
   LOCKSTEP_CHECK_ARG(product <= 2147483648.0, "fsp: the levels' product ", product, " exceeds 2^31 codes");
   LOCKSTEP_CHECK_ARG(dim() >= 1, "fsp: dim = ", dim(), " must be >= 1");
-  LOCKSTEP_CHECK_ARG(quantize_rate_ >= 0 && quantize_rate_ <= 1, "fsp: quantize_rate = ", quantize_rate_,
-                     " must be in [0, 1]");
   for (double w : norm_.weights) {
     LOCKSTEP_CHECK_ARG(std::isfinite(w) && w >= 0, "fsp: a vector_norm weight is ", w, ", it must be finite and >= 0");
   }

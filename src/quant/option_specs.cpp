@@ -43,14 +43,8 @@ Spec boolean(std::string key, bool value, std::string help) {
 Spec integer(std::string key, int64_t value, std::string help) {
   return option(std::move(key), OptionSpec::Type::Int, value, std::move(help));
 }
-Spec real(std::string key, double value, std::string help) {
-  return option(std::move(key), OptionSpec::Type::Float, value, std::move(help));
-}
 Spec int_list(std::string key, std::vector<int64_t> value, std::string help) {
   return option(std::move(key), OptionSpec::Type::IntList, std::move(value), std::move(help));
-}
-Spec float_list(std::string key, std::vector<double> value, std::string help) {
-  return option(std::move(key), OptionSpec::Type::FloatList, std::move(value), std::move(help));
 }
 Spec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
   Spec spec = option(std::move(key), OptionSpec::Type::String, std::move(value), std::move(help));
@@ -185,25 +179,23 @@ OptionSection latent_section() {
 
 OptionSection fsp_section() {
   const FspOptions d(kFsqLevels);
-  return {"fsp",
-          {int_list("levels", kFsqLevels, "FSP bins per latent channel; the codebook size is their product.")
-               .in_range(2, 1 << 22)
-               .length(1, 16),
-           integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.")
-               .in_range(0, 4096),
-           boolean("projection_has_bias", d.projection_has_bias(), "The projections have biases."),
-           one_of("activation", fsp_activation_name(d.activation()), {"tanh", "sigmoid", "normal", "laplace", "cauchy"},
-                  "The CDF that maps each channel into [0, 1] before binning."),
-           real("quantize_rate", d.quantize_rate(),
-                "Training: the share of channels that take their bin's midpoint; the others take the "
-                "activation moved by uniform noise within half a bin.")
-               .in_range(0, 1),
-           boolean("need_inv_act", d.need_inv_act(),
-                   "Output the activation's inverse at the bin (straight-through) instead of the bin's "
-                   "standardised value."),
-           one_of("vector_norm", "var_tanh", {"none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"},
-                  "The regulariser's preset: which of the batch's mean, variance, skewness and kurtosis per "
-                  "channel are pulled to which targets (loss \"norm\").")}};
+  OptionSection section{
+      "fsp",
+      {int_list("levels", kFsqLevels, "FSP bins per latent channel; the codebook size is their product.")
+           .in_range(2, 1 << 22)
+           .length(1, 16),
+       integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.")
+           .in_range(0, 4096)}};
+  append_fields(section, d);
+  insert_after(
+      section, "projection_has_bias",
+      {one_of("activation", fsp_activation_name(d.activation()), {"tanh", "sigmoid", "normal", "laplace", "cauchy"},
+              "The CDF that maps each channel into [0, 1] before binning.")});
+  section.options.push_back(one_of("vector_norm", "var_tanh",
+                                   {"none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"},
+                                   "The regulariser's preset: which of the batch's mean, variance, skewness and "
+                                   "kurtosis per channel are pulled to which targets (loss \"norm\")."));
+  return section;
 }
 
 OptionSection grouped_section() {
@@ -215,53 +207,12 @@ OptionSection grouped_section() {
 }
 
 OptionSection residual_section() {
-  const ResidualOptions d(kResidualLayers);
-  return {"residual",
-          {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64),
-           boolean("quantize_dropout", d.quantize_dropout(),
-                   "Training keeps only the first c+1 layers, c drawn per step from the shared generator."),
-           integer("quantize_dropout_cutoff_index", d.quantize_dropout_cutoff_index(),
-                   "Smallest c quantize dropout draws (layers 0..c always run); below num_quantizers.")
-               .at_least(0),
-           integer("quantize_dropout_multiple_of", d.quantize_dropout_multiple_of(),
-                   "Quantize dropout keeps a multiple of this many layers.")
-               .at_least(1),
-           real("quant_grad_frac", d.quant_grad_frac(),
-                "Share of each layer's output gradient that reaches the residual the next layers quantize; 0 "
-                "detaches it.")
-               .at_least(0),
-           int_list("codebook_sizes", d.codebook_sizes(),
-                    "residual-vq: each layer's codebook size, one per layer; empty means quantizer.vq.codebook_size "
-                    "for every layer.")
-               .in_range(1, 1 << 20)
-               .length(0, 64),
-           boolean("shared_codebook", d.shared_codebook(),
-                   "residual-vq: every layer quantizes with one codebook, recomputed once per step from every "
-                   "layer's statistics."),
-           float_list("soft_clamp", d.soft_clamp(),
-                      "residual-fsq: the input squashed to tanh(z / c) c before the layers (one c, or one per "
-                      "dimension; not with bound_hard_clamp); residual-lfq: one c, layer l's soft clamp c 2^-l.")
-               .length(0, 4096),
-           boolean("diveq", d.diveq(),
-                   "residual-vq: DiVeQ over the stack: the layers' codes learned by gradient, the output the input "
-                   "plus its distance to the codes' sum along the noised direction to it."),
-           boolean("implicit_neural_codebook", d.implicit_neural_codebook(),
-                   "residual-vq: QINCo: each layer after the first takes its codes, per token, from its codebook and "
-                   "the codes before it through a small MLP, learned by gradient."),
-           integer("mlp_depth", d.mlp_depth(), "residual-vq, implicit codebooks: the MLP's residual blocks.")
-               .in_range(0, 64),
-           integer("mlp_hidden", d.mlp_hidden(),
-                   "residual-vq, implicit codebooks: the blocks' hidden width; 0 means the code's dimension.")
-               .in_range(0, 65536),
-           integer("beam_size", d.beam_size(),
-                   "residual-vq: training searches this many candidate paths through the layers' codes (beam "
-                   "search); 0 or 1 takes each layer's nearest code.")
-               .in_range(0, 64),
-           integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.").in_range(0, 64),
-           float_list("beam_score_weights", d.beam_score_weights(),
-                      "residual-vq: each layer's weight in a path's score (minus the weighted sum of its codes' "
-                      "losses), one per layer; empty means 1 for every layer.")
-               .length(0, 64)}};
+  OptionSection section{
+      "residual", {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64)}};
+  append_fields(section, ResidualOptions(kResidualLayers));
+  insert_after(section, "beam_size",
+               {integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.").at_least(0)});
+  return section;
 }
 
 }  // namespace

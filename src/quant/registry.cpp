@@ -78,31 +78,16 @@ LatentQuantizeOptions latent_options(const OptionReader& o) {
 
 FspOptions fsp_options(const OptionReader& o) {
   FspOptions options(o.int_list("levels"));
-  options.projection_has_bias(o.boolean("projection_has_bias"))
-      .activation(fsp_activation(o.string("activation")))
-      .quantize_rate(o.real("quantize_rate"))
-      .need_inv_act(o.boolean("need_inv_act"))
-      .norm(FspNorm::preset(o.string("vector_norm")));
+  read_fields(o, options);
+  options.activation(fsp_activation(o.string("activation"))).norm(FspNorm::preset(o.string("vector_norm")));
   if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: len(levels)
   return options;
 }
 
 ResidualOptions residual_options(const OptionReader& o) {
   ResidualOptions options(o.integer("num_quantizers"));
-  options.quantize_dropout(o.boolean("quantize_dropout"))
-      .quantize_dropout_cutoff_index(o.integer("quantize_dropout_cutoff_index"))
-      .quantize_dropout_multiple_of(o.integer("quantize_dropout_multiple_of"))
-      .quant_grad_frac(o.real("quant_grad_frac"))
-      .codebook_sizes(o.int_list("codebook_sizes"))
-      .shared_codebook(o.boolean("shared_codebook"))
-      .diveq(o.boolean("diveq"))
-      .soft_clamp(o.float_list("soft_clamp"))
-      .implicit_neural_codebook(o.boolean("implicit_neural_codebook"))
-      .mlp_depth(o.integer("mlp_depth"))
-      .mlp_hidden(o.integer("mlp_hidden"))
-      .beam_size(o.integer("beam_size"))
-      .eval_beam_size(o.integer("eval_beam_size"))
-      .beam_score_weights(o.float_list("beam_score_weights"));
+  read_fields(o, options);
+  options.eval_beam_size(o.integer("eval_beam_size"));
   return options;
 }
 

@@ -13,27 +13,15 @@
 namespace lockstep::quant {
 
 void ResidualOptions::validate() const {
+  check_fields("residual", *this);
   LOCKSTEP_CHECK_ARG(num_quantizers_ >= 1, "residual: num_quantizers = ", num_quantizers_, " must be >= 1");
-  LOCKSTEP_CHECK_ARG(quantize_dropout_cutoff_index_ >= 0 && quantize_dropout_cutoff_index_ < num_quantizers_,
+  LOCKSTEP_CHECK_ARG(quantize_dropout_cutoff_index_ < num_quantizers_,
                      "residual: quantize_dropout_cutoff_index = ", quantize_dropout_cutoff_index_,
                      " must lie in [0, num_quantizers = ", num_quantizers_, ")");
-  LOCKSTEP_CHECK_ARG(quantize_dropout_multiple_of_ >= 1,
-                     "residual: quantize_dropout_multiple_of = ", quantize_dropout_multiple_of_, " must be >= 1");
-  LOCKSTEP_CHECK_ARG(std::isfinite(quant_grad_frac_), "residual: quant_grad_frac = ", quant_grad_frac_,
-                     " must be finite");
   LOCKSTEP_CHECK_ARG(codebook_sizes_.empty() || static_cast<int64_t>(codebook_sizes_.size()) == num_quantizers_,
                      "residual: codebook_sizes names ", codebook_sizes_.size(),
                      " layers, num_quantizers = ", num_quantizers_);
-  for (int64_t k : codebook_sizes_) {
-    LOCKSTEP_CHECK_ARG(k >= 1, "residual: a codebook size is ", k, ", it must be >= 1");
-  }
-  for (double c : soft_clamp_) {
-    LOCKSTEP_CHECK_ARG(c > 0 && std::isfinite(c), "residual: a soft clamp value is ", c, ", it must be > 0");
-  }
-  LOCKSTEP_CHECK_ARG(mlp_depth_ >= 0 && mlp_hidden_ >= 0, "residual: mlp_depth = ", mlp_depth_,
-                     " and mlp_hidden = ", mlp_hidden_, " must be >= 0");
-  LOCKSTEP_CHECK_ARG(beam_size_ >= 0 && eval_beam_size_ >= 0, "residual: beam_size = ", beam_size_,
-                     " and eval_beam_size = ", eval_beam_size_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(eval_beam_size_ >= 0, "residual: eval_beam_size = ", eval_beam_size_, " must be >= 0");
   LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
                      "residual: beam_score_weights has ", beam_score_weights_.size(),
                      " weights, num_quantizers = ", num_quantizers_);

@@ -187,6 +187,8 @@ TEST(QuantizerDefaults, EveryDeclaredFieldIsItsSectionsOptionAndItsLimitsAreChec
   expect_fields_declared_and_checked("vq", quant::VqOptions(8, 512));
   expect_fields_declared_and_checked("simvq", quant::SimVqOptions(8, 512));
   expect_fields_declared_and_checked("latent", quant::LatentQuantizeOptions({8, 5, 5, 5}));
+  expect_fields_declared_and_checked("fsp", quant::FspOptions({8, 5, 5, 5}));
+  expect_fields_declared_and_checked("residual", quant::ResidualOptions(4));
 }
 
 // Overrides are held to the declarations: an undeclared key, a wrong type, a string not among the

@@ -13,6 +13,7 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 
 namespace lockstep::quant {
@@ -45,52 +46,51 @@ struct FspOptions {
     dim_ = d;
     return *this;
   }
-  FspOptions& projection_has_bias(bool on) {
-    projection_has_bias_ = on;
-    return *this;
-  }
   FspOptions& activation(FspActivation a) {
     activation_ = a;
-    return *this;
-  }
-  // Training: each channel keeps its bin's midpoint with this probability, else takes the
-  // perturbed activation (the reference's quantize_rate; evaluation always quantizes).
-  FspOptions& quantize_rate(double r) {
-    quantize_rate_ = r;
-    return *this;
-  }
-  // The output is the activation's inverse at the bin (straight-through to the latent); without it,
-  // the bin's value (midpoint - 1/2) / sqrt(1/12), differentiable through the activation.
-  FspOptions& need_inv_act(bool on) {
-    need_inv_act_ = on;
     return *this;
   }
   FspOptions& norm(FspNorm n) {
     norm_ = n;
     return *this;
   }
-
   const std::vector<int64_t>& levels() const { return levels_; }
   int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
   int64_t dim() const { return dim_.value_or(codebook_dim()); }
-  bool projection_has_bias() const { return projection_has_bias_; }
   FspActivation activation() const { return activation_; }
-  double quantize_rate() const { return quantize_rate_; }
-  bool need_inv_act() const { return need_inv_act_; }
   const FspNorm& norm() const { return norm_; }
   int64_t codebook_size() const;  // the product of the levels
 
-  // Throws InvalidArgument with the value: no levels, a level < 2 or > 2^22, a product above 2^31,
-  // dim < 1, quantize_rate outside [0, 1], a negative or non-finite norm weight.
+  // Every other option: fsp_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(FspOptions, type, name, value)
+#include "lockstep/quant/fsp_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of fsp_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument with the value: a field outside its limits, no levels, a level < 2 or
+  // > 2^22, a product above 2^31, dim < 1, a negative or non-finite norm weight.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/fsp_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   std::vector<int64_t> levels_;
   std::optional<int64_t> dim_;
-  bool projection_has_bias_ = true;
   FspActivation activation_ = FspActivation::Tanh;
-  double quantize_rate_ = 0.0;
-  bool need_inv_act_ = false;
   FspNorm norm_ = FspNorm::preset("var_tanh");
 };
 

@@ -1,8 +1,10 @@
-// Every quantizer option, declared once: its key, default, limits and help. The defaults are the
-// library's own (read from FsqOptions, LfqOptions, VqOptions, ResidualOptions), or, for what the
-// library requires as a constructor argument (VQ's dim, FSQ's levels, ...), the value stated here.
-// The configuration schema of `lockstep train` is assembled from these sections ("quantizer.vq.decay"),
-// so the library and the CLI build the same quantizer from "the defaults". Free of torch headers.
+// Every quantizer option, declared once: its key, default, limits and help. Most are a line of their
+// options struct's field list (quant/*_options.def, option_fields.h), with the struct's default; the
+// rest, here in option_specs.cpp, are what a struct takes otherwise: constructor arguments (VQ's dim,
+// FSQ's levels, ...; their CLI default stated there), values with a meaning of their own (0 for "unset"),
+// enums read from strings. The configuration schema of `lockstep train` is assembled from these sections
+// ("quantizer.vq.decay"), so the library and the CLI build the same quantizer from "the defaults". Free of
+// torch headers.
 #pragma once
 
 #include <cstdint>

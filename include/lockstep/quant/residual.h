@@ -12,6 +12,7 @@
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/implicit_codebook.h"
 #include "lockstep/quant/lfq.h"
+#include "lockstep/quant/option_fields.h"
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
@@ -21,124 +22,44 @@ namespace lockstep::quant {
 struct ResidualOptions {
   explicit ResidualOptions(int64_t num_quantizers) : num_quantizers_(num_quantizers) {}
 
-  // Training only: each call keeps layers 0..c and drops the rest (indices -1, no loss), with c drawn
-  // uniformly from [quantize_dropout_cutoff_index, Q) by the caller's generator, then rounded up so
-  // that c + 1 is a multiple of quantize_dropout_multiple_of.
-  ResidualOptions& quantize_dropout(bool on) {
-    quantize_dropout_ = on;
-    return *this;
-  }
-  ResidualOptions& quantize_dropout_cutoff_index(int64_t i) {
-    quantize_dropout_cutoff_index_ = i;
-    return *this;
-  }
-  ResidualOptions& quantize_dropout_multiple_of(int64_t m) {
-    quantize_dropout_multiple_of_ = m;
-    return *this;
-  }
-  // The share of each layer's output gradient that reaches the residual the next layers quantize
-  // (r_l = r_{l-1} - (f q_l + (1 - f) sg(q_l))): 0 (or less) detaches it, as the reference's default.
-  ResidualOptions& quant_grad_frac(double f) {
-    quant_grad_frac_ = f;
-    return *this;
-  }
-  // residual-vq: each layer's codebook size, one per layer (the reference's codebook_size tuple); empty
-  // means the layer options' size for every layer.
-  ResidualOptions& codebook_sizes(std::vector<int64_t> sizes) {
-    codebook_sizes_ = std::move(sizes);
-    return *this;
-  }
-  // residual-vq: beam search over the layers' choices (Residual::quantize_beam), of this width in training
-  // and eval_beam_size in evaluation (0: beam_size); a width of 0 or 1 is the greedy search.
-  ResidualOptions& beam_size(int64_t b) {
-    beam_size_ = b;
-    return *this;
-  }
+  // residual-vq: the beam in evaluation (Residual::quantize_beam); 0 means beam_size.
   ResidualOptions& eval_beam_size(int64_t b) {
     eval_beam_size_ = b;
     return *this;
   }
-  // residual-vq: every layer quantizes with one codebook (the reference's shared_codebook): each layer's
-  // statistics move it as they come, and it is recomputed from them once per call, after the last layer
-  // (dead codes then replaced from every layer's input).
-  ResidualOptions& shared_codebook(bool on) {
-    shared_codebook_ = on;
-    return *this;
-  }
-  // residual-vq: DiVeQ over the stack (the reference's diveq): the layers output their codes, learned by
-  // gradient (no EMA, no commitment loss, every layer's gradient passed on: quant_grad_frac 1), and the
-  // stack's output is directional_reparam(input, sum of the codes) (quant/vq.h), in training and evaluation.
-  ResidualOptions& diveq(bool on) {
-    diveq_ = on;
-    return *this;
-  }
-  // residual-vq: QINCo's implicit neural codebooks (the reference's implicit_neural_codebook): layer l > 0
-  // takes, per token, its codes from its base codebook and the sum of the layers before it through a small
-  // MLP (quant/implicit_codebook.h, `mlp_depth` blocks of width `mlp_hidden`, 0: the code's dimension);
-  // the codebooks and MLPs are learned by gradient (no EMA), as there. With beam search each path's
-  // codes come from that path's sum.
-  ResidualOptions& implicit_neural_codebook(bool on) {
-    implicit_neural_codebook_ = on;
-    return *this;
-  }
-  ResidualOptions& mlp_depth(int64_t d) {
-    mlp_depth_ = d;
-    return *this;
-  }
-  ResidualOptions& mlp_hidden(int64_t h) {
-    mlp_hidden_ = h;
-    return *this;
-  }
-  // residual-fsq: the (projected) input squashed to tanh(z / c) c before the layers, c one value or one per
-  // dimension (the reference's soft_clamp_input_value; not with the layers' hard clamp, which sets its own);
-  // residual-lfq: one value c, each LFQ layer's soft clamp c 2^-l. Empty: none.
-  ResidualOptions& soft_clamp(std::vector<double> c) {
-    soft_clamp_ = std::move(c);
-    return *this;
-  }
-  // A beam's score is minus the sum over layers of w_l times its code's loss; empty: every w_l 1.
-  ResidualOptions& beam_score_weights(std::vector<double> w) {
-    beam_score_weights_ = std::move(w);
-    return *this;
-  }
-
   int64_t num_quantizers() const { return num_quantizers_; }
-  bool quantize_dropout() const { return quantize_dropout_; }
-  int64_t quantize_dropout_cutoff_index() const { return quantize_dropout_cutoff_index_; }
-  int64_t quantize_dropout_multiple_of() const { return quantize_dropout_multiple_of_; }
-  double quant_grad_frac() const { return quant_grad_frac_; }
-  const std::vector<int64_t>& codebook_sizes() const { return codebook_sizes_; }
-  int64_t beam_size() const { return beam_size_; }
   int64_t eval_beam_size() const { return eval_beam_size_ > 0 ? eval_beam_size_ : beam_size_; }
-  const std::vector<double>& beam_score_weights() const { return beam_score_weights_; }
-  bool shared_codebook() const { return shared_codebook_; }
-  bool diveq() const { return diveq_; }
-  const std::vector<double>& soft_clamp() const { return soft_clamp_; }
-  bool implicit_neural_codebook() const { return implicit_neural_codebook_; }
-  int64_t mlp_depth() const { return mlp_depth_; }
-  int64_t mlp_hidden() const { return mlp_hidden_; }
 
-  // Throws InvalidArgument with the value: num_quantizers < 1, a cutoff index outside [0, Q),
-  // multiple_of < 1, a quant_grad_frac that is not finite, codebook_sizes neither empty nor one
-  // size >= 1 per layer, a negative beam size, beam_score_weights neither empty nor one per layer.
+  // Every other option: residual_options.def, one line each.
+#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(ResidualOptions, type, name, value)
+#include "lockstep/quant/residual_options.def"
+#undef LOCKSTEP_FIELD
+
+  // visit(key, value, limits, help) for each field of residual_options.def, in its order.
+  template <typename Visit>
+  void for_each_field(Visit&& visit) const {
+    visit_fields(*this, visit);
+  }
+  template <typename Visit>
+  void for_each_field(Visit&& visit) {
+    visit_fields(*this, visit);
+  }
+
+  // Throws InvalidArgument with the value: a field outside its limits, num_quantizers < 1, a cutoff
+  // index beyond the last layer, codebook_sizes or beam_score_weights neither empty nor one per layer, a
+  // negative eval_beam_size.
   void validate() const;
 
  private:
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/residual_options.def"
+#undef LOCKSTEP_FIELD
+  }
+
   int64_t num_quantizers_;
-  bool quantize_dropout_ = false;
-  int64_t quantize_dropout_cutoff_index_ = 0;
-  int64_t quantize_dropout_multiple_of_ = 1;
-  double quant_grad_frac_ = 0;
-  std::vector<int64_t> codebook_sizes_;
-  int64_t beam_size_ = 0;
   int64_t eval_beam_size_ = 0;
-  std::vector<double> beam_score_weights_;
-  bool shared_codebook_ = false;
-  bool diveq_ = false;
-  std::vector<double> soft_clamp_;
-  bool implicit_neural_codebook_ = false;
-  int64_t mlp_depth_ = 4;
-  int64_t mlp_hidden_ = 0;
 };
 
 class Residual final : public Quantizer {
