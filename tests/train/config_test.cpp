@@ -3,12 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "error_of.h"
 #include "lockstep/core/error.h"
@@ -451,31 +454,63 @@ TEST(SchemaTest, QuantizerChoicesMatchTheRegistry) {
   EXPECT_EQ(lockstep_schema().find("quantizer.name")->choices, quant::quantizer_names());
 }
 
-// docs/configuration.md documents every key of the schema and no others.
-TEST(SchemaTest, DocsListEveryKey) {
+// The row docs/configuration.md gives a key, each cell from the schema (a quantizer's keys from their
+// options' declarations, quant/*_options.def): | `key` | type | `default` | allowed | description |.
+std::string docs_row(const KeySpec& spec) {
+  static const char* const types[] = {"boolean", "integer", "number", "string", "list of integers", "list of numbers"};
+  std::string allowed = spec.constraint_text();
+  if (!spec.choices.empty()) {
+    allowed = "one of: ";
+    for (size_t i = 0; i < spec.choices.size(); ++i) allowed += (i ? ", `" : "`") + spec.choices[i] + "`";
+  }
+  if (allowed.empty() && spec.type == ValueType::String) allowed = "any";
+  std::string help;  // Markdown: a literal * or | escaped
+  for (char c : spec.help) help += (c == '*' || c == '|') ? std::string("\\") + c : std::string(1, c);
+  return "| `" + spec.key + "` | " + types[static_cast<int>(spec.type)] + " | `" + format_value(spec.default_value) +
+         "` | " + allowed + (allowed.empty() ? "" : " ") + "| " + help + " |";
+}
+
+// docs/configuration.md documents every key of the schema and no others, each row as the schema
+// declares it. LOCKSTEP_UPDATE_DOCS=1 writes the schema's rows instead: it rewrites each key's row and
+// adds a missing key's after the row of the key before it (a new option's row, from its declaration).
+TEST(SchemaTest, DocsGiveEveryKeyTheSchemasRow) {
   fs::path docs = fs::path(LOCKSTEP_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "configuration.md";
   std::ifstream in(docs);
   ASSERT_TRUE(in) << "cannot open " << docs;
-  std::stringstream text;
-  text << in.rdbuf();
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  in.close();
+  const auto key_of = [](const std::string& line) {
+    return line.rfind("| `", 0) == 0 ? line.substr(3, line.find('`', 3) - 3) : std::string();
+  };
   const Schema& schema = lockstep_schema();
-  for (const KeySpec& spec : schema.keys()) {
-    EXPECT_NE(text.str().find("| `" + spec.key + "` |"), std::string::npos) << spec.key << " is not in " << docs;
-  }
-  std::string line;
-  for (std::istringstream lines(text.str()); std::getline(lines, line);) {
-    if (line.rfind("| `", 0) != 0) continue;
-    std::string key = line.substr(3, line.find('`', 3) - 3);
+  const bool update = std::getenv("LOCKSTEP_UPDATE_DOCS") != nullptr;
+  for (std::string& line : lines) {
+    const std::string key = key_of(line);
+    if (key.empty()) continue;
     const KeySpec* spec = schema.find(key);
     EXPECT_NE(spec, nullptr) << docs << " documents '" << key << "', which the schema lacks";
     if (!spec) continue;
-    // | `key` | type | `default` | allowed | description |: the default as the schema declares it.
-    std::vector<std::string> cells;
-    for (size_t start = 1, bar; (bar = line.find(" |", start)) != std::string::npos; start = bar + 2) {
-      cells.push_back(line.substr(start + 1, bar - start - 1));
+    if (update) line = docs_row(*spec);
+    EXPECT_EQ(line, docs_row(*spec)) << docs << ": the row of " << key << " (LOCKSTEP_UPDATE_DOCS=1 rewrites it)";
+  }
+  std::string before;  // the schema's key before this one
+  for (const KeySpec& spec : schema.keys()) {
+    const auto row = [&](const std::string& key) {
+      return std::find_if(lines.begin(), lines.end(), [&](const std::string& l) { return key_of(l) == key; });
+    };
+    if (row(spec.key) == lines.end()) {
+      if (update && !before.empty() && row(before) != lines.end()) {
+        lines.insert(row(before) + 1, docs_row(spec));
+      } else {
+        ADD_FAILURE() << spec.key << " is not in " << docs << " (LOCKSTEP_UPDATE_DOCS=1 adds it)";
+      }
     }
-    ASSERT_GE(cells.size(), 3u) << line;
-    EXPECT_EQ(cells[2], "`" + format_value(spec->default_value) + "`") << docs << ": the default of " << key;
+    before = spec.key;
+  }
+  if (update) {
+    std::ofstream out(docs);
+    for (const std::string& line : lines) out << line << "\n";
   }
 }
 
