@@ -27,7 +27,7 @@ void check_list(const char* owner, const char* key, const std::vector<T>& values
   LOCKSTEP_CHECK_ARG(!limits.max_len || values.size() <= *limits.max_len, owner, ": ", key, " has ", values.size(),
                      " elements; it takes at most ", limits.max_len.value_or(0));
   for (size_t i = 0; i < values.size(); ++i) {
-    check_number(owner, key, values[i], limits, detail::concat("[", i, "]").c_str());
+    check_number(owner, key, values[i], limits, ::lockstep::detail::concat("[", i, "]").c_str());
   }
 }
 
