@@ -75,16 +75,17 @@ OptionSpec::Type type_of() {
 // constructor arguments, in the list's order, with the struct's defaults.
 template <typename Options>
 void append_fields(OptionSection& section, const Options& defaults) {
-  defaults.for_each_field([&section](const char* key, const auto& value, const FieldLimits& limits, const char* help) {
-    Spec spec = option(key, type_of<std::decay_t<decltype(value)>>(), value, help);
-    spec.s.min = limits.min;
-    spec.s.max = limits.max;
-    spec.s.min_exclusive = limits.min_exclusive;
-    spec.s.max_exclusive = limits.max_exclusive;
-    spec.s.min_len = limits.min_len;
-    spec.s.max_len = limits.max_len;
-    section.options.push_back(spec);
-  });
+  Options::visit_fields(defaults,
+                        [&section](const char* key, const auto& value, const FieldLimits& limits, const char* help) {
+                          Spec spec = option(key, type_of<std::decay_t<decltype(value)>>(), value, help);
+                          spec.s.min = limits.min;
+                          spec.s.max = limits.max;
+                          spec.s.min_exclusive = limits.min_exclusive;
+                          spec.s.max_exclusive = limits.max_exclusive;
+                          spec.s.min_len = limits.min_len;
+                          spec.s.max_len = limits.max_len;
+                          section.options.push_back(spec);
+                        });
 }
 
 // `specs` placed right after the option `key` of `section`.

@@ -20,7 +20,7 @@ namespace {
 // Every field an options struct declares (option_fields.h), read under its own name as its type.
 template <typename Options>
 void read_fields(const OptionReader& o, Options& options) {
-  options.for_each_field([&o](const char* key, auto& value, const FieldLimits&, const char*) {
+  Options::visit_fields(options, [&o](const char* key, auto& value, const FieldLimits&, const char*) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, bool>) value = o.boolean(key);
     if constexpr (std::is_same_v<T, int64_t>) value = o.integer(key);

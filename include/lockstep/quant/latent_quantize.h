@@ -33,14 +33,13 @@ struct LatentQuantizeOptions {
 #include "lockstep/quant/latent_options.def"
 #undef LOCKSTEP_FIELD
 
-  // visit(key, value, limits, help) for each field of latent_options.def, in its order.
-  template <typename Visit>
-  void for_each_field(Visit&& visit) const {
-    visit_fields(*this, visit);
-  }
-  template <typename Visit>
-  void for_each_field(Visit&& visit) {
-    visit_fields(*this, visit);
+  // visit(key, member, limits, help) for each field of latent_options.def, in its order; `self` the options,
+  // const or not.
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit&& visit) {
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/latent_options.def"
+#undef LOCKSTEP_FIELD
   }
 
   // Throws InvalidArgument with the value: a field outside its limits, no levels, a level < 2, a
@@ -48,13 +47,6 @@ struct LatentQuantizeOptions {
   void validate() const;
 
  private:
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/latent_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
   std::vector<int64_t> levels_;
   std::optional<int64_t> dim_;
 };

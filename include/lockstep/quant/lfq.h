@@ -31,14 +31,13 @@ struct LfqOptions {
 #include "lockstep/quant/lfq_options.def"
 #undef LOCKSTEP_FIELD
 
-  // visit(key, value, limits, help) for each field of lfq_options.def, in its order.
-  template <typename Visit>
-  void for_each_field(Visit&& visit) const {
-    visit_fields(*this, visit);
-  }
-  template <typename Visit>
-  void for_each_field(Visit&& visit) {
-    visit_fields(*this, visit);
+  // visit(key, member, limits, help) for each field of lfq_options.def, in its order; `self` the options,
+  // const or not.
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit&& visit) {
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/lfq_options.def"
+#undef LOCKSTEP_FIELD
   }
 
   // Throws InvalidArgument naming the value: a field outside its limits, K not a power of two in
@@ -46,13 +45,6 @@ struct LfqOptions {
   void validate() const;
 
  private:
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/lfq_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
   int64_t codebook_size_;
   std::optional<int64_t> dim_;
 };

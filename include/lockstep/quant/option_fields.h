@@ -48,7 +48,7 @@ inline void check_field(const char*, const char*, const std::string&, const Fiel
 // Checks every declared field of `options` against its limits (validate()'s first step).
 template <typename Options>
 void check_fields(const char* owner, const Options& options) {
-  options.for_each_field([owner](const char* key, const auto& value, const FieldLimits& limits, const char*) {
+  Options::visit_fields(options, [owner](const char* key, const auto& value, const FieldLimits& limits, const char*) {
     check_field(owner, key, value, limits);
   });
 }

@@ -35,14 +35,13 @@ struct ResidualOptions {
 #include "lockstep/quant/residual_options.def"
 #undef LOCKSTEP_FIELD
 
-  // visit(key, value, limits, help) for each field of residual_options.def, in its order.
-  template <typename Visit>
-  void for_each_field(Visit&& visit) const {
-    visit_fields(*this, visit);
-  }
-  template <typename Visit>
-  void for_each_field(Visit&& visit) {
-    visit_fields(*this, visit);
+  // visit(key, member, limits, help) for each field of residual_options.def, in its order; `self` the options,
+  // const or not.
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit&& visit) {
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/residual_options.def"
+#undef LOCKSTEP_FIELD
   }
 
   // Throws InvalidArgument with the value: a field outside its limits, num_quantizers < 1, a cutoff
@@ -51,13 +50,6 @@ struct ResidualOptions {
   void validate() const;
 
  private:
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/residual_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
   int64_t num_quantizers_;
   int64_t eval_beam_size_ = 0;
 };

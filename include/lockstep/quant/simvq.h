@@ -30,14 +30,13 @@ struct SimVqOptions {
 #include "lockstep/quant/simvq_options.def"
 #undef LOCKSTEP_FIELD
 
-  // visit(key, value, limits, help) for each field of simvq_options.def, in its order.
-  template <typename Visit>
-  void for_each_field(Visit&& visit) const {
-    visit_fields(*this, visit);
-  }
-  template <typename Visit>
-  void for_each_field(Visit&& visit) {
-    visit_fields(*this, visit);
+  // visit(key, member, limits, help) for each field of simvq_options.def, in its order; `self` the options,
+  // const or not.
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit&& visit) {
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/simvq_options.def"
+#undef LOCKSTEP_FIELD
   }
 
   // Throws InvalidArgument with the value: a field outside its limits, dim, codebook_size or
@@ -45,13 +44,6 @@ struct SimVqOptions {
   void validate() const;
 
  private:
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/simvq_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
   int64_t dim_;
   int64_t codebook_size_;
   std::optional<int64_t> frozen_codebook_dim_;

@@ -54,17 +54,18 @@ struct VqOptions {
 #include "lockstep/quant/vq_options.def"
 #undef LOCKSTEP_FIELD
 
-  // visit(key, value, limits, help) for each field of vq_options.def, in its order.
-  template <typename Visit>
-  void for_each_field(Visit&& visit) const {
-    visit_fields(*this, visit);
-  }
-  template <typename Visit>
-  void for_each_field(Visit&& visit) {
-    visit_fields(*this, visit);
+  // visit(key, member, limits, help) for each field of vq_options.def, in its order; `self` the options,
+  // const or not.
+  template <typename Self, typename Visit>
+  static void visit_fields(Self& self, Visit&& visit){
+#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
+#include "lockstep/quant/vq_options.def"
+#undef LOCKSTEP_FIELD
   }
 
-  int64_t dim() const { return dim_; }
+  int64_t dim() const {
+    return dim_;
+  }
   int64_t codebook_size() const { return codebook_size_; }
   bool use_cosine_sim() const { return use_cosine_sim_; }
   VqEstimator estimator() const {
@@ -85,13 +86,6 @@ struct VqOptions {
   void validate() const;
 
  private:
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/vq_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
   int64_t dim_;
   int64_t codebook_size_;
   bool use_cosine_sim_ = false;
