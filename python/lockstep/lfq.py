@@ -5,8 +5,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from ._quantizer import (LockstepQuantizer, as_indices, declare_reference_signature, declared_arguments, padding_mask,
-                         refuse)
+from ._quantizer import LockstepQuantizer, as_indices, declare_reference_signature, declared_arguments, padding_mask
 
 Return = namedtuple("Return", ["quantized", "indices", "entropy_aux_loss"])
 # The reference's second return value with return_loss_breakdown=True: each term unweighted.
@@ -31,13 +30,6 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
         activation = None
     elif not callable(activation):
         raise TypeError(f"lockstep.LFQ: straight_through_activation must be a module, got {type(activation).__name__}")
-    elif (has_projections or dim != codebook_dims or soft_clamp_input_value is not None or spherical
-          or orthogonal_rotation or cosine_sim_project_in):
-        # The module's gradient replaces the identity at the tokens liblockstep quantizes; the module runs
-        # in torch on the input, which they are only without a projection, clamp, rotation or sphere.
-        refuse("lockstep.LFQ", "straight_through_activation", straight_through_activation,
-               "the identity, or a module with no projection (dim = num_codebooks x log2 codebook_size), no soft "
-               "clamp, no rotation and not spherical")
     if has_projections is False and dim != codebook_dims:  # the reference then fails at its first forward
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
@@ -126,6 +118,9 @@ class LFQ(LockstepQuantizer):
         self._code_value = options["codebook_scale"] / (bits**0.5 if options["spherical"] else 1.0)
         if module["straight_through_activation"] is not None:  # `activation.*` in the state dict, as there
             self.activation = module["straight_through_activation"]
+        # What liblockstep's Lfq::to_code_space does to a token, for the activation's gradient term alone.
+        self._code_space = dict(soft_clamp=options["soft_clamp"], spherical=options["spherical"],
+                                scale=options["codebook_scale"], cosine_scale=options["cosine_sim_project_in"])
 
     def _reference_constants(self):
         return {"mask": bit_mask(self.codebook_size)}
@@ -167,13 +162,42 @@ class LFQ(LockstepQuantizer):
 
     def _activation_gradient(self, x, channel_first):
         """straight_through_activation: a term of value 0 whose gradient turns liblockstep's straight-through
-        identity at the tokens into the module's, as the reference's act(x) + (q - act(x)).detach(). The
-        module sees each codebook's bits (..., num_codebooks, bits), as there; x in forward's layout."""
+        identity at the tokens into the module's, as the reference's act(z) + (q - act(z)).detach(). z, what
+        the module sees, is each codebook's bits (..., num_codebooks, bits) after the projection, soft clamp,
+        rotation and sphere, made again here in torch (liblockstep makes its own, without the module); the
+        term passes back out through the rotation and the projection's weight, detached: the projection out
+        learns from the code alone, as there. x in forward's layout."""
         tokens = x.movedim(1, -1) if channel_first else x
-        split = tokens.float().reshape(*tokens.shape[:-1], self.num_codebooks, self.codebook_dim)
-        change = (self.activation(split) - split).reshape(tokens.shape)
+        z = self._tokens_in_code_space(tokens)
+        change = self.activation(z) - z
+        if "orthogonal_rot" in self._buffers:
+            change = change @ self.orthogonal_rot.t()
+        change = change.flatten(-2)
+        if "project_out" in self._modules:
+            change = nn.functional.linear(change, self.project_out.weight.detach())
         change = change - change.detach()
         return change.movedim(-1, 1) if channel_first else change
+
+    def _tokens_in_code_space(self, tokens):
+        """Lfq::to_code_space in torch operations: (..., dim) -> (..., num_codebooks, bits), differentiable."""
+        settings = self._code_space
+        z = tokens.double() if tokens.dtype == torch.float64 else tokens.float()
+        if "project_in" in self._modules:
+            weight = self.project_in.weight
+            if settings["cosine_scale"] > 0:  # CosineSimLinear: weight (dim, code dims)
+                unit = nn.functional.normalize
+                z = (unit(z, dim=-1) @ unit(weight, dim=0).to(z.dtype)) * settings["cosine_scale"]
+            else:
+                bias = getattr(self.project_in, "bias", None)
+                z = nn.functional.linear(z.to(weight.dtype), weight, bias).to(z.dtype)
+        if settings["soft_clamp"] > 0:
+            z = (z / settings["soft_clamp"]).tanh() * settings["soft_clamp"]
+        z = z.reshape(*z.shape[:-1], self.num_codebooks, self.codebook_dim)
+        if "orthogonal_rot" in self._buffers:
+            z = z @ self.orthogonal_rot.to(z.dtype)
+        if settings["spherical"]:
+            z = nn.functional.normalize(z, dim=-1) * settings["scale"]
+        return z
 
     def _loss_breakdown(self, x, channel_first, mask, inv_temperature=None):
         """The unweighted terms of this call's loss, of this rank's tokens (liblockstep's Lfq::loss_terms:

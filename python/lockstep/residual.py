@@ -444,9 +444,6 @@ class ResidualLFQ(_Residual):
             "orthogonal_rotation": ((False,), "False; LFQ takes True")})
         bits = int(codebook_size).bit_length() - 1
         layer, module = lfq_options(dim=bits, codebook_size=codebook_size, **lfq_kwargs)
-        if module["straight_through_activation"] is not None:
-            refuse("lockstep.ResidualLFQ", "straight_through_activation", lfq_kwargs["straight_through_activation"],
-                   "the identity: a module between the layers, on residuals inside liblockstep")
         layer.pop("dim")  # the layers take the residual's dimension
         options = {f"lfq.{key}": value for key, value in layer.items()}
         options["lfq.dim"] = int(dim)
@@ -457,6 +454,10 @@ class ResidualLFQ(_Residual):
         super().__init__("residual-lfq", options, seed, process_group, collective_timeout)
         self.codebook_size = codebook_size
         self.inv_temperature = module["inv_temperature"]
+        self._soft_clamp, self._spherical = soft_clamp_input_value, bool(layer["spherical"])
+        self._activated = module["straight_through_activation"] is not None
+        for q in range(self.num_quantizers if self._activated else 0):  # one module in every layer, as there
+            self._owner(f"layers.{q}.activation")[0].add_module("activation", module["straight_through_activation"])
 
     @property
     def codebooks(self):
@@ -467,10 +468,46 @@ class ResidualLFQ(_Residual):
     def _reference_constants(self):
         return {f"layers.{q}.mask": bit_mask(self.codebook_size) for q in range(self.num_quantizers)}
 
+    def _activation_gradient(self, x, indices, channel_first):
+        """straight_through_activation, as each of the reference's layers applies it: a term of value 0 whose
+        gradient turns liblockstep's straight-through identity at layer q's tokens t_q into the module's.
+        t_q, layer q's residual after its soft clamp and sphere, is made again here in torch from the
+        input and the codes of the layers before it (a dropped layer adds nothing); the term passes out
+        through the projection's weight, detached, as LFQ's."""
+        tokens = x.movedim(1, -1) if channel_first else x
+        residual = tokens.double() if tokens.dtype == torch.float64 else tokens.float()
+        if "project_in" in self._modules:
+            residual = nn.functional.linear(residual, self.project_in.weight, self.project_in.bias)
+        # Layer q's codes, +-2^-q per bit (over sqrt(bits) on the sphere), in torch operations (they compile).
+        bits = (indices.clamp_min(0).unsqueeze(-1) & bit_mask(self.codebook_size).to(indices.device)) != 0
+        bits_per_code = bits.shape[-1]
+        value = 2.0 ** -torch.arange(self.num_quantizers, device=x.device, dtype=residual.dtype).unsqueeze(-1)
+        value = value / (bits_per_code**0.5 if self._spherical else 1.0)
+        codes = torch.where(bits, value, -value)  # (..., num_quantizers, bits)
+        change = torch.zeros_like(residual)
+        activation = self.get_submodule("layers.0.activation")
+        for q in range(self.num_quantizers):
+            t = residual
+            if self._soft_clamp is not None:  # halved layer by layer, as the reference's
+                clamp = self._soft_clamp * 0.5**q
+                t = (t / clamp).tanh() * clamp
+            if self._spherical:
+                t = nn.functional.normalize(t, dim=-1) * 2.0**-q
+            t = t.unsqueeze(-2)  # (..., 1, bits): one codebook's bits, as the reference's layers see them
+            taken = (indices[..., q] >= 0).unsqueeze(-1)
+            change = change + torch.where(taken, (activation(t) - t).squeeze(-2), 0.0)
+            residual = residual - codes[..., q, :]
+        if "project_out" in self._modules:
+            change = nn.functional.linear(change, self.project_out.weight.detach())
+        change = change - change.detach()
+        return change.movedim(-1, 1) if channel_first else change
+
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)
         out, idx, losses = self._quantize_any(x, x.ndim >= 4, True, self.num_quantizers, mask,
                                               **self._fixed_dropout(rand_quantize_dropout_fixed_seed))
+        if self.training and self._activated:
+            out = out + self._activation_gradient(x, idx, x.ndim >= 4).to(out.dtype)
         result = (out, idx, self._per_layer_losses(losses, out.device))
         return (*result, self.get_codes_from_indices(idx)) if return_all_codes else result
 

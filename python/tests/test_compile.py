@@ -63,6 +63,10 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                                 layernorm_after_project_in=True),
     "LFQ soft clamp": lambda: lockstep.LFQ(dim=8, codebook_size=2**4, soft_clamp_input_value=1.5,
                                            experimental_softplus_entropy_loss=True),
+    # A straight-through activation on tokens made inside liblockstep: projected, and each residual layer's.
+    "LFQ activation projected": lambda: lockstep.LFQ(dim=8, codebook_size=2**3, straight_through_activation=nn.Tanh()),
+    "ResidualLFQ activation": lambda: lockstep.ResidualLFQ(dim=8, codebook_size=2**4, num_quantizers=3,
+                                                           quantize_dropout=True, straight_through_activation=nn.Tanh()),
 }
 
 

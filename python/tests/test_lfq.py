@@ -60,23 +60,23 @@ def test_feature_maps_are_channel_first_like_the_reference():
     torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("options", [
-    dict(dim=12),  # projected: the module would need the projected tokens, inside liblockstep
-    dict(dim=8, spherical=True), dict(dim=8, soft_clamp_input_value=1.5), dict(dim=8, orthogonal_rotation=True)])
-def test_a_straight_through_activation_lockstep_cannot_place_is_a_type_error_naming_it(options):
-    with pytest.raises(TypeError, match="straight_through_activation"):
-        lockstep.LFQ(codebook_size=2**8, straight_through_activation=torch.nn.Tanh(), **options)
-    with pytest.raises(TypeError, match="straight_through_activation"):
-        lockstep.ResidualLFQ(dim=8, num_quantizers=2, codebook_size=2**4, straight_through_activation=torch.nn.Tanh())
-
-
 @pytest.mark.parametrize("activation, options, shape", [
     (torch.nn.Tanh(), dict(codebook_size=2**8), (2, 40, 8)),
     (torch.nn.Tanh(), dict(codebook_size=2**8, commitment_loss_weight=0.3), (2, 8, 5, 4)),  # a map, channel first
     # A module with parameters, not elementwise: it sees each codebook's bits, as the reference's does.
     (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), dict(codebook_size=2**4, num_codebooks=2),
      (2, 30, 8)),
-], ids=["tanh", "tanh_map", "linear_per_codebook"])
+    # The tokens made from the input first: the module sees them after the projection, clamp, rotation, sphere.
+    (torch.nn.Tanh(), dict(dim=12, codebook_size=2**8, commitment_loss_weight=0.2), (2, 40, 12)),
+    (torch.nn.Tanh(), dict(dim=12, codebook_size=2**8, projection_has_bias=False), (2, 12, 3, 5)),
+    (torch.nn.Tanh(), dict(dim=12, codebook_size=2**8, cosine_sim_project_in=True), (2, 40, 12)),
+    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), dict(dim=6, codebook_size=2**4, num_codebooks=2),
+     (2, 30, 6)),
+    (torch.nn.Tanh(), dict(dim=8, codebook_size=2**8, soft_clamp_input_value=1.5), (2, 40, 8)),
+    (torch.nn.Tanh(), dict(dim=8, codebook_size=2**8, orthogonal_rotation=True), (2, 40, 8)),
+    (torch.nn.Softsign(), dict(dim=10, codebook_size=2**8, spherical=True, codebook_scale=2.0), (2, 40, 10)),
+], ids=["tanh", "tanh_map", "linear_per_codebook", "projected", "projected_map_no_bias", "cosine_sim_project_in",
+        "linear_per_codebook_projected", "soft_clamp", "orthogonal_rotation", "spherical_projected"])
 def test_a_straight_through_activation_gives_the_references_gradients(activation, options, shape):
     # The reference's act(x) + (q - act(x)).detach(): the value q, the input's gradient the module's, and the
     # module's parameters trained through it, step after step; evaluation as without it.

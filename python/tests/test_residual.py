@@ -1,6 +1,8 @@
 """lockstep's residual quantizers against vector_quantize_pytorch's ResidualVQ, ResidualFSQ and
 ResidualLFQ: identical initial state (the reference's state dict loads as is), then several training
 steps; feature maps, decoding from indices and the options lockstep refuses."""
+import copy
+
 import pytest
 import torch
 from vector_quantize_pytorch import ResidualFSQ as ReferenceResidualFSQ
@@ -8,7 +10,7 @@ from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
 from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
 
 import lockstep
-from reference_steps import compare_training_steps
+from reference_steps import backward_and_compare_gradients, compare_training_steps
 
 
 @pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False, decay=0.9), dict(use_cosine_sim=True),
@@ -85,6 +87,47 @@ def test_lfq_training_steps_match_the_reference(options):
     reference = ReferenceResidualLFQ(**options)
     ours = lockstep.ResidualLFQ(**options)
     compare_training_steps(reference, ours, (2, 40, options["dim"]), 3)
+
+
+@pytest.mark.parametrize("options, shape", [
+    (dict(dim=6, codebook_size=2**4, num_quantizers=3), (2, 40, 6)),
+    (dict(dim=4, codebook_size=2**4, num_quantizers=3, commitment_loss_weight=0.25), (2, 4, 5, 3)),  # a map
+    (dict(dim=8, codebook_size=2**5, num_quantizers=3, soft_clamp_input_value=1.5), (2, 40, 8)),
+    (dict(dim=8, codebook_size=2**6, num_quantizers=2, spherical=True), (2, 40, 8)),
+    (dict(dim=6, codebook_size=2**4, num_quantizers=3), (2, 40, 6)),
+], ids=["projected", "map", "soft_clamp", "spherical", "linear_in_every_layer"])
+def test_lfq_straight_through_activation_matches_the_reference(options, shape, request):
+    # Each layer's act(t_q) + (q - act(t_q)).detach(), t_q its residual: the input gradient the sum of the
+    # module's over the layers (3 steps, the projections' gradients too); evaluation as without it. A module
+    # with parameters is the one module of every layer (`layers.q.activation.*`), trained through them all.
+    torch.manual_seed(0)
+    linear = request.node.callspec.id == "linear_in_every_layer"
+    activation = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()) if linear else torch.nn.Tanh()
+    reference = ReferenceResidualLFQ(straight_through_activation=activation, **options)
+    ours = lockstep.ResidualLFQ(straight_through_activation=copy.deepcopy(activation), **options)
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    compare_training_steps(reference, ours, shape, 3, optimizer=torch.optim.Adam if linear else None)
+    reference.eval(), ours.eval()
+    x = torch.randn(*shape)
+    torch.testing.assert_close(ours(x)[0], reference(x)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_lfq_straight_through_activation_skips_the_dropped_layers_as_the_reference():
+    torch.manual_seed(0)
+    options = dict(dim=6, codebook_size=2**4, num_quantizers=4, quantize_dropout=True,
+                   straight_through_activation=torch.nn.Tanh())
+    reference, ours = ReferenceResidualLFQ(**options), lockstep.ResidualLFQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    dropped = 0
+    for seed in range(6):  # layers after a seeded random one are dropped, by both
+        x = torch.randn(2, 30, 6)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        out_ref, idx_ref, loss_ref = reference(xs[0], rand_quantize_dropout_fixed_seed=seed)
+        out, idx, loss = ours(xs[1], rand_quantize_dropout_fixed_seed=seed)
+        assert torch.equal(idx, idx_ref)
+        dropped += int((idx < 0).any())
+        backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss)
+    assert dropped > 0
 
 
 def test_feature_maps_and_decoding_from_indices():
