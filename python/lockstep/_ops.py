@@ -124,3 +124,27 @@ def _backward(ctx, grads):
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("lockstep::vq_initialised_codebook", mutates_args=())
+def vq_initialised_codebook(x: torch.Tensor, embed: torch.Tensor, step: torch.Tensor, handle: int, grad_mode: bool,
+                            mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A copy of VQ's codebook `embed` once the k-means initialisation a training call on tokens x (b, n, dim)
+    runs first has run (Vq::initialise, its collectives over the module's group; nothing without gradients or
+    once initialised): for a vq_bridge, which makes the searched codes from it. The gradient passes to embed."""
+    module = _module(handle)
+    if grad_mode:
+        module._core.vq_initialise(x, True, module.seed, step, module._lazy_group(), mask)
+    return embed.clone()
+
+
+@vq_initialised_codebook.register_fake
+def _(x, embed, step, handle, grad_mode, mask=None):
+    return torch.empty_like(embed)
+
+
+def _initialised_codebook_backward(ctx, grad):
+    return None, grad, None, None, None, None
+
+
+vq_initialised_codebook.register_autograd(_initialised_codebook_backward)

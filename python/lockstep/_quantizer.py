@@ -359,18 +359,7 @@ class LockstepQuantizer(nn.Module):
         `freeze_codebook`: a training call that leaves the codebooks as they are. `vq_call`: VQ's per-call EMA
         arguments (ema_update_weight, accumulate, ema_update), for _quantize; `topk` (VQ): each token's k
         best codes, the quantized output (..., k, dim) and the indices (..., k)."""
-        name = f"lockstep.{type(self).__name__}"
-        check_floating(name, x)
-        if channel_first:
-            if x.ndim < 2:
-                raise ValueError(f"{name}: expected a channel-first map (b, {self.dim}, ...), got shape {tuple(x.shape)}")
-            x = x.movedim(1, -1)
-            spatial = x.shape[1:-1]
-            x = x.reshape(x.shape[0], math.prod(spatial), x.shape[-1])  # -1 is ambiguous for an empty batch
-        elif x.ndim != 3:
-            raise ValueError(f"{name}: expected tokens (b, n, {self.dim}){self._maps_hint}, got shape {tuple(x.shape)}")
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"{name}: expected dimension {self.dim} but found {x.shape[-1]}")
+        x, spatial = self._tokens_of(x, channel_first)
         out, indices, losses = self._quantize(x.float(), mask, freeze_codebook, **vq_call)
         out = out.to(x.dtype)
         if num_codebooks == 1 and keep_codebook_axis:
@@ -381,6 +370,24 @@ class LockstepQuantizer(nn.Module):
             losses = {name: (loss.reshape(loss.shape[0], *spatial, *loss.shape[2:]) if loss.ndim > 1 else loss)
                       for name, loss in losses.items()}
         return out, indices, losses
+
+    def _tokens_of(self, x, channel_first):
+        """forward's input -> (tokens (b, n, dim) as liblockstep takes them, a map's spatial shape or None);
+        TypeError or ValueError for an input of another kind or shape."""
+        name = f"lockstep.{type(self).__name__}"
+        check_floating(name, x)
+        spatial = None
+        if channel_first:
+            if x.ndim < 2:
+                raise ValueError(f"{name}: expected a channel-first map (b, {self.dim}, ...), got shape {tuple(x.shape)}")
+            x = x.movedim(1, -1)
+            spatial = x.shape[1:-1]
+            x = x.reshape(x.shape[0], math.prod(spatial), x.shape[-1])  # -1 is ambiguous for an empty batch
+        elif x.ndim != 3:
+            raise ValueError(f"{name}: expected tokens (b, n, {self.dim}){self._maps_hint}, got shape {tuple(x.shape)}")
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"{name}: expected dimension {self.dim} but found {x.shape[-1]}")
+        return x, spatial
 
     def _lazy_group(self):
         """lockstep's checked channel over the process group, described here and made by liblockstep at

@@ -7,7 +7,7 @@ from torch import nn
 
 from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, checked_temperature,
-                         declare_reference_signature, declared_arguments, padding_mask, refuse)
+                         declare_reference_signature, declared_arguments, padding_mask)
 
 
 def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook_per_head=False, decay=0.8,
@@ -37,9 +37,6 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     if bridged and not callable(vq_bridge):
         raise TypeError(f"lockstep.VectorQuantize: vq_bridge must be a module (codebook (codebooks, codebook_size, "
                         f"codebook_dim) -> the same shape), got {type(vq_bridge).__name__}")
-    if bridged and kmeans_init:
-        refuse("lockstep.VectorQuantize", "kmeans_init", kmeans_init, "False with a vq_bridge: the bridge runs in torch "
-               "before liblockstep's k-means would set the codebook it reads")
     rotation_trick = (not directional_reparam and dim > 1) if rotation_trick is None else rotation_trick
     # straight_through (the reference's Gumbel-softmax straight-through): its soft gradient is detached again by
     # the output's straight-through estimator there, so it is that estimator, as rotation_trick=False gives.
@@ -215,11 +212,21 @@ class VectorQuantize(LockstepQuantizer):
         if self.in_place_codebook_optimizer is not None:
             _in_place.add_and_step(self.in_place_codebook_optimizer, self._in_place_gradients())
 
-    def _bridged_codebook(self):
+    def _bridged_codebook(self, x, channel_first, mask):
         """The codebook through the vq_bridge (differentiable), for liblockstep to search and quantize to; None
-        without one. Decoding from indices takes embed itself, as the reference's does."""
+        without one. With kmeans_init, a training call's bridge takes the codebook k-means set from x first, as
+        the reference's (liblockstep's search would run it after the bridge). Decoding from indices takes
+        embed itself, as the reference's does."""
         bridge = self._codebook._modules.get("vq_bridge")
-        return None if bridge is None else bridge(self._codebook.embed)
+        if bridge is None:
+            return None
+        embed = self._codebook.embed
+        if self._spec[2].get("kmeans_init") and self.training and (
+                torch.compiler.is_compiling() or (torch.is_grad_enabled() and not bool(self._codebook.initted))):
+            tokens, _ = self._tokens_of(x, channel_first)  # under compile every call: a copy once initialised
+            embed = _ops.vq_initialised_codebook(tokens.float(), embed, self._steps, self._handle,
+                                                 torch.is_grad_enabled(), mask)
+        return bridge(embed)
 
     def _register_ops(self):
         super()._register_ops()
@@ -354,7 +361,7 @@ class VectorQuantize(LockstepQuantizer):
                              "reference's cross entropy fails on other shapes and ignores a mask)")
         only_one = x.ndim == 2  # one token per item, (b, dim), as the reference takes it
         maps = self.accept_image_fmap or self.accept_3d_fmap
-        bridged = self._bridged_codebook()
+        bridged = self._bridged_codebook(x.unsqueeze(1) if only_one else x, maps, mask)
         if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
             vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x, maps or only_one or topk is not None
                                                            or bridged is not None or indices is not None)

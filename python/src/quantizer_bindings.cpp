@@ -328,6 +328,28 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
       .def(
+          "vq_initialise",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask) {
+            py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
+            q.train(training);
+            lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+            std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
+            if (training && group) {  // the reducer and step quantize's training call declares
+              reducer = std::make_unique<lockstep::dist::BackwardReducer>(
+                  group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+              ctx.reducer = reducer.get();
+            }
+            const lockstep::quant::NoAutocast fp32;
+            as_vq(q).initialise(x.to(at::kFloat), ctx);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(),
+          "VQ: the k-means initialisation a training quantize() with these arguments would run first, run now "
+          "(for a vq_bridge, which makes the searched codebook from the initialised one); a no-op once "
+          "initialised and in evaluation. Whatever the grad mode: the caller calls it for a call that may change "
+          "state (training with gradients). Issues k-means' collectives over `group`.")
+      .def(
           "vq_topk",
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,

@@ -397,6 +397,21 @@ at::Tensor Vq::orthogonal_loss(const at::Tensor& counted_indices, const Quantize
 
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) { return quantize_with(x, ctx, {}); }
 
+void Vq::initialise(const at::Tensor& x, const QuantizeContext& ctx) {
+  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  if (!may_change_state || !options_.kmeans_init() || initted()) return;
+  torch::NoGradGuard no_grad;
+  at::Tensor tokens = prepare(group_by_codebook(x));
+  const at::Tensor mask = checked_mask(ctx, x, "vq");
+  if (mask.defined()) {  // the counted tokens' positions along M, as quantize_with takes them
+    const int64_t per_token = options_.separate_codebook_per_head() ? 1 : options_.heads();
+    const int64_t tokens_in_batch = mask.numel();
+    tokens = tokens.index_select(
+        1, mask.reshape({tokens_in_batch, 1}).expand({tokens_in_batch, per_token}).reshape(-1).nonzero().squeeze(1));
+  }
+  kmeans_init_from(tokens, ctx);
+}
+
 QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ctx, const VqUpdate& call) {
   const int64_t b = x.size(0);
   const int64_t n = x.dim() == 3 ? x.size(1) : 0;

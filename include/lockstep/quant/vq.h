@@ -145,6 +145,10 @@ class Vq final : public Quantizer {
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   // quantize() with this call's EMA update changed as `update` says.
   QuantizerOutput quantize_with(const at::Tensor& x, const QuantizeContext& ctx, const VqUpdate& update);
+  // The k-means initialisation quantize() would run first on this call's counted tokens (kmeans_init,
+  // not yet initialised, a training call that may change state), run now; a no-op otherwise. For a
+  // caller whose codebook depends on the result: VectorQuantize's vq_bridge runs on it before the search.
+  void initialise(const at::Tensor& x, const QuantizeContext& ctx);
   // Each token's k best codes (k at most K; heads = 1, as the reference): the nearest, or in training with
   // stochastic_sample_codes the k largest of the Gumbel-perturbed logits (the same draws as quantize's). No
   // EMA update and no dead codes, as the reference's top-k search (k-means initialisation and the affine
