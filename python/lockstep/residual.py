@@ -191,9 +191,17 @@ class ResidualVQ(_Residual):
             "codebook_diversity_loss_weight": ((0, 0.0), "0.0 in a stack; VectorQuantize takes it")})
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
-        if own["vq_bridge"] is not None:
-            refuse("lockstep.ResidualVQ", "vq_bridge", own["vq_bridge"], "None: a bridge is VectorQuantize's; the "
-                   "residual layers would each take the one module, which lockstep does not run between them")
+        bridge = own["vq_bridge"]
+        if bridge is not None:
+            # Each layer's codebook through the one module, in torch, before liblockstep's greedy search.
+            for taken, what in ((beam_size is not None and beam_size > 1, "beam search (beam_size)"),
+                                (eval_beam_size is not None and eval_beam_size > 1, "beam search (eval_beam_size)"),
+                                (implicit_neural_codebook, "implicit_neural_codebook"),
+                                (vq_kwargs.get("kmeans_init"), "kmeans_init"),
+                                (sizes is not None and len(set(sizes)) > 1, "codebook sizes that differ by layer")):
+                if taken:
+                    refuse("lockstep.ResidualVQ", "vq_bridge", bridge, f"None with {what}: liblockstep would search "
+                           "or initialise the layers' codebooks inside the stack, where the bridge does not run")
         in_place = own["in_place_codebook_optimizer"]
         if in_place is not None and (shared_codebook or implicit_neural_codebook):
             refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", in_place,
@@ -249,6 +257,8 @@ class ResidualVQ(_Residual):
         # Each layer's in-place optimizer over its codebook's parameters, as the reference's layers make theirs.
         self._in_place_manual = own["manual_in_place_optimizer_update"]
         self._in_place = in_place is not None
+        for layer in (self.layers if bridge is not None else ()):  # `layers.q._codebook.vq_bridge.*`, as there
+            layer._codebook.add_module("vq_bridge", bridge)
         for layer in (self.layers if self._in_place else ()):
             layer.in_place_codebook_optimizer = in_place(layer._codebook.parameters())
         self._start_in_place_updates()
@@ -300,9 +310,8 @@ class ResidualVQ(_Residual):
         return torch.stack(codebooks) if self.uniform_codebook_size else codebooks
 
     def _layer_embed(self, q):
-        """Layer q's codebook tensor (a buffer, or a parameter when learned)."""
-        name = f"layers.{q}._codebook.embed"
-        return self.get_parameter(name) if name in dict(self.named_parameters()) else self.get_buffer(name)
+        """Layer q's codebook tensor (a buffer, or a parameter when learned; the first layer's when shared)."""
+        return self.get_submodule(f"layers.{q}._codebook").embed
 
     def forward(self, x, mask=None, indices=None, return_all_codes=False, sample_codebook_temp=None,
                 freeze_codebook=False, beam_size=None, rand_quantize_dropout_fixed_seed=None):
@@ -325,9 +334,14 @@ class ResidualVQ(_Residual):
         if self.training and self._in_place and beam is not None and int(beam) > 1:  # the reference's assertion
             raise AssertionError("lockstep.ResidualVQ: beam search takes each layer's top-k codes, which are not "
                                  "taken in training with an in_place_codebook_optimizer, as the reference's")
+        bridged = self._bridged_codebooks()
+        if bridged is not None and beam is not None and int(beam) > 1:
+            refuse("lockstep.ResidualVQ", "beam_size", beam, "1 with a vq_bridge: beam search runs inside liblockstep's "
+                   "stack, where the bridge does not run")
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook),
-                                              beam_size=None if beam_size is None else int(beam_size), **per_call)
+                                              beam_size=None if beam_size is None else int(beam_size),
+                                              codebook=bridged, **per_call)
         if mask is not None and not self.return_zeros_for_masked_padding:
             out = torch.where(mask.unsqueeze(-1), out, x)  # padding passes through
         losses = {name: loss for name, loss in losses.items() if not name.endswith(".in_place")}  # values only
@@ -335,7 +349,7 @@ class ResidualVQ(_Residual):
         if indices is not None:
             # The training call's state update rides on the backward of what is returned (the reference
             # updates in forward): the cross entropy carries the call's graph at weight 0.
-            return out, self._cross_entropy(x, indices) + 0.0 * losses.sum()
+            return out, self._cross_entropy(x, indices, bridged) + 0.0 * losses.sum()
         return (out, idx, losses, self.get_codes_from_indices(idx)) if return_all_codes else (out, idx, losses)
 
     def _given_indices(self, x, indices, mask):
@@ -353,18 +367,28 @@ class ResidualVQ(_Residual):
                              "dropout); take indices from the module in evaluation mode, as the reference requires")
         return indices.long()
 
-    def _cross_entropy(self, x, indices):
+    def _cross_entropy(self, x, indices, bridged=None):
         """The sum over layers of the cross entropy of each layer's given code (liblockstep's logits: minus
         the distance, or the cosine similarity) at the residual the given codes of the layers before it
-        leave, the codebooks as this call found them. The reference gives every layer the unquantized
-        input (a deliberate difference, docs/python.md)."""
+        leave, the codebooks as this call found them (through the vq_bridge: `bridged`, (L, 1, K, d)). The
+        reference gives every layer the unquantized input (a deliberate difference, docs/python.md)."""
         residual, total = x.float(), 0.0
         for q in range(self.num_quantizers):
             layer = self._core.layer(q)
-            logits = layer.vq_code_logits(residual)
+            codebook = None if bridged is None else bridged[q]
+            logits = layer.vq_code_logits(residual, codebook)
             total = total + torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices[..., q])
-            residual = residual - layer.decode(indices[..., q])
+            codes = layer.decode(indices[..., q]) if codebook is None else codebook[0][indices[..., q]]
+            residual = residual - codes
         return total
+
+    def _bridged_codebooks(self):
+        """Each layer's codebook through the vq_bridge, (num_quantizers, 1, K, codebook_dim), differentiable; None
+        without one. Decoding from indices takes the codebooks themselves, as the reference's does."""
+        bridge = self.layers[0]._codebook._modules.get("vq_bridge")
+        if bridge is None:
+            return None
+        return torch.stack([bridge(self._layer_embed(q)) for q in range(self.num_quantizers)])
 
 
 class ResidualFSQ(_Residual):

@@ -139,9 +139,10 @@ lockstep::quant::QuantizerOutput quantize_call(
   if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
     LOCKSTEP_CHECK_ARG(
         dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
-            q.kind() == "residual-simvq",
+            q.kind() == "residual-simvq" || q.kind() == "residual-vq",
         "codes given to a ", q.kind(),
-        " quantizer: only simvq, vq and residual-simvq (one codebook per layer) take a caller's codebook");
+        " quantizer: only simvq, vq, residual-simvq and residual-vq (one codebook per layer) take a caller's "
+        "codebook");
     ctx.codebook = *codebook;
   }
   std::unique_ptr<lockstep::dist::BackwardReducer> reducer;

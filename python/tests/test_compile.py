@@ -53,6 +53,8 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                             mlp_kwargs=dict(depth=1)),
     "VectorQuantize bridge": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=nn.Sequential(
         nn.Linear(8, 8), nn.Tanh())),
+    "ResidualVQ bridge": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, vq_bridge=nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh())),
     "VectorQuantize bridge kmeans": lambda: lockstep.VectorQuantize(
         dim=8, codebook_size=16, kmeans_init=True, vq_bridge=nn.Sequential(nn.Linear(8, 8), nn.Tanh())),
     # The in-place optimizer steps the codebook in backward, after the compiled graph's gradients.

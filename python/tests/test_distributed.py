@@ -194,6 +194,8 @@ def _new_option_module(name):
         "topk_then_update": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3),
         "bridge_kmeans": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True, seed=3, vq_bridge=(
             torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))[1]),
+        "residual_bridge": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, seed=3, vq_bridge=(
+            torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))[1]),
         "lfq_rotation": lambda: lockstep.LFQ(dim=8, codebook_size=16, orthogonal_rotation=True, seed=3),
         "lfq_activation": lambda: lockstep.LFQ(dim=8, codebook_size=16, seed=3, straight_through_activation=(
             torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))[1]),
@@ -208,7 +210,7 @@ def _new_option_module(name):
 
 
 NEW_OPTIONS = ["beam", "bridge_kmeans", "diveq", "implicit", "implicit_beam", "in_place", "lfq_activation", "lfq_rotation", "manual_ema",
-               "orthogonal_max_codes", "residual_lfq_activation", "shared", "topk_then_update"]
+               "orthogonal_max_codes", "residual_bridge", "residual_lfq_activation", "shared", "topk_then_update"]
 
 
 def _train_new_option(name, module, x, world=1, rank=0):
@@ -247,7 +249,7 @@ def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
     search then update_ema_indices, the orthogonal regulariser over max_codes codes (drawn alike on every rank),
     manual_ema_update with update_ema() between steps, LFQ's orthogonal rotation (drawn from the seed on every
     rank), a straight-through activation on projected tokens (its parameters trained) and in ResidualLFQ, k-means
-    setting the codebook a vq_bridge takes (over the global batch): 2 ranks with half of each batch end where one process with the whole ends."""
+    setting the codebook a vq_bridge takes (over the global batch), ResidualVQ's layers through a vq_bridge: 2 ranks with half of each batch end where one process with the whole ends."""
     x = torch.randn(3, 4, 10, 8)
     one = _train_new_option(name, _new_option_module(name), x)
     ranks = run_ranks(2, _new_option_ranks, name, x)

@@ -1,8 +1,8 @@
 """lockstep.VectorQuantize(vq_bridge=module) beside vector-quantize-pytorch's: the codebook passes through
 a module of the user's (run in torch at each call) before liblockstep searches, quantizes and computes the
 losses on it; the codebook is then learned by gradient through the module, as the reference's
-(learnable_codebook defaults to True and ema_update to False there). Under DDP on 2 processes: test_ddp.py;
-under torch.compile: test_compile.py."""
+(learnable_codebook defaults to True and ema_update to False there); ResidualVQ's layers each through the one
+module. Under DDP on 2 processes: test_ddp.py; under torch.compile: test_compile.py."""
 import copy
 
 import pytest
@@ -76,6 +76,31 @@ def test_k_means_sets_the_codebook_the_bridge_takes_in_the_first_training_call()
     compare_training_steps(reference, ours, (2, 30, 16), 3, ["_codebook.embed"], optimizer=torch.optim.Adam)
 
 
+@pytest.mark.parametrize("options, width", [
+    (dict(), 16),
+    (dict(codebook_dim=8, quant_grad_frac=0.5), 8),
+    (dict(shared_codebook=True, commitment_weight=0.5), 16),
+], ids=["plain", "projected", "shared"])
+def test_residual_layers_each_take_their_codebook_through_the_one_bridge(options, width):
+    # As the reference's ResidualVQ: the one module in every layer (`layers.q._codebook.vq_bridge.*`), each
+    # layer's codebook through it, all trained through it.
+    torch.manual_seed(3)
+    bridge = _bridge(width)
+    reference = vqp.ResidualVQ(dim=16, num_quantizers=3, codebook_size=32, vq_bridge=bridge, **options)
+    ours = lockstep.ResidualVQ(dim=16, num_quantizers=3, codebook_size=32, vq_bridge=copy.deepcopy(bridge), **options)
+    assert set(ours.state_dict()) - {"_extra_state"} == set(reference.state_dict())
+    assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
+    compare_training_steps(reference, ours, (2, 30, 16), 3, optimizer=torch.optim.Adam)
+    reference.eval(), ours.eval()
+    x = torch.randn(2, 7, 16)
+    out_ref, idx_ref, _ = reference(x)
+    out, idx, _ = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    # Decoding takes the codebooks themselves, without the bridge, as the reference's does.
+    torch.testing.assert_close(ours.get_output_from_indices(idx), reference.get_output_from_indices(idx))
+
+
 def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_cannot_run_is_named():
     with pytest.raises(AssertionError, match="ema_update must be False"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), ema_update=True)
@@ -83,8 +108,15 @@ def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_c
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), learnable_codebook=False)
     with pytest.raises(TypeError, match="vq_bridge must be a module"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=3)
-    with pytest.raises(TypeError, match="vq_bridge"):
-        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16))
+    # What lockstep runs inside its stack, where the bridge does not run: a TypeError naming both.
+    for other in (dict(beam_size=2), dict(implicit_neural_codebook=True), dict(kmeans_init=True),
+                  dict(codebook_size=(32, 64), num_quantizers=None)):
+        arguments = {**dict(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16)), **other}
+        with pytest.raises(TypeError, match="vq_bridge"):
+            lockstep.ResidualVQ(**arguments)
+    stack = lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16))
+    with pytest.raises(TypeError, match="beam_size"):
+        stack(torch.randn(2, 3, 16), beam_size=2)
     ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=nn.Linear(16, 8))
     with pytest.raises(ValueError, match=r"the shape it takes, \[1, 64, 16\], got \[1, 64, 8\]"):
         ours(torch.randn(2, 3, 16))

@@ -155,6 +155,15 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     }
     const bool scaled = !scales_.empty();
     QuantizerOutput out;
+    // A caller's codes for each layer (ResidualSimVQ's map of its frozen codes, ResidualVQ's vq_bridge).
+    QuantizeContext layer_ctx = ctx;
+    if (ctx.codebook.defined()) {
+      LOCKSTEP_CHECK_ARG(mlps_.empty(), kind_, ": implicit neural codebooks take no caller's codes (a vq_bridge)");
+      LOCKSTEP_CHECK_ARG(ctx.codebook.dim() >= 1 && ctx.codebook.size(0) == options_.num_quantizers(), kind_,
+                         ": expected one codebook per layer (", options_.num_quantizers(), "), got ",
+                         ctx.codebook.sizes());
+      layer_ctx.codebook = ctx.codebook[l];
+    }
     if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
       auto& vq = dynamic_cast<Vq&>(layer);
       const int64_t ld = residual.size(2);
@@ -164,16 +173,9 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
       VqUpdate track;
       track.refresh_codebook = false;
       inputs.push_back(residual.detach());
-      out = dynamic_cast<Vq&>(layer).quantize_with(residual, ctx, track);
-    } else if (ctx.codebook.defined()) {  // each layer's codes given (ResidualSimVQ's map of its frozen codes)
-      LOCKSTEP_CHECK_ARG(ctx.codebook.dim() >= 1 && ctx.codebook.size(0) == options_.num_quantizers(), kind_,
-                         ": expected one codebook per layer (", options_.num_quantizers(), "), got ",
-                         ctx.codebook.sizes());
-      QuantizeContext layer_ctx = ctx;
-      layer_ctx.codebook = ctx.codebook[l];
-      out = layer.quantize(scaled ? residual / scales_[l] : residual, layer_ctx);
+      out = dynamic_cast<Vq&>(layer).quantize_with(residual, layer_ctx, track);
     } else {
-      out = layer.quantize(scaled ? residual / scales_[l] : residual, ctx);
+      out = layer.quantize(scaled ? residual / scales_[l] : residual, layer_ctx);
     }
     const at::Tensor q = scaled ? out.quantized * scales_[l] : out.quantized;
     // The reference's frac_gradient: a share of q's gradient reaches the layers before through the residual.
@@ -228,6 +230,8 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   LOCKSTEP_CHECK_ARG(beam >= 1, kind_, ": a beam of ", beam, " paths; it must be >= 1");
   if (beam == 1) return quantize_greedy(x, ctx);
+  LOCKSTEP_CHECK_ARG(!ctx.codebook.defined(), kind_,
+                     ": beam search searches the layers' own codebooks; it takes no caller's codes (a vq_bridge)");
   std::vector<Vq*> vqs;
   for (const auto& layer : layers_) {
     vqs.push_back(dynamic_cast<Vq*>(layer.get()));
