@@ -363,8 +363,8 @@ class VectorQuantize(LockstepQuantizer):
         maps = self.accept_image_fmap or self.accept_3d_fmap
         bridged = self._bridged_codebook(x.unsqueeze(1) if only_one else x, maps, mask)
         if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
-            vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x, maps or only_one or topk is not None
-                                                           or bridged is not None or indices is not None)
+            vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x.unsqueeze(1) if only_one else x,
+                                                           maps, bridged, topk is not None or indices is not None)
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
@@ -404,18 +404,19 @@ class VectorQuantize(LockstepQuantizer):
         return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal,
                                              zero if in_place is None else in_place)
 
-    def _codes_per_token(self, transform, x, other_layout):
+    def _codes_per_token(self, transform, x, maps, bridged, other_call):
         """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
-        token's own codes) as (b * n, K, d) for liblockstep, which searches each token's codes alone. Taken for
-        tokens (b, n, dim) with one head and no projection, affine_param, vq_bridge, topk or indices (TypeError
-        otherwise)."""
-        if other_layout or self.heads != 1 or self.has_projections or self._spec[2].get("affine_param"):
-            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes tokens (b, n, dim) with one head "
-                            "and no codebook_dim projection, affine_param, vq_bridge, topk or indices")
+        token's own codes, n a map's positions) as (b * n, K, d) for liblockstep, which searches each token's codes
+        alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. Taken with one head
+        and no affine_param, topk or indices (`other_call`): a TypeError otherwise."""
+        if other_call or self.heads != 1 or self._spec[2].get("affine_param"):
+            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param, topk "
+                            "or indices")
         embed = self._codebook.embed
         learned = self._spec[2].get("learnable_codebook", False)
-        codes = transform(embed if learned else embed.detach())
-        b, n = x.shape[:2]
+        codes = transform(bridged if bridged is not None else embed if learned else embed.detach())
+        tokens, _ = self._tokens_of(x, maps)
+        b, n = tokens.shape[:2]
         k, d = embed.shape[-2:]
         if codes.shape[-2:] != (k, d) or codes.numel() != b * n * k * d:
             raise ValueError(f"lockstep.VectorQuantize: codebook_transform_fn must give each token's codes "

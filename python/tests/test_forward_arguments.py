@@ -90,24 +90,32 @@ class _PerTokenCodes(torch.nn.Module):
 
     def __init__(self, condition):
         super().__init__()
-        self.map = torch.nn.Linear(8, 8)
+        self.map = torch.nn.Linear(condition.shape[-1], condition.shape[-1])
         self.condition = condition  # (b, n, d)
 
     def forward(self, codebook):
         return self.map(codebook)[:, None, None] + 0.3 * self.condition[None, :, :, None]
 
 
-@pytest.mark.parametrize("options", [dict(), dict(learnable_codebook=True, ema_update=False),
-                                     dict(use_cosine_sim=True)], ids=["ema", "learnable", "cosine"])
-def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(options):
+@pytest.mark.parametrize("options, shape, condition", [
+    (dict(), (2, 10, 8), (2, 10, 8)),
+    (dict(learnable_codebook=True, ema_update=False), (2, 10, 8), (2, 10, 8)),
+    (dict(use_cosine_sim=True), (2, 10, 8), (2, 10, 8)),
+    (dict(codebook_dim=4), (2, 10, 8), (2, 10, 4)),  # through the projections in and out
+    (dict(accept_image_fmap=True), (2, 8, 2, 5), (2, 10, 8)),  # a map's positions are its tokens
+    (dict(), (2, 8), (2, 1, 8)),  # one token per item
+    # the codebook through the bridge first, then the function
+    (dict(vq_bridge=torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())), (2, 10, 8), (2, 10, 8)),
+], ids=["ema", "learnable", "cosine", "projected", "map", "one_token", "bridge"])
+def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(options, shape, condition):
     torch.manual_seed(0)
     reference = vqp.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **options)
-    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **copy.deepcopy(options))
     ours.load_reference_state_dict(reference.state_dict())
-    transforms = [_PerTokenCodes(torch.randn(2, 10, 8))]
+    transforms = [_PerTokenCodes(torch.randn(condition))]
     transforms.append(copy.deepcopy(transforms[0]))
     for step in range(2):
-        xs = [torch.randn(2, 10, 8).requires_grad_(True)]
+        xs = [torch.randn(shape).requires_grad_(True)]
         xs.append(xs[0].detach().clone().requires_grad_(True))
         results = [module(x, codebook_transform_fn=transform)
                    for module, x, transform in zip((reference, ours), xs, transforms)]
@@ -120,9 +128,15 @@ def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(opt
         torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
         for a, b in zip(transforms[1].parameters(), transforms[0].parameters()):
             torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)
+        reference_parameters = dict(reference.named_parameters())
+        for name, parameter in ours.named_parameters():  # projections, a learned codebook, the bridge
+            assert (parameter.grad is None) == (reference_parameters[name].grad is None), name
+            if parameter.grad is not None:
+                torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-5)
         # the EMA (the base codebook's statistics of the codes chosen) after the call's backward
         torch.testing.assert_close(ours.codebook, reference.codebook, atol=1e-5, rtol=1e-5)
-    with pytest.raises(TypeError, match="codebook_transform_fn"):
-        ours(torch.randn(2, 10, 8), topk=2, codebook_transform_fn=transforms[1])
+    if len(shape) == 3:
+        with pytest.raises(TypeError, match="codebook_transform_fn"):
+            ours(torch.randn(shape), topk=2, codebook_transform_fn=transforms[1])
     with pytest.raises(ValueError, match="each token's codes"):
-        ours(torch.randn(2, 10, 8), codebook_transform_fn=lambda codebook: codebook)
+        ours(torch.randn(shape), codebook_transform_fn=lambda codebook: codebook)

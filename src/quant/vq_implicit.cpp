@@ -65,12 +65,17 @@ at::Tensor Vq::picked(const ChosenCodes& chosen, const at::Tensor& indices) cons
 
 QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx,
                                       const ChosenCodes& chosen) {
-  check_implicit(x, codes);
+  // Through the projection in and out when codebook_dim != dim, as quantize's tokens.
+  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !options_.affine_param(),
+                     "vq: per-token codebooks take one head and no affine_param");
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
   const int64_t m = b * n;
-  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
+  const at::Tensor tokens = prepare(group_by_codebook(x)[0]);  // (M, cd), differentiable
+  const int64_t k = options_.codebook_size();
+  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
+                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
   const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, std::nullopt, ctx, ctx.first_item * n);  // (M)
@@ -96,7 +101,7 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
     result.update =
         state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});
   }
-  result.quantized = out.reshape({b, n, cd}).to(x.scalar_type());
+  result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = indices.reshape({b, n});
   apply_mask(mask, result.quantized, result.indices);
   return result;

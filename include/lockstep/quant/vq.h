@@ -161,7 +161,8 @@ class Vq final : public Quantizer {
   std::function<void(Reducer&)> update_from(const at::Tensor& x, const at::Tensor& indices, const QuantizeContext& ctx,
                                             const VqUpdate& update = {});
   // quantize() with each token's own codes, `codes` (b * n, K, codebook_dim) (an implicit neural codebook's,
-  // quant/implicit_codebook.h; heads = 1, no projection): the nearest by the reference's
+  // quant/implicit_codebook.h; heads = 1, x through the projection in and the output out when projected): the
+  // nearest by the reference's
   // pairwise_distance (or the cosine similarity), or sampled in training with stochastic_sample_codes;
   // the output, its estimator and the commitment loss differentiable in the codes (a learned codebook).
   // Statistics (dead codes) as quantize's, of the chosen indices.
