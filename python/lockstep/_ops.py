@@ -126,25 +126,26 @@ def _backward(ctx, grads):
 quantize.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("lockstep::vq_initialised_codebook", mutates_args=())
-def vq_initialised_codebook(x: torch.Tensor, embed: torch.Tensor, step: torch.Tensor, handle: int, grad_mode: bool,
-                            mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A copy of VQ's codebook `embed` once the k-means initialisation a training call on tokens x (b, n, dim)
-    runs first has run (Vq::initialise, its collectives over the module's group; nothing without gradients or
-    once initialised): for a vq_bridge, which makes the searched codes from it. The gradient passes to embed."""
+@torch.library.custom_op("lockstep::vq_initialise", mutates_args=())
+def vq_initialise(x: torch.Tensor, passed: torch.Tensor, step: torch.Tensor, handle: int, run: bool,
+                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A copy of `passed`, taken once VQ's k-means initialisation on tokens x (b, n, dim) has run (Vq::initialise,
+    its collectives over the module's group; nothing unless `run`, nothing once initialised): what reads the
+    initialised codebook takes it, so that the graph keeps the op and its order (a vq_bridge's codebook,
+    RandomProjectionQuantizer's tokens). The gradient passes to `passed`."""
     module = _module(handle)
-    if grad_mode:
+    if run:
         module._core.vq_initialise(x, True, module.seed, step, module._lazy_group(), mask)
-    return embed.clone()
+    return passed.clone()
 
 
-@vq_initialised_codebook.register_fake
-def _(x, embed, step, handle, grad_mode, mask=None):
-    return torch.empty_like(embed)
+@vq_initialise.register_fake
+def _(x, passed, step, handle, run, mask=None):
+    return torch.empty_like(passed)
 
 
-def _initialised_codebook_backward(ctx, grad):
+def _initialise_backward(ctx, grad):
     return None, grad, None, None, None, None
 
 
-vq_initialised_codebook.register_autograd(_initialised_codebook_backward)
+vq_initialise.register_autograd(_initialise_backward)

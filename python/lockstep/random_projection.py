@@ -12,15 +12,11 @@ class RandomProjectionQuantizer(nn.Module):
     as vector-quantize-pytorch's: forward(x) takes (b, n, dim) and returns the indices (b, n) or
     (b, n, num_codebooks); forward(x, indices=...) returns the cross entropy of those indices under the
     cosine similarities to the codes. Nothing here is trained: the projection is a buffer and the
-    quantizer always runs in evaluation (its codebook never moves)."""
+    quantizer always runs in evaluation (its codebook never moves; with kmeans_init, k-means sets it at the first
+    call)."""
 
     def __init__(self, *, dim, codebook_size, codebook_dim, num_codebooks=1, norm=True, **kwargs):
         super().__init__()
-        if kwargs.get("kmeans_init"):
-            # lockstep runs k-means only in training and this quantizer always runs in evaluation: the
-            # codebook would stay zero (the reference initialises it from the first batch).
-            raise TypeError("lockstep.RandomProjectionQuantizer: option kmeans_init=True is not supported by "
-                            "lockstep (only False: the random codebook never trains)")
         self.num_codebooks = num_codebooks
         rand_projs = torch.empty(num_codebooks, dim, codebook_dim)
         nn.init.xavier_normal_(rand_projs)  # before the codebook, from torch's generator: the reference's draws
@@ -41,7 +37,9 @@ class RandomProjectionQuantizer(nn.Module):
         return x.reshape(*x.shape[:2], -1)
 
     def forward(self, x, indices=None):
-        projected = self._projected(x)
+        # kmeans_init: the first call's projected batch initialises the codebook (over the process group, so
+        # every rank makes that call), as the reference's; it never moves after.
+        projected = self.vq._initialised_first(self._projected(x))
         self.vq.eval()  # always, as the reference: the random codebook never moves
         if indices is None:
             return self.vq(projected)[1]

@@ -224,8 +224,7 @@ class VectorQuantize(LockstepQuantizer):
         if self._spec[2].get("kmeans_init") and self.training and (
                 torch.compiler.is_compiling() or (torch.is_grad_enabled() and not bool(self._codebook.initted))):
             tokens, _ = self._tokens_of(x, channel_first)  # under compile every call: a copy once initialised
-            embed = _ops.vq_initialised_codebook(tokens.float(), embed, self._steps, self._handle,
-                                                 torch.is_grad_enabled(), mask)
+            embed = _ops.vq_initialise(tokens.float(), embed, self._steps, self._handle, torch.is_grad_enabled(), mask)
         return bridge(embed)
 
     def _register_ops(self):
@@ -403,6 +402,16 @@ class VectorQuantize(LockstepQuantizer):
         orthogonal = _unweighted(losses, "orthogonal", self.orthogonal_reg_weight, out.device)
         return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal,
                                              zero if in_place is None else in_place)
+
+    def _initialised_first(self, tokens):
+        """tokens (b, n, dim) as forward takes them, after k-means has initialised the codebook from them when
+        kmeans_init and not yet done, whatever the mode (RandomProjectionQuantizer's, which runs in evaluation
+        and is initialised by its first call, as the reference's); under compile, through the custom op at
+        every call (a copy once initialised)."""
+        if not self._spec[2].get("kmeans_init") or (not torch.compiler.is_compiling()
+                                                    and bool(self._codebook.initted)):
+            return tokens
+        return _ops.vq_initialise(tokens.float(), tokens, self._steps, self._handle, True)
 
     def _codes_per_token(self, transform, x, maps, bridged, other_call):
         """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
