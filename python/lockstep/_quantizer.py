@@ -194,7 +194,13 @@ class LockstepQuantizer(nn.Module):
         # torch.compile runs the quantizer as the custom op lockstep::quantize (_ops.py), which finds
         # the module by this handle; the parameters it differentiates are passed by name.
         self._handle = _ops.register(self)
-        self._parameter_names = [renamed for _, renamed, is_parameter, _ in self._core_names if is_parameter]
+        # Each tensor once: a codebook shared by residual layers is one parameter under several names, and the op's
+        # backward may not return one gradient twice (aliased outputs).
+        self._parameter_names, seen = [], set()
+        for _, renamed, is_parameter, _ in self._core_names:
+            if is_parameter and id(self.get_parameter(renamed)) not in seen:
+                seen.add(id(self.get_parameter(renamed)))
+                self._parameter_names.append(renamed)
         self._signature = None
 
     def _adopt_core_tensors(self, copies):

@@ -203,10 +203,10 @@ class ResidualVQ(_Residual):
                     refuse("lockstep.ResidualVQ", "vq_bridge", bridge, f"None with {what}: liblockstep would search "
                            "or initialise the layers' codebooks inside the stack, where the bridge does not run")
         in_place = own["in_place_codebook_optimizer"]
-        if in_place is not None and (shared_codebook or implicit_neural_codebook):
+        if in_place is not None and implicit_neural_codebook:
             refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", in_place,
-                   "None with shared_codebook or implicit_neural_codebook (the reference's shared codebook never "
-                   "steps it; implicit codes are made from the codebook by the MLPs, inside liblockstep's search)")
+                   "None with implicit_neural_codebook (implicit codes are made from the codebook by the MLPs, "
+                   "inside liblockstep's search)")
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
@@ -255,13 +255,21 @@ class ResidualVQ(_Residual):
         self.freeze_codebook = freeze_codebook
         self.sync_codebook = own["sync_codebook"]
         # Each layer's in-place optimizer over its codebook's parameters, as the reference's layers make theirs.
-        self._in_place_manual = own["manual_in_place_optimizer_update"]
+        # A shared codebook's in-place update is manual, as the reference sets it for its layers: the first
+        # layer's update_in_place_optimizer() steps the one codebook on every layer's in-place gradient.
+        self._in_place_manual = own["manual_in_place_optimizer_update"] or bool(shared_codebook)
         self._in_place = in_place is not None
         for layer in (self.layers if bridge is not None else ()):  # `layers.q._codebook.vq_bridge.*`, as there
             layer._codebook.add_module("vq_bridge", bridge)
-        for layer in (self.layers if self._in_place else ()):
+        for layer in (self._in_place_layers() if self._in_place else ()):
             layer.in_place_codebook_optimizer = in_place(layer._codebook.parameters())
         self._start_in_place_updates()
+
+    def _in_place_layers(self):
+        """The layers with an in-place optimizer: every layer, or the first alone when they share its codebook
+        (the reference's other layers hold optimizers of the codebooks they had before sharing, which no
+        gradient reaches)."""
+        return [self.layers[0]] if self.shared_codebook else list(self.layers)
 
     def _register_ops(self):
         super()._register_ops()
@@ -271,7 +279,7 @@ class ResidualVQ(_Residual):
             layer.__class__ = _ResidualVqLayer
             layer._quantizer_handle, layer._index = self._handle, q
         if self.__dict__.get("_in_place"):  # a copy's (deepcopy, unpickling): its optimizers take the new tensors
-            for layer in layers:
+            for layer in self._in_place_layers():
                 _in_place.rebind(layer.in_place_codebook_optimizer, list(layer._codebook.parameters()))
             self._start_in_place_updates()
 
@@ -279,7 +287,7 @@ class ResidualVQ(_Residual):
         """With in-place optimizers: liblockstep keeps each layer's in-place gradient, and unless
         manual_in_place_optimizer_update each layer's optimizer steps once backward has accumulated the layer's
         codebook gradient (VectorQuantize's, docs/python.md)."""
-        for q, layer in enumerate(self.layers if self._in_place else ()):
+        for q, layer in enumerate(self._in_place_layers() if self._in_place else ()):
             self._core.layer(q).vq_keep_in_place_gradient(True)
             if not self._in_place_manual:
                 _in_place.after_backward(layer._codebook.embed, self, "_in_place_step", q)

@@ -190,6 +190,9 @@ def _new_option_module(name):
         "in_place": lambda: lockstep.VectorQuantize(
             dim=8, codebook_size=16, learnable_codebook=True, ema_update=False, seed=3,
             in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.5)),
+        "shared_in_place": lambda: lockstep.ResidualVQ(
+            dim=8, num_quantizers=3, codebook_size=16, shared_codebook=True, learnable_codebook=True, ema_update=False,
+            seed=3, in_place_codebook_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.5)),
         "diveq": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, diveq=True, seed=3),
         "topk_then_update": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, decay=0.8, seed=3),
         "bridge_kmeans": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, kmeans_init=True, seed=3, vq_bridge=(
@@ -210,7 +213,8 @@ def _new_option_module(name):
 
 
 NEW_OPTIONS = ["beam", "bridge_kmeans", "diveq", "implicit", "implicit_beam", "in_place", "lfq_activation", "lfq_rotation", "manual_ema",
-               "orthogonal_max_codes", "residual_bridge", "residual_lfq_activation", "shared", "topk_then_update"]
+               "orthogonal_max_codes", "residual_bridge", "residual_lfq_activation", "shared", "shared_in_place",
+               "topk_then_update"]
 
 
 def _train_new_option(name, module, x, world=1, rank=0):
@@ -234,6 +238,8 @@ def _train_new_option(name, module, x, world=1, rank=0):
                     p.grad /= world
             optimizer.step()
             optimizer.zero_grad()
+        if name == "shared_in_place":  # manual, as the reference makes it: the global batch's in-place gradient
+            module.layers[0].update_in_place_optimizer()
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
@@ -249,7 +255,8 @@ def test_issue_38_options_on_two_ranks_end_where_one_process_ends(name):
     search then update_ema_indices, the orthogonal regulariser over max_codes codes (drawn alike on every rank),
     manual_ema_update with update_ema() between steps, LFQ's orthogonal rotation (drawn from the seed on every
     rank), a straight-through activation on projected tokens (its parameters trained) and in ResidualLFQ, k-means
-    setting the codebook a vq_bridge takes (over the global batch), ResidualVQ's layers through a vq_bridge: 2 ranks with half of each batch end where one process with the whole ends."""
+    setting the codebook a vq_bridge takes (over the global batch), ResidualVQ's layers through a vq_bridge, a shared
+    codebook's manual in-place update: 2 ranks with half of each batch end where one process with the whole ends."""
     x = torch.randn(3, 4, 10, 8)
     one = _train_new_option(name, _new_option_module(name), x)
     ranks = run_ranks(2, _new_option_ranks, name, x)

@@ -157,10 +157,9 @@ def test_what_the_reference_refuses_with_an_in_place_optimizer_is_refused():
     with pytest.raises(TypeError, match="in_place_codebook_optimizer must make an optimizer"):
         lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
                                 in_place_codebook_optimizer=torch.optim.Adam([torch.zeros(1, requires_grad=True)]))
-    for stack in (dict(shared_codebook=True), dict(implicit_neural_codebook=True)):
-        with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
-            lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
-                                in_place_codebook_optimizer=adam, **stack)
+    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
+        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
+                            in_place_codebook_optimizer=adam, implicit_neural_codebook=True)
     rvq = lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
                               in_place_codebook_optimizer=adam, eval_beam_size=2, beam_size=2)
     with pytest.raises(AssertionError, match="top-k"):  # a beam's top-k codes in training, as the reference
@@ -214,6 +213,35 @@ def test_a_residual_stacks_manual_in_place_updates_are_the_references():
                 layer.update_in_place_optimizer()
         for q, (a, b) in enumerate(zip(_layer_codebooks(ours), _layer_codebooks(reference))):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, q=q: f"step {step}, layer {q}: {m}")
+
+
+def test_a_shared_codebooks_in_place_update_is_manual_and_the_first_layers_as_the_references():
+    """The reference makes a shared codebook's in-place update manual: nothing steps in backward, and the first
+    layer's update_in_place_optimizer() steps the one codebook on every layer's in-place gradient added to the
+    caller's (the reference's other layers hold optimizers of the codebooks they had before sharing)."""
+    torch.manual_seed(6)
+    options = dict(dim=16, num_quantizers=3, codebook_size=32, learnable_codebook=True, ema_update=False,
+                   in_place_codebook_optimizer=adam, shared_codebook=True)
+    reference, ours = vqp.ResidualVQ(**options), lockstep.ResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    for step in range(3):
+        xs = [torch.randn(2, 20, 16).requires_grad_(True)]
+        xs.append(xs[0].detach().clone().requires_grad_(True))
+        out_ref, idx_ref, loss_ref = reference(xs[0])
+        out, idx, loss = ours(xs[1])
+        assert torch.equal(idx, idx_ref), step
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+        weighted_backward(out_ref, loss_ref)
+        weighted_backward(out, loss)
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        before = ours.layers[0]._codebook.embed.detach().clone()
+        for module in (reference, ours):
+            module.layers[0].update_in_place_optimizer()
+        assert not torch.equal(ours.layers[0]._codebook.embed, before), step
+        for q in range(3):  # one codebook, where the reference's moved
+            torch.testing.assert_close(ours.layers[q]._codebook.embed, reference.layers[q]._codebook.embed,
+                                       atol=1e-5, rtol=1e-5, msg=lambda m, q=q: f"step {step}, layer {q}: {m}")
 
 
 def test_a_residual_stacks_layers_step_in_backward():
