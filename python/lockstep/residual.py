@@ -194,11 +194,8 @@ class ResidualVQ(_Residual):
         bridge = own["vq_bridge"]
         if bridge is not None:
             # Each layer's codebook through the one module, in torch, before liblockstep's greedy search.
-            for taken, what in ((beam_size is not None and beam_size > 1, "beam search (beam_size)"),
-                                (eval_beam_size is not None and eval_beam_size > 1, "beam search (eval_beam_size)"),
-                                (implicit_neural_codebook, "implicit_neural_codebook"),
-                                (vq_kwargs.get("kmeans_init"), "kmeans_init"),
-                                (sizes is not None and len(set(sizes)) > 1, "codebook sizes that differ by layer")):
+            for taken, what in ((implicit_neural_codebook, "implicit_neural_codebook"),
+                                (vq_kwargs.get("kmeans_init"), "kmeans_init")):
                 if taken:
                     refuse("lockstep.ResidualVQ", "vq_bridge", bridge, f"None with {what}: liblockstep would search "
                            "or initialise the layers' codebooks inside the stack, where the bridge does not run")
@@ -343,9 +340,6 @@ class ResidualVQ(_Residual):
             raise AssertionError("lockstep.ResidualVQ: beam search takes each layer's top-k codes, which are not "
                                  "taken in training with an in_place_codebook_optimizer, as the reference's")
         bridged = self._bridged_codebooks()
-        if bridged is not None and beam is not None and int(beam) > 1:
-            refuse("lockstep.ResidualVQ", "beam_size", beam, "1 with a vq_bridge: beam search runs inside liblockstep's "
-                   "stack, where the bridge does not run")
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook),
                                               beam_size=None if beam_size is None else int(beam_size),
@@ -391,12 +385,15 @@ class ResidualVQ(_Residual):
         return total
 
     def _bridged_codebooks(self):
-        """Each layer's codebook through the vq_bridge, (num_quantizers, 1, K, codebook_dim), differentiable; None
-        without one. Decoding from indices takes the codebooks themselves, as the reference's does."""
+        """Each layer's codebook through the vq_bridge, (num_quantizers, 1, K, codebook_dim), differentiable (sizes that
+        differ by layer padded to the largest with zeros, which liblockstep leaves out); None without one. Decoding
+        from indices takes the codebooks themselves, as the reference's does."""
         bridge = self.layers[0]._codebook._modules.get("vq_bridge")
         if bridge is None:
             return None
-        return torch.stack([bridge(self._layer_embed(q)) for q in range(self.num_quantizers)])
+        largest = max(self.codebook_sizes)
+        bridged = [bridge(self._layer_embed(q)) for q in range(self.num_quantizers)]
+        return torch.stack([nn.functional.pad(codes, (0, 0, 0, largest - codes.shape[-2])) for codes in bridged])
 
 
 class ResidualFSQ(_Residual):

@@ -80,14 +80,19 @@ def test_k_means_sets_the_codebook_the_bridge_takes_in_the_first_training_call()
     (dict(), 16),
     (dict(codebook_dim=8, quant_grad_frac=0.5), 8),
     (dict(shared_codebook=True, commitment_weight=0.5), 16),
-], ids=["plain", "projected", "shared"])
+    (dict(beam_size=2), 16),  # each path's top-k codes of each layer's bridged codebook
+    (dict(beam_size=2, eval_beam_size=3, beam_score_quantizer_weights=[1.0, 0.5, 0.25]), 16),
+    (dict(codebook_size=(8, 32, 16)), 16),  # each layer its size
+    (dict(codebook_size=(8, 32, 16), beam_size=2), 16),
+], ids=["plain", "projected", "shared", "beam", "eval_beam_weighted", "sizes", "sizes_beam"])
 def test_residual_layers_each_take_their_codebook_through_the_one_bridge(options, width):
     # As the reference's ResidualVQ: the one module in every layer (`layers.q._codebook.vq_bridge.*`), each
     # layer's codebook through it, all trained through it.
     torch.manual_seed(3)
     bridge = _bridge(width)
-    reference = vqp.ResidualVQ(dim=16, num_quantizers=3, codebook_size=32, vq_bridge=bridge, **options)
-    ours = lockstep.ResidualVQ(dim=16, num_quantizers=3, codebook_size=32, vq_bridge=copy.deepcopy(bridge), **options)
+    options = {**dict(num_quantizers=3, codebook_size=32), **options}
+    reference = vqp.ResidualVQ(dim=16, vq_bridge=bridge, **options)
+    ours = lockstep.ResidualVQ(dim=16, vq_bridge=copy.deepcopy(bridge), **options)
     assert set(ours.state_dict()) - {"_extra_state"} == set(reference.state_dict())
     assert {name for name, _ in ours.named_parameters()} == {name for name, _ in reference.named_parameters()}
     compare_training_steps(reference, ours, (2, 30, 16), 3, optimizer=torch.optim.Adam)
@@ -109,14 +114,10 @@ def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_c
     with pytest.raises(TypeError, match="vq_bridge must be a module"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=3)
     # What lockstep runs inside its stack, where the bridge does not run: a TypeError naming both.
-    for other in (dict(beam_size=2), dict(implicit_neural_codebook=True), dict(kmeans_init=True),
-                  dict(codebook_size=(32, 64), num_quantizers=None)):
+    for other in (dict(implicit_neural_codebook=True), dict(kmeans_init=True)):
         arguments = {**dict(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16)), **other}
         with pytest.raises(TypeError, match="vq_bridge"):
             lockstep.ResidualVQ(**arguments)
-    stack = lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16))
-    with pytest.raises(TypeError, match="beam_size"):
-        stack(torch.randn(2, 3, 16), beam_size=2)
     ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=nn.Linear(16, 8))
     with pytest.raises(ValueError, match=r"the shape it takes, \[1, 64, 16\], got \[1, 64, 8\]"):
         ours(torch.randn(2, 3, 16))

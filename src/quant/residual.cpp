@@ -114,6 +114,14 @@ at::Tensor Residual::passed_on(const at::Tensor& q) const {
 }
 
 namespace {
+// Layer l's codes of a caller's codebooks (L, ..., K_max, d), padded to the largest layer's: its first k.
+at::Tensor layer_codes(const at::Tensor& given, int64_t l, int64_t k) {
+  const at::Tensor codes = given[l];
+  return codes.size(-2) > k ? codes.narrow(-2, 0, k) : codes;
+}
+}  // namespace
+
+namespace {
 // Layer codes of an implicit codebook for conditions (M, ld): every token's K codes for the search, made
 // without a gradient, and a maker of the chosen ones with it, so the MLP's backward runs on the codes the
 // search chose rather than on all K (the same values: the MLP maps each (condition, code) pair alone).
@@ -162,7 +170,7 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
       LOCKSTEP_CHECK_ARG(ctx.codebook.dim() >= 1 && ctx.codebook.size(0) == options_.num_quantizers(), kind_,
                          ": expected one codebook per layer (", options_.num_quantizers(), "), got ",
                          ctx.codebook.sizes());
-      layer_ctx.codebook = ctx.codebook[l];
+      layer_ctx.codebook = layer_codes(ctx.codebook, l, layer.codebook_size());
     }
     if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
       auto& vq = dynamic_cast<Vq&>(layer);
@@ -230,8 +238,10 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   LOCKSTEP_CHECK_ARG(beam >= 1, kind_, ": a beam of ", beam, " paths; it must be >= 1");
   if (beam == 1) return quantize_greedy(x, ctx);
-  LOCKSTEP_CHECK_ARG(!ctx.codebook.defined(), kind_,
-                     ": beam search searches the layers' own codebooks; it takes no caller's codes (a vq_bridge)");
+  LOCKSTEP_CHECK_ARG(!ctx.codebook.defined() || (mlps_.empty() && ctx.codebook.size(0) == options_.num_quantizers()),
+                     kind_,
+                     ": a beam search takes one caller's codebook per layer (a vq_bridge's), without implicit "
+                     "neural codebooks");
   std::vector<Vq*> vqs;
   for (const auto& layer : layers_) {
     vqs.push_back(dynamic_cast<Vq*>(layer.get()));
@@ -263,6 +273,7 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
       const auto [codes, chosen] = implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}));
       top = vq.quantize_topk_implicit(residual, codes, beam, layer_ctx, chosen);
     } else {
+      if (ctx.codebook.defined()) layer_ctx.codebook = layer_codes(ctx.codebook, l, vq.codebook_size());  // a bridge's
       top = vq.quantize_topk(residual, beam, layer_ctx);
     }
     const int64_t k = top.indices.size(2);
