@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lockstep/core/error.h"
+#include "lockstep/train/step_geometry.h"
 
 namespace lockstep::train {
 namespace {
@@ -11,11 +12,12 @@ constexpr int64_t kMostAutoEvalImages = 64;
 
 data::PlanOptions plan_options(const RunSettings& settings) {
   data::PlanOptions o;
-  o.global_batch = settings.train.batch_size();
+  const StepGeometry step = StepGeometry::of(settings.train);
+  o.global_batch = step.global_batch;
   o.seed = static_cast<uint64_t>(settings.train.seed());
   o.remainder = settings.data.remainder() == "pad" ? data::Remainder::Pad : data::Remainder::Drop;
-  o.micro_batches = settings.train.grad_accum();
-  o.shard_size = std::max<int64_t>(1, settings.train.shard_size());
+  o.micro_batches = step.micro_batches;
+  o.shard_size = step.unit();
   return o;
 }
 

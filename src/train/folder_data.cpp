@@ -11,6 +11,7 @@
 #include "lockstep/data/image_folder.h"
 #include "lockstep/train/data_settings.h"
 #include "lockstep/train/run_dir.h"
+#include "lockstep/train/step_geometry.h"
 #include "train_data.h"
 
 namespace lockstep::train {
@@ -163,8 +164,8 @@ data::Manifest scan_with_progress(const std::string& root, const data::Manifest*
 int64_t fit_default_batch(const TrainSettings& train, const data::Manifest& manifest,
                           const std::vector<data::BucketSize>& table, const std::vector<int64_t>& excluded,
                           const DataContext& context) {
-  const int64_t batch = train.batch_size(), micro = train.grad_accum();
-  const int64_t shard = std::max<int64_t>(1, train.shard_size());
+  const StepGeometry step = StepGeometry::of(train);
+  const int64_t batch = step.global_batch;
   if (!context.batch_size_is_default) return batch;
   std::vector<int64_t> counts;
   for (const auto& members : data::training_buckets(manifest, table, excluded)) {
@@ -172,8 +173,9 @@ int64_t fit_default_batch(const TrainSettings& train, const data::Manifest& mani
   }
   const auto fullest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
   // Whole micro-batches of whole shards (train.shard_size), at least one shard per rank in each.
-  const int64_t fits = counts[fullest] / (micro * shard) * (micro * shard);
-  if (counts[fullest] >= batch || fits / (micro * shard) < context.world_size) return batch;
+  const int64_t whole = step.micro_batches * step.unit();
+  const int64_t fits = counts[fullest] / whole * whole;
+  if (counts[fullest] >= batch || fits / whole < context.world_size) return batch;
   if (context.rank == 0 && context.on_info) {
     int64_t images = 0;
     for (int64_t n : counts) images += n;

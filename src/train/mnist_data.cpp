@@ -7,6 +7,7 @@
 #include "lockstep/core/hash.h"
 #include "lockstep/data/batch.h"
 #include "lockstep/data/image_set.h"
+#include "lockstep/train/step_geometry.h"
 #include "train_data.h"
 
 namespace lockstep::train {
@@ -90,16 +91,7 @@ std::unique_ptr<TrainData> open_fashion_mnist(const RunSettings& settings, const
 }
 
 std::unique_ptr<TrainData> open_train_data(const RunSettings& settings, const DataContext& context) {
-  const int64_t batch = settings.train.batch_size(), micro = settings.train.grad_accum();
-  LOCKSTEP_CHECK_ARG(batch / micro >= context.world_size, "train.batch_size = ", batch, " is the global batch",
-                     micro > 1 ? detail::concat(", cut into ", micro, " micro-batches of ", batch / micro) : "",
-                     ": it needs at least one image for each of the ", context.world_size, " ranks",
-                     micro > 1 ? " in each micro-batch" : "");
-  const int64_t shard = std::max<int64_t>(1, settings.train.shard_size());
-  LOCKSTEP_CHECK_ARG(shard == 1 || batch / micro / shard >= context.world_size, "train.batch_size = ", batch,
-                     micro > 1 ? detail::concat(" in micro-batches of ", batch / micro) : "", " holds ",
-                     batch / micro / shard, " shards of train.shard_size = ", shard, micro > 1 ? " each" : "",
-                     ": it needs at least one for each of the ", context.world_size, " ranks");
+  StepGeometry::of(settings.train).check_ranks(context.world_size);
   LOCKSTEP_CHECK_ARG(settings.data.dataset() != "auto", "open_train_data: data.dataset = auto must be resolved first ",
                      "(resolve_dataset)");
   if (settings.data.dataset() == "folder") return open_image_folder(settings, context);

@@ -10,6 +10,7 @@
 #include "lockstep/core/error.h"
 #include "lockstep/data/bucket_table.h"
 #include "lockstep/train/device.h"
+#include "lockstep/train/step_geometry.h"
 
 namespace lockstep::train {
 namespace {
@@ -322,18 +323,12 @@ void record_run_settings(const RunSettings& settings, Config& config) {
 
 void check_run_settings(const RunSettings& s) {
   const TrainSettings& t = s.train;
-  LOCKSTEP_CHECK_ARG(t.batch_size() % t.grad_accum() == 0, "train.grad_accum = ", t.grad_accum(),
-                     " must divide train.batch_size = ", t.batch_size(),
-                     " (each step's global batch is cut into micro-batches of equal size)");
+  StepGeometry::of(t).check();
   // Fashion-MNIST's 28x28 images are used as they are.
   LOCKSTEP_CHECK_ARG(s.data.dataset() != "fashion-mnist" || (!s.data.random_flip() && s.data.random_zoom() == 1.0),
                      "data.random_flip and data.random_zoom apply to image folders; this run trains on Fashion-MNIST "
                      "(data.dir = ",
                      s.data.dir(), ")");
-  LOCKSTEP_CHECK_ARG(t.shard_size() == 0 || (t.batch_size() / t.grad_accum()) % t.shard_size() == 0,
-                     "train.shard_size = ", t.shard_size(), " must divide the ",
-                     t.grad_accum() > 1 ? "micro-batch" : "global batch", " of ", t.batch_size() / t.grad_accum(),
-                     " (ranks hold whole shards)");
   // Shards are whole passes: statistics of one pass (BatchNorm's) or gradients compared over the
   // whole batch (VQGAN's adaptive weight) would be a shard's.
   LOCKSTEP_CHECK_ARG(t.shard_size() == 0 || !s.model.batch_norm(), "train.shard_size = ", t.shard_size(),

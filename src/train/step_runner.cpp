@@ -63,13 +63,9 @@ class ShardsTakeNoBatchSums final : public quant::Reducer {
 
 }  // namespace
 
-StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch,
+StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, StepGeometry step,
                        int64_t total_steps, TrainedModules& modules, StepLosses losses)
-    : group_(std::move(group)),
-      settings_(settings),
-      global_batch_(global_batch),
-      modules_(modules),
-      losses_(std::move(losses)) {
+    : group_(std::move(group)), settings_(settings), step_(step), modules_(modules), losses_(std::move(losses)) {
   // One step path for any number of ranks: a group of one makes every collective an identity.
   reducer_ = std::make_unique<dist::GroupReducer>(group_);
   for (const auto& b : modules_.model->named_buffers(true)) {
@@ -80,7 +76,7 @@ StepRunner::StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& se
     if (p.requires_grad()) differentiated_params_.push_back(p);
   }
   // In shards, gradients are summed exactly once all shards are done (sharded_gradients).
-  if (settings_.train.shard_size() == 0) {
+  if (!step_.sharded()) {
     grad_sync_ = std::make_unique<GradientSync>(group_, trained_params_, settings_.train.grad_bucket_kb() * 1024);
   }
   if (modules_.adversary) decoder_last_weight_ = modules_.model->output_weight();
@@ -107,9 +103,9 @@ StepRunner::StepControl StepRunner::gradients(int64_t step, const at::Tensor& im
                                               bool adversarial, DiscriminatorInputs* disc) {
   // Gradient accumulation: micro-batch j is the same images on any number of ranks (the plan
   // gives each rank its part of each), so each forward's statistics are a global micro-batch's.
-  const int64_t micro_batches = settings_.train.grad_accum();
+  const int64_t micro_batches = step_.micro_batches;
   const std::vector<int64_t> counts =
-      data::EpochPlan::rank_micro_counts(global_batch_, micro_batches, group_->size(), group_->rank());
+      data::EpochPlan::rank_micro_counts(step_.global_batch, micro_batches, group_->size(), group_->rank());
   int64_t first = 0;
   for (int64_t j = 0; j < micro_batches; ++j) {
     const at::Tensor x = images.narrow(0, first, counts[static_cast<size_t>(j)]);
@@ -118,11 +114,11 @@ StepRunner::StepControl StepRunner::gradients(int64_t step, const at::Tensor& im
     // function of (seed, step, micro-batch): the same on every rank and after a resume, with no collective.
     quant::QuantizeContext ctx = quant::seeded_context(
         static_cast<uint64_t>(settings_.train.seed()), static_cast<uint64_t>(step * micro_batches + j),
-        data::EpochPlan::rank_offset(global_batch_ / micro_batches, group_->size(), group_->rank()));
+        data::EpochPlan::rank_offset(step_.micro_batch(), group_->size(), group_->rank()));
     ctx.reducer = reducer_.get();
     // The loss is weighted so that averaging gradients over ranks (and summing over micro-batches)
     // gives exactly the gradient of the global batch's loss (G4).
-    const double weight = static_cast<double>(x.size(0)) * group_->size() / static_cast<double>(global_batch_);
+    const double weight = static_cast<double>(x.size(0)) * group_->size() / static_cast<double>(step_.global_batch);
     at::Tensor reconstruction, nll, loss, g_loss;
     {
       // train.precision = losses_.bfloat16: the forward under autocast (the quantizer opts out); backward
@@ -159,21 +155,21 @@ StepRunner::StepControl StepRunner::gradients(int64_t step, const at::Tensor& im
 }
 
 StepRunner::StepControl StepRunner::sharded_gradients(int64_t step, const at::Tensor& images, StepControl here) {
-  const int64_t micro_batches = settings_.train.grad_accum();
-  const int64_t shard = settings_.train.shard_size();
-  const int64_t micro = global_batch_ / micro_batches;
+  const int64_t micro_batches = step_.micro_batches;
+  const int64_t shard = step_.shard_size;
+  const int64_t micro = step_.micro_batch();
   const int world = group_->size(), rank = group_->rank();
   const std::vector<int64_t> counts =
-      data::EpochPlan::rank_micro_counts(global_batch_, micro_batches, world, rank, shard);
+      data::EpochPlan::rank_micro_counts(step_.global_batch, micro_batches, world, rank, shard);
   quant::Quantizer& quantizer = modules_.model->quantizer();
   ShardsTakeNoBatchSums no_batch_sums(shard);
   // One piece per shard: the gradient of every parameter that takes one, then the shard's loss.
   std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor& p : differentiated_params_) shapes.push_back(p.sizes().vec());
   shapes.push_back({});
-  dist::ExactSum sum(group_, shapes, global_batch_ / shard, images.device());
+  dist::ExactSum sum(group_, shapes, step_.global_batch / shard, images.device());
   // A shard's loss weighs as its share of the global batch, the same factor on any number of ranks.
-  const double share = static_cast<double>(shard) / static_cast<double>(global_batch_);
+  const double share = static_cast<double>(shard) / static_cast<double>(step_.global_batch);
   const int64_t offset = data::EpochPlan::rank_offset(micro, world, rank, shard);  // in each micro-batch
   int64_t first = 0;
   for (int64_t j = 0; j < micro_batches; ++j) {
@@ -252,10 +248,10 @@ StepFacts StepRunner::take(int64_t step, const StepBatch& batch, const at::Devic
   here.stop_requested = stop_requested;
   here.replaced = batch.replaced;
   DiscriminatorInputs disc;
-  const int64_t micro_batches = settings_.train.grad_accum();
+  const int64_t micro_batches = step_.micro_batches;
   const bool adversarial = modules_.adversary && modules_.adversary->active(step + 1);
   StepControl all;
-  if (settings_.train.shard_size() > 0) {
+  if (step_.sharded()) {
     all = sharded_gradients(step, images, here);
     facts.loss = all.loss;
   } else {

@@ -20,6 +20,7 @@
 #include "lockstep/train/losses.h"
 #include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/run_settings.h"
+#include "lockstep/train/step_geometry.h"
 #include "run_report.h"
 #include "train_data.h"
 #include "trained_modules.h"
@@ -35,9 +36,9 @@ struct StepLosses {
 
 class StepRunner {
  public:
-  // `modules` (built, on their device) must outlive the runner. `global_batch`: the run's, which
-  // an image folder may have chosen. `total_steps` stretches the learning-rate schedule.
-  StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, int64_t global_batch, int64_t total_steps,
+  // `modules` (built, on their device) must outlive the runner. `step`: the run's step geometry (its
+  // global batch one an image folder may have chosen). `total_steps` stretches the learning-rate schedule.
+  StepRunner(std::shared_ptr<dist::Group> group, const RunSettings& settings, StepGeometry step, int64_t total_steps,
              TrainedModules& modules, StepLosses losses);
 
   // Step `step` + 1 on `batch`, this rank's part of its global batch. `stop_requested` (may be
@@ -71,7 +72,7 @@ class StepRunner {
 
   std::shared_ptr<dist::Group> group_;
   RunSettings settings_;
-  int64_t global_batch_;
+  StepGeometry step_;
   TrainedModules& modules_;
   StepLosses losses_;
   at::Tensor decoder_last_weight_;  // where the adaptive weight compares gradients

@@ -36,6 +36,7 @@
 #include "lockstep/train/resolve_run.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/run_settings.h"
+#include "lockstep/train/step_geometry.h"
 #include "lockstep/train/weight_ema.h"
 #include "lockstep/train/weights_file.h"
 #include "rank_agreement.h"
@@ -60,7 +61,7 @@ struct Trainer::State {
   model::FidInception fid{nullptr};    // eval.fid_weights, on rank 0 (which evaluates)
   at::Device device{at::kCPU};         // train.device, resolved for this rank
   int64_t step = 0;
-  int64_t batch_size = 0;
+  StepGeometry geometry;  // the step's shape, its global batch the data's (a small folder's fitted batch)
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
@@ -112,7 +113,7 @@ struct Trainer::State {
     for (const auto& p : modules.model->named_parameters(true)) params.emplace_back(p.key(), p.value());
     modules.adam = std::make_unique<Adam>(std::move(params),
                                           AdamOptions().lr(run.train.lr()).weight_decay(run.train.weight_decay()));
-    runner = std::make_unique<StepRunner>(group, run, batch_size, total_steps, modules, std::move(losses));
+    runner = std::make_unique<StepRunner>(group, run, geometry, total_steps, modules, std::move(losses));
   }
 
   // The training data; what it chose (data.dataset = auto, a small folder's global batch) is
@@ -137,7 +138,7 @@ struct Trainer::State {
     // What the data chose (a small folder's global batch) is recorded as the run's setting.
     run.train.batch_size(data->global_batch());
     record_run_settings(run, config);
-    batch_size = run.train.batch_size();
+    geometry = StepGeometry::of(run.train);
     steps_per_epoch = data->steps_per_epoch();
     const int64_t steps = run.train.steps();
     total_steps = steps > 0 ? steps : run.train.epochs() * steps_per_epoch;
@@ -172,15 +173,12 @@ struct Trainer::State {
   // On the CPU, a step that cannot fit in memory is named now, not by a failed allocation later.
   void check_step_fits(const StepLosses& losses) const {
     if (device.is_cpu()) {
-      const int64_t micro = batch_size / run.train.grad_accum();
-      const int64_t per_rank = (micro + group->size() - 1) / group->size();
       // In shards, a pass holds one shard's activations, and each of the rank's shards keeps its
       // gradients until the step's exact sum.
-      const int64_t shard = run.train.shard_size();
-      const int64_t per_pass = shard > 0 ? shard : per_rank;
+      const int64_t per_pass = geometry.sharded() ? geometry.shard_size : geometry.most_per_rank(group->size());
       double kept = 0;
-      if (shard > 0) {
-        const int64_t shards = run.train.grad_accum() * ((micro / shard + group->size() - 1) / group->size());
+      if (geometry.sharded()) {
+        const int64_t shards = geometry.shards_per_rank(group->size());
         int64_t params = 0;
         for (const auto& p : modules.model->parameters(true)) params += p.numel();
         kept = 4.0 * static_cast<double>(shards) * static_cast<double>(params + 1);
@@ -193,13 +191,14 @@ struct Trainer::State {
           floats += modules.adversary->discriminator().activation_floats_per_image(size.height, size.width);
         check_fits_in_memory(
             4.0 * static_cast<double>(per_pass) * static_cast<double>(floats) + kept,
-            detail::concat("a training step on ", per_pass, " images of ", size.width, "x", size.height,
-                           shard > 0 ? " per pass" : " per rank", " (train.batch_size = ", batch_size,
-                           ", train.grad_accum = ", run.train.grad_accum(),
-                           shard > 0
-                               ? detail::concat(", train.shard_size = ", shard, ", whose gradients each rank keeps")
-                               : std::string(),
-                           "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
+            detail::concat(
+                "a training step on ", per_pass, " images of ", size.width, "x", size.height,
+                geometry.sharded() ? " per pass" : " per rank", " (train.batch_size = ", geometry.global_batch,
+                ", train.grad_accum = ", geometry.micro_batches,
+                geometry.sharded()
+                    ? detail::concat(", train.shard_size = ", geometry.shard_size, ", whose gradients each rank keeps")
+                    : std::string(),
+                "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
       }
     }
   }
@@ -409,7 +408,7 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
   RunShape shape;
   shape.total_steps = s.total_steps;
   shape.steps_per_epoch = s.steps_per_epoch;
-  shape.batch_size = s.batch_size;
+  shape.batch_size = s.geometry.global_batch;
   shape.log_every = s.run.train.log_every();
   RunReport report(s.is_root() ? metrics_path(s.run_dir) : std::string(), s.step, shape, cb, s.is_root());
   const int64_t checkpoint_every = s.run.train.checkpoint_every();
