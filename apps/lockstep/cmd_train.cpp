@@ -5,7 +5,6 @@
 
 #include <csignal>
 #include <ctime>
-#include <filesystem>
 #include <iostream>
 
 #include "cli_common.h"
@@ -96,17 +95,15 @@ std::vector<std::string> overrides(const TrainArgs& args) {
   return all;
 }
 
-int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group);
+int run_train_on(const TrainArgs& args, train::ResolvedRun run, std::shared_ptr<dist::Group> group);
 
 // A new run's configuration: the defaults, then --config's file, then the overrides in order.
 train::ResolvedRun new_run(const TrainArgs& args) { return train::resolve_new_run(args.config_file, overrides(args)); }
 
-// This rank's CUDA device by the run's train.device (-1: the CPU), read before the group exists
-// because NCCL is set up on it. A run directory without config.toml is left to --resume to report.
-int cuda_device_of(const TrainArgs& args) {
-  if (args.resume.empty()) return train::cuda_device_index(new_run(args).settings);
-  if (!std::filesystem::exists(train::config_path(args.resume))) return -1;
-  return train::cuda_device_index(train::resolve_resumed_run(args.resume, overrides(args)).settings);
+// The run's configuration and settings, resolved once, before the process group exists: its
+// train.device says where NCCL is set up. A resumed run's: its directory's config.toml and the overrides.
+train::ResolvedRun resolve_run(const TrainArgs& args) {
+  return args.resume.empty() ? new_run(args) : train::resolve_resumed_run(args.resume, overrides(args));
 }
 
 int run_train(const TrainArgs& args) {
@@ -118,8 +115,9 @@ int run_train(const TrainArgs& args) {
                          "--resume continues a run with its own config and directory; do not combine it with ",
                          "--config or --run-dir");
   }
-  if (args.print_config && args.resume.empty()) {
-    std::cout << new_run(args).config.to_toml();
+  train::ResolvedRun run = resolve_run(args);
+  if (args.print_config) {  // a new run's (refused with --resume above)
+    std::cout << run.config.to_toml();
     return kExitOk;
   }
   // Started as one rank of several (lockstep launch, torchrun): join the others.
@@ -141,7 +139,7 @@ int run_train(const TrainArgs& args) {
     LOCKSTEP_CHECK_USAGE(options.rank < options.size, "--rank ", options.rank, " must be below --world-size ",
                          options.size);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.collective_timeout_s * 1000));
-    options.cuda_device = cuda_device_of(args);
+    options.cuda_device = train::cuda_device_index(run.settings);
     group = dist::make_process_group(options);
   } else {
     group = dist::make_single_process_group();
@@ -149,7 +147,7 @@ int run_train(const TrainArgs& args) {
   // Reported here, while the group still exists: after a failure rank 0 keeps its store up for a
   // moment on destruction so that the other ranks can read where everyone was.
   try {
-    return run_train_on(args, group);
+    return run_train_on(args, std::move(run), group);
   } catch (const dist::CollectiveFailure& e) {
     // Asked to stop (launch stops the others when one rank fails) while in a collective that the
     // stop, or the failed rank, broke: one line; the rank that failed first reports the cause.
@@ -164,16 +162,16 @@ int run_train(const TrainArgs& args) {
   }
 }
 
-int run_train_on(const TrainArgs& args, std::shared_ptr<dist::Group> group) {
+int run_train_on(const TrainArgs& args, train::ResolvedRun run, std::shared_ptr<dist::Group> group) {
   // Before the first step (scanning an image folder, what the data is): plain lines.
   const auto print_line = [](const std::string& text) { std::cout << text << std::endl; };
   std::unique_ptr<train::Trainer> trainer;
   const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
-    trainer = train::Trainer::resume(args.resume, overrides(args), group, print_line);
+    trainer = train::Trainer::resume(args.resume, std::move(run), !overrides(args).empty(), group, print_line);
   } else {
-    trainer = train::Trainer::create(new_run(args).config, args.run_dir.empty() ? default_run_dir() : args.run_dir,
-                                     group, print_line);
+    trainer = train::Trainer::create(std::move(run), args.run_dir.empty() ? default_run_dir() : args.run_dir, group,
+                                     print_line);
   }
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->settings().train.log_every());

@@ -1,6 +1,5 @@
 // Fashion-MNIST as training data (one bucket of 28x28 images, the test split for evaluation), and
 // the choice between it and an image folder.
-#include <algorithm>
 #include <numeric>
 
 #include "lockstep/core/error.h"

@@ -22,15 +22,15 @@ void StepGeometry::check() const {
 
 void StepGeometry::check_ranks(int64_t world) const {
   const bool accumulates = micro_batches > 1;
-  LOCKSTEP_CHECK_ARG(micro_batch() >= world, "train.batch_size = ", global_batch, " is the global batch",
-                     accumulates ? ::lockstep::detail::concat(", cut into ", micro_batches, " micro-batches of ", micro_batch())
-                                 : std::string(),
-                     ": it needs at least one image for each of the ", world, " ranks",
-                     accumulates ? " in each micro-batch" : "");
+  LOCKSTEP_CHECK_ARG(
+      micro_batch() >= world, "train.batch_size = ", global_batch, " is the global batch",
+      accumulates ? ::lockstep::detail::concat(", cut into ", micro_batches, " micro-batches of ", micro_batch())
+                  : std::string(),
+      ": it needs at least one image for each of the ", world, " ranks", accumulates ? " in each micro-batch" : "");
   LOCKSTEP_CHECK_ARG(unit() == 1 || micro_batch() / unit() >= world, "train.batch_size = ", global_batch,
-                     accumulates ? ::lockstep::detail::concat(" in micro-batches of ", micro_batch()) : std::string(), " holds ",
-                     micro_batch() / unit(), " shards of train.shard_size = ", unit(), accumulates ? " each" : "",
-                     ": it needs at least one for each of the ", world, " ranks");
+                     accumulates ? ::lockstep::detail::concat(" in micro-batches of ", micro_batch()) : std::string(),
+                     " holds ", micro_batch() / unit(), " shards of train.shard_size = ", unit(),
+                     accumulates ? " each" : "", ": it needs at least one for each of the ", world, " ranks");
 }
 
 }  // namespace lockstep::train

@@ -338,9 +338,14 @@ const std::vector<std::string>& Trainer::resumable_keys() {
 
 std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
+  return create(ResolvedRun{config, read_run_settings(config)}, run_dir, std::move(group), on_info);
+}
+
+std::unique_ptr<Trainer> Trainer::create(ResolvedRun run, const std::string& run_dir,
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
-  s->config = config;
-  s->run = read_run_settings(config);  // checked across keys once data.dataset is resolved (build)
+  s->config = std::move(run.config);
+  s->run = std::move(run.settings);  // checked across keys once data.dataset is resolved (build)
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");
@@ -359,6 +364,12 @@ std::unique_ptr<Trainer> Trainer::start_from_scratch(std::unique_ptr<State> s, c
 
 std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::vector<std::string>& overrides,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
+  LOCKSTEP_CHECK_ARG(group != nullptr, "trainer: no process group given");
+  return resume(run_dir, resolve_resumed_run(run_dir, overrides), !overrides.empty(), std::move(group), on_info);
+}
+
+std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, ResolvedRun run, bool overridden,
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->run_dir = run_dir;
   s->group = std::move(group);
@@ -372,9 +383,8 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
                              detail::concat_list(removed)));
     }
   }
-  ResolvedRun resolved = resolve_resumed_run(run_dir, overrides);
-  s->config = std::move(resolved.config);
-  s->run = std::move(resolved.settings);
+  s->config = std::move(run.config);
+  s->run = std::move(run.settings);
   const std::string path = checkpoint_path(run_dir);
   if (!fs::exists(path)) {
     // Stopped before its first checkpoint (checkpoint_every defaults to 500): nothing to continue,
@@ -383,7 +393,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
       on_info(detail::concat(run_dir,
                              " has no checkpoint: the run stopped before its first one, so it starts "
                              "again from step 0 with its config.toml",
-                             overrides.empty() ? "" : " and the settings given"));
+                             overridden ? " and the settings given" : ""));
     }
     return start_from_scratch(std::move(s), on_info);
   }
@@ -399,7 +409,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, const std::
   s->saved_step = c.step;
   s->check_same_config();
   s->sync_model();  // every rank read the same file; the broadcast also checks that all arrived
-  if (!overrides.empty() && s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
+  if (overridden && s->is_root()) io::write_file_atomic(config_path(run_dir), s->config.to_toml());
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
 

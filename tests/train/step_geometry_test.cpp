@@ -29,14 +29,17 @@ TEST(StepGeometry, CountsARanksSamplesAndShardsOfAStep) {
 }
 
 TEST(StepGeometry, RefusesMicroBatchesAndShardsThatDoNotDivide) {
-  EXPECT_NE(error_of<InvalidArgument>([] { StepGeometry{10, 4, 0}.check(); })
-                .find("train.grad_accum = 4 must divide train.batch_size = 10"),
+  EXPECT_NE(error_of<InvalidArgument>([] {
+              StepGeometry{10, 4, 0}.check();
+            }).find("train.grad_accum = 4 must divide train.batch_size = 10"),
             std::string::npos);
-  EXPECT_NE(error_of<InvalidArgument>([] { StepGeometry{24, 2, 5}.check(); })
-                .find("train.shard_size = 5 must divide the micro-batch of 12 (ranks hold whole shards)"),
+  EXPECT_NE(error_of<InvalidArgument>([] {
+              StepGeometry{24, 2, 5}.check();
+            }).find("train.shard_size = 5 must divide the micro-batch of 12 (ranks hold whole shards)"),
             std::string::npos);
-  EXPECT_NE(error_of<InvalidArgument>([] { StepGeometry{10, 1, 4}.check(); })
-                .find("train.shard_size = 4 must divide the global batch of 10"),
+  EXPECT_NE(error_of<InvalidArgument>([] {
+              StepGeometry{10, 1, 4}.check();
+            }).find("train.shard_size = 4 must divide the global batch of 10"),
             std::string::npos);
   EXPECT_NO_THROW((StepGeometry{24, 2, 4}.check()));
   EXPECT_NO_THROW((StepGeometry{24, 3, 0}.check()));

@@ -13,6 +13,7 @@
 #include "lockstep/dist/group.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/evaluate.h"
+#include "lockstep/train/resolve_run.h"
 #include "lockstep/train/run_settings.h"
 
 namespace lockstep::train {
@@ -62,14 +63,21 @@ class Trainer {
   // Progress of the work before the first step (scanning an image folder, what the data is).
   using InfoCallback = std::function<void(const std::string&)>;
 
-  // A new run in `run_dir`, which must not already hold one; it is created if needed.
+  // A new run in `run_dir`, which must not already hold one; it is created if needed. `run`: as
+  // resolve_new_run makes it (the CLI resolves once, before the process group, for the device).
+  static std::unique_ptr<Trainer> create(ResolvedRun run, const std::string& run_dir,
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
+  // The same from a whole configuration (every key), its settings read from it.
   static std::unique_ptr<Trainer> create(const Config& config, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
-  // Continues the run in `run_dir` from its checkpoint. `overrides` ("key=value") may change only
-  // keys that do not alter the model or the data order (see resumable_keys()). A run that stopped
-  // before its first checkpoint starts again from step 0 with its config.toml and the overrides
-  // (on_info says so), so that `--resume` is always the way on.
+  // Continues the run in `run_dir` from its checkpoint, as resolve_resumed_run(run_dir, overrides)
+  // resolves it: overrides ("key=value") may change only keys that do not alter the model or the data
+  // order (see resumable_keys()). A run that stopped before its first checkpoint starts again from
+  // step 0 with its config.toml and the overrides (on_info says so), so that `--resume` is always the way on.
   static std::unique_ptr<Trainer> resume(const std::string& run_dir, const std::vector<std::string>& overrides,
+                                         std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
+  // The same with the run already resolved (the CLI's, once); `overridden`: whether overrides were given.
+  static std::unique_ptr<Trainer> resume(const std::string& run_dir, ResolvedRun run, bool overridden,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info = {});
   static const std::vector<std::string>& resumable_keys();
 
