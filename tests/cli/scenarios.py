@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The multi-process CLI scenarios, as code: each runs the real `lockstep` binary (one process,
+"""The CLI scenarios, as code: each runs the real `lockstep` binary (one process,
 `lockstep launch -n W`, torchrun) in its own directory and checks what the runs printed and wrote,
-most often that W ranks log the losses of one process (G4). ctest runs each as `cli.<name>`
+most often that W ranks log the losses of one process (G4); single_run_scenarios.py holds those of one
+small run (train, resume, eval, encode, decode). ctest runs each as `cli.<name>`
 (tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
 is killed at the deadline and the scenario fails naming the command.
 
@@ -10,166 +11,16 @@ is killed at the deadline and the scenario fails naming the command.
 
 Exit status 0: passed; 1: failed (the reason on stderr); 77: skipped (a tool it needs is missing)."""
 import argparse
-import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from compare_metrics import figures  # noqa: E402
-
-SKIPPED = 77
-SCENARIOS = {}
-
-
-class Failure(Exception):
-    pass
-
-
-def scenario(timeout, needs=()):
-    """Registers a scenario: `timeout` seconds for everything it runs; `needs` names what it must be
-    given ("torchrun", "images")."""
-    def register(function):
-        SCENARIOS[function.__name__] = (function, timeout, tuple(needs))
-        return function
-    return register
-
-
-def stop(process):
-    """Ends a command's process group: SIGTERM first (torchrun passes it on to its workers, which run
-    in sessions of their own), SIGKILL after 5 s; returns what it printed. Never waits longer."""
-    output = b""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            output, _ = process.communicate(timeout=5)
-            return output
-        except subprocess.TimeoutExpired:
-            continue
-    process.stdout.close()  # a descendant outside the group still holds the pipe: stop reading it
-    return output
-
-
-class Run:
-    """One scenario's directory and tools: runs the CLI there, keeps each command's output in a log."""
-
-    def __init__(self, lockstep, workdir, deadline, torchrun=None, opencv_images=None):
-        self.binary, self.dir, self.deadline = lockstep, Path(workdir), deadline
-        self.torchrun, self.opencv_images = torchrun, opencv_images
-
-    def command(self, argv, log, expect=0, env=None):
-        """Runs argv in the scenario's directory (in its own process group, all of it killed at the
-        deadline), with `env` added to the environment; writes its output to `log`; returns it.
-        Failure when the exit status differs."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise Failure(f"no time left for {argv[:4]}")
-        try:
-            process = subprocess.Popen([str(a) for a in argv], cwd=self.dir, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**os.environ, **(env or {})})
-        except OSError as e:
-            raise Failure(f"cannot run {argv[0]}: {e}")
-        try:
-            output, _ = process.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            output = stop(process)
-            raise Failure(f"still running at the deadline: {' '.join(map(str, argv))}\n"
-                          f"{output.decode(errors='replace')[-3000:]}")
-        text = output.decode(errors="replace")
-        (self.dir / log).write_text(text)
-        if process.returncode != expect:
-            raise Failure(f"exit status {process.returncode}, expected {expect}: {' '.join(map(str, argv))}\n"
-                          f"{text[-3000:]}")
-        return text
-
-    def lockstep(self, *args, log, expect=0, env=None):
-        return self.command([self.binary, *args], log, expect, env)
-
-    def train(self, run_dir, *args, env=None):
-        """One process: `lockstep train --run-dir RUN_DIR ARGS` (log RUN_DIR.log)."""
-        return self.lockstep("train", "--run-dir", run_dir, *args, log=f"{run_dir}.log", env=env)
-
-    def launch(self, ranks, run_dir, *args, log=None, env=None):
-        """`lockstep launch -n RANKS -- train --run-dir RUN_DIR ARGS` (log RUN_DIR.log)."""
-        return self.lockstep("launch", "-n", ranks, "--", "train", "--run-dir", run_dir, *args,
-                             log=log or f"{run_dir}.log", env=env)
-
-    def python(self, script, *args, log):
-        return self.command([sys.executable, HERE / script, *args], log)
-
-    def compare(self, one, other, tolerance, *names, first=None):
-        """Each of `names` (the loss by default; KIND:name for another record kind) of every logged step
-        of run `other` within `tolerance` (relative) of run `one`'s; the first `first` steps only."""
-        for spec in names or ("loss",):
-            kind, name = spec.split(":", 1) if ":" in spec else ("train", spec)
-            a = figures(self.dir / one / "metrics.jsonl", kind, name)
-            b = figures(self.dir / other / "metrics.jsonl", kind, name)
-            if not a or sorted(a) != sorted(b):
-                raise Failure(f"{kind} steps differ: {one} logged {sorted(a)}, {other} {sorted(b)}")
-            steps = sorted(a)[:first]
-            worst = max(abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps)
-            if worst > tolerance:
-                raise Failure(f"{other} vs {one}: {name} differs by {worst:.2e} (relative) over {len(steps)} "
-                              f"{kind} steps, beyond {tolerance:.0e}")
-
-    def same_checkpoint(self, one, other):
-        """Failure unless the two runs' checkpoints hold the same tensors, bit for bit (model, weight
-        average, optimizer and quantizer state)."""
-        a, b = (tensors(self.dir / r / "checkpoint.safetensors") for r in (one, other))
-        differ = sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
-        if not a or differ:
-            raise Failure(f"{other} vs {one}: {len(differ)} of {len(a)} checkpoint tensors differ: {differ[:5]}")
-
-    def expect(self, text, pattern, what):
-        if not re.search(pattern, text, re.S):
-            raise Failure(f"{what}: no match for {pattern!r} in\n{text[-3000:]}")
-
-    def images(self):
-        """OpenCV's example images in ./images, plus a file that is not an image (tests/cli/folder.tests.cmake)."""
-        self.command(["bash", HERE / "fetch_opencv_images.sh", self.opencv_images], "fetch.log")
-        shutil.copytree(self.opencv_images, self.dir / "images")
-        (self.dir / "images" / "not-really.jpg").write_text("junk\n")
-
-
-def tensors(path):
-    """A safetensors file's tensors as {name: raw bytes} (its header is JSON after its 8-byte length)."""
-    data = Path(path).read_bytes()
-    length = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + length])
-    header.pop("__metadata__", None)
-    return {name: data[8 + length + t["data_offsets"][0]:8 + length + t["data_offsets"][1]]
-            for name, t in header.items()}
-
-
-# The small run (tests/cli/small_run.toml) for 12 steps.
-SMALL = ("--config", HERE / "small_run.toml", "--steps", "12")
-
-
-def one_and_ranks(run, ranks, *args, tolerance=1e-4, names=(), two="two", eval_args=()):
-    """Trains `args` on one process (run `one`) and on `ranks` ranks (run `two`); the logged losses (or
-    `names`) within `tolerance`; then `eval` of the ranks' run reports its final figures."""
-    run.train("one", *SMALL, *args)
-    log = run.launch(ranks, two, *SMALL, *args)
-    run.expect(log, rf"rank {ranks - 1}/{ranks}\] trained 12 steps", "the last rank finished")
-    run.compare("one", two, tolerance, *names)
-    evaluate(run, two, "step 12", "--limit", "32", *eval_args)
-    return log
-
-
-def evaluate(run, run_dir, step, *args):
-    """`lockstep eval RUN_DIR ARGS` reports the run's figures at its last step."""
-    run.expect(run.lockstep("eval", run_dir, *args, log="eval.log"), rf"{step}.*mse [0-9.]+  psnr",
-               f"eval of {run_dir}")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import single_run_scenarios  # noqa: E402,F401  (registers its scenarios)
+from scenario_kit import (HERE, SCENARIOS, SKIPPED, SMALL, Failure, Run, evaluate, one_and_ranks,  # noqa: E402
+                          scenario)
 
 
 @scenario(240)

@@ -1,0 +1,213 @@
+"""CLI scenarios of one process and one small run (tests/cli/scenarios.py runs them, as cli.<name>): what
+`lockstep train` refuses in a configuration file, resuming a run, and what `eval`, `encode` and `decode` make
+of its directory or refuse."""
+import os
+
+from scenario_kit import HERE, Failure, reject, scenario, tiny_run
+
+TINY_MODEL = ("--threads", 1, "--set", "data.test_subset=32", "--set", "model.channels=[8,8]")
+
+
+@scenario(60)
+def train_error_quoting_a_huge_value_is_shortened(run):
+    # An error quoting a 400,000-character value (a path from a config file) shows its two ends: the
+    # message stays a few KB.
+    (run.dir / "huge.toml").write_text("[data]\ndir = \"" + "d" * 400000 + "\"\n")
+    out = run.lockstep("train", "--config", "huge.toml", "--run-dir", "run", log="train.log", expect=1)
+    run.expect(out, r"lockstep: error: Fashion-MNIST directory 'dddd.* \.\.\. \([0-9]+ characters left out\) "
+               r"\.\.\. dddd", "the shortened value")
+    reject(out, "d" * 4000, "the whole value")
+
+
+@scenario(60)
+def train_bad_config_file(run):
+    (run.dir / "bad.toml").write_text("[train]\nepochz = 3\n")
+    run.expect(run.lockstep("train", "--config", "bad.toml", log="train.log", expect=1), r"bad\.toml.*line 2",
+               "the file and line")
+
+
+@scenario(120)
+def train_simvq_then_eval(run):
+    # SimVQ from the CLI: trains (its map learns by gradient), saves, and the saved run evaluates.
+    run.train("run", "--quantizer", "simvq", "--set", "quantizer.simvq.codebook_size=64", "--steps", 4,
+              "--batch-size", 16, "--set", "data.train_subset=64", *TINY_MODEL)
+    run.expect(run.lockstep("eval", "run", "--limit", 32, log="eval.log"),
+               r"mse [0-9.]+  psnr [0-9.]+ dB  codes used [0-9]+/64", "eval of the SimVQ run")
+
+
+@scenario(120)
+def train_run_dir_taken(run):
+    tiny_run(run)
+    run.expect(run.lockstep("train", "--run-dir", "run", log="again.log", expect=1), "already holds a run.*--resume",
+               "a second run in the directory")
+
+
+@scenario(120)
+def train_resume_extends(run):
+    tiny_run(run)
+    run.expect(run.lockstep("train", "--resume", "run", "--steps", 6, log="resume.log"),
+               "resumed at step 4 of 6.*trained 6 steps", "the resumed run")
+
+
+@scenario(120)
+def train_resume_refuses_model_change(run):
+    tiny_run(run)
+    run.expect(run.lockstep("train", "--resume", "run", "--set", "model.channels=[4,4]", log="resume.log", expect=1),
+               "cannot change 'model.channels'", "the refused key")
+
+
+@scenario(120)
+def train_resume_refuses_a_truncated_config(run):
+    # config.toml cut before its [train] section: the run's steps and threads would fall back to defaults.
+    tiny_run(run)
+    config = run.dir / "run" / "config.toml"
+    text = config.read_text()
+    config.write_text(text[:text.index("[train]")])
+    run.expect(run.lockstep("train", "--resume", "run", log="resume.log", expect=1),
+               r"run/config\.toml does not set [0-9]+ key\(s\) that the checkpoint's configuration sets "
+               r"\(.*train\.steps = 4.*cut short or edited", "the keys the file lost")
+
+
+@scenario(120)
+def train_resume_names_a_lost_key_before_checking_across_keys(run):
+    # config.toml without train.batch_size, whose default (64) train.grad_accum = 3 does not divide: the
+    # lost key is named, before any check across keys would blame the default.
+    run.train("run", "--config", HERE / "small_run.toml", "--steps", 2, "--set", "train.grad_accum=3", "--set",
+              "data.train_subset=64")
+    config = run.dir / "run" / "config.toml"
+    lines = config.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("batch_size = "))
+    config.write_text("".join(lines[:first] + lines[first + 1:]))
+    run.expect(run.lockstep("train", "--resume", "run", log="resume.log", expect=1),
+               r"run/config\.toml does not set 1 key\(s\) that the checkpoint's configuration sets "
+               r"\(train\.batch_size = 24\)", "the lost key")
+
+
+@scenario(120)
+def eval_run(run):
+    tiny_run(run)
+    run.expect(run.lockstep("eval", "run", "--limit", 50, "--grid", "grid.png", log="eval.log"),
+               r"step 4.*mse [0-9.]+  psnr", "the run's figures")
+    if not (run.dir / "grid.png").is_file():
+        raise Failure("eval --grid wrote no grid.png")
+
+
+@scenario(60)
+def eval_corrupt_checkpoint(run):
+    (run.dir / "bad.safetensors").write_bytes(os.urandom(300))
+    run.expect(run.lockstep("eval", "bad.safetensors", log="eval.log", expect=1), r"bad\.safetensors",
+               "the file named")
+
+
+@scenario(120)
+def eval_weight_average(run):
+    # A run keeping a moving average of its weights: eval takes it with --ema.
+    tiny_run(run, "--set", "train.ema_decay=0.9")
+    run.expect(run.lockstep("eval", "run", "--ema", "--limit", 32, log="eval.log"), r"step 4.*mse [0-9.]+  psnr",
+               "the weight average's figures")
+
+
+@scenario(120)
+def eval_weight_average_of_a_run_without_one(run):
+    tiny_run(run)
+    run.expect(run.lockstep("eval", "run", "--ema", "--limit", 32, log="eval.log", expect=1),
+               "holds no moving average of the weights: its run had train.ema_decay = 0", "the refusal")
+
+
+@scenario(120)
+def eval_lpips(run):
+    # LPIPS from the user's weights: eval --lpips measures any run.
+    tiny_run(run)
+    run.python("make_lpips_weights.py", run.dir / "w.safetensors", log="weights.log")
+    run.expect(run.lockstep("eval", "run", "--lpips", "w.safetensors", "--limit", 32, log="eval.log"),
+               r"step 4.*ssim [0-9.]+  lpips [0-9]+\.[0-9]+", "the LPIPS figure")
+
+
+@scenario(120)
+def eval_lpips_missing_weights(run):
+    tiny_run(run)
+    run.expect(run.lockstep("eval", "run", "--lpips", "nowhere.safetensors", "--limit", 32, log="eval.log", expect=1),
+               "--lpips = nowhere.safetensors: no such file", "the missing file")
+
+
+@scenario(180)
+def train_perceptual_with_weights(run):
+    run.python("make_lpips_weights.py", run.dir / "w.safetensors", log="weights.log")
+    out = run.train("run", "--steps", 2, "--batch-size", 8, "--set", "data.train_subset=16", "--threads", 1,
+                    "--set", "data.test_subset=16", "--set", "model.channels=[8,8]", "--set", "loss.perceptual=1",
+                    "--set", "loss.lpips_weights=w.safetensors")
+    run.expect(out, r"test: mse [0-9.]+ .*lpips [0-9]+\.[0-9]+", "the run's LPIPS figure")
+
+
+@scenario(120)
+def eval_fid_missing_weights(run):
+    tiny_run(run)
+    run.expect(run.lockstep("eval", "run", "--fid", "nowhere.safetensors", "--limit", 32, log="eval.log", expect=1),
+               "--fid = nowhere.safetensors: no such file", "the missing file")
+
+
+@scenario(120)
+def encode_decode_round_trip(run):
+    tiny_run(run)
+    run.expect(run.lockstep("encode", "run", "--limit", 10, "-o", "tokens.npy", log="encode.log"),
+               r"tokens of shape \[10, 14, 14\]", "the tokens' shape")
+    run.expect(run.lockstep("decode", "run", "--tokens", "tokens.npy", "-o", "out", "--grid", "grid.png",
+                            log="decode.log"),
+               r"wrote 10 PNG images to out \([0-9]+ images/s\)", "the decoded images")
+
+
+@scenario(120)
+def encode_png_inputs(run):
+    tiny_run(run)
+    run.lockstep("encode", "run", "--limit", 3, "-o", "t.npy", log="encode.log")
+    run.lockstep("decode", "run", "--tokens", "t.npy", "-o", "imgs", log="decode.log")
+    images = [f"imgs/00000{i}.png" for i in range(3)]
+    run.expect(run.lockstep("encode", "run", "--images", *images, "-o", "again.npy", log="again.log"),
+               "encoded 3 images of 28x28", "the PNG inputs encoded")
+
+
+def _decode_refuses(run, descr, shape, fill, pattern):
+    """A tiny run, then decode of a .npy of `descr` and `shape` filled with byte `fill`: exit 1, `pattern`."""
+    tiny_run(run)
+    run.python("make_npy.py", run.dir / "f.npy", descr, shape, fill, log="npy.log")
+    out = run.lockstep("decode", "run", "--tokens", "f.npy", "-o", "out", log="decode.log", expect=1)
+    run.expect(out, pattern, "the refusal")
+    return out
+
+
+@scenario(120)
+def decode_rejects_float_tokens(run):
+    _decode_refuses(run, "<f4", "1,14,14", 0, "must be integers")
+
+
+@scenario(120)
+def decode_rejects_out_of_range(run):
+    _decode_refuses(run, "<i4", "1,14,14", 127,
+                    r"f\.npy: token id 2139062143 at \[0, 0, 0\] is outside .0, 1000. \(196 of the 196 ids are\)")
+
+
+@scenario(120)
+def decode_rejects_an_empty_grid(run):
+    out = _decode_refuses(run, "<i4", "2,0,7", 0, r"with no side of length 0, got \[2, 0, 7\]")
+    reject(out, "frame #", "a stack trace")
+
+
+@scenario(60)
+def decode_without_a_destination(run):
+    (run.dir / "t.npy").touch()
+    run.expect(run.lockstep("decode", "nowhere", "--tokens", "t.npy", log="decode.log", expect=2),
+               "say where to write: --output DIR and/or --grid FILE.png", "the usage error")
+
+
+@scenario(60)
+def decode_empty_output(run):
+    (run.dir / "t.npy").touch()
+    run.expect(run.lockstep("decode", "nowhere", "--tokens", "t.npy", "-o", "", log="decode.log", expect=2),
+               "--output: must name a file or directory, not an empty string", "the usage error")
+
+
+@scenario(60)
+def encode_empty_output(run):
+    out = run.lockstep("encode", "nowhere", "-o", "", log="encode.log", expect=2)
+    run.expect(out, "--output: must name a file or directory, not an empty string", "the usage error")
+    reject(out, "write_file_atomic", "the library's function name")
