@@ -35,11 +35,6 @@ lockstep_cli_test(launch_batch_norm_buffers_stay_in_sync EXIT 0
                   OUTPUT "\\[rank 0/2\\] eval at step 4:.*\\[rank 0/2\\] test: mse"
                   TIMEOUT 240 ARGS launch -n 2 -- train --run-dir run ${SMALL_ARGS}
                   --set model.batch_norm=true --set train.eval_every=4 --set train.checkpoint_every=2)
-# Ranks from flags instead of the environment: rank 0 takes any free port (--master-port 0) and
-# says which; rank 1 is started with it (tests/cli/two_ranks.sh).
-lockstep_cli_test(train_ranks_from_flags EXIT 0 OUTPUT "store listens on 127.0.0.1:[0-9]+.*trained 6 steps.*test: mse"
-                  TIMEOUT 120 RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/two_ranks.sh -
-                  ARGS train --run-dir run --steps 6 ${COMMON_ARGS})
 lockstep_cli_test(train_rank_beyond_world_size EXIT 2 OUTPUT "--rank 5 must be below --world-size 2"
                   ARGS train --rank 5 --world-size 2)
 # Flags that contradict each other are command-line mistakes: exit status 2, the flags named.

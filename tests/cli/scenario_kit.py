@@ -46,7 +46,8 @@ def stop(process):
             return output
         except subprocess.TimeoutExpired:
             continue
-    process.stdout.close()  # a descendant outside the group still holds the pipe: stop reading it
+    if process.stdout:  # a descendant outside the group still holds the pipe: stop reading it
+        process.stdout.close()
     return output
 
 
@@ -94,6 +95,44 @@ class Run:
         """`lockstep launch -n RANKS -- train --run-dir RUN_DIR ARGS` (log RUN_DIR.log)."""
         return self.lockstep("launch", "-n", ranks, "--", "train", "--run-dir", run_dir, *args,
                              log=log or f"{run_dir}.log", env=env)
+
+    def two_ranks(self, *args, rank1_extra=(), expect=0):
+        """`lockstep ARGS` as two ranks started by hand with --rank/--world-size: rank 0 with --master-port 0
+        (any free port) says where its store listens, and rank 1 is started with that port and `rank1_extra`
+        after ARGS. Returns rank 0's output, then rank 1's; Failure unless rank 0 exits with `expect`. Both
+        are killed at the deadline."""
+        argv = [str(self.binary), *map(str, args)]
+        logs = [self.dir / f"rank{r}.log" for r in range(2)]
+
+        def start(extra, log):
+            with open(log, "wb") as out:
+                return subprocess.Popen(argv + [str(a) for a in extra], cwd=self.dir, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+        ranks = [start(["--rank", 0, "--world-size", 2, "--master-port", 0], logs[0])]
+        try:
+            port = None
+            while port is None:
+                found = re.search(r"^rank 0: the store listens on .*:(\d+)$", logs[0].read_text(errors="replace"), re.M)
+                if found:
+                    port = found.group(1)
+                elif ranks[0].poll() is not None or time.monotonic() > self.deadline:
+                    raise Failure(f"rank 0 did not say where its store listens:\n{logs[0].read_text(errors='replace')}")
+                else:
+                    time.sleep(0.05)
+            ranks.append(start([*rank1_extra, "--rank", 1, "--world-size", 2, "--master-port", port], logs[1]))
+            codes = [process.wait(timeout=max(self.deadline - time.monotonic(), 0.1)) for process in ranks]
+        except subprocess.TimeoutExpired:
+            raise Failure(f"still running at the deadline: two ranks of {' '.join(argv)}")
+        finally:
+            for process in ranks:
+                if process.poll() is None:
+                    stop(process)
+        text = "".join(f"--- rank {r} (exit {code}) ---\n{log.read_text(errors='replace')}"
+                       for r, (code, log) in enumerate(zip(codes, logs)))
+        if codes[0] != expect:
+            raise Failure(f"rank 0's exit status {codes[0]}, expected {expect}: {' '.join(argv)}\n{text[-3000:]}")
+        return text
 
     def python(self, script, *args, log):
         return self.command([sys.executable, HERE / script, *args], log)

@@ -2,7 +2,7 @@
 """The CLI scenarios, as code: each runs the real `lockstep` binary (one process,
 `lockstep launch -n W`, torchrun) in its own directory and checks what the runs printed and wrote,
 most often that W ranks log the losses of one process (G4); single_run_scenarios.py holds those of one
-small run (train, resume, eval, encode, decode). ctest runs each as `cli.<name>`
+small run (train, resume, eval, encode, decode), folder_scenarios.py those of an image folder. ctest runs each as `cli.<name>`
 (tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
 is killed at the deadline and the scenario fails naming the command.
 
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import folder_scenarios  # noqa: E402,F401  (registers its scenarios)
 import single_run_scenarios  # noqa: E402,F401  (registers its scenarios)
 from scenario_kit import (HERE, SCENARIOS, SKIPPED, SMALL, Failure, Run, evaluate, one_and_ranks,  # noqa: E402
                           scenario)
@@ -215,6 +216,14 @@ def torchrun_two_ranks_match_launch_and_one_process(run):
     run.compare("one", "torchrun", 1e-4)
     run.compare("launched", "torchrun", 0)
     evaluate(run, "torchrun", "step 12", "--limit", "32")
+
+
+@scenario(120)
+def train_ranks_from_flags(run):
+    # Ranks from flags instead of the environment: rank 0 takes any free port (--master-port 0) and says which;
+    # rank 1 is started with it.
+    out = run.two_ranks("train", "--run-dir", "run", "--steps", 6, "--config", HERE / "small_run.toml")
+    run.expect(out, r"store listens on 127\.0\.0\.1:[0-9]+.*trained 6 steps.*test: mse", "both ranks' run")
 
 
 FOLDER = ("--buckets", "64x64,80x64,64x80", "--global-batch", 8, "--threads", 1, "--set", "data.eval_images=8",
