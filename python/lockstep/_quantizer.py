@@ -428,7 +428,8 @@ class LockstepQuantizer(nn.Module):
             if topk is not None:
                 out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
                                                                     self._steps, group, mask, bool(freeze_codebook),
-                                                                    codebook, vq_call.get("sample_codebook_temp"))
+                                                                    codebook, vq_call.get("sample_codebook_temp"),
+                                                                    vq_call.get("token_codes"))
                 return out, indices, {"code": code_loss, **losses}
             return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
                                        codebook=codebook, **vq_call)

@@ -363,7 +363,7 @@ class VectorQuantize(LockstepQuantizer):
         bridged = self._bridged_codebook(x.unsqueeze(1) if only_one else x, maps, mask)
         if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
             vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x.unsqueeze(1) if only_one else x,
-                                                           maps, bridged, topk is not None or indices is not None)
+                                                           maps, bridged, indices is not None)
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
@@ -417,10 +417,10 @@ class VectorQuantize(LockstepQuantizer):
         """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
         token's own codes, n a map's positions) as (b * n, K, d) for liblockstep, which searches each token's codes
         alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. Taken with one head
-        and no affine_param, topk or indices (`other_call`): a TypeError otherwise."""
+        and no affine_param or indices (`other_call`): a TypeError otherwise."""
         if other_call or self.heads != 1 or self._spec[2].get("affine_param"):
-            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param, topk "
-                            "or indices")
+            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param or "
+                            "indices")
         embed = self._codebook.embed
         learned = self._spec[2].get("learnable_codebook", False)
         codes = transform(bridged if bridged is not None else embed if learned else embed.detach())

@@ -354,7 +354,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "vq_topk",
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp) {
+             std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp,
+             std::optional<at::Tensor> token_codes) {
             lockstep::quant::VqTopk out;
             {
               py::gil_scoped_release no_gil;  // as quantize
@@ -373,7 +374,9 @@ void lockstep::python::bind_quantizer(py::module_& m) {
                 }
               }
               const lockstep::quant::NoAutocast fp32;
-              out = as_vq(q).quantize_topk(x.is_floating_point() ? x.to(at::kFloat) : x, k, ctx);
+              const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+              out = token_codes ? as_vq(q).quantize_topk_implicit(input, *token_codes, k, ctx)
+                                : as_vq(q).quantize_topk(input, k, ctx);
               if (training && at::GradMode::is_enabled()) {  // as quantize: the update and the step on backward
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -395,10 +398,11 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           },
           py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
-          py::arg("sample_codebook_temp") = py::none(),
+          py::arg("sample_codebook_temp") = py::none(), py::arg("token_codes") = py::none(),
           "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
-          "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk). No EMA "
-          "update; in training with gradients the step advances on backward, as quantize's.")
+          "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk); among "
+          "each token's own codes `token_codes` (b * n, K, codebook_dim) when given (Vq::quantize_topk_implicit). No "
+          "EMA update; in training with gradients the step advances on backward, as quantize's.")
       .def(
           "vq_update_indices",
           [](Quantizer& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,

@@ -135,8 +135,35 @@ def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(opt
                 torch.testing.assert_close(parameter.grad, reference_parameters[name].grad, atol=5e-5, rtol=1e-5)
         # the EMA (the base codebook's statistics of the codes chosen) after the call's backward
         torch.testing.assert_close(ours.codebook, reference.codebook, atol=1e-5, rtol=1e-5)
-    if len(shape) == 3:
-        with pytest.raises(TypeError, match="codebook_transform_fn"):
-            ours(torch.randn(shape), topk=2, codebook_transform_fn=transforms[1])
     with pytest.raises(ValueError, match="each token's codes"):
         ours(torch.randn(shape), codebook_transform_fn=lambda codebook: codebook)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("options, condition", [
+    (dict(), (2, 10, 8)), (dict(use_cosine_sim=True), (2, 10, 8)), (dict(codebook_dim=4), (2, 10, 4)),
+    (dict(learnable_codebook=True, ema_update=False), (2, 10, 8))],
+    ids=["euclidean", "cosine", "projected", "learnable"])
+def test_top_k_codes_of_each_tokens_own_codebook_are_the_references(options, condition, training):
+    # topk with codebook_transform_fn: each token's k best among its own codes, each code's loss, as there;
+    # the losses' gradients reach the input and the function's parameters.
+    torch.manual_seed(1)
+    reference = vqp.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    reference.train(training), ours.train(training)
+    transforms = [_PerTokenCodes(torch.randn(condition))]
+    transforms.append(copy.deepcopy(transforms[0]))
+    xs = [torch.randn(2, 10, 8).requires_grad_(True)]
+    xs.append(xs[0].detach().clone().requires_grad_(True))
+    out_ref, idx_ref, loss_ref = reference(xs[0], topk=3, ema_update=False, codebook_transform_fn=transforms[0])
+    out, idx, loss = ours(xs[1], topk=3, ema_update=False, codebook_transform_fn=transforms[1])
+    assert out.shape == out_ref.shape == (2, 10, 3, 8) and idx.shape == (2, 10, 3)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-6, rtol=1e-5)
+    for lo in (loss_ref, loss):
+        lo.sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+    for a, b in zip(transforms[1].parameters(), transforms[0].parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)

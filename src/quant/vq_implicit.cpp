@@ -19,15 +19,15 @@ using vq_detail::mask_topk;
 using vq_detail::or_default;
 using vq_detail::uniforms;
 
-void Vq::check_implicit(const at::Tensor& x, const at::Tensor& codes) const {
+at::Tensor Vq::implicit_tokens(const at::Tensor& x, const at::Tensor& codes) {
+  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !options_.affine_param(),
+                     "vq: per-token codebooks take one head and no affine_param");
+  const at::Tensor tokens = prepare(group_by_codebook(x)[0]);  // (M, cd); checks x's shape
   const int64_t cd = options_.codebook_dim();
-  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !project_in_ && !options_.affine_param(),
-                     "vq: per-token codebooks take one head, no projection and no affine_param");
-  LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == cd, "vq: expected tokens (b, n, ", cd, "), got ", x.sizes());
-  const int64_t m = x.size(0) * x.size(1);
   const int64_t k = options_.codebook_size();
-  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
-                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
+  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == tokens.size(0) && codes.size(1) == k && codes.size(2) == cd,
+                     "vq: expected each token's codes (", tokens.size(0), ", ", k, ", ", cd, "), got ", codes.sizes());
+  return tokens;
 }
 
 at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
@@ -66,16 +66,11 @@ at::Tensor Vq::picked(const ChosenCodes& chosen, const at::Tensor& indices) cons
 QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx,
                                       const ChosenCodes& chosen) {
   // Through the projection in and out when codebook_dim != dim, as quantize's tokens.
-  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !options_.affine_param(),
-                     "vq: per-token codebooks take one head and no affine_param");
+  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd), differentiable
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
   const int64_t m = b * n;
-  const at::Tensor tokens = prepare(group_by_codebook(x)[0]);  // (M, cd), differentiable
-  const int64_t k = options_.codebook_size();
-  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == m && codes.size(1) == k && codes.size(2) == cd,
-                     "vq: expected each token's codes (", m, ", ", k, ", ", cd, "), got ", codes.sizes());
   const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, std::nullopt, ctx, ctx.first_item * n);  // (M)
@@ -109,14 +104,13 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
 
 VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx,
                                   const ChosenCodes& chosen) {
-  check_implicit(x, codes);
+  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd), differentiable
   LOCKSTEP_CHECK_ARG(k >= 1, "vq: top-k takes k >= 1, got ", k);
   k = std::min(k, options_.codebook_size());
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
   const int64_t m = b * n;
-  const at::Tensor tokens = prepare(x.to(torch::kFloat32).reshape({m, cd}));  // (M, cd), differentiable
   const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
@@ -130,9 +124,11 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
               .reshape({m, k, cd});
   }
   VqTopk result;
-  const bool learned = options_.learnable_codebook() && !ctx.freeze_codebook;
+  // In evaluation the code losses reach the codes (the caller's function of the codebook), as the reference's.
+  const bool learned = !is_training() || (options_.learnable_codebook() && !ctx.freeze_codebook);
   result.code_loss = (token - (learned ? q : q.detach())).pow(2).mean(-1).reshape({b, n, k});
-  result.quantized = out.reshape({b, n, k, cd}).to(x.scalar_type());
+  if (project_out_) out = project_out_->forward(out);
+  result.quantized = out.reshape({b, n, k, options_.dim()}).to(x.scalar_type());
   result.indices = indices.reshape({b, n, k});
   mask_topk(mask, result);
   return result;

@@ -232,8 +232,9 @@ class Vq final : public Quantizer {
                     double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
   // chosen(indices), checked, l2-normalised under cosine similarity as the searched codes are.
   at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
-  // InvalidArgument unless x (b, n, codebook_dim) and codes (b * n, K, codebook_dim) suit a per-token search.
-  void check_implicit(const at::Tensor& x, const at::Tensor& codes) const;
+  // Tokens x (b, n, dim) through the projection in, (M, codebook_dim) and differentiable, for a search of each
+  // token's own codes (M, K, codebook_dim); InvalidArgument unless the two suit one (one head, no affine_param).
+  at::Tensor implicit_tokens(const at::Tensor& x, const at::Tensor& codes);
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
   // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
   // stochastic_sample_codes, rows keyed from first_row; recorded or replayed through ctx.searches.
