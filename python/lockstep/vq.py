@@ -290,11 +290,11 @@ class VectorQuantize(LockstepQuantizer):
     def _codebook_learned_by_commitment(self):
         return self._spec[2].get("learnable_codebook", False) and not self.orthogonal_reg_weight
 
-    def _cross_entropy(self, x, indices, codebook=None):
+    def _cross_entropy(self, x, indices, codebook=None, token_codes=None):
         """forward(x, indices=...): the cross entropy of the given codes (-1 ignored) under each code's
         logit for each token (minus the distance, or the cosine similarity; liblockstep's), as the
         reference's; the codebook as this call found it (the step's EMA update waits for backward)."""
-        logits = self._core.vq_code_logits(x, codebook)  # (b, n[, heads], K)
+        logits = self._core.vq_code_logits(x, codebook, token_codes)  # (b, n[, heads], K)
         expected = logits.shape[:-1]
         if tuple(indices.shape) != tuple(expected):
             raise ValueError(f"lockstep.VectorQuantize: indices must have shape {tuple(expected)}, "
@@ -363,7 +363,7 @@ class VectorQuantize(LockstepQuantizer):
         bridged = self._bridged_codebook(x.unsqueeze(1) if only_one else x, maps, mask)
         if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
             vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x.unsqueeze(1) if only_one else x,
-                                                           maps, bridged, indices is not None)
+                                                           maps, bridged)
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
@@ -376,7 +376,7 @@ class VectorQuantize(LockstepQuantizer):
             # The training call's state update rides on the backward of what is returned (the reference
             # updates in forward): the cross entropy carries the call's graph at weight 0.
             anchor = sum(losses.values()) if losses else out.sum()
-            return out, self._cross_entropy(x, indices, bridged) + 0.0 * anchor
+            return out, self._cross_entropy(x, indices, bridged, vq_call.get("token_codes")) + 0.0 * anchor
         if self.commitment_use_cross_entropy_loss and topk is None and "commitment" in losses:
             # The call's state update rides on the backward of what it returned: the cross entropy carries the
             # squared commitment's graph at weight 0.
@@ -413,17 +413,17 @@ class VectorQuantize(LockstepQuantizer):
             return tokens
         return _ops.vq_initialise(tokens.float(), tokens, self._steps, self._handle, True)
 
-    def _codes_per_token(self, transform, x, maps, bridged, other_call):
+    def _codes_per_token(self, transform, x, maps, bridged):
         """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
         token's own codes, n a map's positions) as (b * n, K, d) for liblockstep, which searches each token's codes
         alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. Taken with one head
-        and no affine_param or indices (`other_call`): a TypeError otherwise."""
-        if other_call or self.heads != 1 or self._spec[2].get("affine_param"):
-            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param or "
-                            "indices")
+        and no affine_param: a TypeError otherwise."""
+        if self.heads != 1 or self._spec[2].get("affine_param"):
+            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param")
         embed = self._codebook.embed
         learned = self._spec[2].get("learnable_codebook", False)
-        codes = transform(bridged if bridged is not None else embed if learned else embed.detach())
+        # A copy of an EMA codebook: its update in backward writes embed before the function's backward runs.
+        codes = transform(bridged if bridged is not None else embed if learned else embed.detach().clone())
         tokens, _ = self._tokens_of(x, maps)
         b, n = tokens.shape[:2]
         k, d = embed.shape[-2:]

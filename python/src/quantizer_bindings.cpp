@@ -622,15 +622,19 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "codes searched (embed, or the vq_bridge's codebook); None when no update added one.")
       .def(
           "vq_code_logits",
-          [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook) {
+          [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook,
+             std::optional<at::Tensor> token_codes) {
             auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
             LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
             const lockstep::quant::NoAutocast fp32;
-            return vq->code_logits(x.is_floating_point() ? x.to(at::kFloat) : x, codebook ? *codebook : at::Tensor());
+            const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+            if (token_codes) return vq->implicit_code_logits(input, *token_codes);
+            return vq->code_logits(input, codebook ? *codebook : at::Tensor());
           },
-          py::arg("x"), py::arg("codebook") = py::none(),
+          py::arg("x"), py::arg("codebook") = py::none(), py::arg("token_codes") = py::none(),
           "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable; `codebook`: embed "
-          "through the module's vq_bridge.")
+          "through the module's vq_bridge; `token_codes`: each token's own codes (b * n, K, codebook_dim), "
+          "the logits (b, n, K) among them.")
       .def(
           "layer",
           [](Quantizer& q, int64_t l) {

@@ -167,3 +167,35 @@ def test_top_k_codes_of_each_tokens_own_codebook_are_the_references(options, con
     torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
     for a, b in zip(transforms[1].parameters(), transforms[0].parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("options, condition", [
+    (dict(), (2, 10, 8)), (dict(use_cosine_sim=True), (2, 10, 8)), (dict(codebook_dim=4), (2, 10, 4))],
+    ids=["euclidean", "cosine", "projected"])
+def test_the_cross_entropy_of_given_codes_among_each_tokens_own_codes_is_the_references(options, condition, training):
+    # indices= with codebook_transform_fn: the cross entropy of the given codes under each token's own codes'
+    # logits (minus the pairwise distance, or the cosine similarity), its gradient to the input and the function.
+    # Deliberate difference: the function's gradient is taken at the codebook the call used; the reference's
+    # training call takes it at the codebook its EMA step then wrote (through .data, unseen by autograd), so the
+    # function's gradient is compared with the reference's evaluation call, which changes nothing.
+    torch.manual_seed(2)
+    reference = vqp.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours = lockstep.VectorQuantize(dim=8, codebook_size=16, **options)
+    ours.load_reference_state_dict(reference.state_dict())
+    at_the_call = copy.deepcopy(reference).eval()
+    reference.train(training), ours.train(training)
+    transforms = [_PerTokenCodes(torch.randn(condition))]
+    transforms += [copy.deepcopy(transforms[0]), copy.deepcopy(transforms[0])]
+    given = torch.randint(0, 16, (2, 10))
+    given[0, :2] = -1  # ignored, as there
+    xs = [torch.randn(2, 10, 8).requires_grad_(True)]
+    xs.append(xs[0].detach().clone().requires_grad_(True))
+    _, loss_ref = reference(xs[0], indices=given, codebook_transform_fn=transforms[0])
+    _, loss = ours(xs[1], indices=given, codebook_transform_fn=transforms[1])
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    loss_ref.backward(), loss.backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+    at_the_call(xs[0].detach(), indices=given, codebook_transform_fn=transforms[2])[1].backward()
+    for a, b in zip(transforms[1].parameters(), transforms[2].parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)

@@ -44,15 +44,25 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
   }
   const std::vector<int64_t> shape = top ? std::vector<int64_t>{m, *top} : std::vector<int64_t>{m};
   return choose_codes(ctx, shape, [&] {
-    // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
-    at::Tensor logits = options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
-                                                  : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
+    at::Tensor logits = implicit_logits(tokens, book);
     if (sampled) {
       const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
       logits = logits / temperature(ctx) - (-(u.log())).log();
     }
     return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
   });
+}
+
+at::Tensor Vq::implicit_logits(const at::Tensor& tokens, const at::Tensor& book) const {
+  // The reference's distances: F.pairwise_distance (|x - c + 1e-6|), or the cosine similarity.
+  return options_.use_cosine_sim() ? torch::einsum("md,mkd->mk", {tokens, book})
+                                   : -(tokens.unsqueeze(1) - book + 1e-6).norm(2, -1);
+}
+
+at::Tensor Vq::implicit_code_logits(const at::Tensor& x, const at::Tensor& codes) {
+  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd)
+  const at::Tensor logits = implicit_logits(tokens, options_.use_cosine_sim() ? l2norm(codes) : codes);
+  return logits.reshape({x.size(0), x.size(1), options_.codebook_size()});
 }
 
 at::Tensor Vq::picked(const ChosenCodes& chosen, const at::Tensor& indices) const {

@@ -192,6 +192,10 @@ class Vq final : public Quantizer {
   // cross entropy of given codes over). Differentiable in x, and in a learnable codebook; changes no state.
   // `bridged`: the codebook as a module of the caller's made it from embed (QuantizeContext::codebook).
   at::Tensor code_logits(const at::Tensor& x, const at::Tensor& bridged = {});
+  // code_logits() among each token's own codes `codes` (b * n, K, codebook_dim), as quantize_implicit searches
+  // them (minus the reference's pairwise_distance, or the cosine similarity): (b, n, K), differentiable in x
+  // and the codes.
+  at::Tensor implicit_code_logits(const at::Tensor& x, const at::Tensor& codes);
   // For an optimizer of the caller's stepping the codebook on the reference's in-place loss (its
   // in_place_codebook_optimizer): while on, each training call that may change the codebooks reports loss
   // "in_place" (the mean squared distance of its counted tokens to their codes, this process's, without a
@@ -235,6 +239,8 @@ class Vq final : public Quantizer {
   // Tokens x (b, n, dim) through the projection in, (M, codebook_dim) and differentiable, for a search of each
   // token's own codes (M, K, codebook_dim); InvalidArgument unless the two suit one (one head, no affine_param).
   at::Tensor implicit_tokens(const at::Tensor& x, const at::Tensor& codes);
+  // Each of its own codes' logit (M, K) for tokens (M, cd) among `codes` (M, K, cd), the search's.
+  at::Tensor implicit_logits(const at::Tensor& tokens, const at::Tensor& codes) const;
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
   // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
   // stochastic_sample_codes, rows keyed from first_row; recorded or replayed through ctx.searches.
