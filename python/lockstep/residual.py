@@ -194,11 +194,9 @@ class ResidualVQ(_Residual):
         bridge = own["vq_bridge"]
         if bridge is not None:
             # Each layer's codebook through the one module, in torch, before liblockstep's greedy search.
-            for taken, what in ((implicit_neural_codebook, "implicit_neural_codebook"),
-                                (vq_kwargs.get("kmeans_init"), "kmeans_init")):
-                if taken:
-                    refuse("lockstep.ResidualVQ", "vq_bridge", bridge, f"None with {what}: liblockstep would search "
-                           "or initialise the layers' codebooks inside the stack, where the bridge does not run")
+            if vq_kwargs.get("kmeans_init"):
+                refuse("lockstep.ResidualVQ", "vq_bridge", bridge, "None with kmeans_init: liblockstep initialises each "
+                       "layer's codebook from its residual inside the stack, where the bridge does not run")
         in_place = own["in_place_codebook_optimizer"]
         if in_place is not None and implicit_neural_codebook:
             refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", in_place,

@@ -84,7 +84,9 @@ def test_k_means_sets_the_codebook_the_bridge_takes_in_the_first_training_call()
     (dict(beam_size=2, eval_beam_size=3, beam_score_quantizer_weights=[1.0, 0.5, 0.25]), 16),
     (dict(codebook_size=(8, 32, 16)), 16),  # each layer its size
     (dict(codebook_size=(8, 32, 16), beam_size=2), 16),
-], ids=["plain", "projected", "shared", "beam", "eval_beam_weighted", "sizes", "sizes_beam"])
+    # QINCo's MLPs take each layer's codebook through the bridge, as the reference's codebook_transform_fn
+    (dict(implicit_neural_codebook=True, mlp_kwargs=dict(depth=1)), 16),
+], ids=["plain", "projected", "shared", "beam", "eval_beam_weighted", "sizes", "sizes_beam", "implicit"])
 def test_residual_layers_each_take_their_codebook_through_the_one_bridge(options, width):
     # As the reference's ResidualVQ: the one module in every layer (`layers.q._codebook.vq_bridge.*`), each
     # layer's codebook through it, all trained through it.
@@ -114,7 +116,7 @@ def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_c
     with pytest.raises(TypeError, match="vq_bridge must be a module"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=3)
     # What lockstep runs inside its stack, where the bridge does not run: a TypeError naming both.
-    for other in (dict(implicit_neural_codebook=True), dict(kmeans_init=True)):
+    for other in (dict(kmeans_init=True),):
         arguments = {**dict(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16)), **other}
         with pytest.raises(TypeError, match="vq_bridge"):
             lockstep.ResidualVQ(**arguments)

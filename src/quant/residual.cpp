@@ -125,8 +125,10 @@ namespace {
 // Layer codes of an implicit codebook for conditions (M, ld): every token's K codes for the search, made
 // without a gradient, and a maker of the chosen ones with it, so the MLP's backward runs on the codes the
 // search chose rather than on all K (the same values: the MLP maps each (condition, code) pair alone).
-std::pair<at::Tensor, Vq::ChosenCodes> implicit_codes(ImplicitCodebook mlp, Vq& vq, const at::Tensor& condition) {
-  const at::Tensor base = vq.embed()[0];
+// `given`: the layer's codebook as the caller made it (1, K, ld) (a vq_bridge's), else the layer's own.
+std::pair<at::Tensor, Vq::ChosenCodes> implicit_codes(ImplicitCodebook mlp, Vq& vq, const at::Tensor& condition,
+                                                      const at::Tensor& given) {
+  const at::Tensor base = given.defined() ? given[0] : vq.embed()[0];
   at::Tensor all;
   {
     torch::NoGradGuard no_grad;
@@ -166,7 +168,6 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     // A caller's codes for each layer (ResidualSimVQ's map of its frozen codes, ResidualVQ's vq_bridge).
     QuantizeContext layer_ctx = ctx;
     if (ctx.codebook.defined()) {
-      LOCKSTEP_CHECK_ARG(mlps_.empty(), kind_, ": implicit neural codebooks take no caller's codes (a vq_bridge)");
       LOCKSTEP_CHECK_ARG(ctx.codebook.dim() >= 1 && ctx.codebook.size(0) == options_.num_quantizers(), kind_,
                          ": expected one codebook per layer (", options_.num_quantizers(), "), got ",
                          ctx.codebook.sizes());
@@ -175,7 +176,8 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
       auto& vq = dynamic_cast<Vq&>(layer);
       const int64_t ld = residual.size(2);
-      const auto [codes, chosen] = implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}));
+      const auto [codes, chosen] =
+          implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}), layer_ctx.codebook);
       out = vq.quantize_implicit(residual, codes, ctx, chosen);
     } else if (options_.shared_codebook()) {  // statistics now, the shared codebook recomputed after the last layer
       VqUpdate track;
@@ -238,10 +240,9 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
   LOCKSTEP_CHECK_ARG(x.dim() == 3 && x.size(2) == dim_, kind_, ": expected tokens (b, n, ", dim_, "), got ", x.sizes());
   LOCKSTEP_CHECK_ARG(beam >= 1, kind_, ": a beam of ", beam, " paths; it must be >= 1");
   if (beam == 1) return quantize_greedy(x, ctx);
-  LOCKSTEP_CHECK_ARG(!ctx.codebook.defined() || (mlps_.empty() && ctx.codebook.size(0) == options_.num_quantizers()),
-                     kind_,
-                     ": a beam search takes one caller's codebook per layer (a vq_bridge's), without implicit "
-                     "neural codebooks");
+  LOCKSTEP_CHECK_ARG(!ctx.codebook.defined() || ctx.codebook.size(0) == options_.num_quantizers(), kind_,
+                     ": a beam search takes one caller's codebook per layer (a vq_bridge's), got ",
+                     ctx.codebook.sizes());
   std::vector<Vq*> vqs;
   for (const auto& layer : layers_) {
     vqs.push_back(dynamic_cast<Vq*>(layer.get()));
@@ -268,12 +269,13 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     const int64_t paths = residual.size(1);
     QuantizeContext layer_ctx = ctx;
     if (mask.defined()) layer_ctx.mask = mask.reshape({m, 1}).expand({m, paths});
-    VqTopk top;                     // (M, J, k, ...)
+    VqTopk top;  // (M, J, k, ...)
+    if (ctx.codebook.defined()) layer_ctx.codebook = layer_codes(ctx.codebook, l, vq.codebook_size());  // a bridge's
     if (!mlps_.empty() && l > 0) {  // each path's codes from the base codebook and the path's codes before
-      const auto [codes, chosen] = implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}));
+      const auto [codes, chosen] =
+          implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}), layer_ctx.codebook);
       top = vq.quantize_topk_implicit(residual, codes, beam, layer_ctx, chosen);
     } else {
-      if (ctx.codebook.defined()) layer_ctx.codebook = layer_codes(ctx.codebook, l, vq.codebook_size());  // a bridge's
       top = vq.quantize_topk(residual, beam, layer_ctx);
     }
     const int64_t k = top.indices.size(2);
