@@ -449,7 +449,7 @@ class LockstepQuantizer(nn.Module):
         return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
                                    codebook=codebook)
 
-    @torch._dynamo.assume_constant_result
+    @torch.compiler.assume_constant_result
     def _compile_signature(self):
         """(names of every loss a call may return, shape of a token's indices): what the custom op's
         outputs are, found once by quantizing one token in each mode (with no state change)."""
