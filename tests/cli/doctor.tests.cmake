@@ -10,11 +10,6 @@ lockstep_cli_test(doctor_missing_data EXIT 0
                   OUTPUT "Fashion-MNIST +missing.*WARNING: Fashion-MNIST is missing.*apt-get install dataset-fashion-mnist"
                   ARGS doctor --quick --data ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir)
 
-# With OPENBLAS_CORETYPE unset, lockstep re-executes itself so OpenBLAS loads the kernels this CPU
-# should use, exactly when OpenBLAS's own choice differs (tests/cli/coretype_rule.sh checks the rule,
-# whichever way this CPU falls).
-lockstep_cli_test(doctor_reexec_follows_the_coretype_rule EXIT 0 OUTPUT "ok: (OpenBLAS chose|the BLAS is not)" TIMEOUT 120
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/coretype_rule.sh ARGS)
 # A user's own choice is respected, never overridden.
 lockstep_cli_test(doctor_respects_user_coretype EXIT 0
                   OUTPUT "BLAS core +Haswell.*OPENBLAS_CORETYPE +Haswell \\(from the environment\\)"
@@ -38,12 +33,8 @@ if(EXISTS ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3)
 else()
   message(STATUS "cli.doctor_warns_about_reference_blas not defined: no ${LOCKSTEP_REFERENCE_BLAS_DIR}/libblas.so.3")
 endif()
-# The doctor opens the data set: a damaged file (here cut short) is a warning naming it.
-lockstep_cli_test(doctor_reads_the_data_set EXIT 0
-                  OUTPUT "Fashion-MNIST +damaged in data.*WARNING: Fashion-MNIST in data cannot be read: .*t10k-images-idx3-ubyte.gz"
-                  SETUP "cp -r /usr/share/datasets/fashion-mnist data && head -c 5000 /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz > data/t10k-images-idx3-ubyte.gz"
-                  ARGS doctor --quick --threads 1 --data data)
-# These run against Debian's LibTorch 1.13 too (.ci/run: ctest -L channel).
+# These run against Debian's LibTorch 1.13 too (.ci/run: ctest -L channel), as do the doctor scenarios
+# of single_run_scenarios.py (the core-type rule, a damaged data set), labelled so there.
 get_property(doctor_tests DIRECTORY PROPERTY TESTS)
 list(FILTER doctor_tests INCLUDE REGEX "^cli\\.doctor_")
 set_property(TEST ${doctor_tests} APPEND PROPERTY LABELS channel)

@@ -23,13 +23,20 @@ class Failure(Exception):
     pass
 
 
-def scenario(timeout, needs=()):
+def scenario(timeout, needs=(), labels=()):
     """Registers a scenario: `timeout` seconds for everything it runs; `needs` names what it must be
-    given ("torchrun", "images")."""
+    given ("torchrun", "images"); `labels`, its ctest labels ("channel": CI also runs it against Debian's
+    LibTorch)."""
     def register(function):
-        SCENARIOS[function.__name__] = (function, timeout, tuple(needs))
+        SCENARIOS[function.__name__] = (function, timeout, tuple(needs), tuple(labels))
         return function
     return register
+
+
+def environment(env):
+    """os.environ with `env` on top, a None value removing the variable."""
+    merged = {**os.environ, **(env or {})}
+    return {key: value for key, value in merged.items() if value is not None}
 
 
 def stop(process):
@@ -68,7 +75,7 @@ class Run:
         try:
             process = subprocess.Popen([str(a) for a in argv], cwd=self.dir, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**os.environ, **(env or {})})
+                                       env=environment(env))
         except OSError as e:
             raise Failure(f"cannot run {argv[0]}: {e}")
         try:
@@ -96,6 +103,35 @@ class Run:
         return self.lockstep("launch", "-n", ranks, "--", "train", "--run-dir", run_dir, *args,
                              log=log or f"{run_dir}.log", env=env)
 
+    def start(self, *args, log, env=None):
+        """`lockstep ARGS` started in the scenario's directory, in its own process group, its output to `log`;
+        `wait` ends it."""
+        with open(self.dir / log, "wb") as out:
+            return subprocess.Popen([str(self.binary), *map(str, args)], cwd=self.dir, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, env=environment(env))
+
+    def wait(self, process, log, expect=0):
+        """What a started process wrote to `log` once it ended (killed at the deadline: Failure); Failure unless
+        its exit status is `expect`."""
+        try:
+            code = process.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            stop(process)
+            raise Failure(f"still running at the deadline: {' '.join(map(str, process.args))}")
+        text = (self.dir / log).read_text(errors="replace")
+        if code != expect:
+            raise Failure(f"exit status {code}, expected {expect}: {' '.join(map(str, process.args))}\n{text[-3000:]}")
+        return text
+
+    def wait_until(self, condition, seconds):
+        """Polls `condition` every 10 ms for up to `seconds` (never past the deadline); whether it held."""
+        end = min(time.monotonic() + seconds, self.deadline)
+        while not condition():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return True
+
     def two_ranks(self, *args, rank1_extra=(), expect=0):
         """`lockstep ARGS` as two ranks started by hand with --rank/--world-size: rank 0 with --master-port 0
         (any free port) says where its store listens, and rank 1 is started with that port and `rank1_extra`
@@ -103,13 +139,7 @@ class Run:
         are killed at the deadline."""
         argv = [str(self.binary), *map(str, args)]
         logs = [self.dir / f"rank{r}.log" for r in range(2)]
-
-        def start(extra, log):
-            with open(log, "wb") as out:
-                return subprocess.Popen(argv + [str(a) for a in extra], cwd=self.dir, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-
-        ranks = [start(["--rank", 0, "--world-size", 2, "--master-port", 0], logs[0])]
+        ranks = [self.start(*args, "--rank", 0, "--world-size", 2, "--master-port", 0, log=logs[0].name)]
         try:
             port = None
             while port is None:
@@ -120,7 +150,8 @@ class Run:
                     raise Failure(f"rank 0 did not say where its store listens:\n{logs[0].read_text(errors='replace')}")
                 else:
                     time.sleep(0.05)
-            ranks.append(start([*rank1_extra, "--rank", 1, "--world-size", 2, "--master-port", port], logs[1]))
+            ranks.append(self.start(*args, *rank1_extra, "--rank", 1, "--world-size", 2, "--master-port", port,
+                                    log=logs[1].name))
             codes = [process.wait(timeout=max(self.deadline - time.monotonic(), 0.1)) for process in ranks]
         except subprocess.TimeoutExpired:
             raise Failure(f"still running at the deadline: two ranks of {' '.join(argv)}")

@@ -6,7 +6,7 @@ small run (train, resume, eval, encode, decode), folder_scenarios.py those of an
 (tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
 is killed at the deadline and the scenario fails naming the command.
 
-    scenarios.py --list                    one line per scenario: name, time limit (s), needs
+    scenarios.py --list                    one line per scenario: name, time limit (s), needs, ctest labels
     scenarios.py NAME --lockstep PATH --workdir DIR [--torchrun PATH] [--opencv-images DIR]
 
 Exit status 0: passed; 1: failed (the reason on stderr); 77: skipped (a tool it needs is missing)."""
@@ -273,12 +273,12 @@ def main():
     parser.add_argument("--opencv-images")
     args = parser.parse_args()
     if args.list:
-        for name, (_, timeout, needs) in SCENARIOS.items():
-            print(name, timeout, ",".join(needs) or "-")
+        for name, (_, timeout, needs, labels) in SCENARIOS.items():
+            print(name, timeout, ",".join(needs) or "-", ",".join(labels) or "-")
         return 0
     if args.name not in SCENARIOS:
         parser.error(f"no scenario {args.name!r}; --list names them")
-    function, timeout, needs = SCENARIOS[args.name]
+    function, timeout, needs, _ = SCENARIOS[args.name]
     missing = [n for n, given in (("torchrun", args.torchrun), ("images", args.opencv_images)) if n in needs and not given]
     if missing:
         print(f"skipped: {args.name} needs {', '.join(missing)}")

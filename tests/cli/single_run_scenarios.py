@@ -1,7 +1,11 @@
-"""CLI scenarios of one process and one small run (tests/cli/scenarios.py runs them, as cli.<name>): what
-`lockstep train` refuses in a configuration file, resuming a run, and what `eval`, `encode` and `decode` make
-of its directory or refuse."""
+"""CLI scenarios of one process (tests/cli/scenarios.py runs them, as cli.<name>): what `lockstep train`
+refuses in a configuration file, resuming a small run, what `eval`, `encode` and `decode` make of its directory
+or refuse, Ctrl-C during a run, and what `doctor` finds in the BLAS and a damaged data set."""
 import os
+import re
+import shutil
+import signal
+import time
 
 from scenario_kit import HERE, Failure, reject, scenario, tiny_run
 
@@ -211,3 +215,82 @@ def encode_empty_output(run):
     out = run.lockstep("encode", "nowhere", "-o", "", log="encode.log", expect=2)
     run.expect(out, "--output: must name a file or directory, not an empty string", "the usage error")
     reject(out, "write_file_atomic", "the library's function name")
+
+
+# A run whose steps are long (480 micro-batches each), logging every step.
+LONG_STEPS = ("--run-dir", "run", "--config", HERE / "small_run.toml", "--steps", 100000, "--batch-size", 480,
+              "--set", "train.grad_accum=480", "--set", "model.channels=[32,32]", "--set", "train.log_every=1")
+
+
+def _interrupted_twice(run, second_after):
+    """Ctrl-C (SIGINT) just after step 1 is logged, while step 2 is under way; a second `second_after` s after
+    the run says it stops after that step (at once with 0, as one Ctrl-C reaching a rank both from the terminal
+    and from its launcher). Exit status 130; returns what the run printed."""
+    process = run.start("train", *LONG_STEPS, log="train.log")
+    metrics = run.dir / "run" / "metrics.jsonl"
+    run.wait_until(lambda: (metrics.exists() and metrics.stat().st_size > 0) or process.poll() is not None, 30)
+    process.send_signal(signal.SIGINT)
+    if second_after > 0:
+        run.wait_until(lambda: "stopping after the step under way" in (run.dir / "train.log").read_text(errors="replace"),
+                       5)
+        time.sleep(second_after)
+    process.send_signal(signal.SIGINT)
+    return run.wait(process, "train.log", expect=130)
+
+
+@scenario(180)
+def train_second_interrupt_stops_at_once(run):
+    # Ctrl-C twice: the first asks the run to stop after the step under way, and says so; a second, 0.25 s or
+    # more later, ends the process at once, saying so (exit 130), the first run's checkpoint untouched.
+    out = _interrupted_twice(run, 0.4)
+    run.expect(out, r"stopping after the step under way.*stopped at once \(a second interrupt\)", "both interrupts")
+    reject(out, "interrupted at step", "a checkpoint after the second interrupt")
+
+
+@scenario(180)
+def train_one_interrupt_delivered_twice_stops_after_the_step(run):
+    # Two interrupts at once count as one: the run stops after the step under way, saved.
+    out = _interrupted_twice(run, 0)
+    run.expect(out, r"interrupted at step [0-9]+; checkpoint saved", "the run stopped after its step")
+    reject(out, "stopped at once", "a second interrupt")
+
+
+NO_BLAS_CHOICE = {"OPENBLAS_CORETYPE": None, "LOCKSTEP_BLAS_REEXEC": None, "LOCKSTEP_NO_REEXEC": None}
+
+
+@scenario(120, labels=("channel",))
+def doctor_reexec_follows_the_coretype_rule(run):
+    # With OPENBLAS_CORETYPE unset, lockstep re-executes itself so that OpenBLAS loads the kernels this CPU
+    # should use, exactly when OpenBLAS's own choice differs from them, and otherwise leaves the variable unset.
+    # Which case a CPU falls in depends on its model: the scenario checks the rule either way.
+    own = run.lockstep("doctor", "--quick", "--threads", 1, log="own.log",
+                       env={**NO_BLAS_CHOICE, "LOCKSTEP_NO_REEXEC": "1"})
+    if not re.search(r"(?m)^BLAS vendor *OpenBLAS", own):
+        print("the BLAS is not OpenBLAS: nothing to choose")
+        return
+    chosen = re.search(r"(?m)^BLAS core *([A-Za-z0-9]*)", own)
+    if not chosen:
+        raise Failure(f"no BLAS core row:\n{own}")
+    chosen = chosen.group(1)
+    wanted = re.search(r"(?m)^BLAS core .*\(recommended for this CPU: ([A-Za-z0-9]*)\)", own)
+    wanted = wanted.group(1) if wanted else ""
+    run.expect(own, r"(?m)^OPENBLAS_CORETYPE *unset", "LOCKSTEP_NO_REEXEC=1 leaving the variable unset")
+    out = run.lockstep("doctor", "--quick", "--threads", 1, log="doctor.log", env=NO_BLAS_CHOICE)
+    if wanted and chosen.lower() != wanted.lower():
+        run.expect(out, rf"(?m)^BLAS core *{wanted}", f"the core {wanted} after OpenBLAS chose {chosen}")
+        run.expect(out, rf"(?m)^OPENBLAS_CORETYPE *{wanted} \(set by lockstep", "the variable lockstep set")
+    else:
+        run.expect(out, r"(?m)^OPENBLAS_CORETYPE *unset", f"OpenBLAS's own choice {chosen} left alone")
+        run.expect(out, rf"(?m)^BLAS core *{chosen}", f"OpenBLAS's own choice {chosen} kept")
+
+
+@scenario(60, labels=("channel",))
+def doctor_reads_the_data_set(run):
+    # The doctor opens the data set: a damaged file (here cut short) is a warning naming it.
+    source = "/usr/share/datasets/fashion-mnist"
+    shutil.copytree(source, run.dir / "data")
+    images = "t10k-images-idx3-ubyte.gz"
+    (run.dir / "data" / images).write_bytes((run.dir / "data" / images).read_bytes()[:5000])
+    out = run.lockstep("doctor", "--quick", "--threads", 1, "--data", "data", log="doctor.log")
+    run.expect(out, r"Fashion-MNIST +damaged in data.*WARNING: Fashion-MNIST in data cannot be read: "
+               r".*t10k-images-idx3-ubyte\.gz", "the damaged file named")

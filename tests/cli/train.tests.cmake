@@ -72,16 +72,3 @@ lockstep_cli_test(train_divergence_is_an_error EXIT 5
                   ARGS train --run-dir run --steps 20 --lr 10 --quantizer vq --threads 1 --batch-size 32
                   --set data.train_subset=640 --set data.test_subset=64 --set model.channels=[8,16])
 lockstep_cli_test(help_lists_exit_statuses EXIT 0 OUTPUT "Exit status: 0 done.*3 a rank died or stalled.*4 ranks disagreed" ARGS --help)
-# Ctrl-C twice: the second ends the process at once (exit 130), the first run's checkpoint untouched.
-lockstep_cli_test(train_second_interrupt_stops_at_once EXIT 130
-                  OUTPUT "stopping after the step under way.*stopped at once \\(a second interrupt\\)"
-                  REJECT "interrupted at step" TIMEOUT 180 RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/second_interrupt.sh
-                  ARGS train --run-dir run --config ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --steps 100000
-                       --batch-size 480 --set train.grad_accum=480 --set model.channels=[32,32]
-                       --set train.log_every=1)
-lockstep_cli_test(train_one_interrupt_delivered_twice_stops_after_the_step EXIT 130
-                  OUTPUT "interrupted at step [0-9]+; checkpoint saved" REJECT "stopped at once" TIMEOUT 180
-                  RUNNER env SECOND_AFTER=0 bash ${CMAKE_CURRENT_LIST_DIR}/second_interrupt.sh
-                  ARGS train --run-dir run --config ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --steps 100000
-                       --batch-size 480 --set train.grad_accum=480 --set model.channels=[32,32]
-                       --set train.log_every=1)
