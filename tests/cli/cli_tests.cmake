@@ -1,10 +1,11 @@
 # CLI tests: run the real `lockstep` binary and check its exit code and messages.
-# lockstep_cli_test(<name> EXIT <code> [OUTPUT <regex>] [REJECT <regex>] [SETUP <shell>] [TIMEOUT <s>]
+# lockstep_cli_test(<name> EXIT <code> [OUTPUT <regex>] [REJECT <regex>] [TIMEOUT <s>]
 #                   [RUNNER <program>...] ARGS <arg>...)
 # Each test runs in its own empty directory under the build tree. RUNNER (e.g. a script) is run
 # with the lockstep binary as its first argument, then ARGS; its exit code and output are checked.
+# A test that needs files made first (a run, a damaged file) is a scenario: tests/cli/scenarios.py.
 function(lockstep_cli_test name)
-  cmake_parse_arguments(T "" "EXIT;OUTPUT;REJECT;SETUP;TIMEOUT" "ARGS;RUNNER" ${ARGN})
+  cmake_parse_arguments(T "" "EXIT;OUTPUT;REJECT;TIMEOUT" "ARGS;RUNNER" ${ARGN})
   if(NOT DEFINED T_TIMEOUT)
     set(T_TIMEOUT 60)
   endif()
@@ -18,7 +19,7 @@ function(lockstep_cli_test name)
   add_test(NAME cli.${name}
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${runner}$<TARGET_FILE:lockstep_cli>|${joined}"
                    -DEXPECT_EXIT=${T_EXIT} "-DEXPECT_OUTPUT=${T_OUTPUT}" "-DREJECT_OUTPUT=${T_REJECT}"
-                   "-DSETUP=${T_SETUP}" -DWORKDIR=${workdir}
+                   -DWORKDIR=${workdir}
                    -P ${CMAKE_CURRENT_LIST_DIR}/run_cli.cmake)
   set_tests_properties(cli.${name} PROPERTIES TIMEOUT ${T_TIMEOUT})
 endfunction()

@@ -1,17 +1,11 @@
 # Runs one CLI test: cmake -DCOMMAND=a|b|c -DEXPECT_EXIT=n -DEXPECT_OUTPUT=regex [-DREJECT_OUTPUT=regex]
-#   [-DWORKDIR=dir] [-DSETUP=shell] -P run_cli.cmake
+#   [-DWORKDIR=dir] -P run_cli.cmake
 # Arguments in COMMAND are separated by '|'. The test fails when the exit code differs, when the
 # combined output does not match EXPECT_OUTPUT, or when it matches REJECT_OUTPUT.
 string(REPLACE "|" ";" command "${COMMAND}")
 if(DEFINED WORKDIR)
   file(REMOVE_RECURSE "${WORKDIR}")
   file(MAKE_DIRECTORY "${WORKDIR}")
-endif()
-if(DEFINED SETUP AND NOT SETUP STREQUAL "")
-  execute_process(COMMAND bash -c "${SETUP}" WORKING_DIRECTORY "${WORKDIR}" RESULT_VARIABLE setup_rc)
-  if(NOT setup_rc EQUAL 0)
-    message(FATAL_ERROR "setup failed (${setup_rc}): ${SETUP}")
-  endif()
 endif()
 execute_process(COMMAND ${command} WORKING_DIRECTORY "${WORKDIR}"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -218,6 +218,14 @@ def torchrun_two_ranks_match_launch_and_one_process(run):
     evaluate(run, "torchrun", "step 12", "--limit", "32")
 
 
+@scenario(300)
+def kill_a_rank_then_resume(run):
+    # Failure mode f end to end (kill_a_rank.sh, which bench/gpu_check.sh runs on NCCL too): a SIGKILLed rank
+    # is named within 2 s (G2), the run resumes exactly on 2 ranks; `eval` then reads the resumed run.
+    run.command(["bash", HERE / "kill_a_rank.sh", run.binary, HERE / "compare_metrics.py"], "kill.log")
+    evaluate(run, "run", "step 100", "--limit", 16)
+
+
 @scenario(120)
 def train_ranks_from_flags(run):
     # Ranks from flags instead of the environment: rank 0 takes any free port (--master-port 0) and says which;
