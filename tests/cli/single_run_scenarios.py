@@ -9,9 +9,6 @@ import time
 
 from scenario_kit import HERE, Failure, reject, scenario, tiny_run
 
-TINY_MODEL = ("--threads", 1, "--set", "data.test_subset=32", "--set", "model.channels=[8,8]")
-
-
 @scenario(60)
 def train_error_quoting_a_huge_value_is_shortened(run):
     # An error quoting a 400,000-character value (a path from a config file) shows its two ends: the
@@ -33,8 +30,7 @@ def train_bad_config_file(run):
 @scenario(120)
 def train_simvq_then_eval(run):
     # SimVQ from the CLI: trains (its map learns by gradient), saves, and the saved run evaluates.
-    run.train("run", "--quantizer", "simvq", "--set", "quantizer.simvq.codebook_size=64", "--steps", 4,
-              "--batch-size", 16, "--set", "data.train_subset=64", *TINY_MODEL)
+    tiny_run(run, "--quantizer", "simvq", "--set", "quantizer.simvq.codebook_size=64")
     run.expect(run.lockstep("eval", "run", "--limit", 32, log="eval.log"),
                r"mse [0-9.]+  psnr [0-9.]+ dB  codes used [0-9]+/64", "eval of the SimVQ run")
 
@@ -137,9 +133,9 @@ def eval_lpips_missing_weights(run):
 @scenario(180)
 def train_perceptual_with_weights(run):
     run.python("make_lpips_weights.py", run.dir / "w.safetensors", log="weights.log")
-    out = run.train("run", "--steps", 2, "--batch-size", 8, "--set", "data.train_subset=16", "--threads", 1,
-                    "--set", "data.test_subset=16", "--set", "model.channels=[8,8]", "--set", "loss.perceptual=1",
-                    "--set", "loss.lpips_weights=w.safetensors")
+    out = run.train("run", "--config", HERE / "small_run.toml", "--steps", 2, "--batch-size", 8, "--set",
+                    "data.train_subset=16", "--set", "data.test_subset=16", "--set", "loss.perceptual=1", "--set",
+                    "loss.lpips_weights=w.safetensors")
     run.expect(out, r"test: mse [0-9.]+ .*lpips [0-9]+\.[0-9]+", "the run's LPIPS figure")
 
 

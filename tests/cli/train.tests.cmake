@@ -1,6 +1,7 @@
 # CLI tests of train, eval, encode and decode: exit codes and messages a user sees. Those that need files
 # made first (a small run, a config file) are scenarios: tests/cli/single_run_scenarios.py.
-set(LS $<TARGET_FILE:lockstep_cli>)
+# The shared small run (small_run.toml) on 64 images (scenario_kit.py's TINY, there for 4 steps).
+set(TINY --config ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --batch-size 16 --set data.train_subset=64)
 
 lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a subcommand is required" ARGS)
 lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian'; valid: train, eval, encode, decode, doctor" ARGS trian)
@@ -26,29 +27,23 @@ lockstep_cli_test(train_impossible_model EXIT 1 OUTPUT "28x28.*model.channels"
 lockstep_cli_test(train_missing_config_file EXIT 2 OUTPUT "nothere.toml" ARGS train --config nothere.toml)
 
 lockstep_cli_test(train_tiny_run EXIT 0 OUTPUT "step 4/4.*test: mse [0-9.]+  psnr [0-9.]+ dB  codes used"
-                  TIMEOUT 120 ARGS train --run-dir run --steps 4 --batch-size 16 --threads 1
-                  --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8])
+                  TIMEOUT 120 ARGS train --run-dir run ${TINY} --steps 4)
 lockstep_cli_test(train_residual_simvq EXIT 0 OUTPUT "step 3/3.*codes used" TIMEOUT 120
                   ARGS train --run-dir run --quantizer residual-simvq --set quantizer.simvq.codebook_size=32
-                  --set quantizer.residual.num_quantizers=2 --set quantizer.residual.quantize_dropout=true --steps 3
-                  --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32
-                  --set model.channels=[8,8])
+                  --set quantizer.residual.num_quantizers=2 --set quantizer.residual.quantize_dropout=true ${TINY}
+                  --steps 3)
 lockstep_cli_test(train_latent_quantize EXIT 0 OUTPUT "step 3/3.*codes used [0-9]+/60" TIMEOUT 120
-                  ARGS train --run-dir run --quantizer latent --set quantizer.latent.levels=[5,4,3] --steps 3
-                  --batch-size 16 --threads 1 --set data.train_subset=64 --set data.test_subset=32
-                  --set model.channels=[8,8])
+                  ARGS train --run-dir run --quantizer latent --set quantizer.latent.levels=[5,4,3] ${TINY} --steps 3)
 lockstep_cli_test(train_grouped_residual_fsq EXIT 0 OUTPUT "step 3/3.*codes used" TIMEOUT 120
                   ARGS train --run-dir run --quantizer grouped-residual-fsq --set quantizer.fsq.levels=[5,5]
-                  --set quantizer.grouped.groups=3 --set quantizer.residual.num_quantizers=2 --steps 3 --batch-size 16
-                  --threads 1 --set data.train_subset=64 --set data.test_subset=32 --set model.channels=[8,8])
+                  --set quantizer.grouped.groups=3 --set quantizer.residual.num_quantizers=2 ${TINY} --steps 3)
 lockstep_cli_test(train_resume_nothing EXIT 1 OUTPUT "not a directory" ARGS train --resume nowhere)
 
 lockstep_cli_test(eval_missing_checkpoint EXIT 1 OUTPUT "no checkpoint at nowhere" ARGS eval nowhere)
 # A run keeping a moving average of its weights reports both; eval, encode and decode take it with --ema.
 lockstep_cli_test(train_weight_average EXIT 0
                   OUTPUT "test: mse [0-9.]+ .*test, weight average: mse [0-9.]+  psnr" TIMEOUT 120
-                  ARGS train --run-dir run --steps 4 --batch-size 16 --threads 1 --set data.train_subset=64
-                  --set data.test_subset=32 --set model.channels=[8,8] --set train.ema_decay=0.9)
+                  ARGS train --run-dir run ${TINY} --steps 4 --set train.ema_decay=0.9)
 lockstep_cli_test(train_perceptual_needs_weights EXIT 1 OUTPUT "loss.perceptual = 1.* needs loss.lpips_weights"
                   ARGS train --run-dir run --steps 1 --set loss.perceptual=1)
 lockstep_cli_test(train_fid_weights_missing EXIT 1 OUTPUT "eval.fid_weights = nowhere.safetensors: no such file"
