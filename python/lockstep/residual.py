@@ -187,8 +187,7 @@ class ResidualVQ(_Residual):
             "accept_3d_fmap": ((False,), "False: the stack takes tokens, or image maps with accept_image_fmap"),
             "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens"),
             "manual_ema_update": ((False,), "False: the stack refreshes its layers' codebooks; VectorQuantize takes "
-                                  "True"),
-            "codebook_diversity_loss_weight": ((0, 0.0), "0.0 in a stack; VectorQuantize takes it")})
+                                  "True")})
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
         bridge = own["vq_bridge"]

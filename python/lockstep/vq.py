@@ -84,9 +84,6 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     options["commitment_use_cross_entropy_loss"] = bool(commitment_use_cross_entropy_loss)
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
-    # The reference's codebook diversity loss (training; off unless its weight is > 0), over liblockstep's logits.
-    options["codebook_diversity_loss_weight"] = float(codebook_diversity_loss_weight)
-    options["codebook_diversity_temperature"] = float(codebook_diversity_temperature)
     options["vq_bridge"] = vq_bridge  # run by the module, in torch, on the codebook before each search
     # An optimizer of the codebook's parameters stepped on the in-place loss, in backward (docs/python.md).
     options["in_place_codebook_optimizer"] = in_place_codebook_optimizer
@@ -123,8 +120,7 @@ def _unweighted(losses, name, weight, device):
 
 # What vq_options returns that is the module's, not liblockstep's: input layout, padding, forward defaults.
 MODULE_KEYS = ("accept_image_fmap", "accept_3d_fmap", "channel_last", "sync_codebook",
-               "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss",
-               "codebook_diversity_loss_weight", "codebook_diversity_temperature", "vq_bridge",
+               "return_zeros_for_masked_padding", "freeze_codebook", "commitment_use_cross_entropy_loss", "vq_bridge",
                "in_place_codebook_optimizer", "manual_in_place_optimizer_update")
 
 
@@ -170,8 +166,8 @@ class VectorQuantize(LockstepQuantizer):
         self.return_zeros_for_masked_padding = own["return_zeros_for_masked_padding"]
         self.freeze_codebook = own["freeze_codebook"]
         self.commitment_use_cross_entropy_loss = own["commitment_use_cross_entropy_loss"]
-        self.codebook_diversity_loss_weight = own["codebook_diversity_loss_weight"]
-        self.codebook_diversity_temperature = own["codebook_diversity_temperature"]
+        self.codebook_diversity_loss_weight = options["codebook_diversity_loss_weight"]
+        self.codebook_diversity_temperature = options["codebook_diversity_temperature"]
         self.has_projections = any(name.startswith("project_in.") for name in self._parameter_names)
         self.commitment_weight = options["commitment_weight"]
         self.orthogonal_reg_weight = options["orthogonal_reg_weight"]
@@ -301,23 +297,6 @@ class VectorQuantize(LockstepQuantizer):
                              f"got {tuple(indices.shape)}")
         return torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices.long(), ignore_index=-1)
 
-    def _codebook_diversity(self, x, mask, codebook=None):
-        """The reference's codebook diversity loss, unweighted: minus the entropy (its eps) of the code
-        probabilities softmax(temperature * logit), averaged over the batch and heads at each sequence position,
-        then over positions; liblockstep's logits, x as forward took it. Of this rank's tokens, as the
-        reference's; padding is left out (the reference counts it), a position with none counted too."""
-        if self.accept_image_fmap or self.accept_3d_fmap:
-            x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
-        probs = (self._core.vq_code_logits(x, codebook) * self.codebook_diversity_temperature).softmax(-1)
-        if probs.ndim == 3:
-            probs = probs.unsqueeze(2)
-        weights = (torch.ones(x.shape[:2], device=probs.device) if mask is None else mask.to(probs.dtype))
-        counted = weights.sum(0) * probs.shape[2]  # (n,)
-        average = (probs * weights[:, :, None, None]).sum((0, 2)) / counted.clamp(min=1)[:, None]  # (n, K)
-        entropy = (-average * average.clamp(min=1e-5).log()).sum(-1)
-        present = counted > 0
-        return -(entropy * present).sum() / present.sum().clamp(min=1)
-
     def _cross_entropy_commitment(self, x, idx, mask, codebook=None):
         """commitment_use_cross_entropy_loss: commitment_weight times the cross entropy of each token's chosen
         code under its logits (liblockstep's, the codebook as this call found it), padding ignored, as the
@@ -382,10 +361,6 @@ class VectorQuantize(LockstepQuantizer):
             # squared commitment's graph at weight 0.
             losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask, bridged)
                                     + 0.0 * losses["commitment"])
-        diversity = None
-        if self.training and self.codebook_diversity_loss_weight > 0 and topk is None:
-            diversity = self._codebook_diversity(x.unsqueeze(1) if only_one else x, mask, bridged)
-            losses["diversity"] = diversity * self.codebook_diversity_loss_weight
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)
         if topk is not None:
@@ -400,8 +375,8 @@ class VectorQuantize(LockstepQuantizer):
         else:
             commitment = _unweighted(losses, "commitment", self.commitment_weight, out.device)
         orthogonal = _unweighted(losses, "orthogonal", self.orthogonal_reg_weight, out.device)
-        return out, idx, loss, LossBreakdown(commitment, zero if diversity is None else diversity, orthogonal,
-                                             zero if in_place is None else in_place)
+        diversity = _unweighted(losses, "diversity", self.codebook_diversity_loss_weight, out.device)
+        return out, idx, loss, LossBreakdown(commitment, diversity, orthogonal, zero if in_place is None else in_place)
 
     def _initialised_first(self, tokens):
         """tokens (b, n, dim) as forward takes them, after k-means has initialised the codebook from them when

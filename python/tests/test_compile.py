@@ -53,6 +53,9 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
                                                             mlp_kwargs=dict(depth=1)),
     "VectorQuantize bridge": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16, vq_bridge=nn.Sequential(
         nn.Linear(8, 8), nn.Tanh())),
+    # The codebook diversity loss, computed inside liblockstep's op (it was a graph break in Python).
+    "VectorQuantize diversity": lambda: lockstep.VectorQuantize(dim=8, codebook_size=16,
+                                                                codebook_diversity_loss_weight=0.3),
     "ResidualVQ shared in-place": lambda: lockstep.ResidualVQ(
         dim=8, num_quantizers=3, codebook_size=16, shared_codebook=True, learnable_codebook=True, ema_update=False,
         in_place_codebook_optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.05)),

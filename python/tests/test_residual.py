@@ -130,6 +130,18 @@ def test_lfq_straight_through_activation_skips_the_dropped_layers_as_the_referen
     assert dropped > 0
 
 
+@pytest.mark.parametrize("options", [
+    dict(learnable_codebook=True, ema_update=False),
+    dict(learnable_codebook=True, ema_update=False, shared_codebook=True),
+], ids=["learnable", "shared"])
+def test_vq_layers_take_the_codebook_diversity_loss_as_the_references(options):
+    # Each layer's diversity loss in its entry of the per-layer losses, trained through 3 Adam steps.
+    torch.manual_seed(4)
+    arguments = dict(dim=16, num_quantizers=3, codebook_size=32, codebook_diversity_loss_weight=0.3, **options)
+    reference, ours = ReferenceResidualVQ(**arguments), lockstep.ResidualVQ(**arguments)
+    compare_training_steps(reference, ours, (2, 30, 16), 3, optimizer=torch.optim.Adam)
+
+
 def test_feature_maps_and_decoding_from_indices():
     reference = ReferenceResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=2, dim=6, is_channel_first=True)
     ours = lockstep.ResidualFSQ(levels=[8, 5, 5, 5], num_quantizers=2, dim=6, is_channel_first=True)

@@ -459,6 +459,13 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
       counted_grouped.numel() > 0 ? torch::mse_loss(counted_grouped, codes) : grouped.sum() * 0;
   // DiVeQ has none, as the reference (its estimator pulls the codes to the tokens).
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
+  if (is_training() && options_.codebook_diversity_loss_weight() > 0) {
+    // A copy of a codebook not learned: the EMA update in backward writes embed before this loss's backward reads it.
+    const at::Tensor base = ctx.codebook.defined()          ? ctx.codebook
+                            : options_.learnable_codebook() ? embed_
+                                                            : embed_.detach().clone();
+    result.losses["diversity"] = diversity_loss(code_logits(x, base), mask) * options_.codebook_diversity_loss_weight();
+  }
   // The affine statistics follow every training call, frozen codebook or not, as the reference's.
   // The in-place gradient first: it is taken at the codes searched, which the EMA's refresh overwrites.
   std::function<void(Reducer&)> in_place;
@@ -604,6 +611,19 @@ at::Tensor Vq::code_logits(const at::Tensor& x, const at::Tensor& bridged) {
                                   ? logits.reshape({heads, b, n, k}).permute({1, 2, 0, 3})
                                   : logits.reshape({b, n, heads, k});
   return heads == 1 ? per_head.reshape({b, n, k}) : per_head;
+}
+
+at::Tensor Vq::diversity_loss(const at::Tensor& logits, const at::Tensor& mask) const {
+  at::Tensor probs = (logits * options_.codebook_diversity_temperature()).softmax(-1);
+  if (probs.dim() == 3) probs = probs.unsqueeze(2);  // (b, n, heads, K)
+  const at::Tensor weights =
+      mask.defined() ? mask.to(probs.scalar_type()) : torch::ones({probs.size(0), probs.size(1)}, probs.options());
+  const at::Tensor counted = weights.sum(0) * static_cast<double>(probs.size(2));  // (n)
+  const at::Tensor average =
+      (probs * weights.unsqueeze(-1).unsqueeze(-1)).sum({0, 2}) / counted.clamp_min(1).unsqueeze(1);  // (n, K)
+  const at::Tensor entropy = (-average * average.clamp_min(1e-5).log()).sum(-1);  // the reference's eps
+  const at::Tensor present = (counted > 0).to(entropy.scalar_type());
+  return -(entropy * present).sum() / present.sum().clamp_min(1);
 }
 
 at::Tensor Vq::decode(const at::Tensor& indices) {

@@ -102,6 +102,10 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   const at::Tensor commitment =
       only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
+  if (is_training() && options_.codebook_diversity_loss_weight() > 0) {  // over each token's own codes' logits
+    const at::Tensor logits = implicit_logits(tokens, book).reshape({b, n, options_.codebook_size()});
+    result.losses["diversity"] = diversity_loss(logits, mask) * options_.codebook_diversity_loss_weight();
+  }
   if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
     result.update =
         state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});

@@ -470,6 +470,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
     if (key == "affine_param_codebook_decay") return 0.6;
     if (key == "directional_reparam_variance") return 0.02;
     if (key == "sync_update_v") return 0.25;
+    if (key == "codebook_diversity_loss_weight") return 0.3;
+    if (key == "codebook_diversity_temperature") return 50.0;
     throw InvalidArgument("unknown key " + key);
   };
   o.boolean = [](const std::string& key) -> bool {
@@ -498,6 +500,8 @@ TEST(Vq, RegistryBuildsItFromOptionKeys) {
   EXPECT_EQ(vq.options().codebook_dim(), 6);
   EXPECT_TRUE(vq.options().separate_codebook_per_head());
   EXPECT_DOUBLE_EQ(vq.options().orthogonal_reg_weight(), 0.5);
+  EXPECT_DOUBLE_EQ(vq.options().codebook_diversity_loss_weight(), 0.3);
+  EXPECT_DOUBLE_EQ(vq.options().codebook_diversity_temperature(), 50.0);
   EXPECT_DOUBLE_EQ(vq.options().sample_codebook_temp(), 0.7);
   EXPECT_TRUE(vq.options().learnable_codebook());
   EXPECT_FALSE(vq.options().ema_update());

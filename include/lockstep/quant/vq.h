@@ -241,6 +241,10 @@ class Vq final : public Quantizer {
   at::Tensor implicit_tokens(const at::Tensor& x, const at::Tensor& codes);
   // Each of its own codes' logit (M, K) for tokens (M, cd) among `codes` (M, K, cd), the search's.
   at::Tensor implicit_logits(const at::Tensor& tokens, const at::Tensor& codes) const;
+  // The codebook diversity loss (codebook_diversity_loss_weight, unweighted) of a call's code logits (b, n[,
+  // heads], K): minus the entropy of the probabilities averaged over the counted tokens (mask (b, n)) and heads
+  // at each position, averaged over the positions that count one.
+  at::Tensor diversity_loss(const at::Tensor& logits, const at::Tensor& mask) const;
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
   // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
   // stochastic_sample_codes, rows keyed from first_row; recorded or replayed through ctx.searches.
