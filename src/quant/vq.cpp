@@ -619,8 +619,8 @@ at::Tensor Vq::diversity_loss(const at::Tensor& logits, const at::Tensor& mask) 
   const at::Tensor weights =
       mask.defined() ? mask.to(probs.scalar_type()) : torch::ones({probs.size(0), probs.size(1)}, probs.options());
   const at::Tensor counted = weights.sum(0) * static_cast<double>(probs.size(2));  // (n)
-  const at::Tensor average =
-      (probs * weights.unsqueeze(-1).unsqueeze(-1)).sum({0, 2}) / counted.clamp_min(1).unsqueeze(1);  // (n, K)
+  const at::Tensor average = (probs * weights.unsqueeze(-1).unsqueeze(-1)).sum(std::vector<int64_t>{0, 2}) /
+                             counted.clamp_min(1).unsqueeze(1);                   // (n, K)
   const at::Tensor entropy = (-average * average.clamp_min(1e-5).log()).sum(-1);  // the reference's eps
   const at::Tensor present = (counted > 0).to(entropy.scalar_type());
   return -(entropy * present).sum() / present.sum().clamp_min(1);
