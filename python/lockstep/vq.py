@@ -1,5 +1,6 @@
 """Vector quantization with an EMA codebook (vector_quantize_pytorch.VectorQuantize's arguments
 and return values)."""
+import math
 from collections import namedtuple
 
 import torch
@@ -389,12 +390,13 @@ class VectorQuantize(LockstepQuantizer):
         return _ops.vq_initialise(tokens.float(), tokens, self._steps, self._handle, True)
 
     def _codes_per_token(self, transform, x, maps, bridged):
-        """forward(codebook_transform_fn=transform): transform(codebook) (the reference's (1, b, n, K, d): each
-        token's own codes, n a map's positions) as (b * n, K, d) for liblockstep, which searches each token's codes
-        alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. Taken with one head
-        and no affine_param: a TypeError otherwise."""
-        if self.heads != 1 or self._spec[2].get("affine_param"):
-            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes one head and no affine_param")
+        """forward(codebook_transform_fn=transform): transform(codebook) as the reference takes it, each token's own
+        codes (h, b, n, K, d) (n a map's positions; h the heads with separate codebooks, else 1 with b the (batch,
+        head) pairs), as (codebooks, tokens, K, d) in liblockstep's order of a codebook's tokens, which it searches
+        each alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. A TypeError
+        with affine_param."""
+        if self._spec[2].get("affine_param"):
+            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes no affine_param")
         embed = self._codebook.embed
         learned = self._spec[2].get("learnable_codebook", False)
         # A copy of an EMA codebook: its update in backward writes embed before the function's backward runs.
@@ -402,10 +404,16 @@ class VectorQuantize(LockstepQuantizer):
         tokens, _ = self._tokens_of(x, maps)
         b, n = tokens.shape[:2]
         k, d = embed.shape[-2:]
-        if codes.shape[-2:] != (k, d) or codes.numel() != b * n * k * d:
+        separate = self.heads > 1 and self._spec[2].get("separate_codebook_per_head", False)
+        expected = (self.heads, b, n, k, d) if separate else (1, b * self.heads, n, k, d)
+        if codes.shape[-2:] != (k, d) or codes.numel() != math.prod(expected):
             raise ValueError(f"lockstep.VectorQuantize: codebook_transform_fn must give each token's codes "
-                             f"(1, {b}, {n}, {k}, {d}), got {tuple(codes.shape)}")
-        return codes.reshape(b * n, k, d).float()
+                             f"{expected}, got {tuple(codes.shape)}")
+        codes = codes.reshape(expected).float()
+        if separate or self.heads == 1:
+            return codes.reshape(expected[0], b * n, k, d)
+        # The heads of a shared codebook: the reference's (batch, head) pairs, liblockstep's tokens by (b, n, head).
+        return codes.reshape(b, self.heads, n, k, d).transpose(1, 2).reshape(1, b * n * self.heads, k, d)
 
     def _topk_loss(self, losses, only_one):
         """The reference's loss of a top-k call: each code's commitment loss (..., k), times commitment_weight

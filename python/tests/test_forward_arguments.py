@@ -106,7 +106,16 @@ class _PerTokenCodes(torch.nn.Module):
     (dict(), (2, 8), (2, 1, 8)),  # one token per item
     # the codebook through the bridge first, then the function
     (dict(vq_bridge=torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())), (2, 10, 8), (2, 10, 8)),
-], ids=["ema", "learnable", "cosine", "projected", "map", "one_token", "bridge"])
+    # heads: each head's own codes, (heads, b, n, K, d) with separate codebooks, else (1, b * heads, n, K, d)
+    (dict(heads=2, separate_codebook_per_head=True, codebook_dim=4), (2, 10, 8), (2, 10, 4)),
+    (dict(heads=2, codebook_dim=4), (2, 10, 8), (4, 10, 4)),
+    # the diversity loss over each token's own codes (a learned codebook: the reference's EMA step writes the
+    # codebook its gradient is then taken at, docs/python.md)
+    (dict(learnable_codebook=True, ema_update=False, codebook_diversity_loss_weight=0.3), (2, 10, 8), (2, 10, 8)),
+    (dict(heads=2, codebook_dim=4, learnable_codebook=True, ema_update=False, codebook_diversity_loss_weight=0.3),
+     (2, 10, 8), (4, 10, 4)),
+], ids=["ema", "learnable", "cosine", "projected", "map", "one_token", "bridge", "heads_separate", "heads_shared",
+        "diversity", "diversity_heads_shared"])
 def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(options, shape, condition):
     torch.manual_seed(0)
     reference = vqp.VectorQuantize(dim=8, codebook_size=16, decay=0.5, **options)

@@ -19,15 +19,20 @@ using vq_detail::mask_topk;
 using vq_detail::or_default;
 using vq_detail::uniforms;
 
-at::Tensor Vq::implicit_tokens(const at::Tensor& x, const at::Tensor& codes) {
-  LOCKSTEP_CHECK_ARG(options_.heads() == 1 && !options_.affine_param(),
-                     "vq: per-token codebooks take one head and no affine_param");
-  const at::Tensor tokens = prepare(group_by_codebook(x)[0]);  // (M, cd); checks x's shape
+std::pair<at::Tensor, at::Tensor> Vq::implicit_inputs(const at::Tensor& x, const at::Tensor& codes, bool one_codebook) {
+  LOCKSTEP_CHECK_ARG(!options_.affine_param(), "vq: per-token codebooks take no affine_param");
+  const at::Tensor tokens = prepare(group_by_codebook(x));  // (C, M, cd); checks x's shape
+  const int64_t c = tokens.size(0);
+  const int64_t m = tokens.size(1);
   const int64_t cd = options_.codebook_dim();
   const int64_t k = options_.codebook_size();
-  LOCKSTEP_CHECK_ARG(codes.dim() == 3 && codes.size(0) == tokens.size(0) && codes.size(1) == k && codes.size(2) == cd,
-                     "vq: expected each token's codes (", tokens.size(0), ", ", k, ", ", cd, "), got ", codes.sizes());
-  return tokens;
+  LOCKSTEP_CHECK_ARG(!one_codebook || c == 1,
+                     "vq: each token's own top-k codes or logits take one codebook (heads = 1)");
+  const at::Tensor grouped = codes.dim() == 3 && c == 1 ? codes.unsqueeze(0) : codes;
+  LOCKSTEP_CHECK_ARG(grouped.dim() == 4 && grouped.size(0) == c && grouped.size(1) == m && grouped.size(2) == k &&
+                         grouped.size(3) == cd,
+                     "vq: expected each token's codes (", c, ", ", m, ", ", k, ", ", cd, "), got ", codes.sizes());
+  return {tokens, grouped};
 }
 
 at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
@@ -60,8 +65,8 @@ at::Tensor Vq::implicit_logits(const at::Tensor& tokens, const at::Tensor& book)
 }
 
 at::Tensor Vq::implicit_code_logits(const at::Tensor& x, const at::Tensor& codes) {
-  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd)
-  const at::Tensor logits = implicit_logits(tokens, options_.use_cosine_sim() ? l2norm(codes) : codes);
+  const auto [tokens, given] = implicit_inputs(x, codes, true);  // (1, M, cd), (1, M, K, cd)
+  const at::Tensor logits = implicit_logits(tokens[0], options_.use_cosine_sim() ? l2norm(given[0]) : given[0]);
   return logits.reshape({x.size(0), x.size(1), options_.codebook_size()});
 }
 
@@ -75,27 +80,41 @@ at::Tensor Vq::picked(const ChosenCodes& chosen, const at::Tensor& indices) cons
 
 QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& codes, const QuantizeContext& ctx,
                                       const ChosenCodes& chosen) {
-  // Through the projection in and out when codebook_dim != dim, as quantize's tokens.
-  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd), differentiable
+  // Through the projection in and out when codebook_dim != dim, grouped by codebook as quantize's tokens.
+  const auto [tokens, given] = implicit_inputs(x, codes, false);  // (C, M, cd), (C, M, K, cd)
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
-  const int64_t m = b * n;
-  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
+  const int64_t codebooks = tokens.size(0);
+  const int64_t m = tokens.size(1);
+  const int64_t per_item = b > 0 ? m / b : 0;
+  LOCKSTEP_CHECK_ARG(!chosen || codebooks == 1, "vq: codes made for the chosen indices take one codebook");
+  const at::Tensor book = options_.use_cosine_sim() ? l2norm(given) : given;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
-  const at::Tensor indices = implicit_codes(tokens, book, std::nullopt, ctx, ctx.first_item * n);  // (M)
-  const at::Tensor q = chosen ? picked(chosen, indices)
-                              : book.gather(1, indices.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1);  // (M, cd)
+  std::vector<at::Tensor> per_codebook_indices, per_codebook_codes;
+  for (int64_t c = 0; c < codebooks; ++c) {  // one search (and draw) per codebook, as quantize's
+    const at::Tensor idx = implicit_codes(tokens[c], book[c], std::nullopt, ctx, ctx.first_item * per_item);  // (M)
+    per_codebook_codes.push_back(chosen ? picked(chosen, idx)
+                                        : book[c].gather(1, idx.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1));
+    per_codebook_indices.push_back(idx);
+  }
+  const at::Tensor indices = torch::stack(per_codebook_indices);  // (C, M)
+  const at::Tensor q = torch::stack(per_codebook_codes);          // (C, M, cd)
   at::Tensor out;
   if (!is_training()) {
     out = codes_with_token_gradient(tokens, q);
   } else {
-    out = estimated(tokens, q, or_default(ctx.generator), ctx.first_item * n);
+    out = estimated(tokens.reshape({-1, cd}), q.reshape({-1, cd}), or_default(ctx.generator), ctx.first_item * per_item)
+              .reshape(tokens.sizes());
   }
   QuantizerOutput result;
+  // Positions (along M) of the tokens that count, as quantize's: a masked token's heads none.
   at::Tensor counted;
-  if (mask.defined()) counted = mask.reshape(-1).nonzero().squeeze(1);
-  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(0, counted) : t; };
+  if (mask.defined()) {
+    const int64_t per_token = options_.separate_codebook_per_head() ? 1 : options_.heads();
+    counted = mask.reshape({b * n, 1}).expand({b * n, per_token}).reshape(-1).nonzero().squeeze(1);
+  }
+  const auto only_counted = [&](const at::Tensor& t) { return counted.defined() ? t.index_select(1, counted) : t; };
   // As quantize's: a codebook not learned (or frozen) takes no gradient from the commitment loss.
   const bool learned = options_.learnable_codebook() && !ctx.freeze_codebook;
   const at::Tensor commit_codes = learned ? only_counted(q) : only_counted(q).detach();
@@ -103,29 +122,37 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
       only_counted(tokens).numel() > 0 ? torch::mse_loss(only_counted(tokens), commit_codes) : tokens.sum() * 0;
   result.losses["commitment"] = commitment * (options_.has_commitment_loss() ? options_.commitment_weight() : 0.0);
   if (is_training() && options_.codebook_diversity_loss_weight() > 0) {  // over each token's own codes' logits
-    const at::Tensor logits = implicit_logits(tokens, book).reshape({b, n, options_.codebook_size()});
-    result.losses["diversity"] = diversity_loss(logits, mask) * options_.codebook_diversity_loss_weight();
+    std::vector<at::Tensor> logits;
+    for (int64_t c = 0; c < codebooks; ++c) logits.push_back(implicit_logits(tokens[c], book[c]));
+    const int64_t k = options_.codebook_size();
+    const int64_t heads = options_.heads();
+    const at::Tensor all = torch::stack(logits);  // (C, M, K) -> (b, n, heads, K), as code_logits lays them out
+    const at::Tensor per_head = options_.separate_codebook_per_head()
+                                    ? all.reshape({heads, b, n, k}).permute({1, 2, 0, 3})
+                                    : all.reshape({b, n, heads, k});
+    result.losses["diversity"] = diversity_loss(heads == 1 ? per_head.reshape({b, n, k}) : per_head, mask) *
+                                 options_.codebook_diversity_loss_weight();
   }
   if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
-    result.update =
-        state_update(only_counted(tokens.detach()).unsqueeze(0), only_counted(indices).unsqueeze(0), ctx, false, {});
+    result.update = state_update(only_counted(tokens.detach()), only_counted(indices), ctx, false, {});
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
-  result.indices = indices.reshape({b, n});
+  result.indices = ungroup_indices(indices, b, n);
   apply_mask(mask, result.quantized, result.indices);
   return result;
 }
 
 VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, int64_t k, const QuantizeContext& ctx,
                                   const ChosenCodes& chosen) {
-  const at::Tensor tokens = implicit_tokens(x, codes);  // (M, cd), differentiable
+  const auto [grouped_tokens, given] = implicit_inputs(x, codes, true);
+  const at::Tensor tokens = grouped_tokens[0];  // (M, cd), differentiable
+  const at::Tensor book = options_.use_cosine_sim() ? l2norm(given[0]) : given[0];
   LOCKSTEP_CHECK_ARG(k >= 1, "vq: top-k takes k >= 1, got ", k);
   k = std::min(k, options_.codebook_size());
   const int64_t cd = options_.codebook_dim();
   const int64_t b = x.size(0);
   const int64_t n = x.size(1);
   const int64_t m = b * n;
-  const at::Tensor book = options_.use_cosine_sim() ? l2norm(codes) : codes;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   const at::Tensor indices = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
   const at::Tensor q = chosen ? picked(chosen, indices) : book.gather(1, indices.unsqueeze(2).expand({m, k, cd}));

@@ -160,9 +160,10 @@ class Vq final : public Quantizer {
   // when nothing is trained (ema_update and dead codes off, or ctx.freeze_codebook).
   std::function<void(Reducer&)> update_from(const at::Tensor& x, const at::Tensor& indices, const QuantizeContext& ctx,
                                             const VqUpdate& update = {});
-  // quantize() with each token's own codes, `codes` (b * n, K, codebook_dim) (an implicit neural codebook's,
-  // quant/implicit_codebook.h; heads = 1, x through the projection in and the output out when projected): the
-  // nearest by the reference's
+  // quantize() with each token's own codes, `codes` (b * n, K, codebook_dim), or (C, M, K, codebook_dim) per
+  // codebook as quantize groups heads (an implicit neural codebook's, quant/implicit_codebook.h; a caller's
+  // function of the codebook; x through the projection in and the output out when projected): the nearest by
+  // the reference's
   // pairwise_distance (or the cosine similarity), or sampled in training with stochastic_sample_codes;
   // the output, its estimator and the commitment loss differentiable in the codes (a learned codebook).
   // Statistics (dead codes) as quantize's, of the chosen indices.
@@ -236,9 +237,10 @@ class Vq final : public Quantizer {
                     double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
   // chosen(indices), checked, l2-normalised under cosine similarity as the searched codes are.
   at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
-  // Tokens x (b, n, dim) through the projection in, (M, codebook_dim) and differentiable, for a search of each
-  // token's own codes (M, K, codebook_dim); InvalidArgument unless the two suit one (one head, no affine_param).
-  at::Tensor implicit_tokens(const at::Tensor& x, const at::Tensor& codes);
+  // Tokens x (b, n, dim) through the projection in, grouped by codebook as quantize's (C, M, codebook_dim) and
+  // differentiable, and each token's own codes as (C, M, K, codebook_dim) (given so, or (M, K, codebook_dim) for one
+  // codebook); InvalidArgument unless the two suit a search (and no affine_param; `one_codebook`: C = 1).
+  std::pair<at::Tensor, at::Tensor> implicit_inputs(const at::Tensor& x, const at::Tensor& codes, bool one_codebook);
   // Each of its own codes' logit (M, K) for tokens (M, cd) among `codes` (M, K, cd), the search's.
   at::Tensor implicit_logits(const at::Tensor& tokens, const at::Tensor& codes) const;
   // The codebook diversity loss (codebook_diversity_loss_weight, unweighted) of a call's code logits (b, n[,
