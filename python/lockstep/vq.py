@@ -393,14 +393,15 @@ class VectorQuantize(LockstepQuantizer):
         """forward(codebook_transform_fn=transform): transform(codebook) as the reference takes it, each token's own
         codes (h, b, n, K, d) (n a map's positions; h the heads with separate codebooks, else 1 with b the (batch,
         head) pairs), as (codebooks, tokens, K, d) in liblockstep's order of a codebook's tokens, which it searches
-        each alone; the codebook through the vq_bridge first when there is one (`bridged`), as there. A TypeError
-        with affine_param."""
-        if self._spec[2].get("affine_param"):
-            raise TypeError("lockstep.VectorQuantize: codebook_transform_fn takes no affine_param")
+        each alone; the codebook through the vq_bridge first when there is one (`bridged`), then moved by
+        affine_param's statistics, as there."""
         embed = self._codebook.embed
         learned = self._spec[2].get("learnable_codebook", False)
         # A copy of an EMA codebook: its update in backward writes embed before the function's backward runs.
-        codes = transform(bridged if bridged is not None else embed if learned else embed.detach().clone())
+        codebook = bridged if bridged is not None else embed if learned else embed.detach().clone()
+        if self._spec[2].get("affine_param"):  # liblockstep's move, by the statistics through the last update
+            codebook = self._core.vq_searched_codebook(codebook)
+        codes = transform(codebook)
         tokens, _ = self._tokens_of(x, maps)
         b, n = tokens.shape[:2]
         k, d = embed.shape[-2:]

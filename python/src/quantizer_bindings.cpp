@@ -351,6 +351,15 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "initialised and in evaluation. Whatever the grad mode: the caller calls it for a call that may change "
           "state (training with gradients). Issues k-means' collectives over `group`.")
       .def(
+          "vq_searched_codebook",
+          [](Quantizer& q, std::optional<at::Tensor> codebook) {
+            const lockstep::quant::NoAutocast fp32;
+            return as_vq(q).searched_codebook(codebook ? *codebook : at::Tensor());
+          },
+          py::arg("codebook") = py::none(),
+          "VQ: the codebooks the search takes (C, K, codebook_dim): embed, or `codebook` (a caller's codes made from "
+          "it), moved by affine_param's statistics once set; differentiable in what it is given.")
+      .def(
           "vq_topk",
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,

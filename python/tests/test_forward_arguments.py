@@ -208,3 +208,31 @@ def test_the_cross_entropy_of_given_codes_among_each_tokens_own_codes_is_the_ref
     at_the_call(xs[0].detach(), indices=given, codebook_transform_fn=transforms[2])[1].backward()
     for a, b in zip(transforms[1].parameters(), transforms[2].parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)
+
+
+def test_a_codebook_transform_fn_takes_the_affine_codebook_as_the_reference():
+    # affine_param: the function takes the codebook moved by the batch statistics, as the reference's; lockstep's
+    # statistics are those through the last update (its timing, test_affine.py), which the reference is given.
+    from test_affine import AFFINE_STATE, _with_lockstep_timing
+    torch.manual_seed(3)
+    options = dict(dim=8, codebook_size=16, affine_param=True, decay=0.9)
+    reference = vqp.VectorQuantize(**options)
+    ours = lockstep.VectorQuantize(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    _with_lockstep_timing(reference)
+    transforms = [_PerTokenCodes(torch.randn(3, 5, 8))]
+    transforms.append(copy.deepcopy(transforms[0]))
+    for step in range(3):
+        x = torch.randn(3, 5, 8) * (1 + step) + step  # moving statistics
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        out_ref, idx_ref, loss_ref = reference(xs[0], codebook_transform_fn=transforms[0])
+        out, idx, loss = ours(xs[1], codebook_transform_fn=transforms[1])
+        assert torch.equal(idx, idx_ref), step
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+        weighted_backward(out_ref, loss_ref)
+        weighted_backward(out, loss)
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        state, expected = ours.state_dict(), reference.state_dict()
+        for key in ("_codebook.embed", "_codebook.embed_avg", *AFFINE_STATE):
+            torch.testing.assert_close(state[key], expected[key], atol=1e-5, rtol=1e-5, msg=f"step {step}: {key}")

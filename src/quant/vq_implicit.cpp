@@ -20,7 +20,6 @@ using vq_detail::or_default;
 using vq_detail::uniforms;
 
 std::pair<at::Tensor, at::Tensor> Vq::implicit_inputs(const at::Tensor& x, const at::Tensor& codes, bool one_codebook) {
-  LOCKSTEP_CHECK_ARG(!options_.affine_param(), "vq: per-token codebooks take no affine_param");
   const at::Tensor tokens = prepare(group_by_codebook(x));  // (C, M, cd); checks x's shape
   const int64_t c = tokens.size(0);
   const int64_t m = tokens.size(1);
@@ -134,7 +133,8 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
                                  options_.codebook_diversity_loss_weight();
   }
   if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
-    result.update = state_update(only_counted(tokens.detach()), only_counted(indices), ctx, false, {});
+    // The affine statistics follow the call, as quantize's (a caller's codes were made from the moved codebook).
+    result.update = state_update(only_counted(tokens.detach()), only_counted(indices), ctx, true, {});
   }
   result.quantized = ungroup(out, b, n).to(x.scalar_type());
   result.indices = ungroup_indices(indices, b, n);

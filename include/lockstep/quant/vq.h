@@ -193,6 +193,11 @@ class Vq final : public Quantizer {
   // cross entropy of given codes over). Differentiable in x, and in a learnable codebook; changes no state.
   // `bridged`: the codebook as a module of the caller's made it from embed (QuantizeContext::codebook).
   at::Tensor code_logits(const at::Tensor& x, const at::Tensor& bridged = {});
+  // The codebooks the search takes: embed (detached unless learnable), moved to the batch's
+  // statistics with affine_param once they are set.
+  // `bridged` (QuantizeContext::codebook: embed through the Python module's vq_bridge, (C, K, cd)) takes
+  // embed's place when defined.
+  at::Tensor searched_codebook(const at::Tensor& bridged = {}) const;
   // code_logits() among each token's own codes `codes` (b * n, K, codebook_dim), as quantize_implicit searches
   // them (minus the reference's pairwise_distance, or the cosine similarity): (b, n, K), differentiable in x
   // and the codes.
@@ -239,7 +244,7 @@ class Vq final : public Quantizer {
   at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
   // Tokens x (b, n, dim) through the projection in, grouped by codebook as quantize's (C, M, codebook_dim) and
   // differentiable, and each token's own codes as (C, M, K, codebook_dim) (given so, or (M, K, codebook_dim) for one
-  // codebook); InvalidArgument unless the two suit a search (and no affine_param; `one_codebook`: C = 1).
+  // codebook); InvalidArgument unless the two suit a search (`one_codebook`: C = 1).
   std::pair<at::Tensor, at::Tensor> implicit_inputs(const at::Tensor& x, const at::Tensor& codes, bool one_codebook);
   // Each of its own codes' logit (M, K) for tokens (M, cd) among `codes` (M, K, cd), the search's.
   at::Tensor implicit_logits(const at::Tensor& tokens, const at::Tensor& codes) const;
@@ -254,11 +259,6 @@ class Vq final : public Quantizer {
                             const QuantizeContext& ctx, int64_t first_row) const;
   // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
   static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
-  // The codebooks the search takes: embed (detached unless learnable), moved to the batch's
-  // statistics with affine_param once they are set.
-  // `bridged` (QuantizeContext::codebook: embed through the Python module's vq_bridge, (C, K, cd)) takes
-  // embed's place when defined.
-  at::Tensor searched_codebook(const at::Tensor& bridged = {}) const;
   // d(searched codebook)/d(codes) of affine_param, (C, 1, cd); undefined where the search takes the codes.
   at::Tensor affine_scale() const;
   // One call's in-place gradient (keep_in_place_gradient), added when run: counted tokens (C, M, cd), their
