@@ -110,6 +110,18 @@ lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed
   return ctx;
 }
 
+// A training call's reducer, set as ctx.reducer: its collectives (k-means in forward, the update in backward)
+// over `group`, declared for the step the call completes; none without a group. It must outlive the call.
+std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
+    lockstep::quant::QuantizeContext& ctx, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+    const at::Tensor& step) {
+  if (!group) return nullptr;
+  auto reducer = std::make_unique<lockstep::dist::BackwardReducer>(
+      group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
+  ctx.reducer = reducer.get();
+  return reducer;
+}
+
 // A forward's own arguments that change how this call searches (the reference's forward arguments).
 struct CallOptions {
   std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
@@ -129,7 +141,6 @@ lockstep::quant::QuantizerOutput quantize_call(
     std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
     const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {}) {
   q.train(training);
-  const int64_t synced_steps = step.item<int64_t>();
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
   ctx.searches = searches;
@@ -149,11 +160,7 @@ lockstep::quant::QuantizerOutput quantize_call(
   if (training) {
     // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
     ctx.defer_updates = true;
-    if (group) {
-      reducer =
-          std::make_unique<lockstep::dist::BackwardReducer>(group, lockstep::dist::Phase::train_step(synced_steps + 1));
-      ctx.reducer = reducer.get();
-    }
+    reducer = training_reducer(ctx, group, step);
   }
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
@@ -335,12 +342,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
             py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
             q.train(training);
             lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
-            std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
-            if (training && group) {  // the reducer and step quantize's training call declares
-              reducer = std::make_unique<lockstep::dist::BackwardReducer>(
-                  group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
-              ctx.reducer = reducer.get();
-            }
+            // The reducer and step quantize's training call declares.
+            const auto reducer = training ? training_reducer(ctx, group, step) : nullptr;
             const lockstep::quant::NoAutocast fp32;
             as_vq(q).initialise(x.to(at::kFloat), ctx);
           },
@@ -376,11 +379,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
               if (training) {
                 ctx.defer_updates = true;
-                if (group) {
-                  reducer = std::make_unique<lockstep::dist::BackwardReducer>(
-                      group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
-                  ctx.reducer = reducer.get();
-                }
+                reducer = training_reducer(ctx, group, step);
               }
               const lockstep::quant::NoAutocast fp32;
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;

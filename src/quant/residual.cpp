@@ -119,9 +119,7 @@ at::Tensor layer_codes(const at::Tensor& given, int64_t l, int64_t k) {
   const at::Tensor codes = given[l];
   return codes.size(-2) > k ? codes.narrow(-2, 0, k) : codes;
 }
-}  // namespace
 
-namespace {
 // Layer codes of an implicit codebook for conditions (M, ld): every token's K codes for the search, made
 // without a gradient, and a maker of the chosen ones with it, so the MLP's backward runs on the codes the
 // search chose rather than on all K (the same values: the MLP maps each (condition, code) pair alone).
