@@ -196,11 +196,11 @@ class LockstepQuantizer(nn.Module):
         self._handle = _ops.register(self)
         # Each tensor once: a codebook shared by residual layers is one parameter under several names, and the op's
         # backward may not return one gradient twice (aliased outputs).
-        self._parameter_names, seen = [], set()
+        distinct = {}
         for _, renamed, is_parameter, _ in self._core_names:
-            if is_parameter and id(self.get_parameter(renamed)) not in seen:
-                seen.add(id(self.get_parameter(renamed)))
-                self._parameter_names.append(renamed)
+            if is_parameter:
+                distinct.setdefault(id(self.get_parameter(renamed)), renamed)
+        self._parameter_names = list(distinct.values())
         self._signature = None
 
     def _adopt_core_tensors(self, copies):

@@ -60,6 +60,21 @@ def bit_mask(codebook_size):
     return 2 ** torch.arange(bits - 1, -1, -1)
 
 
+def in_compute_dtype(t):
+    """t in the dtype liblockstep's LFQ computes in: float64 kept, anything else float32."""
+    return t.double() if t.dtype == torch.float64 else t.float()
+
+
+def activation_term(module, change, channel_first):
+    """A straight-through activation's change at the code space (..., code dims) as a term of value 0 in forward's
+    layout, its gradient the change's: out through the projection's weight, detached (the projection out learns
+    from the code alone, as the reference's)."""
+    if "project_out" in module._modules:
+        change = nn.functional.linear(change, module.project_out.weight.detach())
+    change = change - change.detach()
+    return change.movedim(-1, 1) if channel_first else change
+
+
 def call_inv_temperature(module_name, made_with, inv_temperature):
     """forward(inv_temperature=t) -> the binding's per-call argument: none when it is the module's own
     (the compiled path takes that), ValueError unless a finite number > 0 (as the option)."""
@@ -172,16 +187,12 @@ class LFQ(LockstepQuantizer):
         change = self.activation(z) - z
         if "orthogonal_rot" in self._buffers:
             change = change @ self.orthogonal_rot.t()
-        change = change.flatten(-2)
-        if "project_out" in self._modules:
-            change = nn.functional.linear(change, self.project_out.weight.detach())
-        change = change - change.detach()
-        return change.movedim(-1, 1) if channel_first else change
+        return activation_term(self, change.flatten(-2), channel_first)
 
     def _tokens_in_code_space(self, tokens):
         """Lfq::to_code_space in torch operations: (..., dim) -> (..., num_codebooks, bits), differentiable."""
         settings = self._code_space
-        z = tokens.double() if tokens.dtype == torch.float64 else tokens.float()
+        z = in_compute_dtype(tokens)
         if "project_in" in self._modules:
             weight = self.project_in.weight
             if settings["cosine_scale"] > 0:  # CosineSimLinear: weight (dim, code dims)

@@ -11,7 +11,7 @@ from . import _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, checked_temperature, identity, only_defaults, padding_mask,
                          refuse)
 from .fsq import fsq_options
-from .lfq import bit_mask, lfq_options, lfq_padding_mask
+from .lfq import activation_term, bit_mask, in_compute_dtype, lfq_options, lfq_padding_mask
 from .vq import module_options, vq_options
 
 
@@ -501,7 +501,7 @@ class ResidualLFQ(_Residual):
         input and the codes of the layers before it (a dropped layer adds nothing); the term passes out
         through the projection's weight, detached, as LFQ's."""
         tokens = x.movedim(1, -1) if channel_first else x
-        residual = tokens.double() if tokens.dtype == torch.float64 else tokens.float()
+        residual = in_compute_dtype(tokens)
         if "project_in" in self._modules:
             residual = nn.functional.linear(residual, self.project_in.weight, self.project_in.bias)
         # Layer q's codes, +-2^-q per bit (over sqrt(bits) on the sphere), in torch operations (they compile).
@@ -523,10 +523,7 @@ class ResidualLFQ(_Residual):
             taken = (indices[..., q] >= 0).unsqueeze(-1)
             change = change + torch.where(taken, (activation(t) - t).squeeze(-2), 0.0)
             residual = residual - codes[..., q, :]
-        if "project_out" in self._modules:
-            change = nn.functional.linear(change, self.project_out.weight.detach())
-        change = change - change.detach()
-        return change.movedim(-1, 1) if channel_first else change
+        return activation_term(self, change, channel_first)
 
     def forward(self, x, mask=None, return_all_codes=False, rand_quantize_dropout_fixed_seed=None):
         mask = lfq_padding_mask("lockstep.ResidualLFQ", x, mask, x.ndim >= 4)

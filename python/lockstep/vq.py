@@ -218,10 +218,8 @@ class VectorQuantize(LockstepQuantizer):
         if bridge is None:
             return None
         embed = self._codebook.embed
-        if self._spec[2].get("kmeans_init") and self.training and (
-                torch.compiler.is_compiling() or (torch.is_grad_enabled() and not bool(self._codebook.initted))):
-            tokens, _ = self._tokens_of(x, channel_first)  # under compile every call: a copy once initialised
-            embed = _ops.vq_initialise(tokens.float(), embed, self._steps, self._handle, torch.is_grad_enabled(), mask)
+        if self.training and self._spec[2].get("kmeans_init"):  # a call that may change state runs k-means first
+            embed = self._initialised_first(self._tokens_of(x, channel_first)[0], embed, torch.is_grad_enabled(), mask)
         return bridge(embed)
 
     def _register_ops(self):
@@ -379,15 +377,17 @@ class VectorQuantize(LockstepQuantizer):
         diversity = _unweighted(losses, "diversity", self.codebook_diversity_loss_weight, out.device)
         return out, idx, loss, LossBreakdown(commitment, diversity, orthogonal, zero if in_place is None else in_place)
 
-    def _initialised_first(self, tokens):
-        """tokens (b, n, dim) as forward takes them, after k-means has initialised the codebook from them when
-        kmeans_init and not yet done, whatever the mode (RandomProjectionQuantizer's, which runs in evaluation
-        and is initialised by its first call, as the reference's); under compile, through the custom op at
-        every call (a copy once initialised)."""
+    def _initialised_first(self, tokens, passed=None, run=True, mask=None):
+        """`passed` (tokens when None) once k-means has initialised the codebook from tokens (b, n, dim) as forward
+        takes them, when kmeans_init, not yet done and `run` (a call that may change state; whatever the mode for
+        RandomProjectionQuantizer's, which runs in evaluation and is initialised by its first call, as the
+        reference's). Under compile through the custom op at every call (a copy once initialised): what reads
+        the codebook takes its output, so the op comes first."""
+        passed = tokens if passed is None else passed
         if not self._spec[2].get("kmeans_init") or (not torch.compiler.is_compiling()
-                                                    and bool(self._codebook.initted)):
-            return tokens
-        return _ops.vq_initialise(tokens.float(), tokens, self._steps, self._handle, True)
+                                                    and (not run or bool(self._codebook.initted))):
+            return passed
+        return _ops.vq_initialise(tokens.float(), passed, self._steps, self._handle, run, mask)
 
     def _codes_per_token(self, transform, x, maps, bridged):
         """forward(codebook_transform_fn=transform): transform(codebook) as the reference takes it, each token's own
