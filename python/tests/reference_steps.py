@@ -10,6 +10,19 @@ def weighted_backward(out, loss):
     ((out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum() + loss.sum()).backward()
 
 
+def compare_call(results_ref, results, xs, step=None):
+    """One call of each module, (out, indices, loss) on its copy of the input (xs: the reference's, then ours):
+    indices equal, output and loss within 1e-5; then the same weighted backward of both and the input gradients
+    within 1e-5."""
+    (out_ref, idx_ref, loss_ref), (out, idx, loss) = results_ref, results
+    assert torch.equal(idx, idx_ref), step
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    weighted_backward(out_ref, loss_ref)
+    weighted_backward(out, loss)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+
+
 def backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers=(), rtol=1e-5,
                                    step=None):
     """Backward of the same weighted sum of both modules' outputs plus their losses; the input gradients

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lockstep
-from reference_steps import weighted_backward
+from reference_steps import compare_call
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
 
@@ -126,15 +126,8 @@ def test_a_codebook_transform_fn_gives_each_token_its_codes_as_the_reference(opt
     for step in range(2):
         xs = [torch.randn(shape).requires_grad_(True)]
         xs.append(xs[0].detach().clone().requires_grad_(True))
-        results = [module(x, codebook_transform_fn=transform)
-                   for module, x, transform in zip((reference, ours), xs, transforms)]
-        (out_ref, idx_ref, loss_ref), (out, idx, loss) = results
-        assert torch.equal(idx, idx_ref), step
-        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
-        weighted_backward(out_ref, loss_ref)
-        weighted_backward(out, loss)
-        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        compare_call(*(module(x, codebook_transform_fn=transform)
+                       for module, x, transform in zip((reference, ours), xs, transforms)), xs, step)
         for a, b in zip(transforms[1].parameters(), transforms[0].parameters()):
             torch.testing.assert_close(a.grad, b.grad, atol=5e-5, rtol=1e-5)
         reference_parameters = dict(reference.named_parameters())
@@ -225,14 +218,8 @@ def test_a_codebook_transform_fn_takes_the_affine_codebook_as_the_reference():
     for step in range(3):
         x = torch.randn(3, 5, 8) * (1 + step) + step  # moving statistics
         xs = [x.clone().requires_grad_(True) for _ in range(2)]
-        out_ref, idx_ref, loss_ref = reference(xs[0], codebook_transform_fn=transforms[0])
-        out, idx, loss = ours(xs[1], codebook_transform_fn=transforms[1])
-        assert torch.equal(idx, idx_ref), step
-        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
-        weighted_backward(out_ref, loss_ref)
-        weighted_backward(out, loss)
-        torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-5, rtol=1e-5)
+        compare_call(reference(xs[0], codebook_transform_fn=transforms[0]),
+                     ours(xs[1], codebook_transform_fn=transforms[1]), xs, step)
         state, expected = ours.state_dict(), reference.state_dict()
         for key in ("_codebook.embed", "_codebook.embed_avg", *AFFINE_STATE):
             torch.testing.assert_close(state[key], expected[key], atol=1e-5, rtol=1e-5, msg=f"step {step}: {key}")
