@@ -248,19 +248,19 @@ if "$bin" launch -n 2 -- train --run-dir "$work/nccl-train" --data "$data" --dev
 else
   fail nccl-train "$(grep -m1 'error' "$logs/nccl-train.log" | cut -c1-200)"
 fi
+# The CLI's fault scenarios (tests/cli/fault_scenarios.py) on NCCL: their train flags from LOCKSTEP_TRAIN_EXTRA.
 extra="--device cuda --data $data"
-if (cd "$work" && mkdir -p killed && cd killed &&
-    LOCKSTEP_TRAIN_EXTRA="$extra" LOCKSTEP_COMPARE_TOL=1e-2 \
-      bash "$src/tests/cli/kill_a_rank.sh" "$bin" "$src/tests/cli/compare_metrics.py") > "$logs/nccl-killed.log" 2>&1; then
-  pass nccl-killed "$(grep -m1 'named rank 1' "$logs/nccl-killed.log"); $(tail -1 "$logs/nccl-killed.log")"
+if LOCKSTEP_TRAIN_EXTRA="$extra" LOCKSTEP_COMPARE_TOL=1e-2 python3 "$src/tests/cli/scenarios.py" \
+    kill_a_rank_then_resume --lockstep "$bin" --workdir "$work/killed" > "$logs/nccl-killed.log" 2>&1; then
+  pass nccl-killed "$(grep -m1 'named rank 1' "$logs/nccl-killed.log")"
 else
-  fail nccl-killed "$(tail -1 "$logs/nccl-killed.log" | cut -c1-200)"
+  fail nccl-killed "$(grep -m1 'FAILED' "$logs/nccl-killed.log" | cut -c1-200)"
 fi
-if (cd "$work" && mkdir -p stalled && cd stalled &&
-    LOCKSTEP_TRAIN_EXTRA="$extra" bash "$src/tests/cli/launch_faults.sh" "$bin" stall) > "$logs/nccl-stalled.log" 2>&1; then
-  pass nccl-stalled "$(grep -m1 '^ok' "$logs/nccl-stalled.log")"
+if LOCKSTEP_TRAIN_EXTRA="$extra" python3 "$src/tests/cli/scenarios.py" \
+    launch_reports_a_stalled_rank --lockstep "$bin" --workdir "$work/stalled" > "$logs/nccl-stalled.log" 2>&1; then
+  pass nccl-stalled "$(grep -m1 '^ok: stalled' "$logs/nccl-stalled.log")"
 else
-  fail nccl-stalled "$(grep -m1 'FAIL' "$logs/nccl-stalled.log" | cut -c1-200)"
+  fail nccl-stalled "$(grep -m1 'FAILED' "$logs/nccl-stalled.log" | cut -c1-200)"
 fi
 if [[ ! -d "$build/python/lockstep" ]]; then
   skip python-nccl "the build made no Python package"

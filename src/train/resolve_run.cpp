@@ -13,38 +13,52 @@
 namespace lockstep::train {
 
 ResolvedRun resolve_new_run(const std::string& config_file, const std::vector<std::string>& overrides) {
-  ResolvedRun run;
-  if (!config_file.empty()) run.config.load_toml_file(config_file);
-  for (const auto& assignment : overrides) run.config.set_from_string(assignment);
+  Config config{lockstep_schema()};
+  if (!config_file.empty()) config.load_toml_file(config_file);
+  for (const auto& assignment : overrides) config.set_from_string(assignment);
   for (const auto& section : quant::option_sections()) {
     try {
-      quant::validate_options(section, quantizer_options(run.config, section));
+      quant::validate_options(section, quantizer_options(config, section));
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(std::string("[quantizer.") + section + "] " + e.what());
     }
   }
-  run.settings = read_run_settings(run.config);
-  return run;
+  return resolve_config(std::move(config));
 }
 
 ResolvedRun resolve_resumed_run(const std::string& run_dir, const std::vector<std::string>& overrides) {
   LOCKSTEP_THROW_IF_NOT(std::filesystem::is_directory(run_dir), IoError, "cannot resume: ", run_dir,
                         " is not a directory");
-  ResolvedRun run;
-  run.config.load_toml_file(config_path(run_dir));
+  Config config{lockstep_schema()};
+  config.load_toml_file(config_path(run_dir));
   const std::vector<std::string> resumable = resumable_keys();
   for (const auto& assignment : overrides) {
     std::string key = assignment.substr(0, assignment.find('='));
     key.erase(0, key.find_first_not_of(" \t"));
     key.erase(key.find_last_not_of(" \t") + 1);
-    const KeySpec* spec = run.config.schema().find(key);
+    const KeySpec* spec = config.schema().find(key);
     LOCKSTEP_CHECK_ARG(spec != nullptr && spec->resumable, "cannot change '", key,
                        "' when resuming: it would change the model or the data order; keys a resumed run may change: ",
                        detail::concat_list(resumable));
-    run.config.set_from_string(assignment);
+    config.set_from_string(assignment);
   }
+  return resolve_config(std::move(config));
+}
+
+ResolvedRun resolve_config(Config config) {
+  ResolvedRun run;
+  run.config = std::move(config);
   run.settings = read_run_settings(run.config);
+  resolve_dataset(run.settings.data);  // a new run's "auto"; a resumed run's config.toml records the choice
   return run;
+}
+
+Config recorded_config(const ResolvedRun& run, int64_t global_batch) {
+  RunSettings decided = run.settings;
+  decided.train.batch_size(global_batch);
+  Config record = run.config;
+  record_run_settings(decided, record);
+  return record;
 }
 
 int cuda_device_index(const RunSettings& settings) {

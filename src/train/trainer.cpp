@@ -48,8 +48,9 @@ namespace lockstep::train {
 namespace fs = std::filesystem;
 
 struct Trainer::State {
-  Config config{lockstep_schema()};  // what config.toml and the checkpoint record
-  RunSettings run;                   // the same, typed: what the code below reads
+  // As resolved; once the data is open, what config.toml and the checkpoint record (recorded_config).
+  Config config{lockstep_schema()};
+  RunSettings run;  // the resolved settings, typed: what the code below reads (never changed)
   std::string run_dir;
   std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0, which writes the run directory
   std::shared_ptr<dist::Group> group;
@@ -116,8 +117,8 @@ struct Trainer::State {
     runner = std::make_unique<StepRunner>(group, run, geometry, total_steps, modules, std::move(losses));
   }
 
-  // The training data; what it chose (data.dataset = auto, a small folder's global batch) is
-  // recorded in the run's settings and configuration.
+  // The training data; what it decided (a small folder's global batch) shapes the step and is recorded
+  // in the run's configuration; the settings stay as resolved.
   void open_data(bool resuming, const std::function<void(const std::string&)>& on_info) {
     DataContext context;
     context.run_dir = run_dir;
@@ -130,15 +131,12 @@ struct Trainer::State {
       if (on_info) on_info(text);
     };
     group->set_progress("opening the data");
-    resolve_dataset(run.data);  // a new run's "auto"; a resumed run's config.toml records the choice
     check_run_settings(run);
     context.batch_size_is_default = config.is_default("train.batch_size");
     data = open_train_data(run, context);
     if (on_info && is_root()) on_info(data->describe());
-    // What the data chose (a small folder's global batch) is recorded as the run's setting.
-    run.train.batch_size(data->global_batch());
-    record_run_settings(run, config);
-    geometry = StepGeometry::of(run.train);
+    geometry = StepGeometry::of(run.train, data->global_batch());
+    config = recorded_config(ResolvedRun{config, run}, data->global_batch());
     steps_per_epoch = data->steps_per_epoch();
     const int64_t steps = run.train.steps();
     total_steps = steps > 0 ? steps : run.train.epochs() * steps_per_epoch;
@@ -338,14 +336,14 @@ const std::vector<std::string>& Trainer::resumable_keys() {
 
 std::unique_ptr<Trainer> Trainer::create(const Config& config, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
-  return create(ResolvedRun{config, read_run_settings(config)}, run_dir, std::move(group), on_info);
+  return create(resolve_config(config), run_dir, std::move(group), on_info);
 }
 
 std::unique_ptr<Trainer> Trainer::create(ResolvedRun run, const std::string& run_dir,
                                          std::shared_ptr<dist::Group> group, const InfoCallback& on_info) {
   auto s = std::make_unique<State>();
   s->config = std::move(run.config);
-  s->run = std::move(run.settings);  // checked across keys once data.dataset is resolved (build)
+  s->run = std::move(run.settings);  // checked across keys when the data opens (build)
   s->run_dir = run_dir;
   s->group = std::move(group);
   LOCKSTEP_CHECK_ARG(s->group != nullptr, "trainer: no process group given");

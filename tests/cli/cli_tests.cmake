@@ -1,23 +1,16 @@
 # CLI tests: run the real `lockstep` binary and check its exit code and messages.
-# lockstep_cli_test(<name> EXIT <code> [OUTPUT <regex>] [REJECT <regex>] [TIMEOUT <s>]
-#                   [RUNNER <program>...] ARGS <arg>...)
-# Each test runs in its own empty directory under the build tree. RUNNER (e.g. a script) is run
-# with the lockstep binary as its first argument, then ARGS; its exit code and output are checked.
-# A test that needs files made first (a run, a damaged file) is a scenario: tests/cli/scenarios.py.
+# lockstep_cli_test(<name> EXIT <code> [OUTPUT <regex>] [REJECT <regex>] [TIMEOUT <s>] ARGS <arg>...)
+# Each test runs in its own empty directory under the build tree. A test that needs files made first (a
+# run, a damaged file) or more than one command is a scenario: tests/cli/scenarios.py.
 function(lockstep_cli_test name)
-  cmake_parse_arguments(T "" "EXIT;OUTPUT;REJECT;TIMEOUT" "ARGS;RUNNER" ${ARGN})
+  cmake_parse_arguments(T "" "EXIT;OUTPUT;REJECT;TIMEOUT" "ARGS" ${ARGN})
   if(NOT DEFINED T_TIMEOUT)
     set(T_TIMEOUT 60)
   endif()
   list(JOIN T_ARGS "|" joined)
-  set(runner "")
-  if(T_RUNNER)
-    list(JOIN T_RUNNER "|" runner)
-    set(runner "${runner}|")
-  endif()
   set(workdir ${CMAKE_CURRENT_BINARY_DIR}/cli/${name})
   add_test(NAME cli.${name}
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${runner}$<TARGET_FILE:lockstep_cli>|${joined}"
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:lockstep_cli>|${joined}"
                    -DEXPECT_EXIT=${T_EXIT} "-DEXPECT_OUTPUT=${T_OUTPUT}" "-DREJECT_OUTPUT=${T_REJECT}"
                    -DWORKDIR=${workdir}
                    -P ${CMAKE_CURRENT_LIST_DIR}/run_cli.cmake)

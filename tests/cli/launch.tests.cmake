@@ -41,19 +41,5 @@ lockstep_cli_test(launch_node_rank_beyond_nnodes EXIT 2 OUTPUT "--node-rank 5 mu
                   ARGS launch -n 2 --node-rank 5 --nnodes 2 -- train)
 lockstep_cli_test(launch_any_port_on_several_nodes EXIT 2 OUTPUT "--master-port 0 \\(any free port\\) works on one node"
                   ARGS launch -n 2 --nnodes 2 --node-rank 0 --master-port 0 -- train)
-# launch when a rank misbehaves or launch is told to stop (tests/cli/launch_faults.sh): a rank
-# stopped with SIGSTOP is reported by the others and launch exits non-zero; a rank that prints
-# nothing never blocks the output of one that logs every step; SIGTERM reaches every rank. No
-# process is left behind in any case.
-lockstep_cli_test(launch_reports_a_stalled_rank EXIT 0 OUTPUT "ok: stalled rank 1 reported" TIMEOUT 240
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS stall)
-lockstep_cli_test(launch_never_blocks_on_a_silent_rank EXIT 0 OUTPUT "ok: [0-9]+ step lines" TIMEOUT 300
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS chatty)
-lockstep_cli_test(launch_passes_sigterm_to_its_ranks EXIT 0 OUTPUT "ok: SIGTERM passed" TIMEOUT 240
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS sigterm)
-# A rank killed or crashed (a signal, not an exit status) is a lost rank: launch exits 3, as the
-# README's table says, not 1 (bad input).
-lockstep_cli_test(launch_exits_3_when_a_rank_is_killed EXIT 0 OUTPUT "ok: rank 1 ended by SIGKILL" TIMEOUT 240
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS killed KILL)
-lockstep_cli_test(launch_exits_3_when_a_rank_crashes EXIT 0 OUTPUT "ok: rank 1 ended by SIGSEGV" TIMEOUT 240
-                  RUNNER bash ${CMAKE_CURRENT_LIST_DIR}/launch_faults.sh ARGS killed SEGV)
+# launch when a rank misbehaves or launch is told to stop (a stalled, silent, killed or crashed rank;
+# SIGTERM to launch) is tested by the scenarios of tests/cli/fault_scenarios.py.

@@ -132,33 +132,48 @@ class Run:
             time.sleep(0.01)
         return True
 
-    def two_ranks(self, *args, rank1_extra=(), expect=0):
-        """`lockstep ARGS` as two ranks started by hand with --rank/--world-size: rank 0 with --master-port 0
-        (any free port) says where its store listens, and rank 1 is started with that port and `rank1_extra`
-        after ARGS. Returns rank 0's output, then rank 1's; Failure unless rank 0 exits with `expect`. Both
-        are killed at the deadline."""
-        argv = [str(self.binary), *map(str, args)]
-        logs = [self.dir / f"rank{r}.log" for r in range(2)]
-        ranks = [self.start(*args, "--rank", 0, "--world-size", 2, "--master-port", 0, log=logs[0].name)]
+    def start_two_ranks(self, *args, rank1_extra=()):
+        """`lockstep ARGS` started as two ranks by hand with --rank/--world-size (logs rank0.log, rank1.log): rank 0
+        with --master-port 0 (any free port) says where its store listens, and rank 1 is started with that port
+        and `rank1_extra` after ARGS. Returns both processes; stop_all ends them."""
+        log0 = self.dir / "rank0.log"
+        ranks = [self.start(*args, "--rank", 0, "--world-size", 2, "--master-port", 0, log=log0.name)]
         try:
             port = None
             while port is None:
-                found = re.search(r"^rank 0: the store listens on .*:(\d+)$", logs[0].read_text(errors="replace"), re.M)
+                found = re.search(r"^rank 0: the store listens on .*:(\d+)$", log0.read_text(errors="replace"), re.M)
                 if found:
                     port = found.group(1)
                 elif ranks[0].poll() is not None or time.monotonic() > self.deadline:
-                    raise Failure(f"rank 0 did not say where its store listens:\n{logs[0].read_text(errors='replace')}")
+                    raise Failure(f"rank 0 did not say where its store listens:\n{log0.read_text(errors='replace')}")
                 else:
                     time.sleep(0.05)
             ranks.append(self.start(*args, *rank1_extra, "--rank", 1, "--world-size", 2, "--master-port", port,
-                                    log=logs[1].name))
+                                    log="rank1.log"))
+        except BaseException:
+            self.stop_all(ranks)
+            raise
+        return ranks
+
+    @staticmethod
+    def stop_all(processes):
+        """Ends each started process still running (stop)."""
+        for process in processes:
+            if process.poll() is None:
+                stop(process)
+
+    def two_ranks(self, *args, rank1_extra=(), expect=0):
+        """`lockstep ARGS` as two ranks (start_two_ranks), waited for. Returns rank 0's output, then rank 1's;
+        Failure unless rank 0 exits with `expect`. Both are killed at the deadline."""
+        argv = [str(self.binary), *map(str, args)]
+        logs = [self.dir / f"rank{r}.log" for r in range(2)]
+        ranks = self.start_two_ranks(*args, rank1_extra=rank1_extra)
+        try:
             codes = [process.wait(timeout=max(self.deadline - time.monotonic(), 0.1)) for process in ranks]
         except subprocess.TimeoutExpired:
             raise Failure(f"still running at the deadline: two ranks of {' '.join(argv)}")
         finally:
-            for process in ranks:
-                if process.poll() is None:
-                    stop(process)
+            self.stop_all(ranks)
         text = "".join(f"--- rank {r} (exit {code}) ---\n{log.read_text(errors='replace')}"
                        for r, (code, log) in enumerate(zip(codes, logs)))
         if codes[0] != expect:

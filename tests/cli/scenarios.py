@@ -2,8 +2,9 @@
 """The CLI scenarios, as code: each runs the real `lockstep` binary (one process,
 `lockstep launch -n W`, torchrun) in its own directory and checks what the runs printed and wrote,
 most often that W ranks log the losses of one process (G4); single_run_scenarios.py holds those of one
-small run (train, resume, eval, encode, decode), folder_scenarios.py those of an image folder. ctest runs each as `cli.<name>`
-(tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
+small run (train, resume, eval, encode, decode), folder_scenarios.py those of an image folder,
+fault_scenarios.py a rank killed, stalled or crashed and launch told to stop. ctest runs each as
+`cli.<name>` (tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
 is killed at the deadline and the scenario fails naming the command.
 
     scenarios.py --list                    one line per scenario: name, time limit (s), needs, ctest labels
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fault_scenarios  # noqa: E402,F401  (registers its scenarios)
 import folder_scenarios  # noqa: E402,F401  (registers its scenarios)
 import single_run_scenarios  # noqa: E402,F401  (registers its scenarios)
 from scenario_kit import (HERE, SCENARIOS, SKIPPED, SMALL, Failure, Run, evaluate, one_and_ranks,  # noqa: E402
@@ -216,14 +218,6 @@ def torchrun_two_ranks_match_launch_and_one_process(run):
     run.compare("one", "torchrun", 1e-4)
     run.compare("launched", "torchrun", 0)
     evaluate(run, "torchrun", "step 12", "--limit", "32")
-
-
-@scenario(300)
-def kill_a_rank_then_resume(run):
-    # Failure mode f end to end (kill_a_rank.sh, which bench/gpu_check.sh runs on NCCL too): a SIGKILLed rank
-    # is named within 2 s (G2), the run resumes exactly on 2 ranks; `eval` then reads the resumed run.
-    run.command(["bash", HERE / "kill_a_rank.sh", run.binary, HERE / "compare_metrics.py"], "kill.log")
-    evaluate(run, "run", "step 100", "--limit", 16)
 
 
 @scenario(120)

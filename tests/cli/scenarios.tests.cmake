@@ -9,7 +9,9 @@ execute_process(COMMAND ${LOCKSTEP_PYTHON3} ${scenarios} --list OUTPUT_VARIABLE 
 if(NOT listed_rc EQUAL 0)
   message(FATAL_ERROR "${scenarios} --list failed (${listed_rc})")
 endif()
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${scenarios})
+# The list changes with any file that registers scenarios (scenarios.py imports them).
+file(GLOB scenario_files ${CMAKE_CURRENT_LIST_DIR}/*scenario*.py)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${scenario_files})
 string(REPLACE "\n" ";" listed "${listed}")
 foreach(line IN LISTS listed)
   if(line STREQUAL "")

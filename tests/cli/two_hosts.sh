@@ -7,7 +7,7 @@
 #   - every rank exits with status 3 (README's exit statuses: a rank died or stalled, the last
 #     checkpoint is intact) and no process is left in either host's namespace;
 #   - with the cable mended, resuming both ranks (each from the run directory on its own host)
-#     reaches the losses of one uninterrupted process, as kill_a_rank.sh checks.
+#     reaches the losses of one uninterrupted process, as fault_scenarios.py's kill_a_rank_then_resume checks.
 # Usage (as root; ctest runs it as cli.two_hosts_link_cut_is_reported_and_resumes):
 #   two_hosts.sh LOCKSTEP COMPARE_METRICS_PY       in an empty directory, which it fills
 # Needs root, iproute2 (ip, tc) and unshare. Where network namespaces cannot be made it prints one

@@ -14,8 +14,10 @@ struct StepGeometry {
   int64_t micro_batches = 1;  // forward and backward passes per step (train.grad_accum)
   int64_t shard_size = 0;     // train.shard_size; 0: a rank's part of a micro-batch is one pass
 
-  // The settings' geometry, train.batch_size the global batch (an image folder may have fitted it).
+  // The settings' geometry, train.batch_size the global batch.
   static StepGeometry of(const TrainSettings& train);
+  // The same with the data's global batch in place of train.batch_size (a small image folder fits it).
+  static StepGeometry of(const TrainSettings& train, int64_t global_batch);
 
   int64_t micro_batch() const { return global_batch / micro_batches; }
   bool sharded() const { return shard_size > 0; }
