@@ -149,3 +149,44 @@ def _initialise_backward(ctx, grad):
 
 
 vq_initialise.register_autograd(_initialise_backward)
+
+
+@torch.library.custom_op("lockstep::residual_initialise", mutates_args=())
+def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], step: torch.Tensor, handle: int, run: bool,
+                        mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
+                        beam_size: Optional[int] = None, sample_codebook_temp: Optional[float] = None,
+                        dropout_layers: int = 0) -> List[torch.Tensor]:
+    """Copies of `passed` (the layers' codebooks), taken once ResidualVQ's layers have run their k-means
+    initialisation on tokens x (b, n, dim) (liblockstep's stack, each layer's codes before it made by the module's
+    vq_bridge from its initialised codebook; its collectives over the module's group; nothing unless `run`,
+    nothing once initialised): the bridge reads the copies, so the graph keeps the op before it. The gradients
+    pass to `passed`."""
+    module = _module(handle)
+    if run and not all(bool(layer._codebook.initted) for layer in module.layers):  # else the stack's call is waste
+        def bridged(layer):
+            with torch.no_grad():
+                return module._bridged_layer(layer).float()
+
+        module._core.residual_initialise(x, True, module.seed, step, module._lazy_group(), mask, freeze_codebook,
+                                         beam_size, sample_codebook_temp, dropout_layers, bridged)
+    return [codebook.clone() for codebook in passed]
+
+
+@residual_initialise.register_fake
+def _(x, passed, step, handle, run, mask=None, freeze_codebook=False, beam_size=None, sample_codebook_temp=None,
+      dropout_layers=0):
+    return [torch.empty_like(codebook) for codebook in passed]
+
+
+def _residual_initialise_backward(ctx, grads):
+    given = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+             for g, (shape, dtype, device) in zip(grads, ctx.passed)]
+    return (None, given) + (None,) * (ctx.inputs - 2)
+
+
+def _residual_initialise_setup(ctx, inputs, output):
+    ctx.passed = [(codebook.shape, codebook.dtype, codebook.device) for codebook in inputs[1]]  # for missing gradients
+    ctx.inputs = len(inputs)
+
+
+residual_initialise.register_autograd(_residual_initialise_backward, setup_context=_residual_initialise_setup)

@@ -68,7 +68,7 @@ def checked_temperature(module_name, value):
 
 # The reference's names of the per-call arguments _quantize takes under its own (for errors).
 _CALL_ARGUMENTS = {"dropout_layers": "rand_quantize_dropout_fixed_seed", "accumulate": "accum_ema_update",
-                   "token_codes": "codebook_transform_fn"}
+                   "token_codes": "codebook_transform_fn", "fsp_eps": "eps"}
 
 
 def only_defaults(module_name, function, given, names):

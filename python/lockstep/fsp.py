@@ -5,7 +5,7 @@ import math
 import torch
 
 from . import _C
-from ._quantizer import LockstepQuantizer, as_indices, check_floating, declared_arguments, refuse
+from ._quantizer import LockstepQuantizer, as_indices, check_floating, declared_arguments
 
 
 def build_cdf_act(act_name):
@@ -75,16 +75,15 @@ class FSP(LockstepQuantizer):
 
     def indices_to_codes(self, indices, eps=1e-6):
         """Indices as forward returns them -> forward's evaluation output (the bins' values, projected
-        out); channel first with channel_first."""
-        if eps != 1e-6:
-            refuse("lockstep.FSP", "eps", eps, "1e-6, the reference's default")
+        out); channel first with channel_first. `eps`: need_inv_act's clamp before the inverse, as there."""
         shape = indices.shape
-        codes = self._core.decode(as_indices("lockstep.FSP", indices).reshape(1, -1)).reshape(*shape, self.dim)
+        flat = as_indices("lockstep.FSP", indices).reshape(1, -1)
+        codes = self._core.fsp_decode(flat, float(eps)).reshape(*shape, self.dim)
         return codes.movedim(-1, 1) if self.channel_first else codes
 
     def forward(self, z, eps=None):
-        if eps is not None:
-            refuse("lockstep.FSP", "eps", eps, "None: float32's machine epsilon, the reference's default")
+        # The clamp epsilon, as the reference's `eps or finfo.eps`: None and 0 leave float32's machine epsilon.
+        eps = float(eps) if eps else None
         check_floating("lockstep.FSP", z)
         if self.channel_first:
             z = z.movedim(1, -1)
@@ -93,23 +92,23 @@ class FSP(LockstepQuantizer):
         shape = z.shape
         # (b, n, dim): the first axis the batch (n given, not -1, which an empty batch leaves ambiguous)
         tokens = z.reshape(shape[0], math.prod(shape[1:-1]), self.dim) if z.ndim > 1 else z.reshape(1, 1, self.dim)
-        out, indices, losses = self._quantize(tokens.float())
+        out, indices, losses = self._quantize(tokens.float(), fsp_eps=eps)
         out = out.to(z.dtype).reshape(shape)
         indices = indices.reshape(shape[:-1]).to(torch.int32)
-        info = self._info(tokens)
+        info = self._info(tokens, eps)
         info["level_indices"] = info["level_indices"].reshape(*shape[:-1], self.codebook_dim)
         if self.channel_first:
             out = out.movedim(-1, 1)
         return out, indices, losses["norm"], info
 
     @torch.compiler.disable
-    def _info(self, tokens):
+    def _info(self, tokens, eps=None):
         """The reference's fourth return value, of this rank's tokens (liblockstep's Fsp::diagnostics):
         level indices (float, as there), the batch statistics and, in training with quantize_rate < 1,
         the share of accepted perturbations (the same draws as the call's)."""
         group = self._lazy_group() if self.training else None
         level_indices, mean, variance, skewness, kurtosis, accept_rate = self._core.fsp_diagnostics(
-            tokens.float(), self.training, self.seed, self._steps, group)
+            tokens.float(), self.training, self.seed, self._steps, group, eps)
         info = {"level_indices": level_indices.float(),
                 "norm_info": {"mean": mean, "variance": variance, "skewness": skewness, "kurtosis": kurtosis}}
         if accept_rate is not None:

@@ -12,7 +12,7 @@ from ._quantizer import (LockstepQuantizer, as_indices, checked_temperature, ide
                          refuse)
 from .fsq import fsq_options
 from .lfq import activation_term, bit_mask, in_compute_dtype, lfq_options, lfq_padding_mask
-from .vq import module_options, vq_options
+from .vq import _Codebook, module_options, vq_options
 
 
 def refuse_layer_layout(module_name, layer_kwargs, allowed):
@@ -185,22 +185,13 @@ class ResidualVQ(_Residual):
                                  f"num_quantizers={num_quantizers}")
         refuse_layer_layout("lockstep.ResidualVQ", vq_kwargs, {
             "accept_3d_fmap": ((False,), "False: the stack takes tokens, or image maps with accept_image_fmap"),
-            "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens"),
-            "manual_ema_update": ((False,), "False: the stack refreshes its layers' codebooks; VectorQuantize takes "
-                                  "True")})
+            "channel_last": ((True,), "True: the stack takes (b, n, dim) tokens")})
+        if shared_codebook:  # the stack refreshes a shared codebook after its last layer, as the reference's
+            vq_kwargs["manual_ema_update"] = False
         layer = vq_options(dim, sizes[0] if sizes else codebook_size, codebook_dim, **vq_kwargs)
         own = module_options(layer)
-        bridge = own["vq_bridge"]
-        if bridge is not None:
-            # Each layer's codebook through the one module, in torch, before liblockstep's greedy search.
-            if vq_kwargs.get("kmeans_init"):
-                refuse("lockstep.ResidualVQ", "vq_bridge", bridge, "None with kmeans_init: liblockstep initialises each "
-                       "layer's codebook from its residual inside the stack, where the bridge does not run")
+        bridge = own["vq_bridge"]  # each layer's codebook through the one module, in torch, before liblockstep's search
         in_place = own["in_place_codebook_optimizer"]
-        if in_place is not None and implicit_neural_codebook:
-            refuse("lockstep.ResidualVQ", "in_place_codebook_optimizer", in_place,
-                   "None with implicit_neural_codebook (implicit codes are made from the codebook by the MLPs, "
-                   "inside liblockstep's search)")
         freeze_codebook = own["freeze_codebook"]  # the layers' setting
         options = {f"vq.{key}": value for key, value in layer.items()}
         options.update(self._residual_options(num_quantizers, quantize_dropout, quantize_dropout_cutoff_index,
@@ -272,6 +263,9 @@ class ResidualVQ(_Residual):
         for q, layer in enumerate(layers):
             layer.__class__ = _ResidualVqLayer
             layer._quantizer_handle, layer._index = self._handle, q
+            codebook = layer._modules["_codebook"]  # update_ema(), as the reference's layers' Codebook
+            codebook.__class__ = _Codebook
+            codebook._quantizer_handle, codebook._layer_index = self._handle, q
         if self.__dict__.get("_in_place"):  # a copy's (deepcopy, unpickling): its optimizers take the new tensors
             for layer in self._in_place_layers():
                 _in_place.rebind(layer.in_place_codebook_optimizer, list(layer._codebook.parameters()))
@@ -336,7 +330,15 @@ class ResidualVQ(_Residual):
         if self.training and self._in_place and beam is not None and int(beam) > 1:  # the reference's assertion
             raise AssertionError("lockstep.ResidualVQ: beam search takes each layer's top-k codes, which are not "
                                  "taken in training with an in_place_codebook_optimizer, as the reference's")
-        bridged = self._bridged_codebooks()
+        if self.training and self._in_place and self.implicit_neural_codebook and self.num_quantizers > 1 and not (
+                self.freeze_codebook or freeze_codebook):
+            # The reference's in-place step of a layer after the first backwards through the layers before it (its
+            # MLP's condition), whose graph the step before freed: a RuntimeError at every such training call.
+            raise RuntimeError("lockstep.ResidualVQ: an in_place_codebook_optimizer with implicit_neural_codebook "
+                               "trains nothing: the reference's in-place step of a layer after the first backwards "
+                               "through the graph of the layers before it a second time, a RuntimeError in each "
+                               "training call (evaluation, and training with freeze_codebook, run as there)")
+        bridged = self._bridged_codebooks(self._initialised_codebooks(x, mask, freeze_codebook, beam_size, per_call))
         out, idx, losses = self._quantize_any(x, self.accept_image_fmap, True, self.num_quantizers, mask,
                                               self.freeze_codebook or bool(freeze_codebook),
                                               beam_size=None if beam_size is None else int(beam_size),
@@ -381,15 +383,41 @@ class ResidualVQ(_Residual):
             residual = residual - codes
         return total
 
-    def _bridged_codebooks(self):
+    def _bridge(self):
+        return self.layers[0]._codebook._modules.get("vq_bridge")
+
+    def _initialised_codebooks(self, x, mask, freeze_codebook, beam_size, per_call):
+        """The layers' codebook tensors (the first layer's alone when shared) for the vq_bridge to read, once the
+        layers' k-means has run (kmeans_init, a training call with gradients, layers not yet initialised), each
+        layer's from its residual after the layers before it searched their bridged codebooks, as the reference's
+        first call initialises them (liblockstep's stack called back for each layer's bridged codes). Under compile
+        through the custom op at every call, as VectorQuantize's, so that the bridge comes after it."""
+        embeds = [self._layer_embed(q) for q in range(1 if self.shared_codebook else self.num_quantizers)]
+        if self._bridge() is None or not self._spec[2].get("vq.kmeans_init"):
+            return embeds
+        run = self.training and torch.is_grad_enabled()
+        if not torch.compiler.is_compiling() and (not run or all(bool(layer._codebook.initted) for layer in self.layers)):
+            return embeds
+        tokens = self._tokens_of(x, self.accept_image_fmap)[0].float()
+        return _ops.residual_initialise(tokens.detach(), embeds, self._steps, self._handle, run, mask,
+                                        bool(self.freeze_codebook or freeze_codebook),
+                                        None if beam_size is None else int(beam_size),
+                                        per_call.get("sample_codebook_temp"), per_call.get("dropout_layers", 0))
+
+    def _bridged_layer(self, q, embeds=None):
+        """Layer q's codebook through the vq_bridge, (1, K_q, codebook_dim), from `embeds` (the layers' codebook
+        tensors as _initialised_codebooks gives them; their own when None)."""
+        embed = self._layer_embed(q) if embeds is None else embeds[0 if self.shared_codebook else q]
+        return self._bridge()(embed)
+
+    def _bridged_codebooks(self, embeds=None):
         """Each layer's codebook through the vq_bridge, (num_quantizers, 1, K, codebook_dim), differentiable (sizes that
         differ by layer padded to the largest with zeros, which liblockstep leaves out); None without one. Decoding
         from indices takes the codebooks themselves, as the reference's does."""
-        bridge = self.layers[0]._codebook._modules.get("vq_bridge")
-        if bridge is None:
+        if self._bridge() is None:
             return None
         largest = max(self.codebook_sizes)
-        bridged = [bridge(self._layer_embed(q)) for q in range(self.num_quantizers)]
+        bridged = [self._bridged_layer(q, embeds) for q in range(self.num_quantizers)]
         return torch.stack([nn.functional.pad(codes, (0, 0, 0, largest - codes.shape[-2])) for codes in bridged])
 
 

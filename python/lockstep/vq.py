@@ -131,14 +131,17 @@ def module_options(options):
 
 
 class _Codebook(nn.Module):
-    """VectorQuantize's `_codebook`: the reference's Codebook tensors (embed, cluster_size, embed_avg, ...)
-    and its update_ema(). It finds its quantizer by handle: a reference to it would be a cycle."""
+    """VectorQuantize's `_codebook` (and each ResidualVQ layer's, `_layer_index` naming the layer): the
+    reference's Codebook tensors (embed, cluster_size, embed_avg, ...) and its update_ema(). It finds its
+    quantizer by handle: a reference to it would be a cycle."""
 
     def update_ema(self):
         """The codebook recomputed from its EMA statistics (Laplace-smoothed cluster sizes; unit length with
         cosine similarity), in liblockstep, as the reference's Codebook.update_ema: what training calls leave
         to the caller with manual_ema_update=True. Every rank holds the same statistics: no collective."""
-        _ops._module(self._quantizer_handle)._core.vq_update_ema()
+        core = _ops._module(self._quantizer_handle)._core
+        layer = self.__dict__.get("_layer_index")
+        (core if layer is None else core.layer(layer)).vq_update_ema()
 
 
 class VectorQuantize(LockstepQuantizer):

@@ -129,6 +129,9 @@ struct CallOptions {
   int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
   // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
   std::optional<at::Tensor> token_codes;
+  // Residual stacks: each layer's codes made when the layer comes (QuantizeContext::layer_codebook).
+  std::function<at::Tensor(int64_t)> layer_codebook;
+  std::optional<double> fsp_eps;  // FSP: the clamp epsilon in place of float32's machine epsilon
 };
 
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
@@ -147,6 +150,8 @@ lockstep::quant::QuantizerOutput quantize_call(
   ctx.sample_codebook_temp = call.sample_codebook_temp;
   ctx.inv_temperature = call.inv_temperature;
   ctx.dropout_layers = call.dropout_layers;
+  ctx.layer_codebook = call.layer_codebook;
+  ctx.fsp_eps = call.fsp_eps;
   if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
     LOCKSTEP_CHECK_ARG(
         dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
@@ -291,7 +296,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
              std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
              std::optional<double> sample_codebook_temp, int64_t dropout_layers, std::optional<at::Tensor> token_codes,
-             std::optional<double> inv_temperature) {
+             std::optional<double> inv_temperature, std::optional<double> fsp_eps) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -301,9 +306,10 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
-                                  vq_call ? &vq_update : nullptr, beam_size, nullptr, codebook,
-                                  CallOptions{sample_codebook_temp, inv_temperature, dropout_layers, token_codes});
+              out = quantize_call(
+                  q, x, training, seed, step, group, mask, freeze_codebook, vq_call ? &vq_update : nullptr, beam_size,
+                  nullptr, codebook,
+                  CallOptions{sample_codebook_temp, inv_temperature, dropout_layers, token_codes, {}, fsp_eps});
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
                                check = batch_check(q, x, training, group)]() {
@@ -326,12 +332,12 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
           py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
-          py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(),
+          py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(), py::arg("fsp_eps") = py::none(),
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
           "EMA update (quant/vq.h, VqUpdate), token_codes each token's own codes (Vq::quantize_implicit); residual-vq "
-          "alone: beam_size, this call's beam search width. Issues no "
+          "alone: beam_size, this call's beam search width; FSP alone: fsp_eps, the clamp epsilon. Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
           "tensor) advances then.")
@@ -353,6 +359,36 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "(for a vq_bridge, which makes the searched codebook from the initialised one); a no-op once "
           "initialised and in evaluation. Whatever the grad mode: the caller calls it for a call that may change "
           "state (training with gradients). Issues k-means' collectives over `group`.")
+      .def(
+          "residual_initialise",
+          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask,
+             bool freeze_codebook, std::optional<int64_t> beam_size, std::optional<double> sample_codebook_temp,
+             int64_t dropout_layers, const py::function& layer_codebook) {
+            LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::Residual*>(&q), "residual_initialise: a ", q.kind(),
+                               " quantizer, not a residual one");
+            CallOptions call{sample_codebook_temp, std::nullopt, dropout_layers, std::nullopt, {}, std::nullopt};
+            // By pointer: the function is copied into the call without the GIL, which a py::function's copy needs.
+            const py::function* make = &layer_codebook;
+            call.layer_codebook = [make](int64_t layer) {
+              py::gil_scoped_acquire gil;
+              return (*make)(layer).cast<at::Tensor>();
+            };
+            py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
+            // The call quantize() with these arguments makes, whatever the grad mode (the caller calls this for
+            // a call that may change state); its output and its deferred update are dropped: k-means alone stays.
+            const at::AutoGradMode with_gradients(true);
+            quantize_call(q, x.detach(), training, seed, step, group, mask, freeze_codebook, nullptr, beam_size,
+                          nullptr, std::nullopt, call);
+          },
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("beam_size") = py::none(),
+          py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0, py::arg("layer_codebook"),
+          "Residual VQ: the layers' k-means initialisation a training quantize() with these arguments runs, each "
+          "layer's from its residual, the codes of the layers before made by `layer_codebook(l)` (a (1, K_l, "
+          "codebook_dim) tensor, made once layer l is initialised: a vq_bridge's of its codebook); nothing else "
+          "changes. A no-op once every layer is initialised, and in evaluation. Issues k-means' collectives "
+          "over `group`.")
       .def(
           "vq_searched_codebook",
           [](Quantizer& q, std::optional<at::Tensor> codebook) {
@@ -595,24 +631,35 @@ void lockstep::python::bind_quantizer(py::module_& m) {
       .def(
           "fsp_diagnostics",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<double> eps) {
             lockstep::quant::FspDiagnostics d;
             {
               py::gil_scoped_release no_gil;
               q.train(training);
               const lockstep::quant::NoAutocast fp32;
-              d = as_fsp(q).diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x,
-                                        call_context(x, seed, step, group, std::nullopt));
+              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, std::nullopt);
+              ctx.fsp_eps = eps;
+              d = as_fsp(q).diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
             }
             return py::make_tuple(d.level_indices, d.mean, d.variance, d.skewness, d.kurtosis,
                                   d.accept_rate.defined() ? py::cast(d.accept_rate) : py::none());
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("eps") = py::none(),
           "(level indices, mean, variance, skewness, kurtosis, accept rate or None) of this rank's tokens "
-          "(quant/fsp.h, Fsp::diagnostics); the same draws as the call of quantize with these arguments.")
+          "(quant/fsp.h, Fsp::diagnostics); the same draws (and clamp `eps`) as the call of quantize with these "
+          "arguments.")
       .def(
           "fsp_level_indices", [](Quantizer& q, const at::Tensor& indices) { return as_fsp(q).level_indices(indices); },
           py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "fsp_decode",
+          [](Quantizer& q, const at::Tensor& indices, double eps) {
+            const lockstep::quant::NoAutocast fp32;
+            return as_fsp(q).decode_with(indices, eps);
+          },
+          py::arg("indices"), py::arg("eps"), py::call_guard<py::gil_scoped_release>(),
+          "FSP: decode with need_inv_act's clamp to [eps, 1 - eps] (the reference's indices_to_codes eps).")
       .def(
           "vq_update_ema", [](Quantizer& q) { as_vq(q).update_ema(); },
           "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")

@@ -3,6 +3,8 @@ state, with every result compared after each step (the VQ-family tests share it)
 import torch
 from vector_quantize_pytorch.vector_quantize_pytorch import orthogonal_loss_fn
 
+import lockstep
+
 
 def weighted_backward(out, loss):
     """Backward of the output times a fixed weight (each element its own) plus the losses summed: the same
@@ -78,3 +80,25 @@ def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1
         backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers, step=step)
         for key in state_keys:
             torch.testing.assert_close(ours.state_dict()[key], reference.state_dict()[key], atol=1e-5, rtol=1e-5)
+
+
+def compare_first_k_means(reference, ours, x, first_call, layers):
+    """lockstep's residual stack `ours` has just run its first training call on x (`first_call`: its out, indices,
+    losses), its layers initialised by k-means, whose samples are its own draws: the reference, given that state,
+    must take at each of the first `layers` layers the input whose sum the layer's k-means statistics hold (a
+    centre's sum is its points', so the codes' sums are the data's), then find the same codes, output and losses
+    for x."""
+    reference.load_state_dict(lockstep.reference_state_dict(ours))
+    inputs = []
+    hooks = [layer.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach()))
+             for layer in reference.layers]
+    out_ref, idx_ref, loss_ref = reference(x)
+    for hook in hooks:
+        hook.remove()
+    for q in range(layers):
+        sums = ours.state_dict()[f"layers.{q}._codebook.embed_avg"].sum(dim=(0, 1))
+        torch.testing.assert_close(sums, inputs[q].reshape(-1, inputs[q].shape[-1]).sum(0), atol=1e-3, rtol=1e-4)
+    out, idx, loss = first_call
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)

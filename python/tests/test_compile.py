@@ -63,6 +63,8 @@ VARIANTS = {  # parameters inside the quantizer, several codebooks, sampling, fe
         nn.Linear(8, 8), nn.Tanh())),
     "VectorQuantize bridge kmeans": lambda: lockstep.VectorQuantize(
         dim=8, codebook_size=16, kmeans_init=True, vq_bridge=nn.Sequential(nn.Linear(8, 8), nn.Tanh())),
+    "ResidualVQ bridge kmeans": lambda: lockstep.ResidualVQ(
+        dim=8, num_quantizers=3, codebook_size=16, kmeans_init=True, vq_bridge=nn.Sequential(nn.Linear(8, 8), nn.Tanh())),
     # The in-place optimizer steps the codebook in backward, after the compiled graph's gradients.
     "VectorQuantize in-place": lambda: lockstep.VectorQuantize(
         dim=8, codebook_size=16, learnable_codebook=True, ema_update=False,

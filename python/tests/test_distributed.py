@@ -199,6 +199,9 @@ def _new_option_module(name):
             torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))[1]),
         "residual_bridge": lambda: lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, seed=3, vq_bridge=(
             torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))[1]),
+        "residual_bridge_kmeans": lambda: lockstep.ResidualVQ(
+            dim=8, num_quantizers=3, codebook_size=16, seed=3, kmeans_init=True,
+            vq_bridge=(torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))[1]),
         "lfq_rotation": lambda: lockstep.LFQ(dim=8, codebook_size=16, orthogonal_rotation=True, seed=3),
         "lfq_activation": lambda: lockstep.LFQ(dim=8, codebook_size=16, seed=3, straight_through_activation=(
             torch.manual_seed(1), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))[1]),
@@ -213,7 +216,7 @@ def _new_option_module(name):
 
 
 NEW_OPTIONS = ["beam", "bridge_kmeans", "diveq", "implicit", "implicit_beam", "in_place", "lfq_activation", "lfq_rotation", "manual_ema",
-               "orthogonal_max_codes", "residual_bridge", "residual_lfq_activation", "shared", "shared_in_place",
+               "orthogonal_max_codes", "residual_bridge", "residual_bridge_kmeans", "residual_lfq_activation", "shared", "shared_in_place",
                "topk_then_update"]
 
 

@@ -108,8 +108,31 @@ def test_bad_options_and_inputs_are_errors_naming_them():
     fsp = lockstep.FSP(levels=[5, 5])
     with pytest.raises(ValueError, match="dimension of 2"):
         fsp(torch.randn(2, 3, 4))
-    with pytest.raises(TypeError, match="eps"):
-        fsp(torch.randn(2, 3, 2), eps=1e-3)
+    for eps in (0.5, -1e-3):  # the clamp [eps, 1 - eps] would be empty or wider than [0, 1]
+        with pytest.raises(ValueError, match=r"eps must lie in \[0, 0.5\)"):
+            fsp(torch.randn(2, 3, 2), eps=eps)
+        with pytest.raises(ValueError, match=r"eps must lie in \[0, 0.5\)"):
+            fsp.indices_to_codes(torch.zeros(2, dtype=torch.long), eps=eps)
+
+
+@pytest.mark.parametrize("need_inv_act", [False, True], ids=["standardised", "inverse"])
+def test_the_clamp_epsilon_given_to_forward_and_decoding_is_the_references(need_inv_act):
+    # forward(eps=) clamps activations below 1 - eps before binning (and to [eps, 1 - eps] before the
+    # inverse); None and 0 are float32's machine epsilon, as the reference's `eps or finfo.eps`. With 3 levels,
+    # eps > 1/3 keeps every activation out of the last bin. indices_to_codes(eps=) clamps before the inverse.
+    reference, ours = _pair(dict(levels=[3, 4], dim=5, need_inv_act=need_inv_act, act_name="sigmoid",
+                                 quantize_rate=1.0))  # nothing drawn in training
+    x = torch.randn(4, 6, 5) * 3
+    for eps in (None, 0.0, 1e-3, 0.3, 0.4):
+        out_ref, idx_ref, loss_ref, info_ref = reference(x, eps=eps)
+        out, idx, loss, info = ours(x, eps=eps)
+        assert torch.equal(idx, idx_ref), eps
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(info["level_indices"], info_ref["level_indices"])
+        if eps == 0.4:
+            assert int(info["level_indices"][..., 0].max()) == 1  # the last of 3 bins unreached
+        torch.testing.assert_close(ours.indices_to_codes(idx, eps=eps or 1e-6),
+                                   reference.indices_to_codes(idx, eps=eps or 1e-6), atol=1e-5, rtol=1e-5)
 
 
 def _ranks(rank, world, x):

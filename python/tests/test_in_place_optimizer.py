@@ -150,15 +150,40 @@ def test_what_the_reference_refuses_with_an_in_place_optimizer_is_refused():
     with pytest.raises(TypeError, match="in_place_codebook_optimizer must make an optimizer"):
         lockstep.VectorQuantize(dim=16, codebook_size=32, learnable_codebook=True, ema_update=False,
                                 in_place_codebook_optimizer=torch.optim.Adam([torch.zeros(1, requires_grad=True)]))
-    with pytest.raises(TypeError, match="in_place_codebook_optimizer"):
-        lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
-                            in_place_codebook_optimizer=adam, implicit_neural_codebook=True)
     rvq = lockstep.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, learnable_codebook=True, ema_update=False,
                               in_place_codebook_optimizer=adam, eval_beam_size=2, beam_size=2)
     with pytest.raises(AssertionError, match="top-k"):  # a beam's top-k codes in training, as the reference
         rvq(torch.randn(2, 5, 16))
     rvq.eval()
     assert rvq(torch.randn(2, 5, 16))[1].shape == (2, 5, 2)
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_implicit_codebooks_with_an_in_place_optimizer_fail_in_training_as_the_references_and_run_elsewhere(layers):
+    # The reference's in-place step of a layer after the first backwards through the graph of the layers before
+    # it (its MLP's condition), which the step before freed: a RuntimeError in its forward (3 layers) or in the
+    # backward after it (2). lockstep raises one in forward, naming why; evaluation and frozen training calls,
+    # which take no in-place step, run as the reference's.
+    torch.manual_seed(5)
+    options = dict(dim=16, num_quantizers=layers, codebook_size=32, in_place_codebook_optimizer=adam,
+                   implicit_neural_codebook=True, mlp_kwargs=dict(depth=1))
+    reference = vqp.ResidualVQ(**options)
+    ours = lockstep.ResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    x = torch.randn(2, 10, 16)
+    reference.eval(), ours.eval()
+    out_ref, idx_ref, _ = reference(x)
+    out, idx, _ = ours(x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    reference.train(), ours.train()
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    compare_call(reference(xs[0], freeze_codebook=True), ours(xs[1], freeze_codebook=True), xs)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out_ref, _, loss_ref = reference(x.clone().requires_grad_(True))
+        weighted_backward(out_ref, loss_ref)
+    with pytest.raises(RuntimeError, match="implicit_neural_codebook"):
+        ours(x.clone().requires_grad_(True))
 
 
 def test_a_frozen_codebook_is_not_stepped():

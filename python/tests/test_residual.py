@@ -10,7 +10,7 @@ from vector_quantize_pytorch import ResidualLFQ as ReferenceResidualLFQ
 from vector_quantize_pytorch import ResidualVQ as ReferenceResidualVQ
 
 import lockstep
-from reference_steps import backward_and_compare_gradients, compare_training_steps
+from reference_steps import backward_and_compare_gradients, compare_call, compare_first_k_means, compare_training_steps
 
 
 @pytest.mark.parametrize("options", [dict(), dict(rotation_trick=False, decay=0.9), dict(use_cosine_sim=True),
@@ -499,6 +499,24 @@ def test_implicit_neural_codebooks_match_the_reference(options):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("options, shape", [(dict(), (2, 30, 12)), (dict(beam_size=2), (1, 30, 12))],
+                         ids=["greedy", "beam"])
+def test_implicit_neural_codebooks_k_means_each_layer_from_its_residual(options, shape):
+    """With kmeans_init, the first training call initialises every layer's base codebook from the residual the
+    layers before it leave (their MLP-made codes), as the reference's layers do before their codebook_transform_fn
+    (compare_first_k_means); then trained alike."""
+    torch.manual_seed(6)
+    options = dict(dim=12, num_quantizers=3, codebook_size=16, implicit_neural_codebook=True, kmeans_init=True,
+                   mlp_kwargs=dict(depth=1), **options)
+    ours = lockstep.ResidualVQ(**options)
+    x = torch.randn(*shape)
+    first_call = ours(x)
+    assert all(bool(layer._codebook.initted) for layer in ours.layers)
+    reference = ReferenceResidualVQ(**options)
+    compare_first_k_means(reference, ours, x, first_call, 3)
+    compare_training_steps(reference, ours, shape, 3, [], optimizer=torch.optim.Adam)
+
+
 @pytest.mark.parametrize("options", [dict(beam_size=2), dict(beam_size=3, eval_beam_size=2, quant_grad_frac=0.3),
                                      dict(beam_size=2, beam_score_quantizer_weights=[1.0, 0.5, 0.25],
                                           mlp_kwargs=dict(dim_hidden=24, depth=2))],
@@ -563,3 +581,53 @@ def test_a_soft_clamped_input_matches_the_reference(reference_class, ours_class,
         ReferenceResidualFSQ(levels=[5, 5], num_quantizers=2, soft_clamp_input_value=1.2)
     with pytest.raises(AssertionError, match="bound_hard_clamp"):
         lockstep.ResidualFSQ(levels=[5, 5], num_quantizers=2, soft_clamp_input_value=1.2)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(shared_codebook=True)], ids=["greedy", "shared"])
+def test_a_residual_stacks_manual_ema_update_is_the_references(options):
+    """manual_ema_update=True given to ResidualVQ: each layer's training calls move its EMA statistics while its
+    codebook waits for rvq.layers[q]._codebook.update_ema() (a shared codebook is refreshed by the stack after its
+    last layer whatever the flag, as the reference sets it itself). 3 steps, update_ema on every layer after the
+    second: indices, outputs, losses, input gradients and every layer's buffers as the reference's."""
+    torch.manual_seed(7)
+    options = dict(dim=8, num_quantizers=3, codebook_size=16, decay=0.8, manual_ema_update=True, **options)
+    reference = ReferenceResidualVQ(**options)
+    ours = lockstep.ResidualVQ(**options)
+    ours.load_reference_state_dict(reference.state_dict())
+    before = ours.codebooks.clone()
+    for step in range(3):
+        x = torch.randn(2, 20, 8)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        compare_call(reference(xs[0]), ours(xs[1]), xs, step)
+        if step == 0:
+            assert torch.equal(ours.codebooks, before) != bool(options.get("shared_codebook"))
+        if step == 1:
+            for layer_ref, layer in zip(reference.layers, ours.layers):
+                layer_ref._codebook.update_ema()
+                layer._codebook.update_ema()
+        state = ours.state_dict()
+        for key, value in reference.state_dict().items():
+            if key.endswith(("_codebook.embed", "_codebook.embed_avg", "_codebook.cluster_size")):
+                torch.testing.assert_close(state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_a_beam_search_with_manual_ema_update_leaves_each_layers_codebook_to_update_ema():
+    """With beam search the reference updates its first layer alone (test_beam_search_matches_the_reference),
+    so manual_ema_update is checked against lockstep's own automatic update: a training step moves the same
+    statistics and leaves every codebook; update_ema() on each layer then gives the automatic update's."""
+    torch.manual_seed(8)
+    options = dict(dim=8, num_quantizers=3, codebook_size=16, decay=0.8, beam_size=2)
+    manual = lockstep.ResidualVQ(manual_ema_update=True, **options)
+    automatic = lockstep.ResidualVQ(**options)
+    automatic.load_state_dict(manual.state_dict())
+    before = manual.codebooks.detach().clone()
+    x = torch.randn(2, 20, 8)
+    for module in (manual, automatic):
+        module(x)[2].sum().backward()
+    assert torch.equal(manual.codebooks, before) and not torch.equal(automatic.codebooks, before)
+    for q in range(3):
+        for name in ("cluster_size", "embed_avg"):
+            key = f"layers.{q}._codebook.{name}"
+            torch.testing.assert_close(manual.state_dict()[key], automatic.state_dict()[key])
+        manual.layers[q]._codebook.update_ema()
+    torch.testing.assert_close(manual.codebooks, automatic.codebooks)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import lockstep
-from reference_steps import compare_training_steps
+from reference_steps import compare_first_k_means, compare_training_steps
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
 
@@ -108,18 +108,41 @@ def test_residual_layers_each_take_their_codebook_through_the_one_bridge(options
     torch.testing.assert_close(ours.get_output_from_indices(idx), reference.get_output_from_indices(idx))
 
 
-def test_what_the_reference_refuses_with_a_bridge_is_refused_and_what_lockstep_cannot_run_is_named():
+@pytest.mark.parametrize("options, shape", [
+    (dict(), (2, 30, 16)),
+    (dict(codebook_dim=8, quant_grad_frac=0.5), (2, 30, 16)),
+    (dict(shared_codebook=True), (2, 30, 16)),
+    (dict(beam_size=2), (1, 30, 16)),
+    (dict(codebook_size=(8, 32, 16)), (2, 30, 16)),
+    (dict(implicit_neural_codebook=True, mlp_kwargs=dict(depth=1)), (2, 30, 16)),
+], ids=["plain", "projected", "shared", "beam", "sizes", "implicit"])
+def test_residual_layers_k_means_each_from_the_residual_their_bridged_predecessors_leave(options, shape):
+    # As the reference's first training call: layer q's k-means runs on the residual that the layers before it
+    # leave, each having searched its codebook through the bridge after its own k-means (compare_first_k_means),
+    # then train alike.
+    torch.manual_seed(4)
+    bridge = nn.Sequential(nn.Linear(options.get("codebook_dim", 16), options.get("codebook_dim", 16)), nn.Tanh())
+    options = {**dict(num_quantizers=3, codebook_size=16, kmeans_init=True), **options}
+    ours = lockstep.ResidualVQ(dim=16, vq_bridge=copy.deepcopy(bridge), **options)
+    x = torch.randn(*shape) * 2
+    ours.eval()
+    ours(x)  # evaluation runs no k-means (docs/python.md)
+    assert not any(bool(layer._codebook.initted) for layer in ours.layers)
+    ours.train()
+    first_call = ours(x)
+    assert all(bool(layer._codebook.initted) for layer in ours.layers)
+    reference = vqp.ResidualVQ(dim=16, vq_bridge=bridge, **options)
+    compare_first_k_means(reference, ours, x, first_call, 1 if options.get("shared_codebook") else 3)
+    compare_training_steps(reference, ours, shape, 3, optimizer=torch.optim.Adam)
+
+
+def test_what_the_reference_refuses_with_a_bridge_is_refused():
     with pytest.raises(AssertionError, match="ema_update must be False"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), ema_update=True)
     with pytest.raises(AssertionError, match="learnable_codebook must be set to True"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=_bridge(16), learnable_codebook=False)
     with pytest.raises(TypeError, match="vq_bridge must be a module"):
         lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=3)
-    # What lockstep runs inside its stack, where the bridge does not run: a TypeError naming both.
-    for other in (dict(kmeans_init=True),):
-        arguments = {**dict(dim=16, num_quantizers=2, codebook_size=64, vq_bridge=_bridge(16)), **other}
-        with pytest.raises(TypeError, match="vq_bridge"):
-            lockstep.ResidualVQ(**arguments)
     ours = lockstep.VectorQuantize(dim=16, codebook_size=64, vq_bridge=nn.Linear(16, 8))
     with pytest.raises(ValueError, match=r"the shape it takes, \[1, 64, 16\], got \[1, 64, 8\]"):
         ours(torch.randn(2, 3, 16))

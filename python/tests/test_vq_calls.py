@@ -167,7 +167,7 @@ def test_manual_ema_update_moves_the_statistics_and_update_ema_the_codebook_as_t
             assert not torch.equal(ours._codebook.embed.detach(), embed_before)
 
 
-def test_manual_ema_update_survives_a_copy_and_is_refused_by_the_residual_stack():
+def test_manual_ema_update_survives_a_copy():
     import copy
     ours = lockstep.VectorQuantize(dim=8, codebook_size=16, manual_ema_update=True)
     original = ours._codebook.embed.detach().clone()
@@ -177,5 +177,12 @@ def test_manual_ema_update_survives_a_copy_and_is_refused_by_the_residual_stack(
     copied._codebook.update_ema()  # the copy's own quantizer, not the original's
     assert not torch.equal(copied._codebook.embed.detach(), original)
     assert torch.equal(ours._codebook.embed.detach(), original)
-    with pytest.raises(TypeError, match="manual_ema_update"):
-        lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, manual_ema_update=True)
+    # A residual stack's layer likewise: the copy's own layer.
+    stack = lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, manual_ema_update=True)
+    original = stack.codebooks.detach().clone()
+    copied = copy.deepcopy(stack)
+    copied(torch.randn(2, 10, 8))[2].sum().backward()
+    assert torch.equal(copied.codebooks.detach(), original)
+    copied.layers[1]._codebook.update_ema()
+    assert torch.equal(copied.codebooks[0].detach(), original[0]) and not torch.equal(copied.codebooks[1], original[1])
+    assert torch.equal(stack.codebooks.detach(), original)

@@ -145,9 +145,17 @@ at::Tensor fsp_invert(FspActivation activation, const at::Tensor& p) {
   throw InvalidArgument("fsp: unknown activation");
 }
 
-at::Tensor Fsp::bins(const at::Tensor& act) const {
-  // The reference's eps: float32's machine epsilon keeps an activation of exactly 1 in the last bin.
-  const double eps = std::numeric_limits<float>::epsilon();
+namespace {
+// A call's clamp epsilon: the reference's forward default (float32's machine epsilon, which keeps an
+// activation of exactly 1 in the last bin) unless given; 0 is the default there too (`eps or ...`).
+double call_eps(const QuantizeContext& ctx) {
+  const double eps = ctx.fsp_eps.value_or(0.0);
+  LOCKSTEP_CHECK_ARG(eps >= 0 && eps < 0.5, "fsp: eps must lie in [0, 0.5) (0: float32's machine epsilon), got ", eps);
+  return eps > 0 ? eps : std::numeric_limits<float>::epsilon();
+}
+}  // namespace
+
+at::Tensor Fsp::bins(const at::Tensor& act, double eps) const {
   return (act.detach().clamp_max(1.0 - eps) * levels_).floor();
 }
 
@@ -194,6 +202,7 @@ at::Tensor fsp_norm_loss(const at::Tensor& sums, const FspNorm& norm, int64_t ch
 
 QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   check_no_mask(ctx, "fsp");
+  const double eps = call_eps(ctx);
   const at::Tensor z = latents(x);  // (b, n, cd)
   const int64_t cd = options_.codebook_dim();
   QuantizerOutput out;
@@ -213,7 +222,7 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   }
 
   const at::Tensor act = fsp_activate(options_.activation(), z);
-  const at::Tensor level = bins(act);
+  const at::Tensor level = bins(act, eps);
   const at::Tensor midpoint = (level + 0.5) / levels_;
   at::Tensor act_out = act + (midpoint - act).detach();  // straight-through to the activation
   if (is_training() && options_.quantize_rate() < 1) {
@@ -225,7 +234,6 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   }
   at::Tensor q;
   if (options_.need_inv_act()) {
-    const double eps = std::numeric_limits<float>::epsilon();
     const at::Tensor inverted = fsp_invert(options_.activation(), act_out.clamp(eps, 1.0 - eps));
     q = z + (inverted - z).detach();  // straight-through to the latent
   } else {
@@ -238,21 +246,26 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
 at::Tensor Fsp::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return (bins(fsp_activate(options_.activation(), latents(x))).to(torch::kInt64) * basis_).sum(-1);
+  return (bins(fsp_activate(options_.activation(), latents(x)), std::numeric_limits<float>::epsilon())
+              .to(torch::kInt64) *
+          basis_)
+      .sum(-1);
 }
 
 at::Tensor Fsp::level_indices(const at::Tensor& indices) const {
   return indices.to(torch::kInt64).unsqueeze(-1).div(basis_, "floor").remainder(levels_.to(torch::kInt64));
 }
 
-at::Tensor Fsp::decode(const at::Tensor& indices) {
+at::Tensor Fsp::decode(const at::Tensor& indices) { return decode_with(indices, 1e-6); }
+
+at::Tensor Fsp::decode_with(const at::Tensor& indices, double eps) {
+  LOCKSTEP_CHECK_ARG(eps >= 0 && eps < 0.5, "fsp: eps must lie in [0, 0.5), got ", eps);
   LOCKSTEP_CHECK_ARG(
       indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < codebook_size()),
       "fsp: indices must lie in [0, ", codebook_size(), ")");
   const at::Tensor act = (level_indices(indices).to(torch::kFloat32) + 0.5) / levels_;
-  // The reference's eps here is 1e-6 (its indices_to_codes), not forward's machine epsilon.
   const at::Tensor q =
-      options_.need_inv_act() ? fsp_invert(options_.activation(), act.clamp(1e-6, 1.0 - 1e-6)) : value_of(act);
+      options_.need_inv_act() ? fsp_invert(options_.activation(), act.clamp(eps, 1.0 - eps)) : value_of(act);
   return project_out_ ? project_out_->forward(q) : q;
 }
 
@@ -261,7 +274,7 @@ FspDiagnostics Fsp::diagnostics(const at::Tensor& x, const QuantizeContext& ctx)
   const at::Tensor z = latents(x);
   const at::Tensor act = fsp_activate(options_.activation(), z);
   FspDiagnostics d;
-  d.level_indices = bins(act).to(torch::kInt64);
+  d.level_indices = bins(act, call_eps(ctx)).to(torch::kInt64);
   const at::Tensor flat = z.reshape({-1, options_.codebook_dim()});
   // As the reference's batch statistics (two passes, float32) of this holder's tokens.
   const auto [variance, mean] = torch::var_mean(flat, 0, /*unbiased=*/true);

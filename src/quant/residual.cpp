@@ -108,6 +108,13 @@ std::function<void(Reducer&)> Residual::shared_refresh(const std::vector<at::Ten
   return dynamic_cast<Vq&>(*layers_.front()).refresh_update(torch::cat(inputs, 1), all);
 }
 
+void Residual::initialise_layer(int64_t l, const at::Tensor& input, QuantizeContext& layer_ctx) {
+  // k-means from the layer's input first (a no-op but in a training call of an uninitialised kmeans_init
+  // layer), so that what makes the layer's codes from its codebook reads the initialised one.
+  if (auto* vq = dynamic_cast<Vq*>(layers_[static_cast<size_t>(l)].get())) vq->initialise(input, layer_ctx);
+  if (layer_ctx.layer_codebook) layer_ctx.codebook = layer_ctx.layer_codebook(l);
+}
+
 at::Tensor Residual::passed_on(const at::Tensor& q) const {
   const double frac = options_.quant_grad_frac();
   return frac > 0 ? frac * q + (1 - frac) * q.detach() : q.detach();
@@ -171,6 +178,7 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
                          ctx.codebook.sizes());
       layer_ctx.codebook = layer_codes(ctx.codebook, l, layer.codebook_size());
     }
+    initialise_layer(l, residual, layer_ctx);
     if (!mlps_.empty() && l > 0) {  // this layer's codes from its base codebook and the codes before it
       auto& vq = dynamic_cast<Vq&>(layer);
       const int64_t ld = residual.size(2);
@@ -269,6 +277,7 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     if (mask.defined()) layer_ctx.mask = mask.reshape({m, 1}).expand({m, paths});
     VqTopk top;  // (M, J, k, ...)
     if (ctx.codebook.defined()) layer_ctx.codebook = layer_codes(ctx.codebook, l, vq.codebook_size());  // a bridge's
+    initialise_layer(l, residual, layer_ctx);
     if (!mlps_.empty() && l > 0) {  // each path's codes from the base codebook and the path's codes before
       const auto [codes, chosen] =
           implicit_codes(mlps_[static_cast<size_t>(l - 1)], vq, total.reshape({-1, ld}), layer_ctx.codebook);

@@ -111,6 +111,9 @@ class Fsp final : public Quantizer {
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   at::Tensor encode(const at::Tensor& x) override;
   at::Tensor decode(const at::Tensor& indices) override;  // the bins' values, projected out
+  // decode with need_inv_act's clamp to [eps, 1 - eps] before the inverse (the reference's indices_to_codes
+  // eps; decode takes its default, 1e-6). InvalidArgument unless 0 <= eps < 0.5.
+  at::Tensor decode_with(const at::Tensor& indices, double eps);
 
   // The reference's info: level indices, this holder's batch statistics and, in training with
   // quantize_rate < 1, the share of accepted perturbations (the same draws as quantize's for ctx).
@@ -121,9 +124,9 @@ class Fsp final : public Quantizer {
   const FspOptions& options() const { return options_; }
 
  private:
-  at::Tensor latents(const at::Tensor& x);                  // (b, n, dim) -> (b, n, cd), projected in
-  at::Tensor bins(const at::Tensor& act) const;             // (.., cd) -> float bin of each channel
-  at::Tensor value_of(const at::Tensor& act_of_bin) const;  // the output before project_out
+  at::Tensor latents(const at::Tensor& x);                   // (b, n, dim) -> (b, n, cd), projected in
+  at::Tensor bins(const at::Tensor& act, double eps) const;  // (.., cd) -> float bin of each channel
+  at::Tensor value_of(const at::Tensor& act_of_bin) const;   // the output before project_out
   // The uniform draws in [0, 1) of each element of z (b, n, cd) for perturbation and selection.
   std::pair<at::Tensor, at::Tensor> draws(const at::Tensor& z, const QuantizeContext& ctx) const;
 

@@ -46,12 +46,19 @@ struct QuantizeContext {
   // quantizer's own state (SimVQ's codebook_transform of its frozen codes); undefined: the quantizer's
   // own. SimVq and Vq take one (K, dim) or (C, K, cd); residual-simvq one per layer, stacked.
   at::Tensor codebook = {};
+  // Residual stacks: layer l's codes made by the caller when the layer comes, after its k-means
+  // initialisation (ResidualVQ's vq_bridge reads the codebook k-means set from the layer's residual); in
+  // place of `codebook`. Empty: `codebook`, or the layers' own.
+  std::function<at::Tensor(int64_t layer)> layer_codebook = {};
   // VQ's sampling temperature for this call in place of the option's (the reference's forward
   // sample_codebook_temp); unset: the option's.
   std::optional<double> sample_codebook_temp = std::nullopt;
   // LFQ's inverse temperature of the code probabilities for this call in place of the option's (the
   // reference's forward inv_temperature); unset: the option's.
   std::optional<double> inv_temperature = std::nullopt;
+  // FSP's clamp epsilon for this call (the reference's forward eps): activations are clamped below 1 - eps
+  // before binning, and to [eps, 1 - eps] before need_inv_act's inverse; unset: float32's machine epsilon.
+  std::optional<double> fsp_eps = std::nullopt;
   // Residual quantize dropout: in a training call, the number of layers run (>= 1), as the caller chose it
   // (the reference's rand_quantize_dropout_fixed_seed); 0: drawn from the generator.
   int64_t dropout_layers = 0;

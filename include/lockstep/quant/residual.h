@@ -99,6 +99,9 @@ class Residual final : public Quantizer {
   QuantizerOutput quantize_greedy(const at::Tensor& x, const QuantizeContext& ctx);
   // (the gradient's share f of) q, as the residual the next layer takes subtracts it: f q + (1 - f) sg(q).
   at::Tensor passed_on(const at::Tensor& q) const;
+  // Before layer l makes its codes from `input`: a VQ layer's k-means initialisation (Vq::initialise), then
+  // the caller's codes for it when it makes them (QuantizeContext::layer_codebook), set in `layer_ctx`.
+  void initialise_layer(int64_t l, const at::Tensor& input, QuantizeContext& layer_ctx);
   // The update a shared codebook takes once per training call, after every layer's (Vq::refresh_update),
   // from the layers' inputs (b, n, ld) each; empty when the codebook is not shared.
   std::function<void(Reducer&)> shared_refresh(const std::vector<at::Tensor>& inputs, const QuantizeContext& ctx);
