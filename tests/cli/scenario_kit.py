@@ -23,6 +23,10 @@ class Failure(Exception):
     pass
 
 
+class Skipped(Exception):
+    """What a scenario raises when this machine cannot run it (the reason): ctest shows it skipped."""
+
+
 def scenario(timeout, needs=(), labels=()):
     """Registers a scenario: `timeout` seconds for everything it runs; `needs` names what it must be
     given ("torchrun", "images"); `labels`, its ctest labels ("channel": CI also runs it against Debian's
