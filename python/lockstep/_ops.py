@@ -1,7 +1,8 @@
-"""The quantizers as torch custom ops, which torch.compile traces without a graph break: forward
-computes values only, and records its code choices; backward recomputes the call with its graph (the
-same (seed, step), so the same draws, and the recorded choices, so no second search), differentiates
-it, then reduces and applies the state update, as eager's backward does."""
+"""The quantizers as torch custom ops, which torch.compile traces without a graph break. A training forward
+with gradients runs the call with its graph (kept by liblockstep's binding, not by the compiled graph) and
+records its code choices; backward differentiates that graph, after reducing and applying the state update,
+as eager's backward does: the forward runs once. A retained graph's second backward computes the call again
+(the same (seed, step), so the same draws, and the recorded choices, so no second search)."""
 import itertools
 import weakref
 from typing import List, Optional
@@ -10,11 +11,12 @@ import torch
 
 _modules = weakref.WeakValueDictionary()  # handle -> LockstepQuantizer: the ops take plain ints
 _next_handle = [0]
-# Ticket -> the code choices a forward recorded, until its backward takes them or its graph is freed.
-# Their number depends on the call (layers dropped, beams), a shape the compiled graph cannot carry
-# without a break: the graph carries a scalar ticket instead.
+# Ticket -> [the code choices a forward recorded, its recorded call (None once differentiated)], until its
+# graph is freed. Their number depends on the call (layers dropped, beams), a shape the compiled graph
+# cannot carry without a break: the graph carries a scalar ticket instead.
 _choices = {}
 _tickets = itertools.count(1)
+_computed_again = [0]  # backwards that computed their call again (tests: only a retained graph's second)
 
 
 def register(module):
@@ -42,14 +44,16 @@ def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor]
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
-    values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names), mask,
-                                          freeze_codebook, codebook)
-    choices = values.pop()
     if not (training and grad_mode):  # no backward will come
-        return values + [torch.zeros((), dtype=torch.int64)]
+        values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names),
+                                              mask, freeze_codebook, codebook)
+        return values[:-1] + [torch.zeros((), dtype=torch.int64)]
+    values, recorded = module._core.quantize_recorded(x, training, module.seed, step, group, list(loss_names), mask,
+                                                      freeze_codebook, codebook)
+    choices = values.pop()
     number = next(_tickets)
     ticket = torch.tensor(number, dtype=torch.int64)
-    _choices[number] = choices
+    _choices[number] = [choices, recorded]
     # A forward never backwarded (a training forward on some ranks only) leaves nothing behind.
     weakref.finalize(ticket, _choices.pop, number, None)
     return values + [ticket]
@@ -68,24 +72,35 @@ def choices_waiting():
     return len(_choices)
 
 
+def calls_computed_again():
+    """How many compiled backwards have computed their call again rather than differentiate its forward's graph."""
+    return _computed_again[0]
+
+
 @torch.library.custom_op("lockstep::quantize_backward", mutates_args=())
 def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int,
                       training: bool, grad_quantized: torch.Tensor, grad_losses: List[torch.Tensor],
                       mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
                       ticket: Optional[torch.Tensor] = None,
                       codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-    """[grad of x, grad of each parameter, grad of `codebook` when given], the call's code choices those its
-    forward recorded under `ticket` (searched again when None); then the training step's state update, and
-    step + 1."""
+    """[grad of x, grad of each parameter, grad of `codebook` when given]: the graph its forward recorded under
+    `ticket` differentiated, or the call computed again with the code choices it recorded (searched again when
+    `ticket` is None); first the training step's state update, and step + 1."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
     searches = None
     if ticket is not None:
-        searches = _choices.get(int(ticket))  # kept until the graph is freed: a retained graph backwards again
-        if searches is None:
+        entry = _choices.get(int(ticket))  # kept until the graph is freed: a retained graph backwards again
+        if entry is None:
             raise RuntimeError(f"lockstep: the code choices of the forward of ticket {int(ticket)} are gone "
                                "(a forward without gradients, or a graph already freed)")
+        searches, recorded = entry
+        if recorded is not None:  # the first backward: the forward's graph, freed once differentiated
+            entry[1] = None
+            return module._core.backward_recorded(recorded, training, step, group, grad_quantized, grad_losses,
+                                                  parameters)
+    _computed_again[0] += 1
     return module._core.quantize_backward(x, training, module.seed, step, group, list(loss_names),
                                           grad_quantized, grad_losses, parameters, mask,
                                           freeze_codebook, searches, codebook)

@@ -1,12 +1,18 @@
-// What lockstep._C's two translation units share: bindings.cpp binds the module, its checked groups,
-// errors and data plan; quantizer_bindings.cpp binds the Quantizer class.
+// What lockstep._C's translation units share: bindings.cpp binds the module, its checked groups, errors and
+// data plan; quantizer_bindings.cpp binds the Quantizer class, compiled_calls.cpp its calls for torch.compile
+// (quantizer_calls.cpp: one call as the Python modules make it).
 #pragma once
 
 #include <torch/extension.h>
 
 #include <exception>
+#include <memory>
 
 namespace py = pybind11;
+
+namespace lockstep::quant {
+class Quantizer;
+}
 
 namespace lockstep::python {
 
@@ -16,5 +22,9 @@ void translate_for_autograd(std::exception_ptr e);
 
 // lockstep._C.Quantizer, liblockstep's quantizers built by name (quantizer_bindings.cpp).
 void bind_quantizer(py::module_& m);
+
+// The Quantizer's calls for torch.compile's custom ops (compiled_calls.cpp).
+void bind_compiled_calls(
+    py::class_<lockstep::quant::Quantizer, std::shared_ptr<lockstep::quant::Quantizer>>& quantizer);
 
 }  // namespace lockstep::python

@@ -26,6 +26,7 @@
 #include "lockstep/quant/search_log.h"
 #include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
+#include "quantizer_calls.h"
 
 using lockstep::python::translate_for_autograd;
 using lockstep::quant::OptionValue;
@@ -85,102 +86,11 @@ lockstep::quant::Fsp& as_fsp(Quantizer& q) {
   return *fsp;
 }
 
-// The VQ behind a module's core, or InvalidArgument naming what it is instead.
-lockstep::quant::Vq& as_vq(Quantizer& q) {
-  auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
-  LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
-  return *vq;
-}
-
 // The FSQ behind a module's core, or InvalidArgument naming what it is instead.
 const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
   const auto* fsq = dynamic_cast<const lockstep::quant::Fsq*>(&q);
   LOCKSTEP_CHECK_ARG(fsq, "an FSQ method called on a ", q.kind(), " quantizer");
   return *fsq;
-}
-
-// The randomness and placement of one call as the Python modules make it: draws from (seed, step); with
-// a group, equal batches on every rank put this rank's first item at rank * b in the global batch.
-lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
-                                              const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                              const std::optional<at::Tensor>& mask) {
-  lockstep::quant::QuantizeContext ctx = lockstep::quant::seeded_context(
-      seed, static_cast<uint64_t>(step.item<int64_t>()), group ? group->rank() * x.size(0) : 0);
-  if (mask) ctx.mask = *mask;
-  return ctx;
-}
-
-// A training call's reducer, set as ctx.reducer: its collectives (k-means in forward, the update in backward)
-// over `group`, declared for the step the call completes; none without a group. It must outlive the call.
-std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
-    lockstep::quant::QuantizeContext& ctx, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-    const at::Tensor& step) {
-  if (!group) return nullptr;
-  auto reducer = std::make_unique<lockstep::dist::BackwardReducer>(
-      group, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
-  ctx.reducer = reducer.get();
-  return reducer;
-}
-
-// A forward's own arguments that change how this call searches (the reference's forward arguments).
-struct CallOptions {
-  std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
-  std::optional<double> inv_temperature;       // LFQ: the inverse temperature in place of the option's
-  int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
-  // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
-  std::optional<at::Tensor> token_codes;
-  // Residual stacks: each layer's codes made when the layer comes (QuantizeContext::layer_codebook).
-  std::function<at::Tensor(int64_t)> layer_codebook;
-  std::optional<double> fsp_eps;  // FSP: the clamp epsilon in place of float32's machine epsilon
-};
-
-// One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
-// step), step counting the backwards that updated the module (every rank agrees with no collective,
-// docs/python.md); in training, state updates and their collectives wait for backward.
-lockstep::quant::QuantizerOutput quantize_call(
-    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
-    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update = nullptr,
-    std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
-    const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {}) {
-  q.train(training);
-  lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
-  ctx.freeze_codebook = freeze_codebook;
-  ctx.searches = searches;
-  ctx.sample_codebook_temp = call.sample_codebook_temp;
-  ctx.inv_temperature = call.inv_temperature;
-  ctx.dropout_layers = call.dropout_layers;
-  ctx.layer_codebook = call.layer_codebook;
-  ctx.fsp_eps = call.fsp_eps;
-  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
-    LOCKSTEP_CHECK_ARG(
-        dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
-            q.kind() == "residual-simvq" || q.kind() == "residual-vq",
-        "codes given to a ", q.kind(),
-        " quantizer: only simvq, vq, residual-simvq and residual-vq (one codebook per layer) take a caller's "
-        "codebook");
-    ctx.codebook = *codebook;
-  }
-  std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
-  if (training) {
-    // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
-    ctx.defer_updates = true;
-    reducer = training_reducer(ctx, group, step);
-  }
-  // In float32 whatever torch.autocast says (quant/autocast.h).
-  const lockstep::quant::NoAutocast fp32;
-  const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
-  if (call.token_codes) {
-    LOCKSTEP_CHECK_ARG(!vq_update, "each token's own codes take no per-call EMA arguments");
-    return as_vq(q).quantize_implicit(input, *call.token_codes, ctx);
-  }
-  if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
-  if (beam_size) {
-    auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
-    LOCKSTEP_CHECK_ARG(residual, "a beam size given to a ", q.kind(), " quantizer, not a residual one");
-    return residual->quantize_beam(input, ctx, *beam_size);
-  }
-  return q.quantize(input, ctx);
 }
 
 // VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a tensor, or a callable of
@@ -217,71 +127,11 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
   return update;
 }
 
-// A training call's batch, to be compared across the group's ranks in backward when the quantizer
-// draws per-token randomness keyed by rank x batch (Quantizer::draws_per_item); else local_batch -1.
-struct BatchCheck {
-  int64_t local_batch = -1;
-  std::string kind;
-};
-
-BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,
-                       const std::shared_ptr<lockstep::dist::LazyGroup>& group) {
-  if (!training || !group || !q.draws_per_item()) return {};
-  return {x.size(0), q.kind()};
-}
-
-// Every rank gathers the same batch sizes, so every rank decides alike: unequal batches are refused on
-// all of them at once, naming each rank's (forward cannot know the others' sizes without a collective).
-void check_even_batches(lockstep::quant::Reducer& reducer, const BatchCheck& check) {
-  const at::Tensor sizes =
-      reducer.gather(torch::full({1}, check.local_batch, torch::kInt64), LOCKSTEP_CALL_SITE("python.batch_sizes"));
-  if ((sizes == sizes[0]).all().item<bool>()) return;
-  std::string listed;
-  for (int64_t r = 0; r < sizes.size(0); ++r) {
-    listed += lockstep::detail::concat(r ? ", " : "", "rank ", r, ": ", sizes[r].item<int64_t>(), " items");
-  }
-  throw lockstep::InvalidArgument(lockstep::detail::concat(
-      check.kind, ": the ranks held batches of different sizes (", listed,
-      ") in a training step, and this quantizer draws per-token randomness keyed by each token's place in "
-      "the global batch, which lockstep takes as rank x batch size: draws would overlap and shift between "
-      "ranks. Give every rank the same batch size (a sampler with drop_last=True), or turn off the option "
-      "that draws (noise_dropout, stochastic_sample_codes, frac_per_sample_entropy < 1, directional_reparam, "
-      "quantize_rate < 1)"));
-}
-
-// A training step's deferred state update, reduced over `group` (or this process alone), then
-// `step` advanced. Errors keep their Python types through autograd (translate_for_autograd).
-void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
-                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step,
-                  const BatchCheck& check = {}) {
-  try {
-    if (group && (update || check.local_batch >= 0)) {
-      // The step this update completes, declared for its collectives (GroupReducer requires one).
-      const std::shared_ptr<lockstep::dist::Group> g = group->get();
-      const lockstep::dist::PhaseScope phase(*g, lockstep::dist::Phase::train_step(step.item<int64_t>() + 1));
-      lockstep::dist::GroupReducer reducer(g);
-      if (check.local_batch >= 0) check_even_batches(reducer, check);
-      if (update) update(reducer);
-    } else if (update) {
-      lockstep::quant::LocalReducer local;
-      update(local);
-    }
-  } catch (...) {
-    translate_for_autograd(std::current_exception());
-    throw;
-  }
-  step.add_(1);
-}
-
-// Loss `name` of a call, or a zero scalar where this call has none (a dropped residual layer).
-at::Tensor loss_or_zero(const lockstep::quant::QuantizerOutput& out, const std::string& name, const at::Tensor& x) {
-  const auto found = out.losses.find(name);
-  return found != out.losses.end() ? found->second : torch::zeros({}, x.options().dtype(at::kFloat));
-}
 }  // namespace
 
 void lockstep::python::bind_quantizer(py::module_& m) {
-  py::class_<Quantizer, std::shared_ptr<Quantizer>>(m, "Quantizer")
+  py::class_<Quantizer, std::shared_ptr<Quantizer>> quantizer(m, "Quantizer");
+  quantizer
       .def(py::init(&make), py::arg("name"), py::arg("section"), py::arg("options"),
            "Builds quantizer `name` (\"fsq\", \"residual-vq\", ...) from the options of `section` "
            "(quant/option_specs.h), the declared defaults with `options` on top.")
@@ -468,101 +318,6 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "elsewhere, `indices` (b, n) (-1: not counted), now: its statistics are reduced over `group` at once "
           "(every rank of it must call this), then the step advances (quant/vq.h, Vq::update_from).")
       .def(
-          "quantize_values",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
-             std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook) {
-            py::gil_scoped_release no_gil;
-            // The values alone (torch.compile's forward, lockstep::quantize): no graph is recorded, and
-            // grad_mode (the caller's) decides only what it decides in eager, VQ's k-means initialisation.
-            const at::AutoDispatchBelowAutograd no_graph;
-            const torch::AutoGradMode caller(grad_mode);
-            lockstep::quant::SearchLog searches;
-            lockstep::quant::QuantizerOutput out = quantize_call(
-                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, &searches, codebook);
-            std::vector<at::Tensor> values{out.quantized, out.indices};
-            for (const auto& name : names) values.push_back(loss_or_zero(out, name, x));
-            values.push_back(searches.recorded().to(x.device()));
-            return values;
-          },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
-          py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
-          py::arg("codebook") = py::none(),
-          "[quantized, indices, the losses named (0 where absent), the call's code choices (int64, flat: "
-          "quantize_backward's `searches`)] of quantize(), with no autograd graph and no state change (but VQ's "
-          "k-means initialisation when grad_mode): torch.compile's forward.")
-      .def(
-          "quantize_backward",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
-             const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
-             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> searches, std::optional<at::Tensor> codebook) {
-            py::gil_scoped_release no_gil;
-            LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
-                               " loss gradients for ", names.size(), " losses");
-            // Recomputes the training forward with its graph (the same (seed, step), so the same draws;
-            // the code choices its forward recorded, not searched again), reduces and applies the state
-            // update, and differentiates, in eager's backward's order.
-            // Called inside a custom op, below autograd: recording is switched back on for this call.
-            const auto tls = c10::impl::tls_local_dispatch_key_set();
-            const c10::impl::ForceDispatchKeyGuard record(
-                tls.included_, tls.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-            const torch::AutoGradMode grad(true);
-            const at::Tensor input = x.detach().requires_grad_(true);
-            std::optional<lockstep::quant::SearchLog> replay;
-            if (searches) replay.emplace(*searches);
-            std::optional<at::Tensor> given;  // a caller's codebook: differentiated as an input
-            if (codebook) given = codebook->detach().requires_grad_(true);
-            lockstep::quant::QuantizerOutput out =
-                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt,
-                              replay ? &*replay : nullptr, given);
-            if (replay) replay->check_all_taken();
-            std::vector<at::Tensor> outputs, grads;
-            const auto take = [&](const at::Tensor& value, const at::Tensor& g) {
-              if (value.requires_grad()) {
-                outputs.push_back(value);
-                grads.push_back(g);
-              }
-            };
-            take(out.quantized, grad_quantized);
-            for (size_t i = 0; i < names.size(); ++i) {
-              const auto found = out.losses.find(names[i]);
-              if (found != out.losses.end()) take(found->second, grad_losses[i]);
-            }
-            std::vector<at::Tensor> inputs{input};
-            for (const auto& p : parameters) {
-              if (p.requires_grad()) inputs.push_back(p);
-            }
-            if (given) inputs.push_back(*given);
-            // Before the gradients, where eager's backward runs it too (the node on the outputs comes
-            // first): the orthogonal loss's gradient is taken at the updated codebook.
-            apply_update(out.update, group, step, batch_check(q, x, training, group));
-            std::vector<at::Tensor> found_grads;
-            if (!outputs.empty()) {
-              found_grads = torch::autograd::grad(outputs, inputs, grads, /*retain_graph=*/false,
-                                                  /*create_graph=*/false, /*allow_unused=*/true);
-            }
-            // One gradient for x and each parameter, zeros where none flows.
-            std::vector<at::Tensor> result;
-            size_t next = 0;
-            const auto grad_of = [&](const at::Tensor& t, bool differentiated) {
-              at::Tensor g = differentiated && next < found_grads.size() ? found_grads[next++] : at::Tensor();
-              result.push_back(g.defined() ? g : torch::zeros_like(t));
-            };
-            grad_of(x, true);
-            for (const auto& p : parameters) grad_of(p, p.requires_grad());
-            if (given) grad_of(*given, true);
-            return result;
-          },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
-          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
-          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(), py::arg("codebook") = py::none(),
-          "[grad of x, grad of each of `parameters`, grad of `codebook` when given] of quantize_values() for the "
-          "gradients of its outputs, taking the code choices it recorded (`searches`) instead of searching again; then "
-          "the state update "
-          "of a training step, reduced over `group`, and `step` advanced: torch.compile's backward.")
-      .def(
           "encode",
           [](Quantizer& q, const at::Tensor& x) {
             const lockstep::quant::NoAutocast fp32;
@@ -716,4 +471,5 @@ void lockstep::python::bind_quantizer(py::module_& m) {
       .def(
           "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
           "The quantizer's buffers by dotted name, the same tensors.");
+  bind_compiled_calls(quantizer);
 }

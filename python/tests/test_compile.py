@@ -263,6 +263,20 @@ def test_compiled_backward_takes_the_codes_its_forward_chose(name):
                  _backward_after_codes_moved(MOVED[name], compiled=True))
 
 
+def test_compiled_backward_differentiates_the_graph_its_forward_recorded():
+    # The forward runs once under compile: a training forward keeps its graph and backward differentiates it,
+    # never computing the call again (the gradients are eager's: test_compiled_module_trains_and_evaluates_as_eager).
+    torch._dynamo.reset()
+    for module in (lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, beam_size=2),
+                   lockstep.FSQ(levels=[5, 5, 5], dim=8), lockstep.LFQ(dim=8, codebook_size=16)):
+        net = torch.compile(module.train(), fullgraph=True, backend="aot_eager")
+        before = lockstep._ops.calls_computed_again()
+        for _ in range(3):
+            out = net(torch.randn(2, 5, 8, requires_grad=True))
+            (out[0].square().sum() + (out[2].sum() if len(out) > 2 else 0)).backward()
+        assert lockstep._ops.calls_computed_again() == before, type(module).__name__
+
+
 def test_compiled_forward_leaves_no_choices_behind():
     # The choices a training forward records live as long as its graph: backwarded, or never (a forward
     # on some ranks only), nothing is kept once the outputs are gone.

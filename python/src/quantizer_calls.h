@@ -1,0 +1,82 @@
+// What the Quantizer's bindings share (quantizer_bindings.cpp binds the class, compiled_calls.cpp the calls
+// torch.compile's custom ops make): one call of a quantizer as the Python modules make it, and its state update.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "lockstep/dist/backward_reducer.h"
+#include "lockstep/quant/quantizer.h"
+#include "lockstep/quant/search_log.h"
+#include "lockstep/quant/vq.h"
+
+namespace lockstep::dist {
+class LazyGroup;
+}
+
+namespace lockstep::python {
+
+using lockstep::quant::Quantizer;
+
+// A forward's own arguments that change how this call searches (the reference's forward arguments).
+struct CallOptions {
+  std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
+  std::optional<double> inv_temperature;       // LFQ: the inverse temperature in place of the option's
+  int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
+  // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
+  std::optional<at::Tensor> token_codes;
+  // Residual stacks: each layer's codes made when the layer comes (QuantizeContext::layer_codebook).
+  std::function<at::Tensor(int64_t)> layer_codebook;
+  std::optional<double> fsp_eps;  // FSP: the clamp epsilon in place of float32's machine epsilon
+};
+
+// A training call's batch, to be compared across the group's ranks in backward when the quantizer
+// draws per-token randomness keyed by rank x batch (Quantizer::draws_per_item); else local_batch -1.
+struct BatchCheck {
+  int64_t local_batch = -1;
+  std::string kind;
+};
+
+// The VQ behind a module's core, or InvalidArgument naming what it is instead.
+lockstep::quant::Vq& as_vq(Quantizer& q);
+
+// The randomness and placement of one call as the Python modules make it: draws from (seed, step); with
+// a group, equal batches on every rank put this rank's first item at rank * b in the global batch.
+lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+                                              const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                              const std::optional<at::Tensor>& mask);
+
+// A training call's reducer, set as ctx.reducer: its collectives (k-means in forward, the update in backward)
+// over `group`, declared for the step the call completes; none without a group. It must outlive the call.
+std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
+    lockstep::quant::QuantizeContext& ctx, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+    const at::Tensor& step);
+
+// One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
+// step), step counting the backwards that updated the module (every rank agrees with no collective,
+// docs/python.md); in training, state updates and their collectives wait for backward.
+lockstep::quant::QuantizerOutput quantize_call(
+    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
+    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update = nullptr,
+    std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
+    const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {});
+
+// The BatchCheck of a call (local_batch -1 where none is needed).
+BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,
+                       const std::shared_ptr<lockstep::dist::LazyGroup>& group);
+
+// A training step's deferred state update, reduced over `group` (or this process alone), then
+// `step` advanced. Errors keep their Python types through autograd (translate_for_autograd).
+void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
+                  const std::shared_ptr<lockstep::dist::LazyGroup>& group, at::Tensor step,
+                  const BatchCheck& check = {});
+
+// Loss `name` of a call, or a zero scalar where this call has none (a dropped residual layer).
+at::Tensor loss_or_zero(const lockstep::quant::QuantizerOutput& out, const std::string& name, const at::Tensor& x);
+
+}  // namespace lockstep::python
