@@ -1,8 +1,6 @@
 """The quantizers as torch custom ops, which torch.compile traces without a graph break. A training forward
-with gradients runs the call with its graph (kept by liblockstep's binding, not by the compiled graph) and
-records its code choices; backward differentiates that graph, after reducing and applying the state update,
-as eager's backward does: the forward runs once. A retained graph's second backward computes the call again
-(the same (seed, step), so the same draws, and the recorded choices, so no second search)."""
+with gradients runs the call once, with its graph, which liblockstep's binding keeps (not the compiled graph);
+backward reduces and applies the state update, then differentiates that graph, as eager's backward does."""
 import itertools
 import weakref
 from typing import List, Optional
@@ -11,12 +9,10 @@ import torch
 
 _modules = weakref.WeakValueDictionary()  # handle -> LockstepQuantizer: the ops take plain ints
 _next_handle = [0]
-# Ticket -> [the code choices a forward recorded, its recorded call (None once differentiated)], until its
-# graph is freed. Their number depends on the call (layers dropped, beams), a shape the compiled graph
-# cannot carry without a break: the graph carries a scalar ticket instead.
-_choices = {}
+# Ticket -> a training forward's recorded call (its graph, its state update), until its backward takes it or
+# the compiled graph that holds the ticket, an int64 scalar, is freed.
+_recorded = {}
 _tickets = itertools.count(1)
-_computed_again = [0]  # backwards that computed their call again (tests: only a retained graph's second)
 
 
 def register(module):
@@ -38,24 +34,23 @@ def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor]
              grad_mode: bool, mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
              codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[quantized, int64 indices, one scalar per loss of the module's loss_names, a ticket (int64 scalar on
-    the CPU) to the call's code choices, for backward] for x (b, n, dim); `mask` (b, n) bool keeps padding
-    out of statistics and losses; `freeze_codebook` keeps the codebooks; `codebook`: the codes a module of the
-    user's made (SimVQ's codebook_transform)."""
+    the CPU) to the recorded call, for backward; 0 when no backward follows] for x (b, n, dim); `mask` (b, n)
+    bool keeps padding out of statistics and losses; `freeze_codebook` keeps the codebooks; `codebook`: the
+    codes a module of the user's made (SimVQ's codebook_transform)."""
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
     if not (training and grad_mode):  # no backward will come
         values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names),
                                               mask, freeze_codebook, codebook)
-        return values[:-1] + [torch.zeros((), dtype=torch.int64)]
+        return values + [torch.zeros((), dtype=torch.int64)]
     values, recorded = module._core.quantize_recorded(x, training, module.seed, step, group, list(loss_names), mask,
                                                       freeze_codebook, codebook)
-    choices = values.pop()
     number = next(_tickets)
     ticket = torch.tensor(number, dtype=torch.int64)
-    _choices[number] = [choices, recorded]
+    _recorded[number] = recorded
     # A forward never backwarded (a training forward on some ranks only) leaves nothing behind.
-    weakref.finalize(ticket, _choices.pop, number, None)
+    weakref.finalize(ticket, _recorded.pop, number, None)
     return values + [ticket]
 
 
@@ -67,14 +62,9 @@ def _(x, step, parameters, handle, training, grad_mode, mask=None, freeze_codebo
     return [torch.empty_like(x), indices] + [x.new_empty(()) for _ in loss_names] + [ticket]
 
 
-def choices_waiting():
-    """How many forwards' code choices wait for their backward (tests: none once graphs are freed)."""
-    return len(_choices)
-
-
-def calls_computed_again():
-    """How many compiled backwards have computed their call again rather than differentiate its forward's graph."""
-    return _computed_again[0]
+def calls_waiting():
+    """How many training forwards' recorded calls wait for their backward (tests: none once graphs are freed)."""
+    return len(_recorded)
 
 
 @torch.library.custom_op("lockstep::quantize_backward", mutates_args=())
@@ -83,27 +73,17 @@ def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torc
                       mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
                       ticket: Optional[torch.Tensor] = None,
                       codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-    """[grad of x, grad of each parameter, grad of `codebook` when given]: the graph its forward recorded under
-    `ticket` differentiated, or the call computed again with the code choices it recorded (searched again when
-    `ticket` is None); first the training step's state update, and step + 1."""
+    """[grad of x, grad of each parameter, grad of `codebook` when given]: the graph the forward of `ticket`
+    recorded, differentiated once; first the training step's state update, and step + 1. `mask` and
+    `freeze_codebook` are the recorded call's; they stay in the schema, which graphs that torch's on-disk
+    compile caches hold call by (a changed schema would break them)."""
     module = _module(handle)
+    recorded = None if ticket is None else _recorded.pop(int(ticket), None)
+    if recorded is None:
+        raise RuntimeError(f"lockstep: the recorded call of ticket {ticket} is gone: differentiated already (a second "
+                           "backward through a compiled quantizer's retained graph is not supported) or freed")
     group = module._lazy_group() if training else None
-    loss_names, _ = module._compile_signature()
-    searches = None
-    if ticket is not None:
-        entry = _choices.get(int(ticket))  # kept until the graph is freed: a retained graph backwards again
-        if entry is None:
-            raise RuntimeError(f"lockstep: the code choices of the forward of ticket {int(ticket)} are gone "
-                               "(a forward without gradients, or a graph already freed)")
-        searches, recorded = entry
-        if recorded is not None:  # the first backward: the forward's graph, freed once differentiated
-            entry[1] = None
-            return module._core.backward_recorded(recorded, training, step, group, grad_quantized, grad_losses,
-                                                  parameters)
-    _computed_again[0] += 1
-    return module._core.quantize_backward(x, training, module.seed, step, group, list(loss_names),
-                                          grad_quantized, grad_losses, parameters, mask,
-                                          freeze_codebook, searches, codebook)
+    return module._core.backward_recorded(recorded, training, step, group, grad_quantized, grad_losses, parameters)
 
 
 @quantize_backward.register_fake

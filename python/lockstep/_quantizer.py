@@ -414,7 +414,8 @@ class LockstepQuantizer(nn.Module):
     def _quantize(self, x, mask=None, freeze_codebook=False, topk=None, codebook=None, **vq_call):
         """x: (b, n, dim) float32 -> (quantized, int64 indices, {name: loss}). Issues no collective.
         `topk` (VQ): (quantized (b, n, k, dim), indices (b, n, k), {"code": each code's loss (b, n, k), ...});
-        `vq_call`: VQ's per-call EMA arguments (the binding's ema_update_weight, accumulate, ema_update);
+        `vq_call`: a forward's own arguments, passed to the binding (VQ's ema_update_weight, accumulate,
+        ema_update, sample_codebook_temp, token_codes; LFQ's inv_temperature; FSP's fsp_eps), eager only;
         `codebook`: SimVQ's codes from a module of the user's, differentiable."""
         # The arguments a call gives (accumulate=False is no argument): the plain path otherwise.
         vq_call = {key: value for key, value in vq_call.items()
@@ -444,7 +445,7 @@ class LockstepQuantizer(nn.Module):
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
                                                  torch.is_grad_enabled(), mask, bool(freeze_codebook), codebook)
-            return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the choices, for backward
+            return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
         return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
                                    codebook=codebook)

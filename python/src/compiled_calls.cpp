@@ -1,6 +1,5 @@
 // The calls torch.compile's custom ops make (python/lockstep/_ops.py): a training forward recorded with its
-// graph, which its backward then differentiates (no second forward), or the values alone, and a backward that
-// computes the call again (taking the code choices its forward recorded) where no recorded graph is left.
+// graph, which its backward then differentiates (the forward runs once), or the values alone.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <memory>
@@ -11,7 +10,6 @@
 #include "bindings.h"
 #include "lockstep/core/error.h"
 #include "lockstep/dist/collective.h"
-#include "lockstep/quant/search_log.h"
 #include "quantizer_calls.h"
 
 namespace lockstep::python {
@@ -42,12 +40,14 @@ struct RecordedCall {
   bool taken = false;  // differentiated once: the graph is freed
 };
 
-// [quantized, indices, the losses named (0 where absent)] of a call, detached, then its code choices.
+// [quantized, indices, the losses named (0 where absent)] of a call, detached; copies when `kept` (the call's
+// graph lives on: the compiled graph owns what the op returns and may write into it, as into a buffer it
+// reuses, while the kept graph may hold the same memory, the indices a lookup saved).
 std::vector<at::Tensor> values_of(const lockstep::quant::QuantizerOutput& out, const std::vector<std::string>& names,
-                                  const at::Tensor& x, const lockstep::quant::SearchLog& searches) {
-  std::vector<at::Tensor> values{out.quantized.detach(), out.indices};
-  for (const auto& name : names) values.push_back(loss_or_zero(out, name, x).detach());
-  values.push_back(searches.recorded().to(x.device()));
+                                  const at::Tensor& x, bool kept) {
+  const auto value = [kept](const at::Tensor& t) { return kept ? t.detach().clone() : t.detach(); };
+  std::vector<at::Tensor> values{value(out.quantized), value(out.indices)};
+  for (const auto& name : names) values.push_back(value(loss_or_zero(out, name, x)));
   return values;
 }
 
@@ -116,17 +116,16 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
             // caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
-            lockstep::quant::SearchLog searches;
             const lockstep::quant::QuantizerOutput out = quantize_call(
-                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, &searches, codebook);
-            return values_of(out, names, x, searches);
+                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, codebook);
+            return values_of(out, names, x, /*kept=*/false);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
           py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
           py::arg("codebook") = py::none(),
-          "[quantized, indices, the losses named (0 where absent), the call's code choices (int64, flat: "
-          "quantize_backward's `searches`)] of quantize(), with no autograd graph and no state change (but VQ's "
-          "k-means initialisation when grad_mode): torch.compile's forward where no backward follows.")
+          "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
+          "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward where no "
+          "backward follows.")
       .def(
           "quantize_recorded",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
@@ -140,13 +139,11 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
               call->quantizer = std::static_pointer_cast<Quantizer>(q.shared_from_this());
               call->input = x.detach().requires_grad_(true);
               if (codebook) call->given = codebook->detach().requires_grad_(true);
-              lockstep::quant::SearchLog searches;
               lockstep::quant::QuantizerOutput out = quantize_call(q, call->input, training, seed, step, group, mask,
-                                                                   freeze_codebook, nullptr, std::nullopt, &searches,
-                                                                   call->given);
+                                                                   freeze_codebook, nullptr, std::nullopt, call->given);
               differentiable_outputs(out, names, call->outputs, call->output_of);
               call->update = std::move(out.update);
-              values = values_of(out, names, x, searches);
+              values = values_of(out, names, x, /*kept=*/true);
             }
             return py::make_tuple(values, call);
           },
@@ -178,44 +175,7 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
           py::arg("grad_losses"), py::arg("parameters"),
           "[grad of x, grad of each of `parameters`, grad of the codebook when one was given] of a recorded call "
           "for the gradients of its outputs, its graph differentiated (then freed); first the state update of the "
-          "training step, reduced over `group`, and `step` advanced: torch.compile's backward.")
-      .def(
-          "quantize_backward",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
-             const at::Tensor& grad_quantized, const std::vector<at::Tensor>& grad_losses,
-             const std::vector<at::Tensor>& parameters, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> searches, std::optional<at::Tensor> codebook) {
-            py::gil_scoped_release no_gil;
-            LOCKSTEP_CHECK_ARG(grad_losses.size() == names.size(), "quantize_backward: ", grad_losses.size(),
-                               " loss gradients for ", names.size(), " losses");
-            // Computes the training forward again with its graph (the same (seed, step), so the same draws;
-            // the code choices its forward recorded, not searched again), reduces and applies the state
-            // update, and differentiates, in eager's backward's order.
-            const Recording recording;
-            const at::Tensor input = x.detach().requires_grad_(true);
-            std::optional<lockstep::quant::SearchLog> replay;
-            if (searches) replay.emplace(*searches);
-            std::optional<at::Tensor> given;  // a caller's codebook: differentiated as an input
-            if (codebook) given = codebook->detach().requires_grad_(true);
-            lockstep::quant::QuantizerOutput out =
-                quantize_call(q, input, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt,
-                              replay ? &*replay : nullptr, given);
-            if (replay) replay->check_all_taken();
-            std::vector<at::Tensor> outputs;
-            std::vector<int64_t> output_of;
-            differentiable_outputs(out, names, outputs, output_of);
-            apply_update(out.update, group, step, batch_check(q, x, training, group));
-            return gradients(outputs, output_of, grad_quantized, grad_losses, input, parameters, given);
-          },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
-          py::arg("grad_quantized"), py::arg("grad_losses"), py::arg("parameters"), py::arg("mask") = py::none(),
-          py::arg("freeze_codebook") = false, py::arg("searches") = py::none(), py::arg("codebook") = py::none(),
-          "[grad of x, grad of each of `parameters`, grad of `codebook` when given] of quantize_values() for the "
-          "gradients of its outputs, the call computed again, taking the code choices it recorded (`searches`) "
-          "instead of searching again; then the state update of a training step, reduced over `group`, and `step` "
-          "advanced: torch.compile's backward where no recorded graph is left (a retained graph's second "
-          "backward).");
+          "training step, reduced over `group`, and `step` advanced: torch.compile's backward.");
 }
 
 }  // namespace lockstep::python

@@ -23,7 +23,6 @@
 #include "lockstep/quant/quantizer.h"
 #include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
-#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
 #include "quantizer_calls.h"
@@ -158,7 +157,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               py::gil_scoped_release no_gil;
               out = quantize_call(
                   q, x, training, seed, step, group, mask, freeze_codebook, vq_call ? &vq_update : nullptr, beam_size,
-                  nullptr, codebook,
+                  codebook,
                   CallOptions{sample_codebook_temp, inv_temperature, dropout_layers, token_codes, {}, fsp_eps});
               if (training && at::GradMode::is_enabled()) {
                 auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
@@ -229,7 +228,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
             // a call that may change state); its output and its deferred update are dropped: k-means alone stays.
             const at::AutoGradMode with_gradients(true);
             quantize_call(q, x.detach(), training, seed, step, group, mask, freeze_codebook, nullptr, beam_size,
-                          nullptr, std::nullopt, call);
+                          std::nullopt, call);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("beam_size") = py::none(),

@@ -61,15 +61,16 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
   return reducer;
 }
 
-lockstep::quant::QuantizerOutput quantize_call(
-    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
-    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update, std::optional<int64_t> beam_size,
-    lockstep::quant::SearchLog* searches, const std::optional<at::Tensor>& codebook, const CallOptions& call) {
+lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
+                                               const at::Tensor& step,
+                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
+                                               const lockstep::quant::VqUpdate* vq_update,
+                                               std::optional<int64_t> beam_size,
+                                               const std::optional<at::Tensor>& codebook, const CallOptions& call) {
   q.train(training);
   lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
   ctx.freeze_codebook = freeze_codebook;
-  ctx.searches = searches;
   ctx.sample_codebook_temp = call.sample_codebook_temp;
   ctx.inv_temperature = call.inv_temperature;
   ctx.dropout_layers = call.dropout_layers;

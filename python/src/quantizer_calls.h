@@ -11,7 +11,6 @@
 
 #include "lockstep/dist/backward_reducer.h"
 #include "lockstep/quant/quantizer.h"
-#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::dist {
@@ -59,12 +58,14 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,
 // docs/python.md); in training, state updates and their collectives wait for backward.
-lockstep::quant::QuantizerOutput quantize_call(
-    Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-    const std::shared_ptr<lockstep::dist::LazyGroup>& group, const std::optional<at::Tensor>& mask,
-    bool freeze_codebook, const lockstep::quant::VqUpdate* vq_update = nullptr,
-    std::optional<int64_t> beam_size = std::nullopt, lockstep::quant::SearchLog* searches = nullptr,
-    const std::optional<at::Tensor>& codebook = std::nullopt, const CallOptions& call = {});
+lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
+                                               const at::Tensor& step,
+                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
+                                               const lockstep::quant::VqUpdate* vq_update = nullptr,
+                                               std::optional<int64_t> beam_size = std::nullopt,
+                                               const std::optional<at::Tensor>& codebook = std::nullopt,
+                                               const CallOptions& call = {});
 
 // The BatchCheck of a call (local_batch -1 where none is needed).
 BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,

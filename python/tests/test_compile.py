@@ -263,35 +263,59 @@ def test_compiled_backward_takes_the_codes_its_forward_chose(name):
                  _backward_after_codes_moved(MOVED[name], compiled=True))
 
 
-def test_compiled_backward_differentiates_the_graph_its_forward_recorded():
-    # The forward runs once under compile: a training forward keeps its graph and backward differentiates it,
-    # never computing the call again (the gradients are eager's: test_compiled_module_trains_and_evaluates_as_eager).
+class _CoreCalls:
+    """A module seen by the custom ops (lockstep._ops._module) whose liblockstep core records each method the ops
+    call on it in `called`."""
+
+    def __init__(self, module, called):
+        self._module, self._called = module, called
+
+    def __getattr__(self, name):
+        if name != "_core":
+            return getattr(self._module, name)
+        module, called = self._module, self._called
+
+        class Core:
+            def __getattr__(self, method):
+                called.append(method)
+                return getattr(module._core, method)
+        return Core()
+
+
+def test_compiled_backward_differentiates_the_graph_its_forward_recorded(monkeypatch):
+    # The forward runs once under compile: the training forward records the call with its graph, and backward
+    # asks liblockstep for nothing but that graph's differentiation (the gradients are eager's:
+    # test_compiled_module_trains_and_evaluates_as_eager).
     torch._dynamo.reset()
+    called, module_of = [], lockstep._ops._module
+    monkeypatch.setattr(lockstep._ops, "_module", lambda handle: _CoreCalls(module_of(handle), called))
     for module in (lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16, beam_size=2),
                    lockstep.FSQ(levels=[5, 5, 5], dim=8), lockstep.LFQ(dim=8, codebook_size=16)):
         net = torch.compile(module.train(), fullgraph=True, backend="aot_eager")
-        before = lockstep._ops.calls_computed_again()
-        for _ in range(3):
+        for _ in range(2):
+            called.clear()
             out = net(torch.randn(2, 5, 8, requires_grad=True))
+            assert called == ["quantize_recorded"], (type(module).__name__, called)
+            called.clear()
             (out[0].square().sum() + (out[2].sum() if len(out) > 2 else 0)).backward()
-        assert lockstep._ops.calls_computed_again() == before, type(module).__name__
+            assert called == ["backward_recorded"], (type(module).__name__, called)
 
 
-def test_compiled_forward_leaves_no_choices_behind():
-    # The choices a training forward records live as long as its graph: backwarded, or never (a forward
+def test_compiled_forward_leaves_no_recorded_call_behind():
+    # The call a training forward records lives as long as its graph: backwarded, or never (a forward
     # on some ranks only), nothing is kept once the outputs are gone.
     torch._dynamo.reset()
     module = lockstep.ResidualVQ(dim=8, num_quantizers=2, codebook_size=16).train()
     net = torch.compile(module, fullgraph=True, backend="aot_eager")
     x = torch.randn(2, 3, 8, requires_grad=True)
-    waiting = lockstep._ops.choices_waiting()
+    waiting = lockstep._ops.calls_waiting()
     quantized, _, loss = net(x)
-    assert lockstep._ops.choices_waiting() == waiting + 1
+    assert lockstep._ops.calls_waiting() == waiting + 1
     (quantized.sum() + loss.sum()).backward()
     del quantized, loss
-    assert lockstep._ops.choices_waiting() == waiting
+    assert lockstep._ops.calls_waiting() == waiting
     net(x)  # never backwarded
-    assert lockstep._ops.choices_waiting() == waiting
+    assert lockstep._ops.calls_waiting() == waiting
     with torch.no_grad():
         net(x)
-    assert lockstep._ops.choices_waiting() == waiting
+    assert lockstep._ops.calls_waiting() == waiting

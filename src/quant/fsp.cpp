@@ -146,12 +146,19 @@ at::Tensor fsp_invert(FspActivation activation, const at::Tensor& p) {
 }
 
 namespace {
-// A call's clamp epsilon: the reference's forward default (float32's machine epsilon, which keeps an
-// activation of exactly 1 in the last bin) unless given; 0 is the default there too (`eps or ...`).
+// The reference's forward default: float32's machine epsilon keeps an activation of exactly 1 in the last bin.
+constexpr double kForwardEps = std::numeric_limits<float>::epsilon();
+
+// `eps`, or InvalidArgument unless it lies in [0, 0.5) (beyond, the clamp [eps, 1 - eps] is empty).
+double checked_eps(double eps) {
+  LOCKSTEP_CHECK_ARG(eps >= 0 && eps < 0.5, "fsp: eps must lie in [0, 0.5), got ", eps);
+  return eps;
+}
+
+// A call's clamp epsilon: the forward default unless given; 0 is the default there too (`eps or ...`).
 double call_eps(const QuantizeContext& ctx) {
-  const double eps = ctx.fsp_eps.value_or(0.0);
-  LOCKSTEP_CHECK_ARG(eps >= 0 && eps < 0.5, "fsp: eps must lie in [0, 0.5) (0: float32's machine epsilon), got ", eps);
-  return eps > 0 ? eps : std::numeric_limits<float>::epsilon();
+  const double eps = checked_eps(ctx.fsp_eps.value_or(0.0));
+  return eps > 0 ? eps : kForwardEps;
 }
 }  // namespace
 
@@ -246,10 +253,7 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
 
 at::Tensor Fsp::encode(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  return (bins(fsp_activate(options_.activation(), latents(x)), std::numeric_limits<float>::epsilon())
-              .to(torch::kInt64) *
-          basis_)
-      .sum(-1);
+  return (bins(fsp_activate(options_.activation(), latents(x)), kForwardEps).to(torch::kInt64) * basis_).sum(-1);
 }
 
 at::Tensor Fsp::level_indices(const at::Tensor& indices) const {
@@ -259,7 +263,7 @@ at::Tensor Fsp::level_indices(const at::Tensor& indices) const {
 at::Tensor Fsp::decode(const at::Tensor& indices) { return decode_with(indices, 1e-6); }
 
 at::Tensor Fsp::decode_with(const at::Tensor& indices, double eps) {
-  LOCKSTEP_CHECK_ARG(eps >= 0 && eps < 0.5, "fsp: eps must lie in [0, 0.5), got ", eps);
+  checked_eps(eps);
   LOCKSTEP_CHECK_ARG(
       indices.numel() == 0 || (indices.min().item<int64_t>() >= 0 && indices.max().item<int64_t>() < codebook_size()),
       "fsp: indices must lie in [0, ", codebook_size(), ")");

@@ -48,7 +48,8 @@ namespace lockstep::train {
 namespace fs = std::filesystem;
 
 struct Trainer::State {
-  // As resolved; once the data is open, what config.toml and the checkpoint record (recorded_config).
+  // As configured (ResolvedRun::config); once the data is open, what config.toml and the checkpoint record
+  // (recorded_config).
   Config config{lockstep_schema()};
   RunSettings run;  // the resolved settings, typed: what the code below reads (never changed)
   std::string run_dir;

@@ -31,8 +31,9 @@ def kill_a_rank_then_resume(run):
     run.train("one", "--steps", 100, *common)
     ranks = run.start_two_ranks("train", "--run-dir", "run", "--steps", 100, *common)
     try:
-        if not run.wait_until(lambda: (run.dir / "run" / "checkpoint.safetensors").exists(), 120):
-            raise Failure("no checkpoint appeared within 120 s")
+        saved = lambda: (run.dir / "run" / "checkpoint.safetensors").exists()  # noqa: E731
+        if not run.wait_until(lambda: saved() or any(rank.poll() is not None for rank in ranks), 120) or not saved():
+            raise Failure(f"no checkpoint appeared while both ranks ran:\n{(run.dir / 'rank0.log').read_text()[-3000:]}")
         time.sleep(0.2)
         ranks[1].kill()
         killed = time.monotonic()
@@ -53,7 +54,7 @@ def kill_a_rank_then_resume(run):
 
 
 # The smallest training run, for the launch faults (a few images, a tiny model, one thread).
-TINY = ("--threads", 1, "--set", "data.train_subset=64", "--set", "data.test_subset=8", "--set", "model.channels=[4,4]")
+SMALLEST = ("--threads", 1, "--set", "data.train_subset=64", "--set", "data.test_subset=8", "--set", "model.channels=[4,4]")
 
 
 class Launched:
@@ -70,18 +71,20 @@ class Launched:
         return self
 
     def __exit__(self, *exc):
-        for pid in [self.process.pid, *self.ranks.values()]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.process.poll()
+        # Launch leads its process group (Run.start), which its ranks share.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait(timeout=5)
 
     def log(self):
         return (self.run.dir / "launch.log").read_text(errors="replace")
 
     def remember_ranks(self):
-        """Adds launch's children now alive to `ranks` (read back from /proc)."""
+        """Adds launch's children now alive to `ranks` (read back from /proc), until both are known."""
+        if len(self.ranks) >= 2:
+            return
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -138,7 +141,7 @@ def training(run, grace, collective_timeout=None, env=None):
     default), once both train."""
     timeout = ("--collective-timeout", collective_timeout) if collective_timeout else ()
     launched = Launched(run, "-n", 2, "--grace", grace, "--", "train", "--run-dir", "run", "--steps", 100000,
-                        "--batch-size", 8, *TINY, *extra(), "--set", "train.log_every=50", *timeout, env=env)
+                        "--batch-size", 8, *SMALLEST, *extra(), "--set", "train.log_every=50", *timeout, env=env)
     try:
         launched.wait_for(r"rank 0/2\] step", 120, "training did not start")
         launched.rank(1)
@@ -171,7 +174,7 @@ def launch_reports_a_stalled_rank(run):
 def launch_never_blocks_on_a_silent_rank(run):
     # Rank 0 logs every step for thousands of steps while rank 1 prints nothing: the run completes.
     steps = 3000
-    with Launched(run, "-n", 2, "--", "train", "--run-dir", "run", "--steps", steps, "--batch-size", 2, *TINY,
+    with Launched(run, "-n", 2, "--", "train", "--run-dir", "run", "--steps", steps, "--batch-size", 2, *SMALLEST,
                   *extra(), "--set", "train.log_every=1", "--set", "train.eval_every=0",
                   "--collective-timeout", 60) as launched:
         code = launched.exit_status(240, "it started")
@@ -330,10 +333,7 @@ class TwoHosts:
     def start_ranks(self, *args):
         """Both ranks of a run: rank 0 takes any free port and says which; rank 1 is started with it."""
         self.start_rank(0, 0, *args)
-        said = lambda: re.search(r"^rank 0: the store listens on .*:(\d+)$", self.log(0), re.M)  # noqa: E731
-        if not self.run.wait_until(lambda: said() or self.ranks[0].poll() is not None, 30) or not said():
-            raise Failure(f"rank 0 did not say its port:\n{self.log(0)[-3000:]}")
-        self.start_rank(1, said().group(1), *args)
+        self.start_rank(1, self.run.store_port(self.run.dir / "h0" / "rank0.log", self.ranks[0]), *args)
 
     def wait_ranks(self, seconds):
         """Each rank's (exit status, when it exited, when its error report appeared or None), times of

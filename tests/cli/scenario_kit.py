@@ -143,21 +143,24 @@ class Run:
         log0 = self.dir / "rank0.log"
         ranks = [self.start(*args, "--rank", 0, "--world-size", 2, "--master-port", 0, log=log0.name)]
         try:
-            port = None
-            while port is None:
-                found = re.search(r"^rank 0: the store listens on .*:(\d+)$", log0.read_text(errors="replace"), re.M)
-                if found:
-                    port = found.group(1)
-                elif ranks[0].poll() is not None or time.monotonic() > self.deadline:
-                    raise Failure(f"rank 0 did not say where its store listens:\n{log0.read_text(errors='replace')}")
-                else:
-                    time.sleep(0.05)
+            port = self.store_port(log0, ranks[0])
             ranks.append(self.start(*args, *rank1_extra, "--rank", 1, "--world-size", 2, "--master-port", port,
                                     log="rank1.log"))
         except BaseException:
             self.stop_all(ranks)
             raise
         return ranks
+
+    def store_port(self, log, rank0):
+        """The port rank 0 (process `rank0`, its output in `log`) says its store listens on; Failure when it ends
+        or the deadline comes first."""
+        while True:
+            found = re.search(r"^rank 0: the store listens on .*:(\d+)$", log.read_text(errors="replace"), re.M)
+            if found:
+                return found.group(1)
+            if rank0.poll() is not None or time.monotonic() > self.deadline:
+                raise Failure(f"rank 0 did not say where its store listens:\n{log.read_text(errors='replace')}")
+            time.sleep(0.05)
 
     @staticmethod
     def stop_all(processes):

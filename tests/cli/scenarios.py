@@ -15,6 +15,7 @@ machine cannot run it: two_hosts_link_cut_is_reported_and_resumes needs root and
 import argparse
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -292,6 +293,9 @@ def main():
     # A few seconds under ctest's limit, so that this process reports which command was still running.
     absolute = [str(Path(p).resolve()) if p else p for p in (args.lockstep, args.opencv_images)]
     run = Run(absolute[0], workdir, time.monotonic() + timeout - 10, args.torchrun, absolute[1])
+    # SIGTERM (ctest's timeout, an interrupted run) ends the scenario as an exception, so that what it started is
+    # ended and what it made (two_hosts' namespaces) removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         function(run)
     except Failure as failure:

@@ -83,8 +83,11 @@ class Trainer {
 
   ~Trainer();
   TrainSummary run(const TrainCallbacks& callbacks);
+  // What config.toml and the checkpoint record: the configuration with what the data decided (recorded_config).
   const Config& config() const;
-  const RunSettings& settings() const;  // config(), typed
+  // The resolved settings (data.dataset chosen); train.batch_size as configured, where a small image folder's
+  // step takes the global batch it fitted (config() records that one).
+  const RunSettings& settings() const;
   int64_t step() const;
 
  private:
