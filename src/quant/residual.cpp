@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "lockstep/core/error.h"
-#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -299,8 +298,7 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     for (const auto& [name, value] : top.losses) scalar_losses["layer" + std::to_string(l) + "." + name] = value;
     const int64_t keep = l == run - 1 ? 1 : beam;
     if (paths * k > keep) {
-      // (M, keep), best first; a replayed call keeps its forward's paths.
-      const at::Tensor best = choose_codes(ctx, {m, keep}, [&] { return std::get<1>(scores.topk(keep, 1)); });
+      const at::Tensor best = std::get<1>(scores.topk(keep, 1));  // (M, keep), best first
       scores = scores.gather(1, best);
       residual = select_beams(residual, best);
       total = select_beams(total, best);

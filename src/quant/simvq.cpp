@@ -6,7 +6,6 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/nearest_code.h"
-#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -52,8 +51,7 @@ QuantizerOutput SimVq::quantize(const at::Tensor& x, const QuantizeContext& ctx)
   at::Tensor indices;
   {
     torch::NoGradGuard no_grad;
-    indices = choose_codes(ctx, {tokens.size(0)},
-                           [&] { return nearest_code(tokens.detach(), codebook.detach(), Metric::Euclidean).indices; });
+    indices = nearest_code(tokens.detach(), codebook.detach(), Metric::Euclidean).indices;
   }
   const at::Tensor q = codebook.index_select(0, indices);  // differentiable in the map's weight
   // Tokens pulled to codes at a quarter of the weight that moves the codes (through the map).

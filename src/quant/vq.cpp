@@ -11,7 +11,6 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
-#include "lockstep/quant/search_log.h"
 #include "quant_paths.h"
 #include "vq_internal.h"
 
@@ -272,7 +271,7 @@ bool Vq::samples(const QuantizeContext& ctx) const {
 }
 
 at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                      double temperature, int64_t first_token, SearchLog* searches) const {
+                      double temperature, int64_t first_token) const {
   torch::NoGradGuard no_grad;  // a learnable codebook's search builds no graph
   uint64_t key = 0;
   if (generator.defined()) {        // one draw per call, the same on every rank
@@ -280,16 +279,13 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, cons
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
   }
-  const auto search = [&] {
-    std::vector<at::Tensor> per_codebook;
-    for (int64_t c = 0; c < tokens.size(0); ++c) {
-      per_codebook.push_back(generator.defined() ? sample_codes(tokens[c], codebook[c], metric_, temperature,
-                                                                mix64(key + static_cast<uint64_t>(c)), first_token)
-                                                 : nearest_code(tokens[c], codebook[c], metric_).indices);
-    }
-    return torch::stack(per_codebook);
-  };
-  return searches ? searches->choose({tokens.size(0), tokens.size(1)}, search) : search();
+  std::vector<at::Tensor> per_codebook;
+  for (int64_t c = 0; c < tokens.size(0); ++c) {
+    per_codebook.push_back(generator.defined() ? sample_codes(tokens[c], codebook[c], metric_, temperature,
+                                                              mix64(key + static_cast<uint64_t>(c)), first_token)
+                                               : nearest_code(tokens[c], codebook[c], metric_).indices);
+  }
+  return torch::stack(per_codebook);
 }
 
 at::Tensor directional_reparam(const at::Tensor& t, const at::Tensor& q, double variance,
@@ -435,7 +431,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
   const at::Tensor codebook = searched_codebook(ctx.codebook);
   const at::Tensor indices = assign(tokens, codebook, samples(ctx) ? or_default(ctx.generator) : at::Generator(),
-                                    temperature(ctx), ctx.first_item * tokens_per_item, ctx.searches);
+                                    temperature(ctx), ctx.first_item * tokens_per_item);
   const at::Tensor q = lookup(codebook, indices);
   const int64_t cd = options_.codebook_dim();
   at::Tensor out;
@@ -505,8 +501,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
 }
 
 at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
-                          const at::Generator& generator, double temperature, int64_t first_token,
-                          SearchLog* searches) const {
+                          const at::Generator& generator, double temperature, int64_t first_token) const {
   torch::NoGradGuard no_grad;
   uint64_t key = 0;
   if (generator.defined()) {  // the key quantize's assign() draws for codebook 0: the same noise
@@ -515,23 +510,20 @@ at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, 
     key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
   }
   const int64_t n = tokens.size(0);
-  const auto search = [&] {
-    const int64_t codes = codebook.size(0);
-    const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
-    at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
-    const at::Tensor code_norms = codebook.pow(2).sum(1);
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t len = std::min(chunk, n - start);
-      at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
-      if (generator.defined()) {
-        const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
-        logits = logits / temperature - (-(u.log())).log();
-      }
-      out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
+  const int64_t codes = codebook.size(0);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
+  at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
+  const at::Tensor code_norms = codebook.pow(2).sum(1);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
+    if (generator.defined()) {
+      const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
+      logits = logits / temperature - (-(u.log())).log();
     }
-    return out;
-  };
-  return searches ? searches->choose({n, k}, search) : search();
+    out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
+  }
+  return out;
 }
 
 VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx) {
@@ -553,7 +545,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const at::Tensor codebook = searched_codebook(ctx.codebook)[0];  // (K, cd), differentiable when learned
   const at::Tensor indices =
       topk_codes(tokens[0], codebook, k, samples(ctx) ? or_default(ctx.generator) : at::Generator(), temperature(ctx),
-                 ctx.first_item * n, ctx.searches);
+                 ctx.first_item * n);
   const at::Tensor q = codebook.index_select(0, indices.reshape(-1)).reshape({m, k, cd});
   const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
   at::Tensor out;

@@ -7,7 +7,6 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/core/random.h"
-#include "lockstep/quant/search_log.h"
 #include "lockstep/quant/vq.h"
 #include "vq_internal.h"
 
@@ -41,20 +40,17 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
   const int64_t k = book.size(1);
   const bool sampled = samples(ctx);
   uint64_t key = 0;
-  if (sampled) {  // drawn even when the choice is replayed: later draws see the generator as then
+  if (sampled) {
     at::Generator gen = or_default(ctx.generator);
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
   }
-  const std::vector<int64_t> shape = top ? std::vector<int64_t>{m, *top} : std::vector<int64_t>{m};
-  return choose_codes(ctx, shape, [&] {
-    at::Tensor logits = implicit_logits(tokens, book);
-    if (sampled) {
-      const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
-      logits = logits / temperature(ctx) - (-(u.log())).log();
-    }
-    return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
-  });
+  at::Tensor logits = implicit_logits(tokens, book);
+  if (sampled) {
+    const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
+    logits = logits / temperature(ctx) - (-(u.log())).log();
+  }
+  return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
 }
 
 at::Tensor Vq::implicit_logits(const at::Tensor& tokens, const at::Tensor& book) const {

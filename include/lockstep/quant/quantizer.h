@@ -14,8 +14,6 @@
 
 namespace lockstep::quant {
 
-class SearchLog;
-
 // What the caller hands a quantizer for one forward.
 struct QuantizeContext {
   // Sums statistics over the global batch; null means this process holds all of it.
@@ -40,8 +38,6 @@ struct QuantizeContext {
   // initialisation still runs), its commitment loss detached from them. Quantizers without a
   // codebook to keep have nothing to freeze.
   bool freeze_codebook = false;
-  // Where the call's code searches are recorded, or replayed from (search_log.h); null: searched.
-  SearchLog* searches = nullptr;
   // The codes the call quantizes to, computed by the caller through a module of the user's from the
   // quantizer's own state (SimVQ's codebook_transform of its frozen codes); undefined: the quantizer's
   // own. SimVq and Vq take one (K, dim) or (C, K, cd); residual-simvq one per layer, stacked.

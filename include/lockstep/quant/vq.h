@@ -235,11 +235,10 @@ class Vq final : public Quantizer {
   // whether a call samples its codes: training, stochastic_sample_codes and a temperature > 0.
   double temperature(const QuantizeContext& ctx) const;
   bool samples(const QuantizeContext& ctx) const;
-  // Nearest codes (C, M), or Gumbel-max samples at `temperature` when `generator` is defined (its draw made
-  // even when `searches` replays the choice). first_token: the global index of tokens' first row (sampled
-  // codes are keyed by it).
+  // Nearest codes (C, M), or Gumbel-max samples at `temperature` when `generator` is defined. first_token:
+  // the global index of tokens' first row (sampled codes are keyed by it).
   at::Tensor assign(const at::Tensor& tokens, const at::Tensor& codebook, const at::Generator& generator,
-                    double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
+                    double temperature, int64_t first_token) const;
   // chosen(indices), checked, l2-normalised under cosine similarity as the searched codes are.
   at::Tensor picked(const ChosenCodes& chosen, const at::Tensor& indices) const;
   // Tokens x (b, n, dim) through the projection in, grouped by codebook as quantize's (C, M, codebook_dim) and
@@ -254,7 +253,7 @@ class Vq final : public Quantizer {
   at::Tensor diversity_loss(const at::Tensor& logits, const at::Tensor& mask) const;
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
   // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
-  // stochastic_sample_codes, rows keyed from first_row; recorded or replayed through ctx.searches.
+  // stochastic_sample_codes, rows keyed from first_row.
   at::Tensor implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
                             const QuantizeContext& ctx, int64_t first_row) const;
   // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
@@ -290,7 +289,7 @@ class Vq final : public Quantizer {
   // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
   // `generator` is defined.
   at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
-                        double temperature, int64_t first_token, SearchLog* searches = nullptr) const;
+                        double temperature, int64_t first_token) const;
   void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;
