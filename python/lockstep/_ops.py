@@ -157,7 +157,7 @@ def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], step: torch
     nothing once initialised): the bridge reads the copies, so the graph keeps the op before it. The gradients
     pass to `passed`."""
     module = _module(handle)
-    if run and not all(bool(layer._codebook.initted) for layer in module.layers):  # else the stack's call is waste
+    if run and not module._layers_initialised():  # else the stack's call is waste
         def bridged(layer):
             with torch.no_grad():
                 return module._bridged_layer(layer).float()

@@ -396,13 +396,17 @@ class ResidualVQ(_Residual):
         if self._bridge() is None or not self._spec[2].get("vq.kmeans_init"):
             return embeds
         run = self.training and torch.is_grad_enabled()
-        if not torch.compiler.is_compiling() and (not run or all(bool(layer._codebook.initted) for layer in self.layers)):
+        if not torch.compiler.is_compiling() and (not run or self._layers_initialised()):
             return embeds
         tokens = self._tokens_of(x, self.accept_image_fmap)[0].float()
         return _ops.residual_initialise(tokens.detach(), embeds, self._steps, self._handle, run, mask,
                                         bool(self.freeze_codebook or freeze_codebook),
                                         None if beam_size is None else int(beam_size),
                                         per_call.get("sample_codebook_temp"), per_call.get("dropout_layers", 0))
+
+    def _layers_initialised(self):
+        """Whether every layer's codebook holds k-means' codes (or needs none)."""
+        return all(bool(layer._codebook.initted) for layer in self.layers)
 
     def _bridged_layer(self, q, embeds=None):
         """Layer q's codebook through the vq_bridge, (1, K_q, codebook_dim), from `embeds` (the layers' codebook

@@ -261,11 +261,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               ctx.freeze_codebook = freeze_codebook;
               ctx.sample_codebook_temp = sample_codebook_temp;
               if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
-              std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
-              if (training) {
-                ctx.defer_updates = true;
-                reducer = training_reducer(ctx, group, step);
-              }
+              const auto reducer = defer_training_updates(ctx, training, group, step);
               const lockstep::quant::NoAutocast fp32;
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
               out = token_codes ? as_vq(q).quantize_topk_implicit(input, *token_codes, k, ctx)

@@ -61,6 +61,14 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
   return reducer;
 }
 
+std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
+    lockstep::quant::QuantizeContext& ctx, bool training, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+    const at::Tensor& step) {
+  if (!training) return nullptr;
+  ctx.defer_updates = true;
+  return training_reducer(ctx, group, step);
+}
+
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
@@ -85,12 +93,7 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
         "codebook");
     ctx.codebook = *codebook;
   }
-  std::unique_ptr<lockstep::dist::BackwardReducer> reducer;
-  if (training) {
-    // G3: state updates and their collectives wait for backward (dist/backward_reducer.h).
-    ctx.defer_updates = true;
-    reducer = training_reducer(ctx, group, step);
-  }
+  const auto reducer = defer_training_updates(ctx, training, group, step);
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
   const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;

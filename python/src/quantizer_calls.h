@@ -55,6 +55,12 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
     lockstep::quant::QuantizeContext& ctx, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
     const at::Tensor& step);
 
+// A training call's state updates and their collectives made to wait for backward (G3,
+// dist/backward_reducer.h: ctx.defer_updates), with its training_reducer; nothing in evaluation (null).
+std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
+    lockstep::quant::QuantizeContext& ctx, bool training, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+    const at::Tensor& step);
+
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,
 // docs/python.md); in training, state updates and their collectives wait for backward.
