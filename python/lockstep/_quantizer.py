@@ -98,18 +98,26 @@ def as_indices(module_name, indices):
 
 
 def reference_state_dict(module):
-    """module.state_dict() as the same model built on vector-quantize-pytorch holds it, for its
-    load_state_dict: for every lockstep quantizer inside (the module itself, or layers of a model),
-    (seed, step) left out and the reference's constants (LFQ's `mask`) and affine flags put in. The
-    inverse of load_reference_state_dict."""
-    state = module.state_dict()
-    for name, quantizer in module.named_modules(remove_duplicate=False):  # every name state_dict() uses
-        if isinstance(quantizer, LockstepQuantizer):
-            prefix = f"{name}." if name else ""
-            state.pop(prefix + "_extra_state", None)
-            state.update({prefix + key: value for key, value in quantizer._reference_constants().items()})
-            quantizer._affine_to_reference(state, prefix)
-    return state
+    """module.state_dict(), which is already in vector-quantize-pytorch's layout (the reference's keys,
+    shapes and dtypes; lockstep's (seed, step) in its metadata): kept for code written before it was."""
+    return module.state_dict()
+
+
+# The entry of a module's state-dict metadata (state_dict()._metadata[prefix]) that holds its (seed, step):
+# not a key, so a strict load into the reference never sees it (docs/python.md, "Where (seed, step) lives").
+_METADATA_KEY = "lockstep"
+
+
+def _reference_layout(module, state, prefix, local_metadata):
+    """state_dict()'s post hook: the module's entries under `prefix` as the reference holds them (its
+    constants such as LFQ's `mask` put in, affine flags in its form, its dtypes), and (seed, step) in the
+    module's metadata."""
+    for key, value in module._reference_constants().items():
+        state[prefix + key] = value.to(module.device)
+    module._affine_to_reference(state, prefix)
+    for key in [k for k in state if k.startswith(prefix) and k.rsplit(".", 1)[-1] == "initted"]:
+        state[key] = state[key].bool()  # a VQ codebook's flag: liblockstep's float 0/1, the reference's bool
+    local_metadata[_METADATA_KEY] = (module.seed, module.step)
 
 
 def padding_mask(module_name, x, mask, lens):
@@ -162,6 +170,7 @@ class LockstepQuantizer(nn.Module):
     def __init__(self, name, section, options, seed=None, process_group=None, collective_timeout=300.0,
                  rename=None, persistent=None, held=None):
         super().__init__()
+        self.register_state_dict_post_hook(_reference_layout)  # state_dict() in the reference's layout
         if seed is None:  # torch's global generator draws the initial state, as in the reference
             self._core = _C.Quantizer(name, section, options)
         else:  # the seed alone decides it, whatever torch's global generator holds
@@ -279,19 +288,8 @@ class LockstepQuantizer(nn.Module):
         return self
 
     def load_reference_state_dict(self, state_dict, strict=True):
-        """Loads a vector-quantize-pytorch state dict of the same configuration. Entries the reference
-        stores for constants that lockstep derives from the options (LFQ's `mask`) are checked against
-        them and dropped; everything else must match by name and shape, as load_state_dict requires."""
-        state_dict = self._affine_from_reference(dict(state_dict))
-        constants = self._reference_constants()
-        for key in list(state_dict):
-            expected = constants.get(key)
-            if expected is None:
-                continue
-            value = state_dict.pop(key)
-            if not torch.equal(value.cpu(), expected):
-                raise ValueError(f"lockstep.{type(self).__name__}: the reference state's {key} is {value.tolist()}, "
-                                 f"not {expected.tolist()}: it was saved with another configuration")
+        """load_state_dict(state_dict, strict): the reference's state dicts load as they are (kept for code
+        written before they did)."""
         return self.load_state_dict(state_dict, strict=strict)
 
     @property
@@ -303,32 +301,44 @@ class LockstepQuantizer(nn.Module):
     def step(self, value):
         self._steps.fill_(int(value))
 
-    def get_extra_state(self):
-        """(seed, step) travel in the state dict as `_extra_state`, an int64 tensor (code that walks a
-        state dict's values expects tensors): a resumed module draws on from where it stopped."""
-        return torch.tensor([self.seed, self.step], dtype=torch.int64)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # (seed, step) from the metadata (or from `_extra_state`, where lockstep kept them before); a state
+        # dict without them, as the reference's, keeps the module's own.
+        saved = local_metadata.get(_METADATA_KEY)
+        earlier = state_dict.pop(prefix + "_extra_state", None)
+        if saved is None and earlier is not None:
+            saved = earlier.tolist()
+        if saved is not None:
+            self.seed, self.step = (int(v) for v in saved)
+        self._check_reference_constants(state_dict, prefix, error_msgs)
+        self._affine_from_reference(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
-    def set_extra_state(self, state):
-        self.seed, self.step = (int(v) for v in state.tolist())
+    def _check_reference_constants(self, state_dict, prefix, error_msgs):
+        """The reference's constants that lockstep derives from the options (LFQ's `mask`) leave the state
+        dict here; one of another value means another configuration, named in load_state_dict's error."""
+        for key, expected in self._reference_constants().items():
+            value = state_dict.pop(prefix + key, None)
+            if value is not None and not torch.equal(value.cpu(), expected):
+                error_msgs.append(f"the checkpoint's {prefix + key} is {value.tolist()}, where this "
+                                  f"lockstep.{type(self).__name__}'s is {expected.tolist()}: it was saved with "
+                                  "another configuration")
 
-    def _load_from_state_dict(self, state_dict, prefix, *args):
-        # A state dict without (seed, step), as the reference's, keeps the module's own.
-        state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())  # torch passes its own copy
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
-    def _affine_from_reference(self, state_dict):
+    def _affine_from_reference(self, state_dict, prefix):
         """A VQ codebook's affine statistics as the reference keeps them (`codebook_mean_needs_init` flags;
-        `batch_mean` absent before its first forward) -> lockstep's (`affine_initted`; every buffer present)."""
-        own = self.state_dict()
-        for key in [k for k in state_dict if k.endswith("codebook_mean_needs_init")]:
-            prefix = key[:-len("codebook_mean_needs_init")]
-            flags = [state_dict.pop(key), state_dict.pop(prefix + "codebook_variance_needs_init", True)]
+        `batch_mean` absent before its first forward) -> lockstep's (`affine_initted`; every buffer present),
+        in place on the entries under `prefix`."""
+        for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("codebook_mean_needs_init")]:
+            at = key[:-len("codebook_mean_needs_init")]
+            flags = [state_dict.pop(key), state_dict.pop(at + "codebook_variance_needs_init", True)]
             needs_init = any(bool(flag) for flag in flags)
-            has_batch = prefix + "batch_mean" in state_dict
+            has_batch = at + "batch_mean" in state_dict
             for name in ("batch_mean", "batch_variance"):
-                state_dict.setdefault(prefix + name, own[prefix + name])
-            state_dict[prefix + "affine_initted"] = torch.tensor(float(has_batch and not needs_init))
-        return state_dict
+                if at + name not in state_dict:  # the module's own value, unused until its statistics are set
+                    state_dict[at + name] = self.get_buffer(at[len(prefix):] + name).detach()
+            state_dict[at + "affine_initted"] = torch.tensor(float(has_batch and not needs_init))
 
     def _affine_to_reference(self, state_dict, prefix):
         """The inverse of _affine_from_reference, in place on the entries under `prefix`: `affine_initted`
@@ -337,7 +347,7 @@ class LockstepQuantizer(nn.Module):
             at = key[:-len("affine_initted")]
             initted = bool(state_dict.pop(key))
             for name in ("codebook_mean_needs_init", "codebook_variance_needs_init"):
-                state_dict[at + name] = torch.tensor(not initted)
+                state_dict[at + name] = torch.tensor(not initted, device=self.device)
             if not initted:  # the reference registers them at its first training forward
                 for name in ("batch_mean", "batch_variance"):
                     state_dict.pop(at + name, None)

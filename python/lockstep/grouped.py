@@ -48,14 +48,8 @@ class _Grouped(nn.Module):
                          dim=self.split_dim)
 
     def load_reference_state_dict(self, state_dict, strict=True):
-        """Loads the reference's state dict of the same configuration, group by group."""
-        for g, rvq in enumerate(self.rvqs):
-            prefix = f"rvqs.{g}."
-            rvq.load_reference_state_dict({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)},
-                                          strict=strict)
-        unknown = [k for k in state_dict if not any(k.startswith(f"rvqs.{g}.") for g in range(self.groups))]
-        if strict and unknown:
-            raise ValueError(f"lockstep.{type(self).__name__}: the reference state has entries of no group: {unknown}")
+        """load_state_dict(state_dict, strict): the reference's state dicts load as they are."""
+        return self.load_state_dict(state_dict, strict=strict)
 
     def _chunks(self, x):
         if x.ndim < 2:

@@ -104,21 +104,8 @@ class HierarchicalVQ(nn.Module):
         return self.vq if self.vq is not None else self.vqs[level]
 
     def load_reference_state_dict(self, state_dict, strict=True):
-        """Loads a vector-quantize-pytorch HierarchicalVQ state dict of the same configuration."""
-        state_dict = dict(state_dict)
-
-        def take(prefix):
-            return {k[len(prefix):]: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefix)}
-
-        quantizers = [("vq.", self.vq)] if self.vq is not None else [(f"vqs.{i}.", v) for i, v in enumerate(self.vqs)]
-        for prefix, vq in quantizers:
-            vq.load_reference_state_dict(take(prefix), strict=strict)
-        for name in ("phi_shared", "phi_levels"):
-            if getattr(self, name) is not None:
-                getattr(self, name).load_state_dict(take(name + "."), strict=strict)
-        if strict and state_dict:
-            raise ValueError(f"lockstep.HierarchicalVQ: the reference state has entries of no module here: "
-                             f"{sorted(state_dict)}")
+        """load_state_dict(state_dict, strict): the reference's state dicts load as they are."""
+        return self.load_state_dict(state_dict, strict=strict)
 
     def _phi(self, level):
         if self.phi_shared is not None:

@@ -27,7 +27,7 @@ class RandomProjectionQuantizer(nn.Module):
                                  use_cosine_sim=True, separate_codebook_per_head=True, **kwargs)
 
     def load_reference_state_dict(self, state_dict, strict=True):
-        """Loads the reference's state dict of the same configuration (the names are the same)."""
+        """load_state_dict(state_dict, strict): the reference's state dicts load as they are."""
         return self.load_state_dict(state_dict, strict=strict)
 
     def _projected(self, x):

@@ -47,9 +47,7 @@ def check(name, make, shape, compiled=False):
     held = list(module._core.parameters().values()) + list(module._core.buffers().values())
     if not all(t.is_cuda for t in held):
         return f"liblockstep's tensors stayed on {sorted({str(t.device) for t in held})} after .cuda()"
-    # _extra_state holds the host counters (seed, step), which stay on the CPU by design.
-    off = [k for k, t in module.state_dict().items() if torch.is_tensor(t) and not t.is_cuda
-           and not k.endswith("_extra_state")]
+    off = [k for k, t in module.state_dict().items() if torch.is_tensor(t) and not t.is_cuda]
     if off:
         return f"the state dict's {off} are not on the GPU after .cuda()"
     for attr in ("codebook", "codebooks", "implicit_codebook"):  # computed or held, they follow the module

@@ -51,9 +51,7 @@ def _step(reference, ours, x, lens, optimizers, cutoffs=None):
     backward_and_compare_gradients(reference, ours, xs, out_ref, out, loss_ref, loss, optimizers)
     reference_state = reference.state_dict()
     for key, value in ours.state_dict().items():
-        if not key.endswith("_extra_state"):
-            # `initted` is float32 here, bool there
-            torch.testing.assert_close(value, reference_state[key].to(value.dtype), atol=1e-5, rtol=1e-5, msg=key)
+        torch.testing.assert_close(value, reference_state[key], atol=1e-5, rtol=1e-5, msg=key)
     return cutoff
 
 

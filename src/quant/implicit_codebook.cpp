@@ -20,9 +20,11 @@ ImplicitCodebookImpl::ImplicitCodebookImpl(ImplicitCodebookOptions options) : op
   proj_in_ = register_module("proj_in", torch::nn::Linear(2 * d, d));
   auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t j = 0; j < options_.depth(); ++j) {
-    blocks_.push_back(layers->register_module(
-        std::to_string(j), torch::nn::Sequential(torch::nn::Linear(d, options_.hidden()), torch::nn::SiLU(),
-                                                 torch::nn::Linear(options_.hidden(), d))));
+    // One after the other, as the reference draws them: a function's arguments have no order of evaluation.
+    const torch::nn::Linear first(d, options_.hidden());
+    const torch::nn::Linear second(options_.hidden(), d);
+    blocks_.push_back(
+        layers->register_module(std::to_string(j), torch::nn::Sequential(first, torch::nn::SiLU(), second)));
   }
 }
 

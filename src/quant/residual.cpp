@@ -26,6 +26,15 @@ void ResidualOptions::validate() const {
                      " weights, num_quantizers = ", num_quantizers_);
 }
 
+namespace {
+// The stack's projection in (dim -> layer_dim) and out, drawn in that order, as the reference's constructor.
+std::pair<torch::nn::Linear, torch::nn::Linear> stack_projections(int64_t dim, int64_t layer_dim) {
+  torch::nn::Linear in(dim, layer_dim);
+  torch::nn::Linear out(layer_dim, dim);
+  return {in, out};
+}
+}  // namespace
+
 bool Residual::draws_per_item() const {
   return options_.diveq() ||
          std::any_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->draws_per_item(); });
@@ -33,7 +42,7 @@ bool Residual::draws_per_item() const {
 
 Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
                    std::vector<std::shared_ptr<Quantizer>> layers, std::vector<at::Tensor> scales,
-                   at::Tensor input_clamp)
+                   at::Tensor input_clamp, std::pair<torch::nn::Linear, torch::nn::Linear> projections)
     : Quantizer("Residual"),
       kind_(std::move(kind)),
       options_(std::move(options)),
@@ -54,9 +63,10 @@ Residual::Residual(std::string kind, ResidualOptions options, int64_t dim,
     num_indices_ += layers_[l]->num_indices();
     if (!scales_.empty()) scales_[l] = register_buffer("scale" + std::to_string(l), scales_[l].to(torch::kFloat32));
   }
+  if (dim_ != layer_dim && projections.first.is_empty()) projections = stack_projections(dim_, layer_dim);
   if (dim_ != layer_dim) {
-    project_in_ = register_module("project_in", torch::nn::Linear(dim_, layer_dim));
-    project_out_ = register_module("project_out", torch::nn::Linear(layer_dim, dim_));
+    project_in_ = register_module("project_in", projections.first);
+    project_out_ = register_module("project_out", projections.second);
   }
   if (options_.implicit_neural_codebook()) {
     const auto* first = dynamic_cast<const Vq*>(layers_.front().get());
@@ -422,17 +432,24 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const V
     layer.ema_update(false).learnable_codebook(true).route_gradients_to_input(false).commitment_weight(0);
     options.quant_grad_frac(1.0);
   }
+  const int64_t layer_dim = layer.heads() * layer.codebook_dim();
+  // The reference draws the projections, then each layer's codebook (and the MLPs after them, in Residual).
+  auto projections = layer.dim() != layer_dim ? stack_projections(layer.dim(), layer_dim)
+                                              : std::pair<torch::nn::Linear, torch::nn::Linear>{nullptr, nullptr};
   if (options.shared_codebook()) {
     const auto& sizes = options.codebook_sizes();
     LOCKSTEP_CHECK_ARG(std::all_of(sizes.begin(), sizes.end(), [&](int64_t k) { return k == sizes.front(); }),
                        "residual-vq: a shared codebook needs one codebook size for every layer");
-    VqOptions shared = VqOptions(layer).dim(layer.heads() * layer.codebook_dim()).codebook_dim(layer.codebook_dim());
+    VqOptions shared = VqOptions(layer).dim(layer_dim).codebook_dim(layer.codebook_dim());
     if (!sizes.empty()) shared.codebook_size(sizes.front());
     const auto vq = std::make_shared<Vq>(shared, generator);
+    // The reference builds every layer's codebook, then gives the first to all: the others' draws are made too,
+    // so that what a project builds after the quantizer starts from the same generator state.
+    for (int64_t l = 1; l < options.num_quantizers(); ++l) std::make_shared<Vq>(shared, generator);
     return std::make_shared<Residual>("residual-vq", options, layer.dim(),
-                                      std::vector<std::shared_ptr<Quantizer>>(options.num_quantizers(), vq));
+                                      std::vector<std::shared_ptr<Quantizer>>(options.num_quantizers(), vq),
+                                      std::vector<at::Tensor>{}, at::Tensor{}, std::move(projections));
   }
-  const int64_t layer_dim = layer.heads() * layer.codebook_dim();
   const std::vector<int64_t>& sizes = options.codebook_sizes();
   std::vector<std::shared_ptr<Quantizer>> layers;
   for (int64_t l = 0; l < options.num_quantizers(); ++l) {
@@ -440,7 +457,8 @@ std::shared_ptr<Residual> make_residual_vq(const ResidualOptions& given, const V
     if (!sizes.empty()) each.codebook_size(sizes[static_cast<size_t>(l)]);
     layers.push_back(std::make_shared<Vq>(each, generator));
   }
-  return std::make_shared<Residual>("residual-vq", options, layer.dim(), std::move(layers));
+  return std::make_shared<Residual>("residual-vq", options, layer.dim(), std::move(layers), std::vector<at::Tensor>{},
+                                    at::Tensor{}, std::move(projections));
 }
 
 std::shared_ptr<Residual> make_residual_fsq(const ResidualOptions& options, const FsqOptions& layer) {

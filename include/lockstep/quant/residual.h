@@ -60,8 +60,11 @@ class Residual final : public Quantizer {
   // the two differ. scales: empty (all 1) or one tensor per layer broadcastable to (layer_dim).
   // input_clamp: undefined, or c broadcastable to (layer_dim): the projected input is first squashed
   // to tanh(z / c) * c (residual FSQ with a hard-clamped bound).
+  // projections: the input's (dim -> layer_dim) and the output's, made here when not given (a factory whose
+  // layers draw initial values makes them first, in the reference's order of draws).
   Residual(std::string kind, ResidualOptions options, int64_t dim, std::vector<std::shared_ptr<Quantizer>> layers,
-           std::vector<at::Tensor> scales = {}, at::Tensor input_clamp = {});
+           std::vector<at::Tensor> scales = {}, at::Tensor input_clamp = {},
+           std::pair<torch::nn::Linear, torch::nn::Linear> projections = {nullptr, nullptr});
 
   std::string kind() const override { return kind_; }
   bool draws_per_item() const override;
