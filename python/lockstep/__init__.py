@@ -8,7 +8,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 from . import _C  # noqa: F401
 from ._C import CollectiveFailure, CollectiveMismatch  # noqa: F401
 from . import data  # noqa: F401
-from ._quantizer import reference_state_dict
+from ._quantizer import reference_state_dict, update_in_forward
 from .checkpoints import load_model, save_model
 from .binary_mapper import BinaryMapper
 from .evo_lfq import EvoLFQ
@@ -27,7 +27,7 @@ from .vq import VectorQuantize
 __all__ = ["FSQ", "LFQ", "VectorQuantize", "ResidualVQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ",
            "GroupedResidualFSQ", "GroupedResidualLFQ", "Sequential", "SimVQ", "ResidualSimVQ", "LatentQuantize",
            "RandomProjectionQuantizer", "BinaryMapper", "HierarchicalVQ", "FSP", "EvoLFQ", "CollectiveMismatch", "CollectiveFailure",
-           "reference_state_dict", "save_model", "load_model"]
+           "reference_state_dict", "save_model", "load_model", "update_in_forward"]
 
 # vector-quantize-pytorch's module paths (lockstep.residual_vq, lockstep.finite_scalar_perturbation, ...).
 from . import _reference_paths  # noqa: E402

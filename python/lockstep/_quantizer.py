@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import re
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,22 @@ def declared_arguments(section, arguments, besides=()):
     default"), is named in `besides` and mapped by the module; the rest keep liblockstep's default."""
     return {key: _CASTS[kind](arguments[key]) for key, kind in _declared(section)
             if key in arguments and key not in besides}
+
+
+# Training forwards with no backward between after which a module whose update waits for backward says so.
+_UNBACKWARDED_WARNING = 10
+
+
+def update_in_forward(model, enabled=True):
+    """Makes every training forward of each lockstep module in `model` a whole step: the codebook update and
+    the random draws' advance happen in forward, reduced over the process group through lockstep's checked
+    channel, so EMA-only training (no backward reaches the quantizer) learns on several ranks too. Every rank
+    must then make the same training forwards (a disagreement is a CollectiveMismatch on each, a rank that
+    stops calling is named after the collective timeout); evaluation forwards stay local. Returns `model`."""
+    for module in model.modules():
+        if isinstance(module, LockstepQuantizer):
+            module.update_in_forward = bool(enabled)
+    return model
 
 
 def refuse(module_name, name, value, supported):
@@ -188,6 +205,12 @@ class LockstepQuantizer(nn.Module):
         # every rank runs: no collective is needed to agree on it. liblockstep advances it in backward.
         self.seed = 0 if seed is None else int(seed)
         self._steps = torch.zeros((), dtype=torch.int64)
+        # A training forward is a whole step (update and draws in forward) when True (update_in_forward), or
+        # on one process when nothing can backward; else the update waits for backward.
+        self.update_in_forward = False
+        self._deferred = [0, 0]  # (step, training forwards since the step last moved) for the warning
+        self._drawn_at = 0
+        self._warned_unbackwarded = False
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
         held = held or (lambda dotted: True)  # liblockstep's tensors the module holds (a user's module replaces some)
@@ -427,6 +450,8 @@ class LockstepQuantizer(nn.Module):
         `vq_call`: a forward's own arguments, passed to the binding (VQ's ema_update_weight, accumulate,
         ema_update, sample_codebook_temp, token_codes; LFQ's inv_temperature; FSP's fsp_eps), eager only;
         `codebook`: SimVQ's codes from a module of the user's, differentiable."""
+        if not torch.compiler.is_compiling():
+            self._drawn_at = self.step  # the step this call draws at (LFQ's loss breakdown draws the same)
         # The arguments a call gives (accumulate=False is no argument): the plain path otherwise.
         vq_call = {key: value for key, value in vq_call.items()
                    if value is not None and not (key == "accumulate" and not value)}
@@ -436,14 +461,15 @@ class LockstepQuantizer(nn.Module):
                 raise ValueError(f"lockstep.{type(self).__name__}: forward's {named} runs in eager mode only "
                                  "(torch.compile takes the call without them)")
             group = self._lazy_group() if self.training else None
+            now = self._whole_step_now(x, codebook, vq_call.get("token_codes"))
             if topk is not None:
                 out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
                                                                     self._steps, group, mask, bool(freeze_codebook),
                                                                     codebook, vq_call.get("sample_codebook_temp"),
-                                                                    vq_call.get("token_codes"))
+                                                                    vq_call.get("token_codes"), update_in_forward=now)
                 return out, indices, {"code": code_loss, **losses}
             return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                       codebook=codebook, **vq_call)
+                                       codebook=codebook, update_in_forward=now, **vq_call)
         if torch.compiler.is_compiling():
             if freeze_codebook and self._codebook_learned_by_commitment():
                 # The custom op's backward gives such a codebook a zero gradient where eager gives none,
@@ -458,7 +484,51 @@ class LockstepQuantizer(nn.Module):
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
         return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                   codebook=codebook)
+                                   codebook=codebook, update_in_forward=self._whole_step_now(x, codebook))
+
+    def _whole_step_now(self, *inputs):
+        """Whether this eager training call is a whole step (_is_whole_step); a call whose update waits for
+        backward is counted for the warning."""
+        if not self.training:
+            return False
+        if self._is_whole_step(*inputs):
+            return True
+        self._count_deferred_forward()
+        return False
+
+    def _is_whole_step(self, *inputs):
+        """Whether a training call with these tensors is a whole step (its update and the step's advance in
+        forward): when the module asks for it (update_in_forward, over the process group through the checked
+        channel), or on one process when nothing can backward (grad mode off, or no input or parameter that
+        requires grad), as the reference updates in every training forward. Several ranks otherwise keep
+        forward free of collectives (G3)."""
+        if self.update_in_forward:
+            return True
+        if self._ranks() > 1:
+            return False
+        tensors = [t for t in inputs if torch.is_tensor(t)] + list(self.parameters())
+        return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+    def _ranks(self):
+        """The size of the process group the module's statistics are reduced over (1 without one)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self._process_group if self._process_group is not None else dist.group.WORLD)
+
+    def _count_deferred_forward(self):
+        """A training forward whose update waits for backward: after _UNBACKWARDED_WARNING of them with no
+        backward between (the step unmoved), one warning naming the way to update in forward."""
+        if self._deferred[0] != self.step:
+            self._deferred = [self.step, 0]
+        self._deferred[1] += 1
+        if self._deferred[1] == _UNBACKWARDED_WARNING and not self._warned_unbackwarded:
+            self._warned_unbackwarded = True
+            warnings.warn(
+                f"lockstep.{type(self).__name__} has run {_UNBACKWARDED_WARNING} training forwards that no backward "
+                "reached: its codebook statistics and random draws move in backward, so they have not moved. To "
+                "train it without a backward (EMA alone), call lockstep.update_in_forward(model): each training "
+                "forward is then a whole step, reduced over the process group (every rank must make it); "
+                "docs/python.md, 'Training without a backward'.", RuntimeWarning, stacklevel=4)
 
     @torch.compiler.assume_constant_result
     def _compile_signature(self):

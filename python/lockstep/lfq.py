@@ -219,8 +219,9 @@ class LFQ(LockstepQuantizer):
         if channel_first:
             x = x.movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
         group = self._lazy_group() if self.training else None
-        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, self._steps, group, mask,
-                                          inv_temperature)
+        # The step the call drew at: a call that was a whole step has advanced it already.
+        drawn_at = torch.tensor(self._drawn_at, dtype=torch.int64)
+        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, drawn_at, group, mask, inv_temperature)
         return LossBreakdown(*terms)
 
 

@@ -220,10 +220,25 @@ class VectorQuantize(LockstepQuantizer):
         bridge = self._codebook._modules.get("vq_bridge")
         if bridge is None:
             return None
+        return bridge(self._initialised_embed(x, channel_first, mask))
+
+    def _initialised_embed(self, x, channel_first, mask):
+        """embed, once a training call that may change state (a backward may follow, or it is a whole step) has
+        run k-means on x, when kmeans_init: what the reference's search of this call reads."""
         embed = self._codebook.embed
-        if self.training and self._spec[2].get("kmeans_init"):  # a call that may change state runs k-means first
-            embed = self._initialised_first(self._tokens_of(x, channel_first)[0], embed, torch.is_grad_enabled(), mask)
-        return bridge(embed)
+        if self.training and self._spec[2].get("kmeans_init"):
+            tokens = self._tokens_of(x, channel_first)[0]
+            run = torch.is_grad_enabled() or self._is_whole_step(tokens)
+            embed = self._initialised_first(tokens, embed, run, mask)
+        return embed
+
+    def _codebook_as_found(self, x, channel_first, mask, bridged):
+        """The codebook the cross entropy after this call takes: as the call searched it. A whole step updates an
+        EMA codebook before forward returns, where the reference's cross entropy takes its codes from before
+        the update; a copy is taken first (a learned codebook, which the update leaves, stays itself)."""
+        if bridged is not None or not self.training or isinstance(self._codebook.embed, nn.Parameter):
+            return bridged
+        return self._initialised_embed(x, channel_first, mask).detach().clone()
 
     def _register_ops(self):
         super()._register_ops()
@@ -345,6 +360,8 @@ class VectorQuantize(LockstepQuantizer):
         if codebook_transform_fn is not None:  # each token's own codes, from the user's function of the codebook
             vq_call["token_codes"] = self._codes_per_token(codebook_transform_fn, x.unsqueeze(1) if only_one else x,
                                                            maps, bridged)
+        if indices is not None or (self.commitment_use_cross_entropy_loss and topk is None):
+            found = self._codebook_as_found(x.unsqueeze(1) if only_one else x, maps, mask, bridged)
         out, idx, losses = self._quantize_any(x.unsqueeze(1) if only_one else x, maps, False, self.heads, mask,
                                               freeze_codebook, topk=topk, codebook=bridged, **vq_call)
         in_place = losses.pop("in_place", None)  # a value for the breakdown; the optimizer steps in backward
@@ -357,11 +374,11 @@ class VectorQuantize(LockstepQuantizer):
             # The training call's state update rides on the backward of what is returned (the reference
             # updates in forward): the cross entropy carries the call's graph at weight 0.
             anchor = sum(losses.values()) if losses else out.sum()
-            return out, self._cross_entropy(x, indices, bridged, vq_call.get("token_codes")) + 0.0 * anchor
+            return out, self._cross_entropy(x, indices, found, vq_call.get("token_codes")) + 0.0 * anchor
         if self.commitment_use_cross_entropy_loss and topk is None and "commitment" in losses:
             # The call's state update rides on the backward of what it returned: the cross entropy carries the
             # squared commitment's graph at weight 0.
-            losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask, bridged)
+            losses["commitment"] = (self._cross_entropy_commitment(x.unsqueeze(1) if only_one else x, idx, mask, found)
                                     + 0.0 * losses["commitment"])
         if only_one:
             out, idx = out.squeeze(1), idx.squeeze(1)

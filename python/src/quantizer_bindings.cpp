@@ -92,8 +92,8 @@ const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
   return *fsq;
 }
 
-// VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a tensor, or a callable of
-// (embed_sum, cluster_size), called in backward with the GIL), accum_ema_update, ema_update.
+// VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a number, a tensor, or a callable
+// of (embed_sum, cluster_size) returning either, called in the update with the GIL), accum_ema_update, ema_update.
 lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumulate, std::optional<bool> ema_update) {
   lockstep::quant::VqUpdate update;
   update.accumulate = accumulate;
@@ -103,8 +103,12 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
     update.weight = weight.cast<at::Tensor>();
     return update;
   }
+  if (PyFloat_Check(weight.ptr()) || PyLong_Check(weight.ptr())) {  // one weight for every code, as the reference
+    update.weight = torch::tensor(weight.cast<double>());
+    return update;
+  }
   LOCKSTEP_CHECK_ARG(PyCallable_Check(weight.ptr()),
-                     "ema_update_weight must be a tensor or a callable of "
+                     "ema_update_weight must be a number, a tensor or a callable of "
                      "(embed_sum, cluster_size), got ",
                      std::string(py::str(py::type::of(weight))));
   // Released with the GIL held, as gloo_from_python's callable (see there).
@@ -121,7 +125,9 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
   });
   update.weight_fn = [held](const at::Tensor& embed_sum, const at::Tensor& cluster_size) {
     py::gil_scoped_acquire gil;
-    return (*held)(embed_sum, cluster_size).cast<at::Tensor>();
+    const py::object weight = (*held)(embed_sum, cluster_size);
+    // A tensor, or a number for every code (the reference takes either from its callable).
+    return THPVariable_Check(weight.ptr()) ? weight.cast<at::Tensor>() : torch::tensor(weight.cast<double>());
   };
   return update;
 }
@@ -145,7 +151,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
              std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
              std::optional<double> sample_codebook_temp, int64_t dropout_layers, std::optional<at::Tensor> token_codes,
-             std::optional<double> inv_temperature, std::optional<double> fsp_eps) {
+             std::optional<double> inv_temperature, std::optional<double> fsp_eps, bool update_in_forward) {
             lockstep::quant::QuantizerOutput out;
             const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
             const lockstep::quant::VqUpdate vq_update =
@@ -155,15 +161,27 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(
-                  q, x, training, seed, step, group, mask, freeze_codebook, vq_call ? &vq_update : nullptr, beam_size,
-                  codebook,
-                  CallOptions{sample_codebook_temp, inv_temperature, dropout_layers, token_codes, {}, fsp_eps});
+              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
+                                  vq_call ? &vq_update : nullptr, beam_size, codebook,
+                                  CallOptions{sample_codebook_temp,
+                                              inv_temperature,
+                                              dropout_layers,
+                                              token_codes,
+                                              {},
+                                              fsp_eps,
+                                              update_in_forward});
+              // A whole step: its update runs and the step advances now; its outputs still take the node below
+              // (with nothing to run), so that a loss has a gradient function whatever the input, as the reference's.
+              if (training && update_in_forward)
+                apply_update(out.update, group, step, batch_check(q, x, training, group));
               if (training && at::GradMode::is_enabled()) {
-                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
-                               check = batch_check(q, x, training, group)]() {
-                  apply_update(update, group, step, check);
-                };
+                std::function<void()> update;
+                if (!update_in_forward) {
+                  update = [keep = q.shared_from_this(), deferred = std::move(out.update), group, step,
+                            check = batch_check(q, x, training, group)]() {
+                    apply_update(deferred, group, step, check);
+                  };
+                }
                 std::vector<at::Tensor> tensors{out.quantized};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
                 const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
@@ -182,6 +200,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
           py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
           py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(), py::arg("fsp_eps") = py::none(),
+          py::arg("update_in_forward") = false,
           "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
           "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
           "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
@@ -189,7 +208,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "alone: beam_size, this call's beam search width; FSP alone: fsp_eps, the clamp epsilon. Issues no "
           "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
           "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
-          "tensor) advances then.")
+          "tensor) advances then; with `update_in_forward`, a training call is a whole step: its update, "
+          "reduced over `group`, and the step's advance happen before it returns.")
       .def(
           "vq_initialise",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
@@ -252,7 +272,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp,
-             std::optional<at::Tensor> token_codes) {
+             std::optional<at::Tensor> token_codes, bool update_in_forward) {
             lockstep::quant::VqTopk out;
             {
               py::gil_scoped_release no_gil;  // as quantize
@@ -261,16 +281,22 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               ctx.freeze_codebook = freeze_codebook;
               ctx.sample_codebook_temp = sample_codebook_temp;
               if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
-              const auto reducer = defer_training_updates(ctx, training, group, step);
+              const auto reducer = defer_training_updates(ctx, training, group, step, update_in_forward);
               const lockstep::quant::NoAutocast fp32;
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
               out = token_codes ? as_vq(q).quantize_topk_implicit(input, *token_codes, k, ctx)
                                 : as_vq(q).quantize_topk(input, k, ctx);
-              if (training && at::GradMode::is_enabled()) {  // as quantize: the update and the step on backward
-                auto update = [keep = q.shared_from_this(), update = std::move(out.update), group, step,
-                               check = batch_check(q, x, training, group)]() {
-                  apply_update(update, group, step, check);
-                };
+              // As quantize: a whole step now, or the update and the step on backward.
+              if (training && update_in_forward)
+                apply_update(out.update, group, step, batch_check(q, x, training, group));
+              if (training && at::GradMode::is_enabled()) {
+                std::function<void()> update;
+                if (!update_in_forward) {
+                  update = [keep = q.shared_from_this(), deferred = std::move(out.update), group, step,
+                            check = batch_check(q, x, training, group)]() {
+                    apply_update(deferred, group, step, check);
+                  };
+                }
                 std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
                 const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
@@ -288,10 +314,12 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
           py::arg("sample_codebook_temp") = py::none(), py::arg("token_codes") = py::none(),
+          py::arg("update_in_forward") = false,
           "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
           "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk); among "
           "each token's own codes `token_codes` (b * n, K, codebook_dim) when given (Vq::quantize_topk_implicit). No "
-          "EMA update; in training with gradients the step advances on backward, as quantize's.")
+          "EMA update; in training the step advances as quantize's (on backward, or with `update_in_forward` before it "
+          "returns).")
       .def(
           "vq_update_indices",
           [](Quantizer& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,

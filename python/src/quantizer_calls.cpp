@@ -63,9 +63,10 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
 
 std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
     lockstep::quant::QuantizeContext& ctx, bool training, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-    const at::Tensor& step) {
+    const at::Tensor& step, bool in_forward) {
   if (!training) return nullptr;
   ctx.defer_updates = true;
+  ctx.whole_step = in_forward;
   return training_reducer(ctx, group, step);
 }
 
@@ -93,7 +94,7 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
         "codebook");
     ctx.codebook = *codebook;
   }
-  const auto reducer = defer_training_updates(ctx, training, group, step);
+  const auto reducer = defer_training_updates(ctx, training, group, step, call.update_in_forward);
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
   const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;

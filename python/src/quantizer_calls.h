@@ -31,6 +31,8 @@ struct CallOptions {
   // Residual stacks: each layer's codes made when the layer comes (QuantizeContext::layer_codebook).
   std::function<at::Tensor(int64_t)> layer_codebook;
   std::optional<double> fsp_eps;  // FSP: the clamp epsilon in place of float32's machine epsilon
+  // A training call that is a whole step: its state updates run in the call (over the group), not deferred.
+  bool update_in_forward = false;
 };
 
 // A training call's batch, to be compared across the group's ranks in backward when the quantizer
@@ -57,9 +59,10 @@ std::unique_ptr<lockstep::dist::BackwardReducer> training_reducer(
 
 // A training call's state updates and their collectives made to wait for backward (G3,
 // dist/backward_reducer.h: ctx.defer_updates), with its training_reducer; nothing in evaluation (null).
+// With `in_forward` the update is made under no_grad too (ctx.whole_step), for the caller to run at once.
 std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
     lockstep::quant::QuantizeContext& ctx, bool training, const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-    const at::Tensor& step);
+    const at::Tensor& step, bool in_forward = false);
 
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,

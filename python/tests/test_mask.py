@@ -255,7 +255,7 @@ def test_a_masked_residual_lfq_trains_as_the_reference_does():
 
 def test_a_strided_or_broadcast_mask_is_read_as_its_values():
     lfq = lockstep.LFQ(dim=4, codebook_size=16, frac_per_sample_entropy=0.5, seed=2)
-    x = torch.randn(2, 6, 4)
+    x = torch.randn(2, 6, 4, requires_grad=True)  # a backward may follow: the step waits, every call draws alike
     wide = torch.ones(2, 12, dtype=torch.bool)
     wide[:, 1::2] = False  # every other column False: the strided view below is all True
     for mask in (wide[:, ::2], torch.tensor(True).expand(2, 6)):

@@ -177,7 +177,7 @@ def test_the_codebook_diversity_loss_leaves_padding_out():
     only those that count (an item wholly masked gives the other item's value)."""
     torch.manual_seed(0)
     ours = lockstep.VectorQuantize(dim=8, codebook_size=16, codebook_diversity_loss_weight=1.0, commitment_weight=0.0)
-    x = torch.randn(2, 12, 8)
+    x = torch.randn(2, 12, 8, requires_grad=True)  # a backward may follow: the codebook waits, every call alike
     _, _, alone = ours(x[:1])
     _, _, masked = ours(x, mask=torch.tensor([[True] * 12, [False] * 12]))
     _, _, whole = ours(x, mask=torch.ones(2, 12, dtype=torch.bool))

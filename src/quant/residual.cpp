@@ -210,7 +210,7 @@ QuantizerOutput Residual::quantize_greedy(const at::Tensor& x, const QuantizeCon
     for (auto& [name, loss] : out.losses) result.losses["layer" + std::to_string(l) + "." + name] = loss;
     if (out.update) updates.push_back(std::move(out.update));
   }
-  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+  if (ctx.may_change_state(is_training())) {
     if (auto refresh = shared_refresh(inputs, ctx)) updates.push_back(std::move(refresh));
   }
   if (options_.diveq()) {  // the stack's output: DiVeQ from the (projected) input to the codes' sum
@@ -336,7 +336,7 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
   result.quantized = project_out_ ? project_out_->forward(out) : out;
   result.indices = indices.reshape({b, n, options_.num_quantizers()});
   // Each layer's EMA update from the chosen path's residual and code, in layer order.
-  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+  if (ctx.may_change_state(is_training())) {
     std::vector<std::function<void(Reducer&)>> updates;
     VqUpdate track;  // a shared codebook: statistics now, recomputed once after the last layer
     track.refresh_codebook = !options_.shared_codebook();

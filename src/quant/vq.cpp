@@ -394,7 +394,7 @@ at::Tensor Vq::orthogonal_loss(const at::Tensor& counted_indices, const Quantize
 QuantizerOutput Vq::quantize(const at::Tensor& x, const QuantizeContext& ctx) { return quantize_with(x, ctx, {}); }
 
 void Vq::initialise(const at::Tensor& x, const QuantizeContext& ctx) {
-  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  const bool may_change_state = ctx.may_change_state(is_training());
   if (!may_change_state || !options_.kmeans_init() || initted()) return;
   torch::NoGradGuard no_grad;
   at::Tensor tokens = prepare(group_by_codebook(x));
@@ -425,7 +425,7 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   const at::Tensor tokens = grouped.detach();
   const at::Tensor counted_tokens = only_counted(tokens);
   // Deferred (the Python modules): a call that cannot be backwarded changes no state, k-means included.
-  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  const bool may_change_state = ctx.may_change_state(is_training());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
 
   const int64_t tokens_per_item = b > 0 ? tokens.size(1) / b : 0;
@@ -540,7 +540,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const at::Tensor tokens = grouped.detach();
   const at::Tensor counted_tokens =
       mask.defined() ? tokens.index_select(1, mask.reshape(-1).nonzero().squeeze(1)) : tokens;
-  const bool may_change_state = is_training() && (!ctx.defer_updates || at::GradMode::is_enabled());
+  const bool may_change_state = ctx.may_change_state(is_training());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
   const at::Tensor codebook = searched_codebook(ctx.codebook)[0];  // (K, cd), differentiable when learned
   const at::Tensor indices =

@@ -128,7 +128,7 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
     result.losses["diversity"] = diversity_loss(heads == 1 ? per_head.reshape({b, n, k}) : per_head, mask) *
                                  options_.codebook_diversity_loss_weight();
   }
-  if (is_training() && (!ctx.defer_updates || at::GradMode::is_enabled())) {
+  if (ctx.may_change_state(is_training())) {
     // The affine statistics follow the call, as quantize's (a caller's codes were made from the moved codebook).
     result.update = state_update(only_counted(tokens.detach()), only_counted(indices), ctx, true, {});
   }

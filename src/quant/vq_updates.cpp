@@ -161,9 +161,10 @@ void Vq::ema_update(const at::Tensor& tokens, const at::Tensor& indices, Reducer
   }
   const double rate = 1.0 - options_.decay();
   if (weight.defined()) {
-    LOCKSTEP_CHECK_ARG((weight.dim() == 1 && weight.size(0) == k) ||
+    LOCKSTEP_CHECK_ARG(weight.dim() == 0 || (weight.dim() == 1 && weight.size(0) == k) ||
                            (weight.dim() == 2 && weight.size(0) == codebooks && weight.size(1) == k),
-                       "vq: ema_update_weight must be (", k, ") or (", codebooks, ", ", k, "), got ", weight.sizes());
+                       "vq: ema_update_weight must be a number, (", k, ") or (", codebooks, ", ", k, "), got ",
+                       weight.sizes());
     const at::Tensor per_code = (weight.to(cluster_size_.options()) * rate).expand({codebooks, k});
     cluster_size_.lerp_(counts, per_code);
     embed_avg_.lerp_(sums, per_code.unsqueeze(2));

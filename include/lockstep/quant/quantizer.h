@@ -2,6 +2,7 @@
 // forward for training), as a torch module whose buffers are its explicit state.
 #pragma once
 
+#include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -30,6 +31,10 @@ struct QuantizeContext {
   // QuantizerOutput::update, for the caller to run later with a reducer (the Python modules run it
   // in backward, so that a forward never communicates). k-means initialisation still runs in quantize.
   bool defer_updates = false;
+  // With defer_updates: the update is made (and handed back) under no_grad too, for a caller that runs it at
+  // once, a whole training step in forward. Otherwise a deferred training call under no_grad, which no
+  // backward follows, changes nothing (not even k-means initialisation).
+  bool whole_step = false;
   // (b, n) bool: the tokens that count, for batches of padded sequences; undefined means all. A
   // masked token counts in no statistic (EMA, k-means, dead codes, entropy) and no loss; what its
   // output is, and whether a quantizer takes a mask at all, is its mask_support().
@@ -58,6 +63,11 @@ struct QuantizeContext {
   // Residual quantize dropout: in a training call, the number of layers run (>= 1), as the caller chose it
   // (the reference's rand_quantize_dropout_fixed_seed); 0: drawn from the generator.
   int64_t dropout_layers = 0;
+
+  // Whether a call in `training` may change state: at once, or by an update that backward (or the caller) runs.
+  bool may_change_state(bool training) const {
+    return training && (!defer_updates || whole_step || at::GradMode::is_enabled());
+  }
 };
 
 struct QuantizerOutput {
