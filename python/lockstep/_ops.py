@@ -40,6 +40,12 @@ def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor]
     module = _module(handle)
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
+    if training and not grad_mode and module._ranks() == 1:  # no backward will come: a whole step, as eager's
+        out, indices, losses = module._core.quantize(x, True, module.seed, step, group, mask, freeze_codebook,
+                                                     codebook=codebook, update_in_forward=True)
+        absent = [torch.zeros((), device=x.device) for _ in loss_names]  # one each: outputs may not alias
+        return ([out, indices] + [losses.get(name, zero) for name, zero in zip(loss_names, absent)]
+                + [torch.zeros((), dtype=torch.int64)])
     if not (training and grad_mode):  # no backward will come
         values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names),
                                               mask, freeze_codebook, codebook)

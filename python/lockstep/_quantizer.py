@@ -477,6 +477,9 @@ class LockstepQuantizer(nn.Module):
                 raise ValueError(f"lockstep.{type(self).__name__}: freeze_codebook with a learnable codebook is not "
                                  "supported under torch.compile (the codebook would get a zero gradient, not "
                                  "none); freeze it in eager mode, or leave it out of the optimizer")
+            if self.update_in_forward:
+                raise ValueError(f"lockstep.{type(self).__name__}: update_in_forward runs in eager mode only (under "
+                                 "torch.compile a training call's update waits for its backward)")
             loss_names, _ = self._compile_signature()
             parameters = [self.get_parameter(name) for name in self._parameter_names]
             values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
