@@ -249,7 +249,8 @@ def test_return_all_codes_gives_each_layer_s_codes_as_the_reference(reference_cl
     reference, ours = reference_class(**options), ours_class(**options)
     ours.load_reference_state_dict(reference.state_dict())
     x = torch.randn(4, 5, 6)
-    ours_result = ours(x, return_all_codes=True)  # in training: with quantize dropout, some layers dropped
+    # In training (with quantize dropout, some layers dropped); a backward may follow, so the state waits for it.
+    ours_result = ours(x.clone().requires_grad_(True), return_all_codes=True)
     codes = ours_result[-1]
     assert codes.shape == (3, 4, 5, codes.shape[-1])
     # the reference's codes of the same indices (its own dropout draws another cutoff)
