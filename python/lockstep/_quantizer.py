@@ -494,7 +494,8 @@ class LockstepQuantizer(nn.Module):
         backward is counted for the warning."""
         if not self.training:
             return False
-        if self._is_whole_step(*inputs):
+        decided = getattr(self, "_decided_whole_step", None)  # a module calling this one decided for its call
+        if decided if decided is not None else self._is_whole_step(*inputs):
             return True
         self._count_deferred_forward()
         return False

@@ -135,14 +135,16 @@ class HierarchicalVQ(nn.Module):
             q = F.interpolate(q, size=full_shape, mode=_UPSAMPLE_MODES[self.spatial_dims - 1], align_corners=False)
         return self._phi(level)(q)
 
-    def nested_cutoff(self):
+    def nested_cutoff(self, step=None):
         """The last level kept this training step, or None: a pure function of (seed, step), the step
-        counting the first quantizer's completed training steps, so every rank draws the same."""
+        counting the first quantizer's completed training steps (`step`: the one a call started at), so every
+        rank draws the same."""
         if not self.training or self.nested_dropout <= 0 or self.num_levels <= 1:
             return None
         if self.nested_dropout_min_levels >= self.num_levels:
             return None
-        draw = random.Random(f"lockstep.HierarchicalVQ:{self.seed}:{self.get_vq(0).step}")
+        step = self.get_vq(0).step if step is None else step
+        draw = random.Random(f"lockstep.HierarchicalVQ:{self.seed}:{step}")
         if draw.random() >= self.nested_dropout:
             return None
         return draw.randrange(self.nested_dropout_min_levels - 1, self.num_levels - 1)
@@ -176,21 +178,32 @@ class HierarchicalVQ(nn.Module):
 
         residual, reconstruction = x, torch.zeros_like(x)
         cumulative, all_indices, losses = [], [], []
-        for level, level_shape in enumerate(self.level_shapes):
-            pooled, level_mask = self._pool(residual, level_shape, mask)
-            tokens = pooled.flatten(2).transpose(1, 2)
-            quantized, level_indices, loss = self.get_vq(level)(
-                tokens, mask=None if level_mask is None else level_mask.flatten(1),
-                sample_codebook_temp=sample_codebook_temp)
-            quantized = quantized.transpose(1, 2).reshape(pooled.shape)
-            quantized = self._upsample(quantized, full_shape, level)
-            reconstruction = reconstruction + quantized
-            residual = residual - quantized
-            cumulative.append(reconstruction)
-            all_indices.append(level_indices.reshape(x.shape[0], *level_shape))
-            losses.append(loss)
+        started_at = self.get_vq(0).step
+        # Whether this call is a whole step is the module's to say, once for every level (from its input and every
+        # parameter, phi's too): each level's own input would make some levels whole steps and not others.
+        # (Eager only: a compiled call's update waits for its backward or is taken by the op, _ops.py.)
+        quantizers = [] if torch.compiler.is_compiling() else [self.vq] if self.vq is not None else list(self.vqs)
+        for vq in quantizers:
+            vq._decided_whole_step = self.training and quantizers[0]._is_whole_step(x, *self.parameters())
+        try:
+            for level, level_shape in enumerate(self.level_shapes):
+                pooled, level_mask = self._pool(residual, level_shape, mask)
+                tokens = pooled.flatten(2).transpose(1, 2)
+                quantized, level_indices, loss = self.get_vq(level)(
+                    tokens, mask=None if level_mask is None else level_mask.flatten(1),
+                    sample_codebook_temp=sample_codebook_temp)
+                quantized = quantized.transpose(1, 2).reshape(pooled.shape)
+                quantized = self._upsample(quantized, full_shape, level)
+                reconstruction = reconstruction + quantized
+                residual = residual - quantized
+                cumulative.append(reconstruction)
+                all_indices.append(level_indices.reshape(x.shape[0], *level_shape))
+                losses.append(loss)
+        finally:
+            for vq in quantizers:
+                vq._decided_whole_step = None
 
-        cutoff = self.nested_cutoff()
+        cutoff = self.nested_cutoff(started_at)
         losses = torch.stack(losses)
         if cutoff is None:
             commit_loss = losses.mean()

@@ -80,7 +80,7 @@ def test_the_perturbation_stays_in_its_bin_and_is_drawn_from_seed_and_step():
     options = dict(levels=[8, 8], quantize_rate=0.3)
     reference, ours = _pair(options)
     ours.seed = 3
-    x = torch.randn(4, 6, 2)
+    x = torch.randn(4, 6, 2, requires_grad=True)  # a backward may follow: the step waits for it
     reference.eval()
     expected_idx = reference(x)[1]
     out, idx, loss, info = ours(x)
