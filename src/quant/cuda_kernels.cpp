@@ -34,9 +34,8 @@ void check_launch(const char* error, const char* what) {
 
 void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
-}  // namespace
-
-NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric) {
+// x (n, d) and codebook (k, d), k >= 1, on one CUDA device.
+void check_search(const at::Tensor& x_in, const at::Tensor& codebook_in) {
   check_cuda(x_in, "nearest_code");
   LOCKSTEP_CHECK_ARG(x_in.dim() == 2 && codebook_in.dim() == 2 && x_in.size(1) == codebook_in.size(1),
                      "nearest_code: expected x (n, d) and codebook (k, d), got ", x_in.sizes(), " and ",
@@ -44,6 +43,17 @@ NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook
   LOCKSTEP_CHECK_ARG(codebook_in.size(0) >= 1, "nearest_code: the codebook is empty");
   LOCKSTEP_CHECK_ARG(x_in.device() == codebook_in.device(), "nearest_code: x is on ", x_in.device(),
                      " but the codebook on ", codebook_in.device());
+}
+
+// |e|^2 per code (Euclidean), the bias both CUDA searches add; undefined for cosine.
+at::Tensor code_bias(const at::Tensor& codebook, Metric metric) {
+  return metric == Metric::Euclidean ? codebook.square().sum(1) : at::Tensor();
+}
+
+}  // namespace
+
+NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric) {
+  check_search(x_in, codebook_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
   const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
@@ -51,17 +61,42 @@ NearestCode nearest_code_cuda(const at::Tensor& x_in, const at::Tensor& codebook
   const auto on = x.options();
   NearestCode out{torch::empty({n}, on.dtype(torch::kInt64)), torch::empty({n}, on)};
   if (n == 0) return out;
-  const bool euclid = metric == Metric::Euclidean;
-  const at::Tensor bias = euclid ? codebook.square().sum(1) : at::Tensor();
+  const at::Tensor bias = code_bias(codebook, metric);
   const int splits = cuda::nearest_code_splits(n, k);
   const at::Tensor partial_value = torch::empty({splits, n}, on);
   const at::Tensor partial_index = torch::empty({splits, n}, on.dtype(torch::kInt32));
-  check_launch(
-      cuda::nearest_code(x.data_ptr<float>(), codebook.data_ptr<float>(), euclid ? bias.data_ptr<float>() : nullptr, n,
-                         k, d, splits, partial_value.data_ptr<float>(), partial_index.data_ptr<int32_t>(),
-                         out.indices.data_ptr<int64_t>(), out.score.data_ptr<float>(), current_stream(x)),
-      "nearest_code");
+  check_launch(cuda::nearest_code(x.data_ptr<float>(), codebook.data_ptr<float>(),
+                                  bias.defined() ? bias.data_ptr<float>() : nullptr, n, k, d, splits,
+                                  partial_value.data_ptr<float>(), partial_index.data_ptr<int32_t>(),
+                                  out.indices.data_ptr<int64_t>(), out.score.data_ptr<float>(), current_stream(x)),
+               "nearest_code");
   return out;
+}
+
+at::Tensor code_scores_cuda(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric) {
+  check_search(x_in, codebook_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), k = codebook.size(0), d = x.size(1);
+  at::Tensor values = torch::empty({n, k}, x.options());
+  const at::Tensor bias = code_bias(codebook, metric);
+  check_launch(cuda::code_values(x.data_ptr<float>(), codebook.data_ptr<float>(),
+                                 bias.defined() ? bias.data_ptr<float>() : nullptr, n, k, d, values.data_ptr<float>(),
+                                 current_stream(x)),
+               "code_scores");
+  return values;
+}
+
+at::Tensor squared_norms_cuda(const at::Tensor& x_in) {
+  check_cuda(x_in, "squared_norms");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  at::Tensor norms = torch::empty({x.size(0)}, x.options());
+  check_launch(
+      cuda::squared_norms(x.data_ptr<float>(), x.size(0), x.size(1), norms.data_ptr<float>(), current_stream(x)),
+      "squared_norms");
+  return norms;
 }
 
 void fsq_forward_cuda(const FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
@@ -121,6 +156,10 @@ std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens_in, c
 NearestCode nearest_code_cuda(const at::Tensor&, const at::Tensor&, Metric) {
   throw Error("nearest_code: this build has no CUDA kernels");
 }
+at::Tensor code_scores_cuda(const at::Tensor&, const at::Tensor&, Metric) {
+  throw Error("code_scores: this build has no CUDA kernels");
+}
+at::Tensor squared_norms_cuda(const at::Tensor&) { throw Error("squared_norms: this build has no CUDA kernels"); }
 void fsq_forward_cuda(const FsqKernelPlan&, const at::Tensor&, at::Tensor&, at::Tensor&, float*, const FsqNoise&) {
   throw Error("fsq: this build has no CUDA kernels");
 }

@@ -4,9 +4,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/core/error.h"
@@ -76,6 +80,26 @@ Packed pack(const float* codebook, int64_t k, int64_t d, int64_t nb, bool euclid
   return p;
 }
 
+// acc[r][v] = x_r.(scale e) for R rows of x (row stride d) and the NV vectors of codes of packed block
+// `e`, a fused multiply-add per d step in d order. Every CPU search adds the bias to this one
+// accumulation, so a code's value does not depend on which search asks for it, nor on R.
+template <class F, int R, int NV>
+LOCKSTEP_NC_INLINE void block_dots(const float* x, int64_t d, const float* e, F (&acc)[R][NV]) {
+  constexpr int L = sizeof(F) / sizeof(float);
+  constexpr int NB = NV * L;
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = F{};
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    F ev[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&ev[v], e + c * NB + v * L, sizeof(F));
+    for (int r = 0; r < R; ++r) {
+      const F xv = x[r * d + c] - F{};  // a broadcast load (x - 0 folds to x; 0 + x would not)
+      for (int v = 0; v < NV; ++v) acc[r][v] = xv * ev[v] + acc[r][v];
+    }
+  }
+}
+
 // R rows of x (row stride d) against every packed block: best[r] = min_j (bias_j + x_r.(scale e_j)),
 // index[r] its lowest j. F and I are float and int32 vectors of the same lane count L; NV vectors
 // make a block of NB = NV L codes; R NV accumulators must fit in the registers.
@@ -97,19 +121,8 @@ LOCKSTEP_NC_INLINE void rows_kernel(const float* x, int64_t d, const Packed& p, 
   const float* codes = p.codes.data();
   const float* bias = p.bias.data();
   for (int64_t b = 0; b < p.blocks; ++b) {
-    const float* e = codes + b * d * NB;
     F acc[R][NV];
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < NV; ++v) acc[r][v] = F{};
-    }
-    for (int64_t c = 0; c < d; ++c) {
-      F ev[NV];
-      for (int v = 0; v < NV; ++v) std::memcpy(&ev[v], e + c * NB + v * L, sizeof(F));
-      for (int r = 0; r < R; ++r) {
-        const F xv = x[r * d + c] - F{};  // a broadcast load (x - 0 folds to x; 0 + x would not)
-        for (int v = 0; v < NV; ++v) acc[r][v] = xv * ev[v] + acc[r][v];
-      }
-    }
+    block_dots<F, R, NV>(x, d, codes + b * d * NB, acc);
     const I block = int32_t(b) - I{};
     for (int v = 0; v < NV; ++v) {
       F bv;
@@ -144,6 +157,34 @@ LOCKSTEP_NC_INLINE void rows_kernel(const float* x, int64_t d, const Packed& p, 
   }
 }
 
+// R rows of x against every packed block, each value bias_j + x_r.(scale e_j) stored: out[r k + j]
+// for the k codes (rows_kernel's values, before its fold).
+template <class F, int R, int NV>
+LOCKSTEP_NC_INLINE void rows_values(const float* x, int64_t d, const Packed& p, int64_t k, float* out) {
+  constexpr int L = sizeof(F) / sizeof(float);
+  constexpr int NB = NV * L;
+  const float* codes = p.codes.data();
+  const float* bias = p.bias.data();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    F acc[R][NV];
+    block_dots<F, R, NV>(x, d, codes + b * d * NB, acc);
+    for (int v = 0; v < NV; ++v) {
+      F bv;
+      std::memcpy(&bv, bias + b * NB + v * L, sizeof(F));
+      const int64_t j0 = b * NB + v * L;
+      const int64_t lanes = std::min<int64_t>(L, k - j0);  // the last block's lanes past k are padding
+      for (int r = 0; r < R; ++r) {
+        const F value = acc[r][v] + bv;
+        if (lanes == L) {
+          std::memcpy(out + r * k + j0, &value, sizeof(F));
+        } else {
+          for (int64_t l = 0; l < lanes; ++l) out[r * k + j0 + l] = value[l];
+        }
+      }
+    }
+  }
+}
+
 // All `rows` rows of x; the last rows % R go through `pad` (R d floats), filled with copies of the
 // last row. Each row's result depends only on that row, so any split of the rows gives the same
 // answer. (Transposing each block of R rows first, so that the broadcasts come from one stream,
@@ -167,13 +208,31 @@ LOCKSTEP_NC_INLINE void search_rows(const float* x, int64_t rows, int64_t d, con
   }
 }
 
+// All `rows` rows' values (rows x k, into out); the last rows % R through `pad` (R d floats) and
+// `pad_out` (R k floats), as search_rows does.
+template <class F, int R, int NV>
+LOCKSTEP_NC_INLINE void values_rows(const float* x, int64_t rows, int64_t d, const Packed& p, int64_t k, float* pad,
+                                    float* pad_out, float* out) {
+  int64_t r0 = 0;
+  for (; r0 + R <= rows; r0 += R) rows_values<F, R, NV>(x + r0 * d, d, p, k, out + r0 * k);
+  if (r0 < rows) {
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(pad + r * d, x + std::min<int64_t>(r0 + r, rows - 1) * d, static_cast<size_t>(d) * sizeof(float));
+    }
+    rows_values<F, R, NV>(pad, d, p, k, pad_out);
+    std::memcpy(out + r0 * k, pad_out, static_cast<size_t>((rows - r0) * k) * sizeof(float));
+  }
+}
+
 using SearchFn = void (*)(const float*, int64_t, int64_t, const Packed&, float*, float*, int64_t*);
+using ValuesFn = void (*)(const float*, int64_t, int64_t, const Packed&, int64_t, float*, float*, float*);
 
 struct Kernel {
   const char* name;
   int64_t block;  // NB: codes per packed block
   int64_t rows;   // R: rows per call of rows_kernel (the pad holds rows * d floats)
   SearchFn search;
+  ValuesFn values;  // the same arithmetic as search, every value stored
 };
 
 #ifdef LOCKSTEP_NC_X86
@@ -183,10 +242,18 @@ __attribute__((target("avx512f"))) void search_avx512(const float* x, int64_t ro
                                                       float* pad, float* best, int64_t* index) {
   search_rows<vf16, vi16, 12, 2>(x, rows, d, p, pad, best, index);
 }
+__attribute__((target("avx512f"))) void values_avx512(const float* x, int64_t rows, int64_t d, const Packed& p,
+                                                      int64_t k, float* pad, float* pad_out, float* out) {
+  values_rows<vf16, 12, 2>(x, rows, d, p, k, pad, pad_out, out);
+}
 // 16 registers: 6 x 2 accumulators + 2 code vectors + 1 broadcast.
 __attribute__((target("avx2,fma"))) void search_avx2(const float* x, int64_t rows, int64_t d, const Packed& p,
                                                      float* pad, float* best, int64_t* index) {
   search_rows<vf8, vi8, 6, 2>(x, rows, d, p, pad, best, index);
+}
+__attribute__((target("avx2,fma"))) void values_avx2(const float* x, int64_t rows, int64_t d, const Packed& p,
+                                                     int64_t k, float* pad, float* pad_out, float* out) {
+  values_rows<vf8, 6, 2>(x, rows, d, p, k, pad, pad_out, out);
 }
 #endif
 
@@ -199,16 +266,21 @@ constexpr int kGenericRows = 4;  // 16 SSE registers
 void search_generic(const float* x, int64_t rows, int64_t d, const Packed& p, float* pad, float* best, int64_t* index) {
   search_rows<vf4, vi4, kGenericRows, 2>(x, rows, d, p, pad, best, index);
 }
+void values_generic(const float* x, int64_t rows, int64_t d, const Packed& p, int64_t k, float* pad, float* pad_out,
+                    float* out) {
+  values_rows<vf4, kGenericRows, 2>(x, rows, d, p, k, pad, pad_out, out);
+}
 
 // Best first.
 std::vector<Kernel> supported_kernels() {
   std::vector<Kernel> kernels;
 #ifdef LOCKSTEP_NC_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) kernels.push_back({"avx512", 32, 12, search_avx512});
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) kernels.push_back({"avx2", 16, 6, search_avx2});
+  if (__builtin_cpu_supports("avx512f")) kernels.push_back({"avx512", 32, 12, search_avx512, values_avx512});
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    kernels.push_back({"avx2", 16, 6, search_avx2, values_avx2});
 #endif
-  kernels.push_back({"generic", 8, kGenericRows, search_generic});
+  kernels.push_back({"generic", 8, kGenericRows, search_generic, values_generic});
   return kernels;
 }
 
@@ -225,14 +297,26 @@ void check_shapes(const at::Tensor& x, const at::Tensor& codebook) {
                      codebook.device());
 }
 
-NearestCode search(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric, const Kernel& kernel) {
+// |x|^2 of a row, as the CPU searches add it to their Euclidean scores.
+float squared_norm(const float* row, int64_t d) {
+  float norm = 0;
+  for (int64_t c = 0; c < d; ++c) norm += row[c] * row[c];
+  return norm;
+}
+
+// x and the codebook as float32 copies a kernel can read, checked.
+std::pair<at::Tensor, at::Tensor> cpu_inputs(const at::Tensor& x_in, const at::Tensor& codebook_in,
+                                             const Kernel& kernel) {
   check_shapes(x_in, codebook_in);
   LOCKSTEP_CHECK_ARG(x_in.device().is_cpu(), "nearest_code: kernel ", kernel.name, " runs on the CPU, got x on ",
                      x_in.device());
   LOCKSTEP_CHECK_ARG(codebook_in.size(0) <= std::numeric_limits<int32_t>::max() - kernel.block,
                      "nearest_code: too many codes: ", codebook_in.size(0));
-  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
-  const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
+  return {x_in.detach().to(torch::kFloat32).contiguous(), codebook_in.detach().to(torch::kFloat32).contiguous()};
+}
+
+NearestCode search(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric, const Kernel& kernel) {
+  const auto [x, codebook] = cpu_inputs(x_in, codebook_in, kernel);
   const int64_t n = x.size(0);
   const int64_t k = codebook.size(0);
   const int64_t d = x.size(1);
@@ -249,21 +333,129 @@ NearestCode search(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric
     std::vector<float> pad(static_cast<size_t>(kernel.rows * std::max<int64_t>(d, 1)));
     kernel.search(xp + begin * d, end - begin, d, packed, pad.data(), score_ptr + begin, index_ptr + begin);
     for (int64_t r = begin; r < end; ++r) {
-      if (euclid) {
-        const float* row = xp + r * d;
-        float norm = 0;
-        for (int64_t c = 0; c < d; ++c) norm += row[c] * row[c];
-        score_ptr[r] = std::max(norm + score_ptr[r], 0.0f);
-      } else {
-        score_ptr[r] = -score_ptr[r];
-      }
+      score_ptr[r] = euclid ? std::max(squared_norm(xp + r * d, d) + score_ptr[r], 0.0f) : -score_ptr[r];
     }
+  });
+  return out;
+}
+
+// search()'s values, every one of them (n, k).
+at::Tensor cpu_values(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric, const Kernel& kernel) {
+  const auto [x, codebook] = cpu_inputs(x_in, codebook_in, kernel);
+  const int64_t n = x.size(0), k = codebook.size(0), d = x.size(1);
+  at::Tensor out = torch::empty({n, k}, torch::kFloat32);
+  if (n == 0) return out;
+  const Packed packed = pack(codebook.data_ptr<float>(), k, d, kernel.block, metric == Metric::Euclidean);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    std::vector<float> pad(static_cast<size_t>(kernel.rows * std::max<int64_t>(d, 1)));
+    std::vector<float> pad_out(static_cast<size_t>(kernel.rows * k));
+    kernel.values(xp + begin * d, end - begin, d, packed, k, pad.data(), pad_out.data(), op + begin * k);
+  });
+  return out;
+}
+
+at::Tensor cpu_squared_norms(const at::Tensor& x_in) {
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), d = x.size(1);
+  at::Tensor out = torch::empty({n}, torch::kFloat32);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = squared_norm(xp + r * d, d);
   });
   return out;
 }
 
 // Tokens x codes tiles of the device-independent search: 16 MiB of float32 scores at most.
 constexpr int64_t kTileTokens = 2048, kTileCodes = 2048;
+
+// One tile of the device-independent search's values: Euclidean |e|^2 - 2 x.e, cosine -x.e.
+at::Tensor tile_values(const at::Tensor& xt, const at::Tensor& codes, const at::Tensor& code_norms) {
+  return code_norms.defined() ? torch::addmm(code_norms.unsqueeze(0), xt, codes.t(), 1, -2)
+                              : torch::mm(xt, codes.t()).neg_();
+}
+
+// nearest_code_tiled's values, every one of them (n, k), from the same products: its tiles, with
+// token tiles counted from x's first row.
+at::Tensor tiled_values(const at::Tensor& x_in, const at::Tensor& codebook_in, Metric metric, int64_t tile_tokens,
+                        int64_t tile_codes) {
+  check_shapes(x_in, codebook_in);
+  const at::Tensor x = x_in.detach().to(torch::kFloat32).contiguous();
+  const at::Tensor codebook = codebook_in.detach().to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), k = codebook.size(0);
+  at::Tensor out = torch::empty({n, k}, x.options());
+  const at::Tensor code_norms = metric == Metric::Euclidean ? codebook.square().sum(1) : at::Tensor();
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+    const int64_t tn = std::min(tile_tokens, n - t0);
+    for (int64_t c0 = 0; c0 < k; c0 += tile_codes) {
+      const int64_t cn = std::min(tile_codes, k - c0);
+      out.narrow(0, t0, tn).narrow(1, c0, cn).copy_(
+          tile_values(x.narrow(0, t0, tn), codebook.narrow(0, c0, cn),
+                      code_norms.defined() ? code_norms.narrow(0, c0, cn) : at::Tensor()));
+    }
+  }
+  return out;
+}
+
+// Whether value a of index i ranks before value b of index j: the smaller first, equal values in
+// index order, NaN as +inf (a fused search never takes a NaN: every value NaN or +inf gives index 0).
+template <class T>
+bool ranks_before(T a, int64_t i, T b, int64_t j) {
+  if (std::isnan(a)) a = std::numeric_limits<T>::infinity();
+  if (std::isnan(b)) b = std::numeric_limits<T>::infinity();
+  return a < b || (a == b && i < j);
+}
+
+template <class T>
+void cpu_smallest_first(const at::Tensor& values, int64_t k, at::Tensor& out) {
+  const int64_t n = values.size(0), m = values.size(1);
+  const T* vp = values.data_ptr<T>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> order(static_cast<size_t>(m));
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = vp + r * m;
+      const auto before = [row](int64_t i, int64_t j) { return ranks_before(row[i], i, row[j], j); };
+      if (k == 1) {  // a scan, as the fused searches fold
+        int64_t best = 0;
+        for (int64_t j = 1; j < m; ++j) best = before(j, best) ? j : best;
+        op[r] = best;
+        continue;
+      }
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      std::copy(order.begin(), order.begin() + k, op + r * k);
+    }
+  });
+}
+
+// The values a search with `kernel` compares (see nearest_code_with_kernel for the names).
+at::Tensor values_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
+                              const std::string& kernel) {
+  if (kernel == "tiled") return tiled_values(x, codebook, metric, kTileTokens, kTileCodes);
+  if (kernel == "cuda") return detail::code_scores_cuda(x, codebook, metric);
+  for (const Kernel& candidate : kernels()) {
+    if (kernel == candidate.name) return cpu_values(x, codebook, metric, candidate);
+  }
+  LOCKSTEP_CHECK_ARG(false, "nearest_code: no kernel '", kernel, "' on this CPU");
+  return {};
+}
+
+// |x|^2 of each row as the search with `kernel` adds it to its Euclidean score.
+at::Tensor squared_norms_with_kernel(const at::Tensor& x, const std::string& kernel) {
+  if (kernel == "tiled") return x.detach().to(torch::kFloat32).square().sum(1);
+  if (kernel == "cuda") return detail::squared_norms_cuda(x);
+  return cpu_squared_norms(x);
+}
+
+// The kernel nearest_code runs for tensors on x's device.
+std::string default_kernel(const at::Tensor& x) {
+  if (x.is_cuda() && detail::cuda_kernels_built()) return "cuda";
+  if (!x.device().is_cpu()) return "tiled";
+  return kernels().front().name;
+}
 
 }  // namespace
 
@@ -272,6 +464,36 @@ NearestCode nearest_code(const at::Tensor& x, const at::Tensor& codebook, Metric
   if (x.is_cuda() && detail::cuda_kernels_built()) return detail::nearest_code_cuda(x, codebook, metric);
   if (!x.device().is_cpu()) return detail::nearest_code_tiled(x, codebook, metric, kTileTokens, kTileCodes);
   return search(x, codebook, metric, kernels().front());
+}
+
+at::Tensor code_scores(const at::Tensor& x, const at::Tensor& codebook, Metric metric) {
+  check_shapes(x, codebook);
+  return values_with_kernel(x, codebook, metric, default_kernel(x));
+}
+
+at::Tensor smallest_first(const at::Tensor& values_in, int64_t k) {
+  LOCKSTEP_CHECK_ARG(values_in.dim() == 2 && k >= 1 && k <= values_in.size(1),
+                     "smallest_first: expected values (n, m) and 1 <= k <= m, got ", values_in.sizes(), " and k = ", k);
+  if (!values_in.device().is_cpu()) {  // NaN as +inf; a stable sort and argmin keep the first of equal values
+    const double inf = std::numeric_limits<double>::infinity();
+    const at::Tensor values = values_in.detach().nan_to_num(inf, inf, -inf);
+    if (k == 1) return values.argmin(1, /*keepdim=*/true);
+    return std::get<1>(values.sort(/*stable=*/true, /*dim=*/1, /*descending=*/false)).narrow(1, 0, k).contiguous();
+  }
+  const bool wide = values_in.scalar_type() == torch::kFloat64;
+  const at::Tensor values = values_in.detach().to(wide ? torch::kFloat64 : torch::kFloat32).contiguous();
+  at::Tensor out = torch::empty({values.size(0), k}, torch::kInt64);
+  if (wide) {
+    cpu_smallest_first<double>(values, k, out);
+  } else {
+    cpu_smallest_first<float>(values, k, out);
+  }
+  return out;
+}
+
+NearestCode nearest_codes(const at::Tensor& x, const at::Tensor& codebook, Metric metric, int64_t k) {
+  check_shapes(x, codebook);
+  return detail::nearest_codes_with_kernel(x, codebook, metric, k, default_kernel(x));
 }
 
 namespace detail {
@@ -303,9 +525,8 @@ NearestCode nearest_code_tiled(const at::Tensor& x_in, const at::Tensor& codeboo
     at::Tensor best_index = torch::zeros({tn}, on.dtype(torch::kInt64));
     for (int64_t c0 = 0; c0 < k; c0 += tile_codes) {
       const int64_t cn = std::min(tile_codes, k - c0);
-      const at::Tensor codes = codebook.narrow(0, c0, cn);
-      const at::Tensor scores = euclid ? torch::addmm(code_norms.narrow(0, c0, cn).unsqueeze(0), xt, codes.t(), 1, -2)
-                                       : torch::mm(xt, codes.t()).neg_();
+      const at::Tensor scores =
+          tile_values(xt, codebook.narrow(0, c0, cn), euclid ? code_norms.narrow(0, c0, cn) : at::Tensor());
       const auto [value, index] = scores.min(1);
       const at::Tensor better = value < best;
       best = torch::where(better, value, best);
@@ -326,6 +547,39 @@ NearestCode nearest_code_with_kernel(const at::Tensor& x, const at::Tensor& code
   }
   LOCKSTEP_CHECK_ARG(false, "nearest_code: no kernel '", kernel, "' on this CPU");
   return {};
+}
+
+at::Tensor code_scores_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
+                                   const std::string& kernel) {
+  check_shapes(x, codebook);
+  return values_with_kernel(x, codebook, metric, kernel);
+}
+
+// Chunks of rows, each's values ranked whole. The tiled search's products may round by their place
+// in a tile, so its chunks are its token tiles; the fused kernels' values depend on nothing else.
+NearestCode nearest_codes_with_kernel(const at::Tensor& x_in, const at::Tensor& codebook, Metric metric, int64_t k,
+                                      const std::string& kernel) {
+  check_shapes(x_in, codebook);
+  const int64_t codes = codebook.size(0);
+  LOCKSTEP_CHECK_ARG(k >= 1 && k <= codes, "nearest_codes: k = ", k, " must be in [1, ", codes, "]");
+  const at::Tensor x = x_in.detach();
+  const int64_t n = x.size(0);
+  const auto on = x.options().dtype(torch::kFloat32);
+  NearestCode out{torch::empty({n, k}, on.dtype(torch::kInt64)), torch::empty({n, k}, on)};
+  const int64_t chunk = kernel == "tiled" ? kTileTokens : std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    const at::Tensor rows = x.narrow(0, start, len);
+    const at::Tensor values = values_with_kernel(rows, codebook, metric, kernel);
+    const at::Tensor index = smallest_first(values, k);
+    const at::Tensor chosen = values.gather(1, index);
+    out.indices.narrow(0, start, len).copy_(index);
+    out.score.narrow(0, start, len)
+        .copy_(metric == Metric::Euclidean
+                   ? (squared_norms_with_kernel(rows, kernel).unsqueeze(1) + chosen).clamp_min(0)
+                   : chosen.neg());
+  }
+  return out;
 }
 
 }  // namespace detail

@@ -29,6 +29,13 @@ NearestCode nearest_code_with_kernel(const at::Tensor& x, const at::Tensor& code
 // code), and results are not bitwise thread-invariant as the fused kernels are.
 NearestCode nearest_code_tiled(const at::Tensor& x, const at::Tensor& codebook, Metric metric, int64_t tile_tokens,
                                int64_t tile_codes);
+// code_scores and nearest_codes with a named kernel, as nearest_code_with_kernel names them: each
+// ranks the values that kernel's nearest_code_with_kernel compares ("tiled": its default tiles,
+// counted from x's first row).
+at::Tensor code_scores_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric,
+                                   const std::string& kernel);
+NearestCode nearest_codes_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric, int64_t k,
+                                      const std::string& kernel);
 
 // code_counts_and_sums from torch operations (index_add_), what runs for tokens off the CPU. On
 // CUDA the float64 additions run in no fixed order, which can change a float64 sum's last bits
@@ -51,6 +58,8 @@ at::Tensor hashed_uniform_torch(uint64_t key, const at::Tensor& counters);
 // public calls use them for CUDA tensors where built, the torch-op paths above elsewhere.
 bool cuda_kernels_built();
 NearestCode nearest_code_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
+at::Tensor code_scores_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
+at::Tensor squared_norms_cuda(const at::Tensor& x);  // |x|^2 per row, as nearest_code_cuda's score adds it
 std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
 
 // The bytes a training call of an LFQ with `codebooks` codebooks of `codes` codes holds at its peak,

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "lockstep/core/error.h"
+#include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/vq.h"
 
 namespace lockstep::quant {
@@ -298,7 +299,11 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     // The reference's loss of a code: weighted when the weight is > 0; in training with weight 0, none.
     const double weight = vq.options().commitment_weight();
     const at::Tensor loss = weight > 0 ? top.code_loss * weight : (is_training() ? top.code_loss * 0 : top.code_loss);
-    scores = (scores.unsqueeze(2) - loss.detach() * (weights.empty() ? 1.0 : weights[static_cast<size_t>(l)]))
+    // Paths are scored by the distances the layer's search ranked (the losses' values, on their scale),
+    // so that a beam ranks codes as the nearest search does.
+    const at::Tensor ranked =
+        weight > 0 ? top.distance * weight : (is_training() ? torch::zeros_like(top.distance) : top.distance);
+    scores = (scores.unsqueeze(2) - ranked * (weights.empty() ? 1.0 : weights[static_cast<size_t>(l)]))
                  .reshape({m, paths * k});
     inputs = torch::cat({repeat_beams(inputs, k), repeat_beams(residual.unsqueeze(2), k)}, 2);
     residual = (residual.unsqueeze(2) - passed_on(top.quantized)).reshape({m, paths * k, ld});
@@ -308,7 +313,8 @@ QuantizerOutput Residual::quantize_beam(const at::Tensor& x, const QuantizeConte
     for (const auto& [name, value] : top.losses) scalar_losses["layer" + std::to_string(l) + "." + name] = value;
     const int64_t keep = l == run - 1 ? 1 : beam;
     if (paths * k > keep) {
-      const at::Tensor best = std::get<1>(scores.topk(keep, 1));  // (M, keep), best first
+      // (M, keep), best first; of equal scores the earlier path (the better parent, then the nearer code)
+      const at::Tensor best = smallest_first(scores.neg(), keep);
       scores = scores.gather(1, best);
       residual = select_beams(residual, best);
       total = select_beams(total, best);

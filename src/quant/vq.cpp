@@ -48,6 +48,12 @@ void mask_topk(const at::Tensor& mask, VqTopk& result) {
   result.quantized = result.quantized.masked_fill(padding.reshape({mask.size(0), mask.size(1), 1, 1}), 0.0);
   result.indices = result.indices.masked_fill(padding.unsqueeze(2), -1);
   result.code_loss = result.code_loss.masked_fill(padding.unsqueeze(2), 0.0);
+  result.distance = result.distance.masked_fill(padding.unsqueeze(2), 0.0);
+}
+
+at::Tensor ranked_distance(const at::Tensor& score, Metric metric, int64_t cd) {
+  const at::Tensor squared = metric == Metric::Euclidean ? score : 2 - 2 * score;
+  return squared / static_cast<double>(cd);
 }
 }  // namespace vq_detail
 
@@ -55,17 +61,10 @@ using vq_detail::codes_with_token_gradient;
 using vq_detail::l2norm;
 using vq_detail::mask_topk;
 using vq_detail::or_default;
+using vq_detail::ranked_distance;
 using vq_detail::uniforms;
 
 namespace {
-
-// Each token's logit for each code (len, K): minus the Euclidean distance (the reference's cdist, clamped
-// before the root), or the cosine similarity.
-at::Tensor code_logits_of(const at::Tensor& x, const at::Tensor& codebook, const at::Tensor& code_norms,
-                          Metric metric) {
-  const at::Tensor dots = torch::matmul(x, codebook.t());
-  return metric == Metric::Cosine ? dots : -(x.pow(2).sum(1, true) + code_norms - 2 * dots).clamp_min(1e-8).sqrt();
-}
 
 // Standard normal draws (len, k) of (token, element) for tokens first..first+len-1: Box-Muller on two hashed
 // uniforms each, so a token draws the same wherever it sits and whichever rank holds it.
@@ -74,25 +73,35 @@ at::Tensor gaussians(uint64_t key, int64_t first, int64_t len, int64_t k, const 
   return (-2 * u.select(2, 0).log()).sqrt() * torch::cos(2 * M_PI * u.select(2, 1));
 }
 
-// Gumbel-max draw of one code per token from softmax(logits / temperature), logits the negative
-// Euclidean distance or the cosine similarity; tokens in chunks so no (n, K) matrix is held whole.
-// The noise of (token, code) is hashed from (key, the token's global index `first_token + row`,
-// code), so a token draws the same wherever it sits in the batch and whichever rank holds it.
-at::Tensor sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Metric metric, double temperature,
-                        uint64_t key, int64_t first_token) {
+// Gumbel-max draws of k codes per token from softmax(logits / temperature): the k largest of the
+// perturbed logits, first of equal values first, so quantize's one draw is top-k's first. The logits
+// are minus the Euclidean distance (the reference's cdist, clamped at 1e-8 before the root) or the
+// cosine similarity, built from the nearest search's own values (code_scores): one distance for
+// every path. Tokens in chunks so no (n, K) matrix is held whole. The noise of (token, code) is
+// hashed from (key, the token's global index `first_token + row`, code), so a token draws the same
+// wherever it sits in the batch and whichever rank holds it. Scores (n, k) as nearest_codes'.
+NearestCode sample_codes(const at::Tensor& tokens, const at::Tensor& codebook, Metric metric, double temperature,
+                         uint64_t key, int64_t first_token, int64_t k) {
   const int64_t n = tokens.size(0);
-  const int64_t k = codebook.size(0);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / k);  // 32 MiB of logits
-  at::Tensor indices = torch::empty({n}, tokens.options().dtype(torch::kInt64));
-  const at::Tensor code_norms = codebook.pow(2).sum(1);
+  const int64_t codes = codebook.size(0);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
+  const auto on = tokens.options().dtype(torch::kFloat32);
+  NearestCode out{torch::empty({n, k}, on.dtype(torch::kInt64)), torch::empty({n, k}, on)};
+  const bool euclid = metric == Metric::Euclidean;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    const at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric);
-    const at::Tensor u = uniforms(key, first_token + start, len, k, logits.options());
+    const at::Tensor rows = tokens.narrow(0, start, len).to(torch::kFloat32);
+    const at::Tensor values = code_scores(rows, codebook, metric);
+    const at::Tensor squared = euclid ? rows.pow(2).sum(1, true) + values : at::Tensor();
+    const at::Tensor logits = euclid ? -squared.clamp_min(1e-8).sqrt() : values.neg();
+    const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
     const at::Tensor gumbel = -(-(u.log())).log();
-    indices.narrow(0, start, len).copy_((logits / temperature + gumbel).argmax(1));
+    const at::Tensor index = smallest_first((logits / temperature + gumbel).neg(), k);
+    out.indices.narrow(0, start, len).copy_(index);
+    out.score.narrow(0, start, len)
+        .copy_(euclid ? squared.gather(1, index).clamp_min(0) : values.gather(1, index).neg());
   }
-  return indices;
+  return out;
 }
 }  // namespace
 
@@ -282,7 +291,8 @@ at::Tensor Vq::assign(const at::Tensor& tokens, const at::Tensor& codebook, cons
   std::vector<at::Tensor> per_codebook;
   for (int64_t c = 0; c < tokens.size(0); ++c) {
     per_codebook.push_back(generator.defined() ? sample_codes(tokens[c], codebook[c], metric_, temperature,
-                                                              mix64(key + static_cast<uint64_t>(c)), first_token)
+                                                              mix64(key + static_cast<uint64_t>(c)), first_token, 1)
+                                                     .indices.select(1, 0)
                                                : nearest_code(tokens[c], codebook[c], metric_).indices);
   }
   return torch::stack(per_codebook);
@@ -500,30 +510,19 @@ QuantizerOutput Vq::quantize_with(const at::Tensor& x, const QuantizeContext& ct
   return result;
 }
 
-at::Tensor Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
-                          const at::Generator& generator, double temperature, int64_t first_token) const {
+// nearest_codes, or sample_codes with the key quantize's assign() draws for codebook 0 (the same
+// noise): the same values and order as quantize's search, so the first of the k is quantize's code.
+NearestCode Vq::topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
+                           const at::Generator& generator, double temperature, int64_t first_token) const {
   torch::NoGradGuard no_grad;
+  if (!generator.defined()) return nearest_codes(tokens, codebook, metric_, k);
   uint64_t key = 0;
-  if (generator.defined()) {  // the key quantize's assign() draws for codebook 0: the same noise
+  {
     at::Generator gen = generator;
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
   }
-  const int64_t n = tokens.size(0);
-  const int64_t codes = codebook.size(0);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / codes);  // 32 MiB of logits
-  at::Tensor out = torch::empty({n, k}, tokens.options().dtype(torch::kInt64));
-  const at::Tensor code_norms = codebook.pow(2).sum(1);
-  for (int64_t start = 0; start < n; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    at::Tensor logits = code_logits_of(tokens.narrow(0, start, len), codebook, code_norms, metric_);
-    if (generator.defined()) {
-      const at::Tensor u = uniforms(key, first_token + start, len, codes, logits.options());
-      logits = logits / temperature - (-(u.log())).log();
-    }
-    out.narrow(0, start, len).copy_(std::get<1>(logits.topk(k, 1)));
-  }
-  return out;
+  return sample_codes(tokens, codebook, metric_, temperature, key, first_token, k);
 }
 
 VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx) {
@@ -543,9 +542,9 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   const bool may_change_state = ctx.may_change_state(is_training());
   if (may_change_state && options_.kmeans_init() && !initted()) kmeans_init_from(counted_tokens, ctx);
   const at::Tensor codebook = searched_codebook(ctx.codebook)[0];  // (K, cd), differentiable when learned
-  const at::Tensor indices =
-      topk_codes(tokens[0], codebook, k, samples(ctx) ? or_default(ctx.generator) : at::Generator(), temperature(ctx),
-                 ctx.first_item * n);
+  const NearestCode top = topk_codes(tokens[0], codebook, k, samples(ctx) ? or_default(ctx.generator) : at::Generator(),
+                                     temperature(ctx), ctx.first_item * n);
+  const at::Tensor& indices = top.indices;
   const at::Tensor q = codebook.index_select(0, indices.reshape(-1)).reshape({m, k, cd});
   const at::Tensor token = grouped[0].unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
@@ -558,6 +557,7 @@ VqTopk Vq::quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& 
   VqTopk result;
   const at::Tensor codes = options_.learnable_codebook() && !ctx.freeze_codebook ? q : q.detach();
   result.code_loss = (token - codes).pow(2).mean(-1).reshape({b, n, k});
+  result.distance = ranked_distance(top.score, metric_, cd).reshape({b, n, k});
   if (options_.orthogonal_reg_weight() > 0) {
     const at::Tensor counted =
         mask.defined() ? indices.index_select(0, mask.reshape(-1).nonzero().squeeze(1)) : indices;

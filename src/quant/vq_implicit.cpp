@@ -33,8 +33,8 @@ std::pair<at::Tensor, at::Tensor> Vq::implicit_inputs(const at::Tensor& x, const
   return {tokens, grouped};
 }
 
-at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
-                              const QuantizeContext& ctx, int64_t first_row) const {
+NearestCode Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
+                               const QuantizeContext& ctx, int64_t first_row) const {
   torch::NoGradGuard no_grad;
   const int64_t m = tokens.size(0);
   const int64_t k = book.size(1);
@@ -45,12 +45,16 @@ at::Tensor Vq::implicit_codes(const at::Tensor& tokens, const at::Tensor& book, 
     std::lock_guard<std::mutex> lock(gen.mutex());
     key = mix64(at::check_generator<at::CPUGeneratorImpl>(gen)->random64());
   }
-  at::Tensor logits = implicit_logits(tokens, book);
+  const at::Tensor logits = implicit_logits(tokens, book);
+  at::Tensor ranked = logits;
   if (sampled) {
     const at::Tensor u = uniforms(key, first_row, m, k, logits.options());
-    logits = logits / temperature(ctx) - (-(u.log())).log();
+    ranked = logits / temperature(ctx) - (-(u.log())).log();
   }
-  return top ? std::get<1>(logits.topk(*top, 1)) : logits.argmax(1);
+  // The first of the largest for the best code and the top alike, so the best is the top's first.
+  const at::Tensor index = smallest_first(ranked.neg(), top.value_or(1));
+  const at::Tensor score = logits.gather(1, index);
+  return top ? NearestCode{index, score} : NearestCode{index.select(1, 0), score.select(1, 0)};
 }
 
 at::Tensor Vq::implicit_logits(const at::Tensor& tokens, const at::Tensor& book) const {
@@ -88,7 +92,8 @@ QuantizerOutput Vq::quantize_implicit(const at::Tensor& x, const at::Tensor& cod
   const at::Tensor mask = checked_mask(ctx, x, "vq");
   std::vector<at::Tensor> per_codebook_indices, per_codebook_codes;
   for (int64_t c = 0; c < codebooks; ++c) {  // one search (and draw) per codebook, as quantize's
-    const at::Tensor idx = implicit_codes(tokens[c], book[c], std::nullopt, ctx, ctx.first_item * per_item);  // (M)
+    const at::Tensor idx =
+        implicit_codes(tokens[c], book[c], std::nullopt, ctx, ctx.first_item * per_item).indices;  // (M)
     per_codebook_codes.push_back(chosen ? picked(chosen, idx)
                                         : book[c].gather(1, idx.reshape({m, 1, 1}).expand({m, 1, cd})).squeeze(1));
     per_codebook_indices.push_back(idx);
@@ -150,7 +155,8 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
   const int64_t n = x.size(1);
   const int64_t m = b * n;
   const at::Tensor mask = checked_mask(ctx, x, "vq");
-  const at::Tensor indices = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
+  const NearestCode top = implicit_codes(tokens, book, k, ctx, ctx.first_item * n);  // (M, k), best first
+  const at::Tensor& indices = top.indices;
   const at::Tensor q = chosen ? picked(chosen, indices) : book.gather(1, indices.unsqueeze(2).expand({m, k, cd}));
   const at::Tensor token = tokens.unsqueeze(1).expand({m, k, cd});
   at::Tensor out;
@@ -164,6 +170,9 @@ VqTopk Vq::quantize_topk_implicit(const at::Tensor& x, const at::Tensor& codes, 
   // In evaluation the code losses reach the codes (the caller's function of the codebook), as the reference's.
   const bool learned = !is_training() || (options_.learnable_codebook() && !ctx.freeze_codebook);
   result.code_loss = (token - (learned ? q : q.detach())).pow(2).mean(-1).reshape({b, n, k});
+  // The searched logits: minus the pairwise distance (squared here), or the similarity.
+  const at::Tensor searched = options_.use_cosine_sim() ? top.score : top.score.square();
+  result.distance = vq_detail::ranked_distance(searched, metric_, cd).reshape({b, n, k});
   if (project_out_) out = project_out_->forward(out);
   result.quantized = out.reshape({b, n, k, options_.dim()}).to(x.scalar_type());
   result.indices = indices.reshape({b, n, k});

@@ -19,7 +19,12 @@ at::Tensor uniforms(uint64_t key, int64_t first, int64_t len, int64_t k, const a
 // An evaluation call's output: the codes q exactly (the reference's x + (q - x) rounds), with the
 // straight-through gradient to the tokens t where they take one (t - t is exactly 0).
 at::Tensor codes_with_token_gradient(const at::Tensor& t, const at::Tensor& q);
-// A top-k call's padding (`mask` (b, n) false; undefined: none): output 0, indices -1, code losses 0.
+// A top-k call's padding (`mask` (b, n) false; undefined: none): output 0, indices -1, code losses and
+// distances 0.
 void mask_topk(const at::Tensor& mask, VqTopk& result);
+// VqTopk::distance from a search's score of each code: Euclidean the squared distance, cosine the
+// similarity x.e, turned to the squared distance between unit vectors (2 - 2 x.e); over cd, as code_loss.
+// Monotone in the score, so it keeps the search's order.
+at::Tensor ranked_distance(const at::Tensor& score, Metric metric, int64_t cd);
 
 }  // namespace lockstep::quant::vq_detail

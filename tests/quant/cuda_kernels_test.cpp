@@ -6,6 +6,11 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
 #include "lockstep/quant/fsq.h"
@@ -87,6 +92,28 @@ TEST_F(CudaKernels, NearestCodeExactTiesGoToTheLowestCodeAndNanRowsToCodeZero) {
       at::Tensor expected = torch::cat({torch::arange(0, 200), torch::arange(2800, 3000)});
       expected[17] = 0;
       EXPECT_TRUE(torch::equal(gi, expected));
+    }
+  }
+}
+
+// The top-k search ranks the values the kernel compares (issue #47): its first code and score are the
+// kernel's nearest, bit for bit, with exact copies and near-copies of codes, over splits and d off the stage.
+TEST_F(CudaKernels, NearestCodesStartWithTheKernelsNearestCode) {
+  for (const auto& [n, k, d] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1024, 512, 256}, {3000, 1500, 13}, {129, 9, 5}}) {
+    at::Tensor codebook = torch::randn({k, d});
+    codebook.narrow(0, k / 2, k / 4).copy_(codebook.narrow(0, 0, k / 4) * (1 + 1e-6 * torch::randn({k / 4, d})));
+    codebook[k - 1] = codebook[0];
+    const at::Tensor pick = torch::randint(0, k / 4, {n});
+    const at::Tensor x = (codebook.index_select(0, pick) + codebook.index_select(0, pick + k / 2)) / 2;
+    for (Metric metric : {Metric::Euclidean, Metric::Cosine}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + " d " + std::to_string(d));
+      const NearestCode nearest = nearest_code(x.to(cuda), codebook.to(cuda), metric);
+      const NearestCode top = nearest_codes(x.to(cuda), codebook.to(cuda), metric, std::min<int64_t>(k, 4));
+      ASSERT_TRUE(top.indices.is_cuda());
+      EXPECT_TRUE(torch::equal(top.indices.select(1, 0), nearest.indices));
+      EXPECT_TRUE(torch::equal(top.score.select(1, 0), nearest.score));
+      EXPECT_TRUE(torch::equal(code_scores(x.to(cuda), codebook.to(cuda), metric).argmin(1), nearest.indices));
     }
   }
 }

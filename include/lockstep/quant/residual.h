@@ -81,10 +81,11 @@ class Residual final : public Quantizer {
   QuantizerOutput quantize(const at::Tensor& x, const QuantizeContext& ctx) override;
   // residual-vq's beam search (the reference's, after Zeghidour et al.): each of `beam` candidate paths
   // per token takes its `beam` best codes at each layer (Vq::quantize_topk), scored by minus the sum of
-  // its codes' weighted commitment losses (beam_score_weights); the `beam` best paths go on, the best
-  // one is the output. Losses "layer<l>.commitment" are each layer's mean code loss over the tokens that
-  // count on the chosen paths; in training each layer's EMA update takes the chosen path's residuals and
-  // codes (Vq::update_from). A width of 1 is quantize's greedy search.
+  // its codes' weighted commitment losses (beam_score_weights) as the layers' searches computed them
+  // (VqTopk::distance), so one layer's best path is its nearest code; the `beam` best paths go on (equal
+  // scores: the earlier path), the best one is the output. Losses "layer<l>.commitment" are each layer's
+  // mean code loss over the tokens that count on the chosen paths; in training each layer's EMA update
+  // takes the chosen path's residuals and codes (Vq::update_from). A width of 1 is quantize's greedy search.
   QuantizerOutput quantize_beam(const at::Tensor& x, const QuantizeContext& ctx, int64_t beam);
   at::Tensor encode(const at::Tensor& x) override;
   // Indices -1 (dropped layers) contribute nothing.

@@ -116,6 +116,10 @@ struct VqTopk {
   at::Tensor quantized;  // (b, n, k, dim): each code projected out, with the estimator's gradient in training
   at::Tensor indices;    // (b, n, k) int64, best first; -1 at masked tokens
   at::Tensor code_loss;  // (b, n, k): mean((token - code)^2) over the code, unweighted; 0 at masked tokens
+  // (b, n, k), no gradient: the distance the search ranked each code by, on code_loss's scale (the squared
+  // distance over codebook_dim; cosine 2 - 2 x.e for x.e the similarity it ranked); what a beam search sums,
+  // so that it ranks the distances the search did. 0 at masked tokens.
+  at::Tensor distance;
   std::map<std::string, at::Tensor> losses;  // scalar terms of the call ("orthogonal")
   std::function<void(Reducer&)> update;      // deferred (QuantizeContext::defer_updates); empty when none
 };
@@ -150,7 +154,8 @@ class Vq final : public Quantizer {
   // caller whose codebook depends on the result: VectorQuantize's vq_bridge runs on it before the search.
   void initialise(const at::Tensor& x, const QuantizeContext& ctx);
   // Each token's k best codes (k at most K; heads = 1, as the reference): the nearest, or in training with
-  // stochastic_sample_codes the k largest of the Gumbel-perturbed logits (the same draws as quantize's). No
+  // stochastic_sample_codes the k largest of the Gumbel-perturbed logits (the same draws as quantize's),
+  // ranked on the distances quantize's search compares (nearest_codes), so the first is quantize's code. No
   // EMA update and no dead codes, as the reference's top-k search (k-means initialisation and the affine
   // statistics still follow a training call); pick codes and call update_from() for that.
   VqTopk quantize_topk(const at::Tensor& x, int64_t k, const QuantizeContext& ctx);
@@ -253,9 +258,10 @@ class Vq final : public Quantizer {
   at::Tensor diversity_loss(const at::Tensor& logits, const at::Tensor& mask) const;
   // Each token's best code (M), or its `top` best (M, top), among its own codes `book` (M, K, cd) for tokens
   // (M, cd): the reference's pairwise_distance or the cosine similarity, Gumbel-max sampled in training with
-  // stochastic_sample_codes, rows keyed from first_row.
-  at::Tensor implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
-                            const QuantizeContext& ctx, int64_t first_row) const;
+  // stochastic_sample_codes, rows keyed from first_row; one order for both (the best is the first of `top`).
+  // Scores: each chosen code's logit, unperturbed (minus the distance, or the similarity).
+  NearestCode implicit_codes(const at::Tensor& tokens, const at::Tensor& book, std::optional<int64_t> top,
+                             const QuantizeContext& ctx, int64_t first_row) const;
   // (C, M) -> (C, M, cd), from `codebook` (C, K, cd).
   static at::Tensor lookup(const at::Tensor& codebook, const at::Tensor& indices);
   // d(searched codebook)/d(codes) of affine_param, (C, 1, cd); undefined where the search takes the codes.
@@ -286,10 +292,10 @@ class Vq final : public Quantizer {
   // noise is keyed by the tokens' global rows (first_token + row) and a draw of `generator`.
   at::Tensor estimated(const at::Tensor& t, const at::Tensor& q, const at::Generator& generator,
                        int64_t first_token) const;
-  // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd), sampled as assign() samples when
-  // `generator` is defined.
-  at::Tensor topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k, const at::Generator& generator,
-                        double temperature, int64_t first_token) const;
+  // Top-k codes (M, k) of tokens (M, cd) in `codebook` (K, cd) and their scores (as nearest_codes'),
+  // sampled as assign() samples when `generator` is defined; the first is assign()'s code.
+  NearestCode topk_codes(const at::Tensor& tokens, const at::Tensor& codebook, int64_t k,
+                         const at::Generator& generator, double temperature, int64_t first_token) const;
   void expire_dead_codes(const at::Tensor& tokens, Reducer& reducer, at::Generator generator);
 
   VqOptions options_;

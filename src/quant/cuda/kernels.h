@@ -16,6 +16,12 @@ int nearest_code_splits(int64_t n, int64_t k);
 const char* nearest_code(const float* x, const float* codebook, const float* code_bias, int64_t n, int64_t k, int64_t d,
                          int splits, float* partial_value, int32_t* partial_index, int64_t* index, float* score,
                          void* stream);
+// Every value nearest_code compares, stored to values (n, k) row-major, with its arithmetic (its
+// tile kernel, told to store): nearest_code's index is the first of each row's smallest.
+const char* code_values(const float* x, const float* codebook, const float* code_bias, int64_t n, int64_t k, int64_t d,
+                        float* values, void* stream);
+// |x|^2 of each row (n), as nearest_code adds it to its Euclidean score.
+const char* squared_norms(const float* x, int64_t n, int64_t d, float* norms, void* stream);
 
 // FSQ's per-dimension constants (the fused CPU kernel's plan, src/quant/fsq_kernel.h), by value.
 constexpr int kFsqMaxLevels = 32;  // levels >= 2 with a product <= 2^31: at most 31

@@ -1,6 +1,7 @@
 // Nearest-code search on a CUDA device: tiles of 128 tokens x 128 codes of dot products in
 // registers (8 x 8 per thread, like a single-precision matrix product), folded at once into a
-// running arg-min per token, so distances are never written to memory.
+// running arg-min per token, so distances are never written to memory. The same kernel, told to,
+// stores every value instead (code_values), for the searches that rank more than the nearest.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,15 +26,24 @@ __device__ __forceinline__ bool before(float v, int i, float best_v, int best_i)
   return v < best_v || (v == best_v && i < best_i);
 }
 
+// |x|^2 of a row, as every CUDA search adds it.
+__device__ __forceinline__ float squared_norm(const float* xr, int d) {
+  float norm = 0.0f;
+  for (int c = 0; c < d; ++c) norm = fmaf(xr[c], xr[c], norm);
+  return norm;
+}
+
 // Block (token tile, split): the first of the smallest bias_j - 2 x.e_j (Euclidean) or -x.e_j
 // (cosine) over the split's codes, for each of the tile's tokens. Thread (ty, tx) holds tokens
 // ty + 16 i and codes tx + 16 j of each tile: it sees its codes in increasing order, so a strict <
 // keeps the lowest index within a thread, and the exchange across the 16 threads of a token row
-// compares indices on equal values.
+// compares indices on equal values. kValues: each value is stored to values (n, k) instead, with
+// the same arithmetic, and nothing is folded.
+template <bool kValues>
 __global__ void __launch_bounds__(kThreads)
     search_tiles(const float* __restrict__ x, const float* __restrict__ codebook, const float* __restrict__ bias, int n,
-                 int k, int d, int codes_per_split, float* __restrict__ partial_value,
-                 int* __restrict__ partial_index) {
+                 int k, int d, int codes_per_split, float* __restrict__ partial_value, int* __restrict__ partial_index,
+                 float* __restrict__ values) {
   __shared__ float xs[kDepth][kTokens + kPad];
   __shared__ float cs[kDepth][kCodes + kPad];
   const int tid = threadIdx.x, tx = tid % kSide, ty = tid / kSide;
@@ -89,28 +99,33 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kPer; ++i) {
         // -2 acc is exact, so equal codes give equal values (the CPU kernel's scaling).
         const float v = bias ? fmaf(-2.0f, acc[i][j], b) : -acc[i][j];
-        if (v < best[i]) {
+        if constexpr (kValues) {
+          const int row = m0 + ty + kSide * i;
+          if (row < n) values[static_cast<int64_t>(row) * k + code] = v;
+        } else if (v < best[i]) {
           best[i] = v;
           best_index[i] = code;
         }
       }
     }
   }
-  // The 16 threads of a token row are 16 consecutive lanes of one warp.
+  // The 16 threads of a token row are 16 consecutive lanes of one warp (values stored: nothing to fold).
+  if constexpr (!kValues) {
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    for (int offset = kSide / 2; offset > 0; offset /= 2) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best[i], offset, kSide);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_index[i], offset, kSide);
-      if (before(ov, oi, best[i], best_index[i])) {
-        best[i] = ov;
-        best_index[i] = oi;
+    for (int i = 0; i < kPer; ++i) {
+      for (int offset = kSide / 2; offset > 0; offset /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best[i], offset, kSide);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_index[i], offset, kSide);
+        if (before(ov, oi, best[i], best_index[i])) {
+          best[i] = ov;
+          best_index[i] = oi;
+        }
       }
-    }
-    const int row = m0 + ty + kSide * i;
-    if (tx == 0 && row < n) {
-      partial_value[static_cast<int64_t>(blockIdx.y) * n + row] = best[i];
-      partial_index[static_cast<int64_t>(blockIdx.y) * n + row] = best_index[i];
+      const int row = m0 + ty + kSide * i;
+      if (tx == 0 && row < n) {
+        partial_value[static_cast<int64_t>(blockIdx.y) * n + row] = best[i];
+        partial_index[static_cast<int64_t>(blockIdx.y) * n + row] = best_index[i];
+      }
     }
   }
 }
@@ -134,14 +149,16 @@ __global__ void finish_search(const float* __restrict__ x, int n, int d, int spl
   }
   index[row] = best_index == INT_MAX ? 0 : best_index;
   if (euclid) {
-    const float* xr = x + static_cast<int64_t>(row) * d;
-    float norm = 0.0f;
-    for (int c = 0; c < d; ++c) norm = fmaf(xr[c], xr[c], norm);
-    const float squared = norm + best;
+    const float squared = squared_norm(x + static_cast<int64_t>(row) * d, d) + best;
     score[row] = squared < 0.0f ? 0.0f : squared;  // NaN stays NaN, as on the CPU
   } else {
     score[row] = -best;
   }
+}
+
+__global__ void squared_norms_of(const float* __restrict__ x, int n, int d, float* __restrict__ norms) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row < n) norms[row] = squared_norm(x + static_cast<int64_t>(row) * d, d);
 }
 
 int multiprocessors() {
@@ -174,11 +191,37 @@ const char* nearest_code(const float* x, const float* codebook, const float* cod
   const int64_t code_tiles = (k + kCodes - 1) / kCodes;
   const int tiles_per_split = static_cast<int>((code_tiles + splits - 1) / splits);
   const dim3 grid(static_cast<unsigned>((n + kTokens - 1) / kTokens), static_cast<unsigned>(splits));
-  search_tiles<<<grid, kThreads, 0, s>>>(x, codebook, code_bias, static_cast<int>(n), static_cast<int>(k),
-                                         static_cast<int>(d), tiles_per_split * kCodes, partial_value, partial_index);
+  search_tiles<false><<<grid, kThreads, 0, s>>>(x, codebook, code_bias, static_cast<int>(n), static_cast<int>(k),
+                                                static_cast<int>(d), tiles_per_split * kCodes, partial_value,
+                                                partial_index, nullptr);
   finish_search<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(x, static_cast<int>(n), static_cast<int>(d),
                                                                        splits, code_bias != nullptr, partial_value,
                                                                        partial_index, index, score);
+  const cudaError_t error = cudaGetLastError();
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+// One split per code tile (as many as the grid takes), each block storing its tile's values.
+const char* code_values(const float* x, const float* codebook, const float* code_bias, int64_t n, int64_t k, int64_t d,
+                        float* values, void* stream) {
+  if (n == 0) return nullptr;
+  if (n > INT_MAX - kTokens || k > INT_MAX - kCodes || d > INT_MAX) return "code_values: sizes out of range";
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t code_tiles = (k + kCodes - 1) / kCodes;
+  const int64_t splits = std::min<int64_t>(code_tiles, 65535);
+  const int tiles_per_split = static_cast<int>((code_tiles + splits - 1) / splits);
+  const dim3 grid(static_cast<unsigned>((n + kTokens - 1) / kTokens), static_cast<unsigned>(splits));
+  search_tiles<true><<<grid, kThreads, 0, s>>>(x, codebook, code_bias, static_cast<int>(n), static_cast<int>(k),
+                                               static_cast<int>(d), tiles_per_split * kCodes, nullptr, nullptr, values);
+  const cudaError_t error = cudaGetLastError();
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+const char* squared_norms(const float* x, int64_t n, int64_t d, float* norms, void* stream) {
+  if (n == 0) return nullptr;
+  if (n > INT_MAX - 256 || d > INT_MAX) return "squared_norms: sizes out of range";
+  squared_norms_of<<<static_cast<unsigned>((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, static_cast<int>(n), static_cast<int>(d), norms);
   const cudaError_t error = cudaGetLastError();
   return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
 }
