@@ -170,22 +170,11 @@ void lockstep::python::bind_quantizer(py::module_& m) {
                                               {},
                                               fsp_eps,
                                               update_in_forward});
-              // A whole step: its update runs and the step advances now; its outputs still take the node below
-              // (with nothing to run), so that a loss has a gradient function whatever the input, as the reference's.
-              if (training && update_in_forward)
-                apply_update(out.update, group, step, batch_check(q, x, training, group));
-              if (training && at::GradMode::is_enabled()) {
-                std::function<void()> update;
-                if (!update_in_forward) {
-                  update = [keep = q.shared_from_this(), deferred = std::move(out.update), group, step,
-                            check = batch_check(q, x, training, group)]() {
-                    apply_update(deferred, group, step, check);
-                  };
-                }
+              if (training) {  // its update now (a whole step) or on backward (finish_training_call)
                 std::vector<at::Tensor> tensors{out.quantized};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
-                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
-                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), update_in_forward,
+                                               group, step);
                 out.quantized = tensors[0];
                 size_t i = 1;
                 for (auto& [name, loss] : out.losses) loss = tensors[i++];
@@ -286,21 +275,11 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
               out = token_codes ? as_vq(q).quantize_topk_implicit(input, *token_codes, k, ctx)
                                 : as_vq(q).quantize_topk(input, k, ctx);
-              // As quantize: a whole step now, or the update and the step on backward.
-              if (training && update_in_forward)
-                apply_update(out.update, group, step, batch_check(q, x, training, group));
-              if (training && at::GradMode::is_enabled()) {
-                std::function<void()> update;
-                if (!update_in_forward) {
-                  update = [keep = q.shared_from_this(), deferred = std::move(out.update), group, step,
-                            check = batch_check(q, x, training, group)]() {
-                    apply_update(deferred, group, step, check);
-                  };
-                }
+              if (training) {  // as quantize
                 std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
-                const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
-                tensors = lockstep::dist::run_on_backward(tensors, anchor, std::move(update));
+                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), update_in_forward,
+                                               group, step);
                 out.quantized = tensors[0];
                 out.code_loss = tensors[1];
                 size_t i = 2;

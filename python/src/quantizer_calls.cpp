@@ -138,6 +138,23 @@ void apply_update(const std::function<void(lockstep::quant::Reducer&)>& update,
   step.add_(1);
 }
 
+std::vector<at::Tensor> finish_training_call(Quantizer& q, const at::Tensor& x, std::vector<at::Tensor> outputs,
+                                             std::function<void(lockstep::quant::Reducer&)> update, bool in_forward,
+                                             const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                             const at::Tensor& step) {
+  const BatchCheck check = batch_check(q, x, true, group);
+  if (in_forward) apply_update(update, group, step, check);
+  if (!at::GradMode::is_enabled()) return outputs;
+  std::function<void()> on_backward;
+  if (!in_forward) {
+    on_backward = [keep = q.shared_from_this(), deferred = std::move(update), group, step, check]() {
+      apply_update(deferred, group, step, check);
+    };
+  }
+  const at::Tensor anchor = torch::zeros({}, x.options().dtype(at::kFloat)).requires_grad_(true);
+  return lockstep::dist::run_on_backward(outputs, anchor, std::move(on_backward));
+}
+
 at::Tensor loss_or_zero(const lockstep::quant::QuantizerOutput& out, const std::string& name, const at::Tensor& x) {
   const auto found = out.losses.find(name);
   return found != out.losses.end() ? found->second : torch::zeros({}, x.options().dtype(at::kFloat));

@@ -76,6 +76,14 @@ lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x
                                                const std::optional<at::Tensor>& codebook = std::nullopt,
                                                const CallOptions& call = {});
 
+// The end of a training call: with `in_forward` (a whole step) its `update` runs and the step advances now; else,
+// with gradients, both wait for backward. With gradients `outputs` come back behind one autograd node (with
+// nothing to run after a whole step), so that a loss has a gradient function whatever the input.
+std::vector<at::Tensor> finish_training_call(Quantizer& q, const at::Tensor& x, std::vector<at::Tensor> outputs,
+                                             std::function<void(lockstep::quant::Reducer&)> update, bool in_forward,
+                                             const std::shared_ptr<lockstep::dist::LazyGroup>& group,
+                                             const at::Tensor& step);
+
 // The BatchCheck of a call (local_batch -1 where none is needed).
 BatchCheck batch_check(const Quantizer& q, const at::Tensor& x, bool training,
                        const std::shared_ptr<lockstep::dist::LazyGroup>& group);
