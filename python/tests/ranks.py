@@ -9,6 +9,7 @@ import tempfile
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -70,3 +71,21 @@ def run_launched(command, cwd, time_limit, env=None):
         output, _ = process.communicate()
         pytest.fail(f"{command[-3:]}: still running after {time_limit} s:\n{output.decode()[-3000:]}")
     return process.returncode, output.decode()
+
+
+STEP_KEY = "(seed, step)"
+
+
+def state_with_steps(module):
+    """module.state_dict()'s tensors, cloned, and each lockstep module's (seed, step), which ride in the state
+    dict's metadata, under `<module>.(seed, step)`: what ranks compare to show that they agree, draws included."""
+    state = module.state_dict()
+    values = {k: v.detach().clone() for k, v in state.items()}
+    values.update({f"{prefix}.{STEP_KEY}" if prefix else STEP_KEY: torch.tensor(entry["lockstep"])
+                   for prefix, entry in state._metadata.items() if "lockstep" in entry})
+    return values
+
+
+def loadable(state):
+    """A state_with_steps() without the (seed, step) entries, for load_state_dict."""
+    return {k: v for k, v in state.items() if not k.endswith(STEP_KEY)}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lockstep
-from ranks import run_ranks
+from ranks import run_ranks, state_with_steps
 from reference_steps import backward_and_compare_gradients
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
@@ -104,7 +104,7 @@ def _ranks(rank, world, data, lens):
     for x, length in zip(data, lens):
         out, _, loss = vq(x.chunk(world)[rank], lens=length.chunk(world)[rank])
         (out.sum() + loss).backward()
-    return {k: v.clone() for k, v in vq.state_dict().items()}
+    return state_with_steps(vq)
 
 
 def test_two_ranks_hold_the_global_batch_s_statistics():

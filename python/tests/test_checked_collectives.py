@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_launched, run_ranks
+from ranks import run_launched, run_ranks, state_with_steps
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checked_scenarios.py")
 TIME_LIMIT = 120  # seconds per run; the whole process group is killed after it
@@ -176,7 +176,7 @@ def _train(rank, world, backend_checked):
         optimizer.step()
         loss = (ddp(x) - x).square().mean().detach().reshape(1)
         dist.all_reduce(loss, group=group)
-    return {k: v.clone() for k, v in model.state_dict().items()}, loss
+    return state_with_steps(model), loss
 
 
 def test_a_clean_ddp_run_is_bitwise_the_same_with_the_wrapper():

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 import lockstep
-from ranks import run_ranks
+from ranks import run_ranks, state_with_steps
 
 STEPS = 3
 MODULES = {  # the six, with the options that draw randomness or update state
@@ -119,12 +119,12 @@ def _run(make, data, compiled, backend="inductor", rank=0, world=1):
                     + [p.grad.clone() for p in model.parameters() if p.grad is not None])
         optimizer.step()
         with torch.no_grad():
-            seen.append(list(net(batch)))  # training mode, no gradients: changes nothing
+            seen.append(list(net(batch)))  # training mode, no gradients: a whole step on one process, as eager's
         model.eval()
         with torch.no_grad():
             seen.append(list(net(batch)))
         model.train()
-    return seen, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return seen, state_with_steps(model)
 
 
 def _assert_same(a, b):
@@ -187,7 +187,7 @@ def _train_compiled_on_ranks(rank, world, data):
                 dist.all_reduce(p.grad)
                 p.grad /= world
             optimizer.step()
-        result[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        result[name] = state_with_steps(model)
     return result
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import lockstep
-from ranks import run_ranks
+from ranks import loadable, run_ranks, state_with_steps
 
 TIMEOUT = 10.0  # collective_timeout: a rank left waiting by another fails its test in seconds, not minutes
 STEPS, EVALUATE_AT = 4, 2  # training steps; rank 0 alone validates before this one
@@ -115,8 +115,6 @@ def _evaluate(module, x):
     module.train()
 
 
-def _state(module):
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def _train_in_ddp(rank, world, initial, data):
@@ -125,14 +123,14 @@ def _train_in_ddp(rank, world, initial, data):
         for broadcast_buffers in (True, False):
             model = Tokenizer(quantizer)
             # The same start on every rank: DDP with broadcast_buffers=False does not sync buffers at construction.
-            model.load_state_dict(start)
+            model.load_state_dict(loadable(start))
             ddp = DistributedDataParallel(model, broadcast_buffers=broadcast_buffers)
             optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
             for step, batch in enumerate(data):
                 if rank == 0 and step == EVALUATE_AT:
                     _evaluate(model, batch)  # rank 0 alone validates, through the module DDP wraps
                 _train_step(ddp, optimizer, batch.chunk(world)[rank])
-            states[quantizer, broadcast_buffers] = _state(model)
+            states[quantizer, broadcast_buffers] = state_with_steps(model)
     return states
 
 
@@ -145,11 +143,11 @@ def trained_in_ddp():
     initial, one = {}, {}
     for quantizer in IN_DDP:
         model = Tokenizer(quantizer)
-        initial[quantizer] = _state(model)
+        initial[quantizer] = state_with_steps(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         for batch in data:
             _train_step(model, optimizer, batch)
-        one[quantizer] = _state(model)
+        one[quantizer] = state_with_steps(model)
     ranks = run_ranks(2, _train_in_ddp, initial, data)
     return {q: (initial[q], one[q], [{b: r[q, b] for b in (True, False)} for r in ranks]) for q in IN_DDP}
 
@@ -173,7 +171,7 @@ def test_quantizers_in_ddp_keep_ranks_identical_and_equal_to_one_process(trained
 
 def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
     model = Tokenizer("VectorQuantize")
-    model.load_state_dict(initial)
+    model.load_state_dict(loadable(initial))
     ddp = DistributedDataParallel(model, broadcast_buffers=True)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     store = dist.distributed_c10d._get_default_store()
@@ -203,12 +201,12 @@ def _evaluate_through_ddp_on_rank0(rank, world, initial, data):
             _evaluate(ddp, part[2])
             store.wait(["wrapper evaluated"], datetime.timedelta(seconds=3 * TIMEOUT))
     _train_step(ddp, optimizer, part[2])
-    return blocked, _state(model)
+    return blocked, state_with_steps(model)
 
 
 def test_evaluating_through_ddp_on_one_rank_is_a_collective_and_the_quantizer_alone_is_not():
     torch.manual_seed(0)
-    initial = _state(Tokenizer("VectorQuantize"))
+    initial = state_with_steps(Tokenizer("VectorQuantize"))
     (_, state0), (blocked, state1) = run_ranks(2, _evaluate_through_ddp_on_rank0, initial, torch.randn(3, 4, 5, 6))
     # torch's DDP (2.x) broadcasts buffers before a forward whenever the previous forward ran with gradients,
     # in evaluation mode and under no_grad too: rank 0 could not finish alone. Evaluate on one rank through
@@ -220,7 +218,7 @@ def test_evaluating_through_ddp_on_one_rank_is_a_collective_and_the_quantizer_al
 
 def _zero_tokens_on_rank1(rank, world, quantizer, state, x):
     module = QUANTIZERS[quantizer]()
-    module.load_state_dict(state)
+    module.load_state_dict(loadable(state))
     part = (x if rank == 0 else x[:0]).clone().requires_grad_(True)
     out = module(part)
     loss = _aux_loss(out)
@@ -228,13 +226,13 @@ def _zero_tokens_on_rank1(rank, world, quantizer, state, x):
     # every parameter gets a gradient (DDP waits for each), finite, and so does the empty input
     gradients = [p.grad for p in module.parameters()] + [part.grad]
     finite = all(g is not None and torch.isfinite(g).all() for g in gradients)
-    return out[0].detach(), out[1], _state(module), loss.item(), finite
+    return out[0].detach(), out[1], state_with_steps(module), loss.item(), finite
 
 
 @pytest.mark.parametrize("quantizer", list(QUANTIZERS))
 def test_a_rank_with_no_tokens_trains_with_the_others(quantizer):
     one = QUANTIZERS[quantizer]()
-    state = _state(one)
+    state = state_with_steps(one)
     x = torch.randn(2, 5, 8)
     out = one(x.clone().requires_grad_(True))
     (out[0].sum() + _aux_loss(out)).backward()  # one process's step: the state updates in backward
@@ -246,7 +244,7 @@ def test_a_rank_with_no_tokens_trains_with_the_others(quantizer):
     # the step is one process's step on rank 0's batch, with the same seed and initial state
     torch.testing.assert_close(ranks[0][0], expected_out.detach(), atol=1e-5, rtol=1e-5)
     assert torch.equal(ranks[0][1], expected_indices)
-    for key, value in _state(one).items():
+    for key, value in state_with_steps(one).items():
         assert torch.equal(ranks[0][2][key], ranks[1][2][key]), key
         torch.testing.assert_close(ranks[0][2][key], value, atol=1e-5, rtol=1e-5, msg=key)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_ranks
+from ranks import run_ranks, state_with_steps
 
 
 def _bucket_epochs(rank, world, bucket_ids, epochs):
@@ -243,7 +243,7 @@ def _train_new_option(name, module, x, world=1, rank=0):
             optimizer.zero_grad()
         if name == "shared_in_place":  # manual, as the reference makes it: the global batch's in-place gradient
             module.layers[0].update_in_place_optimizer()
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return state_with_steps(module)
 
 
 def _new_option_ranks(rank, world, name, x):

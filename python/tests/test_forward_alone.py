@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import lockstep
-from ranks import run_ranks
+from ranks import run_ranks, state_with_steps
 from test_ddp import QUANTIZERS, Tokenizer
 
 STEPS = 4
@@ -70,7 +70,7 @@ def _train(rank, world, name, ddp, extra):
                 dist.all_reduce(p.grad)
                 p.grad /= world
         optimizer.step()
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return state_with_steps(net)
 
 
 def _scenarios(rank, world):

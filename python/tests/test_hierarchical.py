@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import lockstep
-from ranks import run_ranks
+from ranks import run_ranks, state_with_steps
 from reference_steps import backward_and_compare_gradients
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
@@ -193,7 +193,7 @@ def _train(module, data, world, rank, extra_forward):
                 p.grad /= world
         optimizer.step()
         optimizer.zero_grad()
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}, cutoffs
+    return state_with_steps(module), cutoffs
 
 
 def _ranks(rank, world, data):
