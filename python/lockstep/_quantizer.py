@@ -210,6 +210,7 @@ class LockstepQuantizer(nn.Module):
         self.update_in_forward = False
         self._deferred = [0, 0]  # (step, training forwards since the step last moved) for the warning
         self._drawn_at = 0
+        self._ema_held = False  # statistics held back by accum_ema_update, for the next call's update
         self._warned_unbackwarded = False
         rename = rename or (lambda dotted: dotted)  # to the reference's names ("_codebook.embed")
         persistent = persistent or (lambda name: True)  # buffers the reference keeps out of its state dict
@@ -461,7 +462,7 @@ class LockstepQuantizer(nn.Module):
                 raise ValueError(f"lockstep.{type(self).__name__}: forward's {named} runs in eager mode only "
                                  "(torch.compile takes the call without them)")
             group = self._lazy_group() if self.training else None
-            now = self._whole_step_now(x, codebook, vq_call.get("token_codes"))
+            now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook, vq_call.get("token_codes"))
             if topk is not None:
                 out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
                                                                     self._steps, group, mask, bool(freeze_codebook),
@@ -486,8 +487,21 @@ class LockstepQuantizer(nn.Module):
                                                  torch.is_grad_enabled(), mask, bool(freeze_codebook), codebook)
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
+        now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook)
         return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                   codebook=codebook, update_in_forward=self._whole_step_now(x, codebook))
+                                   codebook=codebook, update_in_forward=now)
+
+    def _forward_time_ema(self, vq_call):
+        """Whether this eager call, on one process, is a whole step for the reference's forward-time EMA arguments
+        (ema_update_weight, accum_ema_update, ema_update), which describe this forward's update, made in forward
+        there, or as the call that applies the statistics calls with accum_ema_update held back."""
+        if not self.training or self._ranks() > 1:
+            return False
+        given = any(key in vq_call for key in ("ema_update_weight", "accumulate", "ema_update"))
+        if not (given or self._ema_held):
+            return False
+        self._ema_held = bool(vq_call.get("accumulate"))
+        return True
 
     def _whole_step_now(self, *inputs):
         """Whether this eager training call is a whole step (_is_whole_step); a call whose update waits for

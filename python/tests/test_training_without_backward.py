@@ -57,9 +57,11 @@ def test_frozen_features_train_a_projected_codebook_under_no_grad():
         torch.testing.assert_close(ours.state_dict()[key], value, atol=1e-5, rtol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("projected", [False, True], ids=["plain", "projected"])
 @pytest.mark.parametrize("weight", ["tensor", "callable", "accumulate"])
-def test_the_forward_time_ema_arguments_move_the_codebook_in_forward_as_the_references(weight):
-    reference, ours = twins()
+def test_the_forward_time_ema_arguments_move_the_codebook_in_forward_as_the_references(weight, projected):
+    # With projections (parameters a backward could reach) too: these arguments describe this forward's update.
+    reference, ours = twins(**(dict(codebook_dim=4) if projected else {}))
     for x in batches(count=3):
         if weight == "tensor":
             call = dict(ema_update_weight=torch.rand(16, generator=torch.Generator().manual_seed(1)))
@@ -71,6 +73,12 @@ def test_the_forward_time_ema_arguments_move_the_codebook_in_forward_as_the_refe
             module(x, **call)
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[key], value, atol=1e-5, rtol=1e-5, msg=key)
+    if weight == "accumulate":  # the next plain call applies what the calls held back, as the reference's
+        x = batches(count=1, seed=9)[0]
+        for module in (reference, ours):
+            module(x)
+        for key, value in reference.state_dict().items():
+            torch.testing.assert_close(ours.state_dict()[key], value, atol=1e-5, rtol=1e-5, msg=key)
 
 
 def test_sampled_entropy_draws_anew_at_each_forward_without_a_backward():
