@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import lockstep
-from ranks import run_ranks
-from test_ddp import Tokenizer, _state, _train_step
+from ranks import loadable, run_ranks, state_with_steps
+from test_ddp import Tokenizer, _train_step
 
 STEPS = 3
 
@@ -30,14 +30,14 @@ def _train_over_a_registered_backend(rank, world, initial, data):
                                                     collective_timeout=10.0))):
         model = Tokenizer("FSQ")
         model.quantizer = make()
-        model.load_state_dict(initial[name])
+        model.load_state_dict(loadable(initial[name]))
         ddp = DistributedDataParallel(model, process_group=group)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step, batch in enumerate(data):
             if rank == 0 and step == 1:
                 model(batch)  # rank 0 alone: a training forward that is never backwarded
             _train_step(ddp, optimizer, batch.chunk(world)[rank])
-        states[name] = _state(model)
+        states[name] = state_with_steps(model)
     return states
 
 
@@ -49,11 +49,11 @@ def test_modules_train_over_a_registered_backend_as_one_process():
                        ("LFQ", lambda: lockstep.LFQ(dim=8, codebook_size=2**4))):
         model = Tokenizer("FSQ")
         model.quantizer = make()
-        initial[name] = _state(model)
+        initial[name] = state_with_steps(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for batch in data:
             _train_step(model, optimizer, batch)
-        one[name] = _state(model)
+        one[name] = state_with_steps(model)
     ranks = run_ranks(2, _train_over_a_registered_backend, initial, data)
     for name in one:
         for key, value in one[name].items():
