@@ -8,6 +8,7 @@ import inspect
 import math
 import re
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -53,8 +54,28 @@ def declared_arguments(section, arguments, besides=()):
             if key in arguments and key not in besides}
 
 
-# Training forwards with no backward between after which a module whose update waits for backward says so.
+# Training forwards freed with no backward between, after which a module whose update waits for backward says so.
 _UNBACKWARDED_WARNING = 10
+
+
+def _freed_unbackwarded(module_ref, step):
+    """The output of a training call at `step` was freed: a step unmoved since means no backward reached it (nor
+    any later call); after _UNBACKWARDED_WARNING such calls in a row, one warning naming the way out."""
+    module = module_ref()
+    if module is None:
+        return
+    if module.step != step:
+        module._unbackwarded = 0
+        return
+    module._unbackwarded += 1
+    if module._unbackwarded == _UNBACKWARDED_WARNING and not module._warned_unbackwarded:
+        module._warned_unbackwarded = True
+        warnings.warn(
+            f"lockstep.{type(module).__name__}: {_UNBACKWARDED_WARNING} training forwards in a row were never "
+            "backwarded: its codebook statistics and random draws move in backward, so they have not moved. To "
+            "train it without a backward (EMA alone), call lockstep.update_in_forward(model): each training "
+            "forward is then a whole step, reduced over the process group (every rank must make it); "
+            "docs/python.md, 'Training without a backward'.", RuntimeWarning, stacklevel=1)
 
 
 def update_in_forward(model, enabled=True):
@@ -208,7 +229,7 @@ class LockstepQuantizer(nn.Module):
         # A training forward is a whole step (update and draws in forward) when True (update_in_forward), or
         # on one process when nothing can backward; else the update waits for backward.
         self.update_in_forward = False
-        self._deferred = [0, 0]  # (step, training forwards since the step last moved) for the warning
+        self._unbackwarded = 0  # training calls in a row whose outputs were freed unbackwarded, for the warning
         self._drawn_at = 0
         self._ema_held = False  # statistics held back by accum_ema_update, for the next call's update
         self._warned_unbackwarded = False
@@ -271,6 +292,13 @@ class LockstepQuantizer(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        # A module pickled by an earlier lockstep: what it did not hold yet (the reference's state-dict layout,
+        # the whole-step bookkeeping).
+        if _reference_layout not in self._state_dict_hooks.values():
+            self.register_state_dict_post_hook(_reference_layout)
+        for name, value in (("update_in_forward", False), ("_unbackwarded", 0), ("_warned_unbackwarded", False),
+                            ("_drawn_at", 0), ("_ema_held", False)):
+            self.__dict__.setdefault(name, value)
         self._core = _C.Quantizer(*self._spec)
         self._group = None
         self._adopt_core_tensors(copies=True)
@@ -297,7 +325,9 @@ class LockstepQuantizer(nn.Module):
         finally:
             for owner, name, is_parameter, _, tensor in entries:
                 (owner._parameters if is_parameter else owner._buffers)[name] = tensor
-        device = fn(torch.zeros(1)).device  # where fn sends a tensor
+        # Where fn sends a tensor of the module's: a cast (.half()) keeps the device, a move (.cuda()) changes it.
+        probe = entries[0][-1].detach().new_empty(0) if entries else torch.zeros(0, device=self.device)
+        device = fn(probe).device
         self._device = device  # a module without tensors still knows where its results belong
         with torch.no_grad():
             for *_, tensor in entries:
@@ -468,9 +498,14 @@ class LockstepQuantizer(nn.Module):
                                                                     self._steps, group, mask, bool(freeze_codebook),
                                                                     codebook, vq_call.get("sample_codebook_temp"),
                                                                     vq_call.get("token_codes"), update_in_forward=now)
+                if not now:
+                    self._watch_for_backward(out)
                 return out, indices, {"code": code_loss, **losses}
-            return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                       codebook=codebook, update_in_forward=now, **vq_call)
+            result = self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
+                                         codebook=codebook, update_in_forward=now, **vq_call)
+            if not now:
+                self._watch_for_backward(result[0])
+            return result
         if torch.compiler.is_compiling():
             if freeze_codebook and self._codebook_learned_by_commitment():
                 # The custom op's backward gives such a codebook a zero gradient where eager gives none,
@@ -478,7 +513,7 @@ class LockstepQuantizer(nn.Module):
                 raise ValueError(f"lockstep.{type(self).__name__}: freeze_codebook with a learnable codebook is not "
                                  "supported under torch.compile (the codebook would get a zero gradient, not "
                                  "none); freeze it in eager mode, or leave it out of the optimizer")
-            if self.update_in_forward:
+            if self.update_in_forward and self.training:
                 raise ValueError(f"lockstep.{type(self).__name__}: update_in_forward runs in eager mode only (under "
                                  "torch.compile a training call's update waits for its backward)")
             loss_names, _ = self._compile_signature()
@@ -488,8 +523,11 @@ class LockstepQuantizer(nn.Module):
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
         now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook)
-        return self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                   codebook=codebook, update_in_forward=now)
+        result = self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
+                                     codebook=codebook, update_in_forward=now)
+        if not now:
+            self._watch_for_backward(result[0])
+        return result
 
     def _forward_time_ema(self, vq_call):
         """Whether this eager call, on one process, is a whole step for the reference's forward-time EMA arguments
@@ -504,28 +542,29 @@ class LockstepQuantizer(nn.Module):
         return True
 
     def _whole_step_now(self, *inputs):
-        """Whether this eager training call is a whole step (_is_whole_step); a call whose update waits for
-        backward is counted for the warning."""
+        """Whether this eager training call is a whole step (_is_whole_step, or as a module calling it decided)."""
         if not self.training:
             return False
         decided = getattr(self, "_decided_whole_step", None)  # a module calling this one decided for its call
-        if decided if decided is not None else self._is_whole_step(*inputs):
-            return True
-        self._count_deferred_forward()
-        return False
+        return decided if decided is not None else self._is_whole_step(*inputs)
 
-    def _is_whole_step(self, *inputs):
+    def _is_whole_step(self, *inputs, parameters=None):
         """Whether a training call with these tensors is a whole step (its update and the step's advance in
         forward): when the module asks for it (update_in_forward, over the process group through the checked
         channel), or on one process when nothing can backward (grad mode off, or no input or parameter that
-        requires grad), as the reference updates in every training forward. Several ranks otherwise keep
-        forward free of collectives (G3)."""
+        requires grad; `parameters`: those of a module calling this one, in place of its own), as the reference
+        updates in every training forward. Several ranks otherwise keep forward free of collectives (G3)."""
         if self.update_in_forward:
             return True
         if self._ranks() > 1:
             return False
-        tensors = [t for t in inputs if torch.is_tensor(t)] + list(self.parameters())
-        return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        inputs_need_grad = any(t.requires_grad for t in inputs if torch.is_tensor(t))
+        if not torch.is_grad_enabled():
+            # An input that requires grad under no_grad is a reentrant checkpoint's first pass
+            # (torch.utils.checkpoint): its recompute in backward makes the step, which this call would make twice.
+            return not inputs_need_grad
+        return not (inputs_need_grad or any(p.requires_grad for p in (self.parameters() if parameters is None
+                                                                        else parameters)))
 
     def _ranks(self):
         """The size of the process group the module's statistics are reduced over (1 without one)."""
@@ -533,20 +572,11 @@ class LockstepQuantizer(nn.Module):
             return 1
         return dist.get_world_size(self._process_group if self._process_group is not None else dist.group.WORLD)
 
-    def _count_deferred_forward(self):
-        """A training forward whose update waits for backward: after _UNBACKWARDED_WARNING of them with no
-        backward between (the step unmoved), one warning naming the way to update in forward."""
-        if self._deferred[0] != self.step:
-            self._deferred = [self.step, 0]
-        self._deferred[1] += 1
-        if self._deferred[1] == _UNBACKWARDED_WARNING and not self._warned_unbackwarded:
-            self._warned_unbackwarded = True
-            warnings.warn(
-                f"lockstep.{type(self).__name__} has run {_UNBACKWARDED_WARNING} training forwards that no backward "
-                "reached: its codebook statistics and random draws move in backward, so they have not moved. To "
-                "train it without a backward (EMA alone), call lockstep.update_in_forward(model): each training "
-                "forward is then a whole step, reduced over the process group (every rank must make it); "
-                "docs/python.md, 'Training without a backward'.", RuntimeWarning, stacklevel=4)
+    def _watch_for_backward(self, out):
+        """A training call whose update waits for backward: when its output is freed and no backward has moved
+        the step since (_freed_unbackwarded), it counts towards the warning."""
+        if self.training:
+            weakref.finalize(out, _freed_unbackwarded, weakref.ref(self), self.step)
 
     @torch.compiler.assume_constant_result
     def _compile_signature(self):

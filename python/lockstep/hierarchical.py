@@ -184,7 +184,7 @@ class HierarchicalVQ(nn.Module):
         # (Eager only: a compiled call's update waits for its backward or is taken by the op, _ops.py.)
         quantizers = [] if torch.compiler.is_compiling() else [self.vq] if self.vq is not None else list(self.vqs)
         for vq in quantizers:
-            vq._decided_whole_step = self.training and quantizers[0]._is_whole_step(x, *self.parameters())
+            vq._decided_whole_step = self.training and quantizers[0]._is_whole_step(x, parameters=self.parameters())
         try:
             for level, level_shape in enumerate(self.level_shapes):
                 pooled, level_mask = self._pool(residual, level_shape, mask)

@@ -235,9 +235,12 @@ class VectorQuantize(LockstepQuantizer):
     def _codebook_as_found(self, x, channel_first, mask, bridged):
         """The codebook the cross entropy after this call takes: as the call searched it. A whole step updates an
         EMA codebook before forward returns, where the reference's cross entropy takes its codes from before
-        the update; a copy is taken first (a learned codebook, which the update leaves, stays itself)."""
+        the update; a copy is taken first where a call may be one (a learned codebook, which the update leaves,
+        stays itself)."""
         if bridged is not None or not self.training or isinstance(self._codebook.embed, nn.Parameter):
             return bridged
+        if self._ranks() > 1 and not self.update_in_forward:  # the update waits for backward: embed stays as found
+            return None
         return self._initialised_embed(x, channel_first, mask).detach().clone()
 
     def _register_ops(self):

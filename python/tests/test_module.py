@@ -163,3 +163,18 @@ def test_reference_state_dict_converts_a_quantizer_under_every_name_a_model_give
     state = lockstep.reference_state_dict(torch.nn.ModuleDict({"a": lfq, "b": lfq}))
     twin = vector_quantize_pytorch.LFQ(dim=8, codebook_size=16)
     torch.nn.ModuleDict({"a": twin, "b": twin}).load_state_dict(state, strict=True)
+
+
+def test_a_module_pickled_by_an_earlier_lockstep_loads_and_quantizes():
+    # What a module pickled before state_dict() took the reference's layout held: no state-dict hook, none of
+    # the whole-step bookkeeping.
+    vq = lockstep.VectorQuantize(dim=8, codebook_size=16)
+    state = vq.__getstate__()
+    state["_state_dict_hooks"] = type(state["_state_dict_hooks"])()
+    for name in ("update_in_forward", "_unbackwarded", "_warned_unbackwarded", "_drawn_at", "_ema_held"):
+        state.pop(name)
+    old = lockstep.VectorQuantize.__new__(lockstep.VectorQuantize)
+    old.__setstate__(state)
+    with torch.no_grad():
+        old(torch.randn(2, 5, 8))
+    assert old.step == 1 and old.state_dict()["_codebook.initted"].dtype == torch.bool

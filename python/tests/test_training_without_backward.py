@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import torch.utils.checkpoint
 import vector_quantize_pytorch as vqp
 
 import lockstep
@@ -104,7 +105,7 @@ def test_training_forwards_no_backward_reaches_are_named_once_with_the_way_out()
     x = batches(count=1)[0].requires_grad_(True)  # a loss that never reaches the quantizer: no backward comes
     with pytest.warns(RuntimeWarning, match="update_in_forward"):
         for _ in range(10):
-            vq(x)
+            vq(x)  # each output freed at once, never backwarded
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(20):
@@ -113,6 +114,36 @@ def test_training_forwards_no_backward_reaches_are_named_once_with_the_way_out()
     lockstep.update_in_forward(vq)
     vq(x)
     assert vq.step == 1  # the way out: a whole step in forward
+
+
+def test_many_calls_backwarded_together_are_not_named():
+    # One call per frame, their losses summed, one backward: every call was backwarded.
+    vq = lockstep.VectorQuantize(**OPTIONS, codebook_dim=4)
+    frames = [x.requires_grad_(True) for x in batches(count=12)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            outputs = [vq(frame) for frame in frames]
+            sum(out.sum() + loss for out, _, loss in outputs).backward()
+            del outputs
+    assert vq.step == 24
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_an_activation_checkpoint_makes_one_step(reentrant):
+    # A reentrant checkpoint runs forward under no_grad with inputs that require grad, then again in backward:
+    # the step is the backward's, once, as without the checkpoint.
+    vq = lockstep.VectorQuantize(**OPTIONS, codebook_dim=4)
+    plain = lockstep.VectorQuantize(**OPTIONS, codebook_dim=4)
+    plain.load_state_dict(vq.state_dict())
+    x = batches(count=1)[0].requires_grad_(True)
+    out, _, loss = torch.utils.checkpoint.checkpoint(vq, x, use_reentrant=reentrant)
+    (out.sum() + loss).backward()
+    out, _, loss = plain(x)
+    (out.sum() + loss).backward()
+    assert vq.step == plain.step == 1
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(vq.state_dict()[key], value, msg=key)
 
 
 def test_update_in_forward_trains_as_the_reference_with_a_loss_that_does_not_reach_the_quantizer():
