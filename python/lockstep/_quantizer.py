@@ -186,7 +186,7 @@ def _module_channel(module_name, group, timeout):
     use (a backward). It meets under the group's own store and name, which every member agrees on and no
     other group shares, numbered by the channels this process made over the group in the order of their
     first uses (a module each); its first collective compares the module and the group's ranks across
-    ranks. Ranks in no common group never meet, whatever order each made its modules in (issue #37)."""
+    ranks. Ranks in no common group never meet, whatever order each made its modules in."""
     from .distributed import _store_of  # noqa: PLC0415 (distributed registers a backend on import)
     store = _store_of(group)
     name = group.group_name

@@ -66,7 +66,7 @@ lockstep::dist::GlooMaker gloo_from_python(py::function make) {
 // A LazyGroup's deleter: its channel may own a ProcessGroupGloo (made by `make_gloo`), whose destructor
 // joins Gloo's worker threads, and a worker may be freeing a finished job whose thread-local state
 // holds a Python object, which needs the GIL. Deleted with the GIL held (a module released by Python),
-// the two waited for each other forever (issue #37's subgroup test, a hang at the end of a run). While
+// the two waited for each other forever (a subgroup's run hung at its end, test_subgroups.py). While
 // Python finalizes the group is left to the process's end, as gloo_from_python's callable is.
 void delete_without_gil(lockstep::dist::LazyGroup* group) {
 #if PY_VERSION_HEX >= 0x030D0000

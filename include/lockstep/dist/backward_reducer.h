@@ -23,7 +23,7 @@ struct LazyGroupOptions {
   // Where under the store the channel meets and keeps its heartbeats and statuses. It must be the same
   // on every rank of the group and differ from every other channel's on that store: derive it from
   // what the group's members agree on (its name, its ranks), never from a count kept by the process
-  // alone, which ranks of different groups would share (issue #37).
+  // alone, which ranks of different groups would share (their channels would meet and pair collectives).
   std::string prefix;
   // Appends "/<n>" to the prefix, n counting the channels this process made under that prefix, in the
   // order of their first uses: several channels over one group (a module each), which every member
