@@ -183,8 +183,9 @@ class HierarchicalVQ(nn.Module):
         # parameter, phi's too): each level's own input would make some levels whole steps and not others.
         # (Eager only: a compiled call's update waits for its backward or is taken by the op, _ops.py.)
         quantizers = [] if torch.compiler.is_compiling() else [self.vq] if self.vq is not None else list(self.vqs)
+        whole = bool(quantizers) and self.training and quantizers[0]._is_whole_step(x, parameters=self.parameters())
         for vq in quantizers:
-            vq._decided_whole_step = self.training and quantizers[0]._is_whole_step(x, parameters=self.parameters())
+            vq._decided_whole_step = whole
         try:
             for level, level_shape in enumerate(self.level_shapes):
                 pooled, level_mask = self._pool(residual, level_shape, mask)
