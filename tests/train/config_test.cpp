@@ -474,7 +474,12 @@ std::string docs_row(const KeySpec& spec) {
 // declares it. LOCKSTEP_UPDATE_DOCS=1 writes the schema's rows instead: it rewrites each key's row and
 // adds a missing key's after the row of the key before it (a new option's row, from its declaration).
 TEST(SchemaTest, DocsGiveEveryKeyTheSchemasRow) {
-  fs::path docs = fs::path(LOCKSTEP_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "configuration.md";
+  const fs::path source_dir_file = fs::read_symlink("/proc/self/exe").parent_path() / "lockstep_source_dir";
+  std::ifstream source_dir(source_dir_file);
+  ASSERT_TRUE(source_dir) << "cannot open " << source_dir_file << " (tests/CMakeLists.txt writes it)";
+  std::string source;
+  std::getline(source_dir, source);
+  fs::path docs = fs::path(source) / "docs" / "configuration.md";
   std::ifstream in(docs);
   ASSERT_TRUE(in) << "cannot open " << docs;
   std::vector<std::string> lines;
