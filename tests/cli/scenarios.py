@@ -3,7 +3,8 @@
 `lockstep launch -n W`, torchrun) in its own directory and checks what the runs printed and wrote,
 most often that W ranks log the losses of one process (G4); single_run_scenarios.py holds those of one
 small run (train, resume, eval, encode, decode), folder_scenarios.py those of an image folder,
-fault_scenarios.py a rank killed, stalled or crashed and launch told to stop. ctest runs each as
+fault_scenarios.py a rank killed, stalled or crashed and launch told to stop, signal_scenarios.py every signal
+that stops a run (each saving its checkpoint) and launch restarting a lost rank. ctest runs each as
 `cli.<name>` (tests/cli/scenarios.tests.cmake); a scenario never outlives its time limit: every process it starts
 is killed at the deadline and the scenario fails naming the command.
 
@@ -23,9 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fault_scenarios  # noqa: E402,F401  (registers its scenarios)
 import folder_scenarios  # noqa: E402,F401  (registers its scenarios)
+import signal_scenarios  # noqa: E402,F401  (registers its scenarios)
 import single_run_scenarios  # noqa: E402,F401  (registers its scenarios)
 from scenario_kit import (HERE, SCENARIOS, SKIPPED, SMALL, Failure, Run, Skipped, evaluate,  # noqa: E402
                           one_and_ranks, scenario)
+
+
+# The scenarios that compare whole runs' numbers (W ranks against one process, resumed against uninterrupted)
+# carry the ctest label `parity`: CI's AddressSanitizer run leaves them out (-LE parity), as they take minutes
+# there and run no code the others do not; launch_three_ranks_match_one_process stays as their sample.
+PARITY = ("parity",)
 
 
 @scenario(240)
@@ -45,7 +53,7 @@ ADVERSARIAL = ("--set", "loss.l1=1", "--set", "loss.adversarial=0.5", "--set", "
                "--set", "loss.lecam=0.1", "--set", "loss.disc_channels=8", "--set", "loss.disc_layers=2")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_adversarial_match_one_process(run):
     # A discriminator with GroupNorm (nothing per rank), VQGAN's adaptive weight from gradients summed
     # over the ranks, and LeCam averages that follow global means: one process's losses.
@@ -53,34 +61,34 @@ def launch_two_ranks_adversarial_match_one_process(run):
                   names=("loss", "disc_loss", "adversarial_factor"))
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_adversarial_accumulating_match_one_process(run):
     # The same over 2 micro-batches: the adaptive weight per micro-batch, the discriminator accumulating too.
     one_and_ranks(run, 2, *ADVERSARIAL, "--set", "train.grad_accum=2", names=("loss", "disc_loss", "adversarial_factor"))
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_accumulating_match_one_process(run):
     # LFQ's entropy is the batch's: each micro-batch is the same 8 images on 1 rank or 2 (4 each).
     one_and_ranks(run, 2, "--quantizer", "lfq", "--set", "quantizer.lfq.codebook_size=64", "--set",
                   "train.grad_accum=3")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_match_one_process_vqgan(run):
     # GroupNorm normalises each image alone; attention at 14x14 and in the middle (measured 2.5e-8 apart).
     one_and_ranks(run, 2, "--set", "model.channels=[8,16]", "--set", "model.architecture=vqgan", "--set",
                   "model.norm_groups=4", "--set", "model.attention_levels=1")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_bfloat16_match_one_process(run):
     # bfloat16 autocast keeps G4 within its documented 1e-3 (measured 1.2e-5; float32 and bfloat16
     # runs differ by 1.1e-4 over these steps).
     one_and_ranks(run, 2, "--set", "train.precision=bfloat16", tolerance=1e-3)
 
 
-@scenario(300)
+@scenario(300, labels=PARITY)
 def launch_two_ranks_perceptual_and_weight_average_match_one_process(run):
     # LPIPS (random weights a script writes) and the weight average keep G4, and rank 0 evaluating
     # alone at steps 4 and 8 reports one process's figures (random LPIPS weights magnify rounding:
@@ -102,7 +110,7 @@ UNEVEN_VQ = ("--quantizer", "vq", "--set", "quantizer.vq.kmeans_init=true", "--s
              "quantizer.vq.threshold_ema_dead_code=1", "--set", "train.log_every=1")
 
 
-@scenario(300)
+@scenario(300, labels=PARITY)
 def launch_uneven_ranks_in_shards_are_one_process_bitwise(run):
     # G4 over whole runs: with train.shard_size = 1, 24 images on 5 ranks (5, 5, 5, 5, 4), VQ with
     # k-means and dead codes, give one process's run bit for bit (every logged loss, and every
@@ -123,7 +131,7 @@ def launch_uneven_ranks_in_shards_are_one_process_bitwise(run):
     evaluate(run, "five0", "step 12", "--limit", "32")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_resume_in_shards_onto_other_ranks_is_one_process_bitwise(run):
     # G5 and G6 together: in shards, a run on 2 ranks for 5 steps, resumed on 5 ranks to step 9 and
     # then on one process to step 12, is the uninterrupted one-process run bit for bit.
@@ -138,7 +146,7 @@ def launch_resume_in_shards_onto_other_ranks_is_one_process_bitwise(run):
     run.same_checkpoint("one", "run")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_resume_on_the_same_ranks_is_bitwise(run):
     # G6 on ranks, without shards: 5 uneven ranks (5, 5, 5, 5 and 4 images) stopped at step 5 and
     # resumed on 5 ranks give the uninterrupted 5-rank run bit for bit.
@@ -151,7 +159,7 @@ def launch_resume_on_the_same_ranks_is_bitwise(run):
     run.same_checkpoint("whole", "run")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_uneven_ranks_match_one_process(run):
     # Without shards (train.shard_size = 0), 24 images on 5 ranks (5, 5, 5, 5, 4), VQ with k-means
     # and dead codes: the first step within float32 rounding (G4's promise for a step, on any CPU);
@@ -166,14 +174,14 @@ def launch_uneven_ranks_match_one_process(run):
     evaluate(run, "five", "step 12", "--limit", "32")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_residual_simvq_match_one_process(run):
     # Quantize dropout: the dropped layers' maps get zero gradients on every rank alike.
     one_and_ranks(run, 2, "--quantizer", "residual-simvq", "--set", "quantizer.simvq.codebook_size=64", "--set",
                   "quantizer.residual.num_quantizers=3", "--set", "quantizer.residual.quantize_dropout=true")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_grouped_residual_vq_match_one_process(run):
     # Quantize dropout: every group keeps the same layers, on every rank alike.
     one_and_ranks(run, 2, "--quantizer", "grouped-residual-vq", "--set", "quantizer.vq.dim=4", "--set",
@@ -181,7 +189,7 @@ def launch_two_ranks_grouped_residual_vq_match_one_process(run):
                   "quantizer.residual.quantize_dropout=true")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_fsp_match_one_process(run):
     # FSP: its regulariser's moments are the global batch's and its perturbations are drawn by each
     # element's place in the global batch, so 2 ranks train as one process.
@@ -189,14 +197,14 @@ def launch_two_ranks_fsp_match_one_process(run):
                   "quantizer.fsp.vector_norm=kurt")
 
 
-@scenario(240)
+@scenario(240, labels=PARITY)
 def launch_two_ranks_affine_vq_match_one_process(run):
     # VQ with affine_param: the batch statistics the codebook is moved to are the global batch's.
     one_and_ranks(run, 2, "--quantizer", "vq", "--set", "quantizer.vq.affine_param=true", "--set",
                   "quantizer.vq.codebook_size=64")
 
 
-@scenario(300)
+@scenario(300, labels=PARITY)
 def launch_resume_onto_more_ranks_matches_one_process(run):
     # A 2-rank run resumed on 3 ranks (the same global batch) continues the one-process sequence.
     run.train("one", *SMALL)
@@ -207,7 +215,7 @@ def launch_resume_onto_more_ranks_matches_one_process(run):
     evaluate(run, "run", "step 12", "--limit", "16")
 
 
-@scenario(300, needs=("torchrun",))
+@scenario(300, needs=("torchrun",), labels=PARITY)
 def torchrun_two_ranks_match_launch_and_one_process(run):
     # torchrun's agent hosts the store, so rank 0 connects as a client: 2 ranks under torchrun give
     # exactly what `lockstep launch -n 2` gives, and one process's losses.
@@ -235,7 +243,7 @@ FOLDER = ("--buckets", "64x64,80x64,64x80", "--global-batch", 8, "--threads", 1,
           "--set", "data.random_zoom=1.3")
 
 
-@scenario(300, needs=("images",))
+@scenario(300, needs=("images",), labels=PARITY)
 def folder_two_ranks_match_one_process_three_epochs(run):
     # G5 end to end: 3 epochs on 2 ranks (4 images each per step, from two buckets), with random crops
     # and flips, give one process's losses (each image's draw belongs to its slot of the global batch);
@@ -254,7 +262,7 @@ def folder_two_ranks_match_one_process_three_epochs(run):
         raise Failure(f"eval reports {evaluated!r}, the run's final evaluation {final!r}")
 
 
-@scenario(300, needs=("images",))
+@scenario(300, needs=("images",), labels=PARITY)
 def folder_resume_onto_three_ranks_matches_one_process(run):
     # Exact resume onto another number of ranks: 2 ranks for 6 steps, then 3 (3, 3 and 2 images)
     # continue the one-process sequence across the epoch boundary (10 steps per epoch), crops and flips included.
