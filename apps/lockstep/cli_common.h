@@ -34,6 +34,9 @@ bool stdout_is_terminal();
 // of a pipe: rank 0's store listens on a port the kernel chose, rank 0 writes it there, and launch
 // then starts the other ranks with it. No port is ever guessed, so runs side by side cannot collide.
 constexpr const char* kStorePortFdEnv = "LOCKSTEP_STORE_PORT_FD";
+// How many times launch started the ranks again after a lost one (torchrun's own is
+// TORCHELASTIC_RESTART_COUNT); train resumes its --run-dir when either is above 0.
+constexpr const char* kRestartCountEnv = "LOCKSTEP_RESTART_COUNT";
 // Writes "<port>\n" to the pipe kStorePortFdEnv names, if it is set, and closes it.
 void announce_store_port(int port);
 

@@ -83,7 +83,15 @@ bool meets(const quant::BenchCase& c, const Measured& m, double fraction) {
 }
 
 int run_bench(const BenchOptions& opt) {
-  const int cuda = train::cuda_index_for(train::parse_device_spec(opt.device, "--device"), "--device");
+  // A device that is no device is a bad command line (exit status 2); one this build cannot use is not.
+  const auto spec = [&] {
+    try {
+      return train::parse_device_spec(opt.device, "--device");
+    } catch (const InvalidArgument& e) {
+      throw UsageError(e.what());
+    }
+  }();
+  const int cuda = train::cuda_index_for(spec, "--device");
   const bool on_gpu = cuda >= 0;
   std::vector<quant::BenchCase> cases;
   for (auto& c : quant::quantizer_bench_cases(cuda)) {

@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -32,6 +34,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = -1;  // -1: on one node, a free port rank 0's store gets from the kernel; else 29500
   double grace_s = 10;   // after a failure or a signal, how long the ranks get to stop before SIGKILL
+  int max_restarts = 0;  // times every rank is started again after one is lost
   std::vector<std::string> command;
 };
 
@@ -45,7 +48,21 @@ struct Child {
 };
 
 volatile sig_atomic_t g_signal = 0;
-extern "C" void on_launch_signal(int sig) { g_signal = sig; }
+volatile sig_atomic_t g_signals = 0;  // how many came: a second one is passed on too
+extern "C" void on_launch_signal(int sig) {
+  g_signal = sig;
+  g_signals = g_signals + 1;
+}
+
+// A closed stdout (`launch ... | head`) stops the ranks as SIGTERM does, once; launch's later writes
+// fail quietly instead of ending it before its ranks have saved.
+extern "C" void on_launch_broken_pipe(int) {
+  ::signal(SIGPIPE, SIG_IGN);
+  if (g_signal == 0) {
+    g_signal = SIGPIPE;
+    g_signals = g_signals + 1;
+  }
+}
 
 std::string self_path() {
   std::vector<char> buf(4096);
@@ -55,8 +72,10 @@ std::string self_path() {
 }
 
 // Starts local rank `local_rank` with MASTER_PORT=port; `announce_fd` >= 0 is the pipe where the
-// rank writes the port its store got (rank 0 with port 0).
-Child start(const LaunchOptions& o, int local_rank, int port, int announce_fd, const std::string& program) {
+// rank writes the port its store got (rank 0 with port 0). `restart`: how many times the ranks were
+// started again (train resumes its --run-dir when it is above 0).
+Child start(const LaunchOptions& o, int local_rank, int port, int announce_fd, const std::string& program,
+            int restart) {
   int fds[2];
   LOCKSTEP_THROW_IF_NOT(::pipe2(fds, O_CLOEXEC) == 0, Error, "launch: pipe failed: ", std::strerror(errno));
   Child c;
@@ -71,6 +90,7 @@ Child start(const LaunchOptions& o, int local_rank, int port, int announce_fd, c
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGHUP, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
     const int world = o.nnodes * o.nproc;
@@ -80,6 +100,7 @@ Child start(const LaunchOptions& o, int local_rank, int port, int announce_fd, c
     ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
     ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::setenv(kRestartCountEnv, std::to_string(restart).c_str(), 1);
     if (announce_fd >= 0) {
       const int inherited = ::dup(announce_fd);  // without O_CLOEXEC: survives the exec
       ::setenv(kStorePortFdEnv, std::to_string(inherited).c_str(), 1);
@@ -164,12 +185,42 @@ class Launcher {
 
   int run() {
     install_signal_handlers();
+    for (;;) {
+      start_ranks();
+      while (running() > 0 || awaiting_port_) step();
+      if (!restart_after_lost_rank()) break;
+    }
+    restore_signal_handlers();
+    return outcome();
+  }
+
+ private:
+  // A lost rank (killed, or exit status 3) restarts every rank, up to --max-restarts times; other
+  // failures (a configuration error, ranks that disagree, a diverged loss) would fail again.
+  bool restart_after_lost_rank() {
+    if (failed_ < 0 || signal_ != 0 || restarts_ >= o_.max_restarts) return false;
+    const int status = children_[failed_].status;
+    if (WIFEXITED(status) && WEXITSTATUS(status) != kExitRankLost) return false;
+    ++restarts_;
+    std::cout << "lockstep launch: rank " << children_[failed_].rank << " was lost (" << describe_status(status)
+              << "); restart " << restarts_ << " of " << o_.max_restarts
+              << ": every rank starts again from the run's last checkpoint\n"
+              << std::flush;
+    children_.clear();
+    failed_ = -1;
+    told_waiting_ = false;
+    port_text_.clear();
+    kill_deadline_ = Clock::time_point::max();
+    return true;
+  }
+
+  void start_ranks() {
     const bool any_port = o_.master_port <= 0 && o_.nnodes == 1;
     if (any_port) {
       // Rank 0 first: its store takes a port from the kernel and says which; then the others.
       int fds[2];
       LOCKSTEP_THROW_IF_NOT(::pipe2(fds, O_CLOEXEC) == 0, Error, "launch: pipe failed: ", std::strerror(errno));
-      children_.push_back(start(o_, 0, 0, fds[1], program_));
+      children_.push_back(start(o_, 0, 0, fds[1], program_, restarts_));
       ::close(fds[1]);
       ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
       port_fd_ = fds[0];
@@ -177,14 +228,10 @@ class Launcher {
       waiting_since_ = Clock::now();
     } else {
       const int port = o_.master_port < 0 ? 29500 : o_.master_port;
-      for (int l = 0; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_));
+      for (int l = 0; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_, restarts_));
     }
-    while (running() > 0 || awaiting_port_) step();
-    restore_signal_handlers();
-    return outcome();
   }
 
- private:
   void step() {
     std::vector<pollfd> fds;
     for (const auto& c : children_) {
@@ -196,6 +243,7 @@ class Launcher {
     reap();
     if (awaiting_port_) start_rest_when_announced();
     if (g_signal != 0 && signal_ == 0) stop_all_for_signal(g_signal);
+    if (signal_ != 0 && g_signals > signals_passed_) pass_on_again(g_signal);
     if (Clock::now() > kill_deadline_) {
       for (auto& c : children_) {
         if (c.running) ::kill(c.pid, SIGKILL);
@@ -230,7 +278,7 @@ class Launcher {
       return;
     }
     awaiting_port_ = false;
-    for (int l = 1; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_));
+    for (int l = 1; l < o_.nproc; ++l) children_.push_back(start(o_, l, port, -1, program_, restarts_));
   }
 
   void reap() {
@@ -245,8 +293,13 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!ok && failed_ < 0 && signal_ == 0) {
         failed_ = static_cast<int>(&c - children_.data());
-        std::cout << "lockstep launch: rank " << c.rank << " failed (" << describe_status(status)
-                  << "); stopping the other ranks\n"
+        // A rank interrupted on its own (a signal sent to it alone) saved its checkpoint, and the others
+        // stop after the same step: no failure.
+        const bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == kExitInterrupted;
+        std::cout << "lockstep launch: rank " << c.rank
+                  << (interrupted ? " stopped on an interrupt (exit status 130, the checkpoint saved)"
+                                  : " failed (" + describe_status(status) + ")")
+                  << "; stopping the other ranks\n"
                   << std::flush;
         stop_all(SIGTERM);
       }
@@ -255,10 +308,22 @@ class Launcher {
 
   void stop_all_for_signal(int sig) {
     signal_ = sig;
+    signals_passed_ = g_signals;
     std::cout << "lockstep launch: got " << strsignal(sig) << "; passing it to the ranks (SIGKILL after " << o_.grace_s
               << " s)\n"
               << std::flush;
-    stop_all(sig == SIGHUP ? SIGTERM : sig);
+    stop_all(sig == SIGHUP || sig == SIGPIPE ? SIGTERM : sig);
+  }
+
+  // A second signal to launch (a person insisting, or a scheduler's second SIGTERM) is passed on as
+  // well: the ranks take a repeated interrupt as "stop at once".
+  void pass_on_again(int sig) {
+    signals_passed_ = g_signals;
+    std::cout << "lockstep launch: got " << strsignal(sig) << " again; passing it on, the ranks stop at once\n"
+              << std::flush;
+    for (auto& c : children_) {
+      if (c.running) ::kill(c.pid, sig == SIGHUP || sig == SIGPIPE ? SIGTERM : sig);
+    }
   }
 
   // Sends `sig` to every running rank (and wakes stopped ones so they can act on it); SIGKILL follows
@@ -285,6 +350,12 @@ class Launcher {
     }
     if (failed_ < 0) return kExitOk;
     const Child& c = children_[failed_];
+    if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kExitInterrupted) {
+      // Every rank stops after the same step, whichever was signalled: the first to exit is named.
+      std::cerr << "lockstep: the run was interrupted (rank " << c.rank << " of " << world_
+                << " exited with 130 first); its checkpoint is saved (--resume continues it)\n";
+      return kExitInterrupted;
+    }
     std::cerr << "lockstep: error: rank " << c.rank << " of " << world_ << " failed with " << describe_status(c.status)
               << " (its output is above, prefixed [rank " << c.rank << "/" << world_ << "])\n";
     // A rank ended by a signal (killed, crashed) is a lost rank, as the exit table says: resume may succeed.
@@ -297,9 +368,12 @@ class Launcher {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;  // no SA_RESTART: poll returns at once
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+    sa.sa_handler = on_launch_broken_pipe;
+    ::sigaction(SIGPIPE, &sa, nullptr);
   }
   static void restore_signal_handlers() {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+    ::signal(SIGPIPE, SIG_IGN);  // the closing line may meet the closed pipe too
   }
 
   const LaunchOptions& o_;
@@ -311,8 +385,10 @@ class Launcher {
   std::string port_text_;
   Clock::time_point waiting_since_;
   bool told_waiting_ = false;
-  int failed_ = -1;  // index of the first child that failed
-  int signal_ = 0;   // the signal launch was stopped by
+  int failed_ = -1;         // index of the first child that failed
+  int signal_ = 0;          // the signal launch was stopped by
+  int signals_passed_ = 0;  // how many of launch's signals were passed on to the ranks
+  int restarts_ = 0;
   Clock::time_point kill_deadline_ = Clock::time_point::max();
 };
 
@@ -325,6 +401,21 @@ int run_launch(const LaunchOptions& o) {
   LOCKSTEP_CHECK_USAGE(o.master_port != 0 || o.nnodes == 1,
                        "launch: --master-port 0 (any free port) works on one node ", "only; with --nnodes ", o.nnodes,
                        " every node must be given the same port");
+  // A launch inside a rank of another would start ranks that join neither run.
+  LOCKSTEP_CHECK_USAGE(std::getenv("LOCAL_RANK") == nullptr, "launch: this process is already rank ",
+                       std::getenv("RANK") ? std::getenv("RANK") : "?",
+                       " of a launched run (LOCAL_RANK=", std::getenv("LOCAL_RANK"),
+                       " is set); run the subcommand directly, or launch from outside it");
+  if (o.max_restarts > 0) {
+    LOCKSTEP_CHECK_USAGE(o.nnodes == 1, "launch: --max-restarts restarts the ranks of one node; across ", o.nnodes,
+                         " nodes use torchrun --max-restarts, which lockstep train follows too");
+    const auto& c = o.command;
+    const bool names_run = std::any_of(c.begin(), c.end(), [](const std::string& a) {
+      return a == "--run-dir" || a == "--resume" || a.rfind("--run-dir=", 0) == 0 || a.rfind("--resume=", 0) == 0;
+    });
+    LOCKSTEP_CHECK_USAGE(c[0] == "train" && names_run, "launch: --max-restarts resumes a training run from its ",
+                         "checkpoint, so the command must be `train --run-dir DIR ...` or `train --resume DIR`");
+  }
   return Launcher(o).run();
 }
 
@@ -355,6 +446,12 @@ void add_launch_command(CLI::App& app, Runner& run) {
   cmd->add_option("--grace", opt->grace_s, "Seconds the ranks get to stop after one fails or launch is stopped")
       ->capture_default_str()
       ->check(kNonNegativeReal);
+  cmd->add_option("--max-restarts", opt->max_restarts,
+                  "When a rank is lost (killed, or exit status 3), stop the others and start every rank again, "
+                  "resuming the run's --run-dir from its last checkpoint, up to this many times (one node; train "
+                  "only)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   cmd->add_option("command", opt->command, "The lockstep subcommand and its arguments, after --")->required();
   cmd->callback([&run, opt] { run = [opt] { return run_launch(*opt); }; });
 }

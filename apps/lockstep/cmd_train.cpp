@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
+#include <tuple>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -22,6 +25,8 @@
 namespace lockstep::cli {
 namespace {
 
+namespace fs = std::filesystem;
+
 struct TrainArgs {
   std::string config_file;
   std::vector<std::string> sets;
@@ -35,7 +40,10 @@ struct TrainArgs {
   std::string master_addr;
   int master_port = -1;
   // Shortcuts for common keys; each becomes a --set.
-  std::vector<std::pair<std::string, std::string>> shortcuts;
+  struct Shortcut {
+    std::string flag, key, value;
+  };
+  std::vector<Shortcut> shortcuts;
 };
 
 std::atomic<bool> g_stop{false};
@@ -61,10 +69,24 @@ extern "C" void on_interrupt(int sig) {
     }
     return;
   }
+  if (sig != SIGINT && sig != SIGTERM) return;  // a hang-up is not repeated by a person in a hurry
   if (monotonic_ns() - g_first_interrupt_ns.load() < 250000000) return;
   static const char second[] = "\nlockstep: stopped at once (a second interrupt); the last checkpoint is intact\n";
   [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, second, sizeof second - 1);
   ::_exit(kExitInterrupted);
+}
+
+// A closed stdout (`train | head`, a killed launcher's pipe) stops the run after its step, as SIGTERM does,
+// instead of ending it unsaved; later writes then fail quietly (EPIPE) instead of raising SIGPIPE again.
+extern "C" void on_broken_pipe(int) {
+  ::signal(SIGPIPE, SIG_IGN);
+  if (!g_stop.exchange(true)) g_first_interrupt_ns.store(monotonic_ns());
+}
+
+// The lines that close a run go to stdout, or to stderr once stdout is closed.
+void say(const std::string& text) {
+  std::cout << text << std::flush;
+  if (!std::cout) std::cerr << text << std::flush;
 }
 
 std::string ranks_text(const std::vector<int>& ranks) {  // "0, 2"
@@ -83,19 +105,40 @@ std::string default_run_dir() {
 void add_shortcut(CLI::App& cmd, TrainArgs& args, const std::string& flag, const std::string& type,
                   const std::string& key, const std::string& help) {
   cmd.add_option_function<std::string>(
-         flag, [&args, key](const std::string& v) { args.shortcuts.emplace_back(key, v); },
+         flag,
+         [&args, flag, key](const std::string& v) {
+           args.shortcuts.push_back({flag, key, v});
+         },
          help + " (same as --set " + key + "=...)")
       ->type_name(type);
 }
 
 std::vector<std::string> overrides(const TrainArgs& args) {
   std::vector<std::string> all;
-  for (const auto& [key, value] : args.shortcuts) all.push_back(key + "=" + value);
+  for (const auto& shortcut : args.shortcuts) all.push_back(shortcut.key + "=" + shortcut.value);
   all.insert(all.end(), args.sets.begin(), args.sets.end());
   return all;
 }
 
 int run_train_on(const TrainArgs& args, train::ResolvedRun run, std::shared_ptr<dist::Group> group);
+
+// Each flag that sets a key, and each --set, checked alone before anything is read: a value its key
+// refuses (a type, a range, an unknown key) is a bad command line (exit status 2), named by its flag.
+// What depends on other keys or on the files is checked when the run is resolved (exit status 1).
+void check_flag_values(const TrainArgs& args) {
+  const auto check = [](const std::string& given, const std::string& assignment) {
+    train::Config probe(train::lockstep_schema());
+    try {
+      probe.set_from_string(assignment);
+    } catch (const InvalidArgument& e) {
+      throw UsageError(given + ": " + e.what());
+    }
+  };
+  for (const auto& shortcut : args.shortcuts) {
+    check(shortcut.flag + " " + shortcut.value, shortcut.key + "=" + shortcut.value);
+  }
+  for (const auto& assignment : args.sets) check("--set " + assignment, assignment);
+}
 
 // A new run's configuration: the defaults, then --config's file, then the overrides in order.
 train::ResolvedRun new_run(const TrainArgs& args) { return train::resolve_new_run(args.config_file, overrides(args)); }
@@ -106,8 +149,31 @@ train::ResolvedRun resolve_run(const TrainArgs& args) {
   return args.resume.empty() ? new_run(args) : train::resolve_resumed_run(args.resume, overrides(args));
 }
 
-int run_train(const TrainArgs& args) {
-  // Flags that contradict each other, before anything is read (exit status 2).
+// How many times a launcher started this rank again after a lost one: 0 on the first start.
+int restart_count() {
+  for (const char* name : {kRestartCountEnv, "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value && std::atoi(value) > 0) return std::atoi(value);
+  }
+  return 0;
+}
+
+int run_train(TrainArgs args) {
+  // Started again after a lost rank (launch --max-restarts, torchrun --max-restarts) with the command
+  // that started the run: its --run-dir, once it holds the run, is resumed from its last checkpoint.
+  // --config's file and the flags that set keys are already in its config.toml (given again, a key a
+  // resumed run may not change would be refused even at the same value).
+  if (const int restart = restart_count();
+      restart > 0 && args.resume.empty() && !args.run_dir.empty() && fs::exists(train::config_path(args.run_dir))) {
+    std::cout << "restart " << restart << ": resuming " << args.run_dir << " from its last checkpoint" << std::endl;
+    args.resume = args.run_dir;
+    args.run_dir.clear();
+    args.config_file.clear();
+    args.sets.clear();
+    args.shortcuts.clear();
+  }
+  // Flags that contradict each other or values their keys refuse, before anything is read (exit status 2).
+  check_flag_values(args);
   if (!args.resume.empty()) {
     LOCKSTEP_CHECK_USAGE(!args.print_config, "--print-config shows a new run's configuration; a run being resumed ",
                          "keeps its own in ", args.resume, "/config.toml");
@@ -124,7 +190,15 @@ int run_train(const TrainArgs& args) {
   std::shared_ptr<dist::Group> group;
   const bool flags_give_ranks = args.world_size > 0 || args.rank >= 0;
   if (flags_give_ranks || dist::GroupOptions::environment_has_ranks()) {
-    // Flags override the environment, key by key.
+    // Flags override the environment, key by key; but a launcher's ranks all got its WORLD_SIZE and
+    // their own RANK, so a flag that says otherwise would leave ranks waiting for each other.
+    for (const auto& [flag, given, name] :
+         {std::tuple{"--world-size", args.world_size, "WORLD_SIZE"}, std::tuple{"--rank", args.rank, "RANK"}}) {
+      const char* set = std::getenv(name);
+      LOCKSTEP_CHECK_USAGE(given < 0 || !set || std::to_string(given) == set, flag, " ", given, " contradicts ", name,
+                           "=", set ? set : "",
+                           " set by the launcher (lockstep launch or torchrun); give one or the other");
+    }
     dist::GroupOptions options = dist::GroupOptions::from_environment();
     if (args.world_size > 0) options.size = args.world_size;
     if (args.rank >= 0) options.rank = args.rank;
@@ -190,22 +264,26 @@ int run_train_on(const TrainArgs& args, train::ResolvedRun run, std::shared_ptr<
     }
   };
   callbacks.stop_requested = &g_stop;
+  // Every way a run is told to stop (Ctrl-C, a scheduler's SIGTERM, a closed terminal, a closed pipe)
+  // ends it after the step under way with its checkpoint saved.
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGHUP, on_interrupt);
+  std::signal(SIGPIPE, on_broken_pipe);
 
   const train::TrainSummary summary = trainer->run(callbacks);
   progress.finish();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+  std::signal(SIGPIPE, SIG_IGN);  // the closing lines below fall back to stderr
   if (summary.interrupted) {
-    std::cout << "interrupted at step " << summary.steps
-              << "; checkpoint saved. Continue with:\n  lockstep train --resume " << summary.run_dir << "\n";
+    say("interrupted at step " + std::to_string(summary.steps) +
+        "; checkpoint saved. Continue with:\n  lockstep train --resume " + summary.run_dir + "\n");
     return kExitInterrupted;
   }
   if (summary.evaluation_skipped) {  // stopped once every step was taken: complete, not evaluated
-    std::cout << "trained " << summary.steps << " steps in " << format_duration(summary.seconds)
-              << "; the run is complete and its checkpoint saved, but its final evaluation was skipped on request. "
-              << "Evaluate it with:\n  lockstep eval " << summary.run_dir << "\n";
+    say("trained " + std::to_string(summary.steps) + " steps in " + format_duration(summary.seconds) +
+        "; the run is complete and its checkpoint saved, but its final evaluation was skipped on request. " +
+        "Evaluate it with:\n  lockstep eval " + summary.run_dir + "\n");
     return kExitInterrupted;
   }
   if (!root) {
@@ -264,6 +342,7 @@ void add_train_command(CLI::App& app, Runner& run) {
   cmd->add_option("--resume", args->resume,
                   "Continue the run in this directory from its checkpoint, exactly where it stopped (a run "
                   "that stopped before its first checkpoint starts again from step 0)")
+      ->check(kNonEmptyPath)
       ->type_name("RUN_DIR");
   cmd->add_flag("--print-config", args->print_config, "Print the resolved configuration as TOML and exit");
   // The flags that set a key, as the run settings' table declares them.

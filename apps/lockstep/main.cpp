@@ -54,13 +54,26 @@ int main(int argc, char** argv) {
       std::cerr << "lockstep: a subcommand is required\n";
       return lockstep::cli::kExitUsage;
     }
+    // Where a subcommand was wanted (`lockstep WORD`, `lockstep bench WORD`), name the word given.
+    CLI::App* at = &app;
+    std::string path = "lockstep";
+    int i = 1;
+    for (; i < argc; ++i) {
+      CLI::App* sub = nullptr;
+      for (CLI::App* s : at->get_subcommands([](const CLI::App*) { return true; })) {
+        if (s->get_name() == argv[i]) sub = s;
+      }
+      if (!sub) break;
+      at = sub;
+      path += std::string(" ") + argv[i];
+    }
     std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
       names.push_back(sub->get_name());
     }
-    if (argv[1][0] != '-' && std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      std::cerr << "lockstep: unknown subcommand '" << argv[1] << "'; valid: " << lockstep::detail::concat_list(names)
-                << "\n";
+    if (!names.empty() && i < argc) {
+      std::cerr << "lockstep: " << (argv[i][0] == '-' ? "unknown option '" : "unknown subcommand '") << argv[i]
+                << "' for " << path << "; give one of: " << lockstep::detail::concat_list(names) << "\n";
       return lockstep::cli::kExitUsage;
     }
     app.exit(e);

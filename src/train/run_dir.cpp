@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <system_error>
 
 #include "lockstep/core/error.h"
@@ -100,6 +101,36 @@ std::vector<std::string> remove_stale_temporaries(const std::string& run_dir) {
   }
   std::sort(removed.begin(), removed.end());
   return removed;
+}
+
+std::vector<std::string> records_past_first_checkpoint(const std::string& run_dir, int64_t first_checkpoint_step) {
+  std::vector<std::string> found;
+  if (fs::exists(summary_path(run_dir))) {
+    std::string says;
+    try {  // a damaged summary still shows that the run finished or was stopped with a checkpoint
+      const auto j = nlohmann::json::parse(io::read_file(summary_path(run_dir)));
+      says = detail::concat(" (", j.at("interrupted").get<bool>() ? "interrupted at step " : "trained ",
+                            j.at("steps").get<int64_t>(), j.at("interrupted").get<bool>() ? "" : " steps", ")");
+    } catch (const std::exception&) {
+    }
+    found.push_back("summary.json" + says);
+  }
+  if (fs::exists(reconstructions_path(run_dir))) found.push_back("reconstructions.png (the final evaluation's)");
+  int64_t last_step = -1;
+  if (fs::exists(metrics_path(run_dir))) {
+    std::istringstream in(io::read_file(metrics_path(run_dir)));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) {
+        last_step = std::max(last_step, j["step"].get<int64_t>());
+      }
+    }
+  }
+  if (last_step > first_checkpoint_step) {
+    found.push_back(detail::concat("metrics.jsonl (records up to step ", last_step,
+                                   ", past the first checkpoint at step ", first_checkpoint_step, ")"));
+  }
+  return found;
 }
 
 void write_summary(const std::string& run_dir, int64_t steps, bool interrupted, bool evaluated, double seconds,

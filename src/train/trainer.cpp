@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -386,6 +387,14 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, ResolvedRun
   s->run = std::move(run.settings);
   const std::string path = checkpoint_path(run_dir);
   if (!fs::exists(path)) {
+    // A run whose records say it got past its first checkpoint has lost that checkpoint: starting
+    // again would write over its records, so nothing is touched.
+    const int64_t every = s->run.train.checkpoint_every();
+    const auto records =
+        records_past_first_checkpoint(run_dir, every > 0 ? every : std::numeric_limits<int64_t>::max());
+    LOCKSTEP_THROW_IF_NOT(records.empty(), IoError, "cannot resume ", run_dir, ": ", checkpoint_path(run_dir),
+                          " is missing, but the run got past its first checkpoint: ", detail::concat_list(records),
+                          ". Nothing was changed; put the checkpoint back, or train a new run with --run-dir");
     // Stopped before its first checkpoint (checkpoint_every defaults to 500): nothing to continue,
     // and `lockstep train --run-dir` refuses a directory that holds a run, so it starts again here.
     if (on_info) {

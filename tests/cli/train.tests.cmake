@@ -4,21 +4,31 @@
 set(TINY --config ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --batch-size 16 --set data.train_subset=64)
 
 lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a subcommand is required" ARGS)
-lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian'; valid: train, eval, encode, decode, doctor" ARGS trian)
+lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian' for lockstep; give one of: train, eval, encode, decode, doctor" ARGS trian)
+lockstep_cli_test(unknown_option_before_subcommand EXIT 2 OUTPUT "unknown option '--bogus' for lockstep; give one of: train" ARGS --bogus)
+lockstep_cli_test(unknown_bench_subcommand EXIT 2 OUTPUT "unknown subcommand 'nosuch' for lockstep bench; give one of: quantizers, collectives" ARGS bench nosuch)
+lockstep_cli_test(bench_bad_device EXIT 2 OUTPUT "--device = 'tpu' is not a device" ARGS bench quantizers --device tpu)
 lockstep_cli_test(version EXIT 0 OUTPUT "lockstep [0-9]+\\.[0-9]+" ARGS --version)
 lockstep_cli_test(train_help EXIT 0 OUTPUT "--set KEY=VALUE.*--resume.*--epochs INT.*Fashion-MNIST.*docs/configuration.md" ARGS train --help)
-lockstep_cli_test(train_unknown_key EXIT 1 OUTPUT "unknown key 'train.batch'.*batch_size" ARGS train --set train.batch=3)
-lockstep_cli_test(train_bad_value EXIT 1 OUTPUT "train.lr" ARGS train --set train.lr=fast)
-lockstep_cli_test(train_out_of_range EXIT 1 OUTPUT "train.batch_size" ARGS train --batch-size 0)
-lockstep_cli_test(train_unknown_quantizer EXIT 1 OUTPUT "fsq" ARGS train --quantizer nope)
+# A value its key refuses, given on the command line, is a bad command line (2), named by its flag.
+lockstep_cli_test(train_unknown_key EXIT 2 OUTPUT "--set train.batch=3: unknown key 'train.batch'.*batch_size" ARGS train --set train.batch=3)
+lockstep_cli_test(train_bad_value EXIT 2 OUTPUT "--set train.lr=fast: train.lr" ARGS train --set train.lr=fast)
+lockstep_cli_test(train_not_an_assignment EXIT 2 OUTPUT "--set train.lr: .*expected key=value" ARGS train --set train.lr)
+lockstep_cli_test(train_out_of_range EXIT 2 OUTPUT "--batch-size 0: train.batch_size" ARGS train --batch-size 0)
+lockstep_cli_test(train_not_a_number EXIT 2 OUTPUT "--steps abc: train.steps must be an integer" ARGS train --steps abc)
+lockstep_cli_test(train_negative_threads EXIT 2 OUTPUT "--threads -1: train.threads" ARGS train --threads -1)
+lockstep_cli_test(train_unknown_quantizer EXIT 2 OUTPUT "--quantizer nope: .*fsq" ARGS train --quantizer nope)
+lockstep_cli_test(train_empty_resume EXIT 2 OUTPUT "--resume: .*(missing|empty string)" ARGS train --resume=)
+lockstep_cli_test(train_world_size_against_launcher EXIT 2 OUTPUT "--world-size 3 contradicts WORLD_SIZE=2"
+                  ARGS launch -n 2 -- train --world-size 3)
 # The bucket table is checked whatever the dataset: a Fashion-MNIST run refuses it too.
-lockstep_cli_test(train_bad_buckets EXIT 1 OUTPUT "data.buckets = \"garbage\" is not valid: .*use WIDTHxHEIGHT"
+lockstep_cli_test(train_bad_buckets EXIT 2 OUTPUT "--buckets garbage: data.buckets = \"garbage\" is not valid: .*use WIDTHxHEIGHT"
                   ARGS train --buckets garbage --print-config)
 # Every quantizer section is checked, also one the run does not use.
 lockstep_cli_test(train_unused_quantizer_section_checked EXIT 1
                   OUTPUT "\\[quantizer.lfq\\] lfq: codebook_size = 1000 must be a power of two"
                   ARGS train --quantizer vq --set quantizer.lfq.codebook_size=1000 --print-config)
-lockstep_cli_test(train_bad_device EXIT 1 OUTPUT "train.device = \"gpu\" is not valid.*use cpu, cuda or cuda:N" ARGS train --device gpu)
+lockstep_cli_test(train_bad_device EXIT 2 OUTPUT "--device gpu: train.device = \"gpu\" is not valid.*use cpu, cuda or cuda:N" ARGS train --device gpu)
 lockstep_cli_test(train_print_config EXIT 0 OUTPUT "\\[quantizer.fsq\\].*levels = \\[8, 5, 5, 5\\]" ARGS train --print-config)
 lockstep_cli_test(train_missing_dataset EXIT 1 OUTPUT "dataset-fashion-mnist" ARGS train --run-dir run --data nowhere)
 lockstep_cli_test(train_unwritable_run_dir EXIT 1 OUTPUT "/proc/lockstep-run" ARGS train --run-dir /proc/lockstep-run)

@@ -97,7 +97,8 @@ TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
   Config c = one_step();
   c.set("train.log_every", int64_t{1});
   Trainer::create(c, run, dist::make_single_process_group())->run({});
-  fs::remove(checkpoint_path(run));  // as if it had died before writing one
+  // As if it had died before writing its checkpoint: none, and no closing records.
+  for (const auto& file : {checkpoint_path(run), summary_path(run), reconstructions_path(run)}) fs::remove(file);
   try {
     Trainer::create(c, run, dist::make_single_process_group());
     ADD_FAILURE() << "a second run was started in " << run;
@@ -120,6 +121,51 @@ TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
     if (r.kind == "train") steps.push_back(r.step);
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2}));
+}
+
+// A run whose records show it got past its first checkpoint (a summary, the final reconstructions, metrics
+// past that step) but whose checkpoint is gone is refused, naming what is there, and nothing is written over:
+// starting again would retrain over a finished run.
+TEST(RunDirRestart, AResumeOfARunPastItsFirstCheckpointWithoutOneIsRefusedAndTouchesNothing) {
+  struct Case {
+    const char* name;
+    std::vector<std::string (*)(const std::string&)> removed;  // besides the checkpoint
+    const char* named;
+  };
+  const std::vector<Case> cases = {
+      {"finished", {}, "summary.json (trained 3 steps)"},
+      {"final evaluation", {&summary_path}, "reconstructions.png"},
+      {"metrics",
+       {&summary_path, &reconstructions_path},
+       "metrics.jsonl (records up to step 3, past the first "
+       "checkpoint at step 2)"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    test_util::TempDir tmp;
+    const std::string run = tmp.file("run");
+    Config c = one_step();
+    c.set("train.steps", int64_t{3});
+    c.set("train.log_every", int64_t{1});
+    c.set("train.checkpoint_every", int64_t{2});
+    Trainer::create(c, run, dist::make_single_process_group())->run({});
+    fs::remove(checkpoint_path(run));
+    for (auto path : k.removed) fs::remove(path(run));
+    std::vector<std::pair<std::string, std::string>> before;
+    for (const auto& file : run_files(run)) {
+      if (fs::exists(file) && fs::is_regular_file(file)) before.emplace_back(file, io::read_file(file));
+    }
+    try {
+      Trainer::resume(run, {}, dist::make_single_process_group());
+      ADD_FAILURE() << "the run was started again";
+    } catch (const IoError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("checkpoint.safetensors is missing"), std::string::npos) << m;
+      EXPECT_NE(m.find(k.named), std::string::npos) << m;
+    }
+    for (const auto& [file, bytes] : before) EXPECT_EQ(io::read_file(file), bytes) << file;
+    EXPECT_FALSE(fs::exists(checkpoint_path(run)));
+  }
 }
 
 // Ctrl-C once every step is taken (issue #37 item 2): no interruption, the run is complete and saved;

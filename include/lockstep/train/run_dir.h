@@ -42,6 +42,11 @@ std::unique_ptr<RunDirLock> prepare_new_run_dir(const std::string& run_dir);
 // `run_dir`; call it while holding the directory's lock. Returns the names removed.
 std::vector<std::string> remove_stale_temporaries(const std::string& run_dir);
 
+// What in `run_dir` shows that its run got past its first checkpoint (written at step
+// `first_checkpoint_step`): a summary.json, reconstructions.png, metrics.jsonl records past that step.
+// One description per file, naming what it says; empty when the run stopped before that checkpoint.
+std::vector<std::string> records_past_first_checkpoint(const std::string& run_dir, int64_t first_checkpoint_step);
+
 // summary.json: steps, wall time and the final test evaluation ("test"), and that of the weights'
 // moving average ("test_ema") when there is one.
 // Without `evaluated` (interrupted, or the evaluation skipped) there are no test figures.
