@@ -151,7 +151,18 @@ int report_current_exception() {
     report_error(e.what());
     return kExitInternal;
   } catch (const c10::Error& e) {
-    report_error(e.what_without_backtrace());  // LibTorch's C++ stack frames tell a user nothing
+    // LibTorch's C++ stack frames tell a user nothing, nor does its allocator's advice: what to change does.
+    std::string text = e.what_without_backtrace();
+    for (const char* sign : {"can't allocate memory", "not enough memory", "out of memory"}) {
+      if (text.find(sign) == std::string::npos) continue;
+      text = detail::concat(
+          "out of memory: the sizes asked for (batch, image, model or codebook) need more memory "
+          "than ",
+          text.find("CUDA") != std::string::npos ? "the GPU" : "this machine",
+          " can give; a smaller --batch-size may fit (", text.substr(0, text.find_first_of(".\n")), ")");
+      break;
+    }
+    report_error(text);
     return kExitError;
   } catch (const std::bad_alloc&) {
     report_error(

@@ -166,7 +166,17 @@ int decode_folder(const DecodeArgs& args, train::TrainedModel& t) {
       decode_batches(ids, t, args.batch_size, [&](int64_t first, std::vector<io::Image>& images) {
         const std::vector<std::string> batch_paths(out_paths.begin() + first,
                                                    out_paths.begin() + first + static_cast<int64_t>(images.size()));
-        for (const auto& path : batch_paths) fs::create_directories(fs::path(path).parent_path());
+        for (const auto& path : batch_paths) {
+          // A folder inside --output that is a link would take the images elsewhere: refused, as a link at
+          // the file itself is.
+          fs::path below = args.output_dir;
+          for (const auto& part : fs::path(path).parent_path().lexically_relative(args.output_dir)) {
+            below /= part;
+            LOCKSTEP_THROW_IF_NOT(!fs::is_symlink(below), IoError, "cannot write ", path, ": ", below.string(),
+                                  " is a symbolic link; lockstep does not write through links (remove it)");
+          }
+          fs::create_directories(fs::path(path).parent_path());
+        }
         write_pngs(batch_paths, images);
         written += static_cast<int64_t>(images.size());
         progress.done(static_cast<int64_t>(images.size()));
@@ -223,7 +233,8 @@ void add_decode_command(CLI::App& app, Runner& run) {
   auto args = std::make_shared<DecodeArgs>();
   CLI::App* cmd = app.add_subcommand("decode", "Token ids (.npy) -> PNG images");
   cmd->footer(
-      "Reads token ids as `lockstep encode` writes them (any integer dtype) and writes one PNG per image "
+      "Reads token ids as `lockstep encode` writes them (int8, int16, int32, int64 or uint8; convert numpy's "
+      "uint16/32/64 with astype) and writes one PNG per image "
       "in --output, and/or one grid PNG with --grid. Given the directory `encode` wrote for an image folder, "
       "writes every image to --output at its source's path (as .png). Works a batch at a time (memory of "
       "one batch), says how far it got on stderr every few seconds, and gives the rate at the end.");

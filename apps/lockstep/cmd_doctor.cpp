@@ -298,7 +298,8 @@ void add_doctor_command(CLI::App& app, Runner& run) {
       ->check(kPositiveInt);
   cmd->add_option("--data", opt->data_dir,
                   "Directory to look for Fashion-MNIST in; without it, the image folder to scan as training would")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kNonEmptyPath);
   cmd->add_flag("--quick", opt->quick, "Shorter measurements (about 1 s in all instead of 3-5)");
   cmd->callback([&run, opt] { run = [opt] { return run_doctor(*opt); }; });
 }

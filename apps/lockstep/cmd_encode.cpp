@@ -129,13 +129,16 @@ void add_encode_command(CLI::App& app, Runner& run) {
   cmd->add_option("-o,--output", args->output, "The .npy file to write (a directory for an image folder)")
       ->required()
       ->check(kNonEmptyPath);
-  cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--data", args->data_dir,
-                  "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's data.dir)");
-  cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
-      ->check(CLI::IsMember({"test", "train"}))
-      ->capture_default_str();
+  auto* images = cmd->add_option("--images", args->images, "PNG files of one size (converted to the model's channels)")
+                     ->check(CLI::ExistingFile);
+  // --images names the input: a data set given beside it would be ignored, so it is refused.
+  images->excludes(cmd->add_option("--data", args->data_dir,
+                                   "Fashion-MNIST's directory of .gz files, or an image folder (default: the run's "
+                                   "data.dir); not with --images")
+                       ->check(kNonEmptyPath));
+  images->excludes(cmd->add_option("--split", args->split, "Fashion-MNIST split to encode when no --images are given")
+                       ->check(CLI::IsMember({"test", "train"}))
+                       ->capture_default_str());
   cmd->add_option("--limit", args->limit, "Encode only the first N images (in path order for folders; 0 = all)")
       ->check(kNonNegativeInt);
   cmd->add_option("--batch-size", args->batch_size, "Images per forward pass")

@@ -243,9 +243,21 @@ int run_train_on(const TrainArgs& args, train::ResolvedRun run, std::shared_ptr<
   const bool root = group->rank() == 0;
   if (!args.resume.empty()) {
     trainer = train::Trainer::resume(args.resume, std::move(run), !overrides(args).empty(), group, print_line);
+  } else if (!args.run_dir.empty()) {
+    trainer = train::Trainer::create(std::move(run), args.run_dir, group, print_line);
   } else {
-    trainer = train::Trainer::create(std::move(run), args.run_dir.empty() ? default_run_dir() : args.run_dir, group,
-                                     print_line);
+    // A run that fails before it starts leaves no runs/<date-time>/ of its own behind (a lock file only).
+    const std::string run_dir = default_run_dir();
+    try {
+      trainer = train::Trainer::create(std::move(run), run_dir, group, print_line);
+    } catch (...) {
+      std::error_code ec;
+      bool unused = root && fs::is_directory(run_dir, ec);  // rank 0 made it
+      for (const auto& entry : fs::directory_iterator(run_dir, ec))
+        unused = unused && entry.path().filename() == ".lock";
+      if (unused && !ec) fs::remove_all(run_dir, ec);
+      throw;
+    }
   }
 
   ProgressPrinter progress(stdout_is_terminal(), trainer->settings().train.log_every());

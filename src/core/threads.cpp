@@ -47,7 +47,10 @@ ThreadChoice choose_threads(long long requested, const std::string& flag) {
                      most, ")");
   if (requested > 0) return {static_cast<int>(requested), flag};
   if (const long long omp = positive_env("OMP_NUM_THREADS"); omp > 0) {
-    return {static_cast<int>(std::min(omp, most)), "OMP_NUM_THREADS"};
+    if (omp <= most) return {static_cast<int>(omp), "OMP_NUM_THREADS"};
+    return {static_cast<int>(most),
+            detail::concat("OMP_NUM_THREADS=", omp, " capped at ", kMaxThreadsPerCore, " per core on this machine's ",
+                           cores, cores == 1 ? " core" : " cores")};
   }
   const int ranks = local_world_size();
   const int threads = std::max(1, cores / ranks);

@@ -69,7 +69,16 @@ void Adam::load_state(const std::map<std::string, at::Tensor>& state, int64_t st
                             it->second.sizes(), ", the model needs ", dst->sizes());
       LOCKSTEP_THROW_IF_NOT(it->second.scalar_type() == dst->scalar_type(), CorruptInput, "optimizer state '", key,
                             "' is ", it->second.scalar_type(), ", the model needs ", dst->scalar_type());
-      dst->copy_(it->second);
+      // Adam never writes a value that is not finite, nor a negative second moment: such a state was
+      // damaged, and resuming from it would diverge (or silently stall) steps later.
+      const bool second_moment = dst == &s.exp_avg_sq;
+      const at::Tensor& value = it->second;
+      LOCKSTEP_THROW_IF_NOT(value.isfinite().all().item<bool>(), CorruptInput, "optimizer state '", key,
+                            "' holds values that are not finite: the checkpoint is damaged");
+      LOCKSTEP_THROW_IF_NOT(!second_moment || value.numel() == 0 || value.min().item<double>() >= 0, CorruptInput,
+                            "optimizer state '", key, "' holds negative second moments (smallest ",
+                            value.min().item<double>(), "): the checkpoint is damaged");
+      dst->copy_(value);
     }
   }
   steps_ = steps;

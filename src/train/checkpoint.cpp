@@ -66,6 +66,11 @@ Checkpoint load_checkpoint(const std::string& path) {
   Checkpoint c;
   c.step = parse_int(data, "step");
   c.optimizer_steps = parse_int(data, "optimizer_steps");
+  // Checked here, before a model is built: Adam's bias correction needs the count exact as a double.
+  for (const auto& [key, count] : {std::pair{"step", c.step}, std::pair{"optimizer_steps", c.optimizer_steps}}) {
+    LOCKSTEP_THROW_IF_NOT(count < (int64_t{1} << 53), CorruptInput, path, ": checkpoint metadata '", key, "' = ", count,
+                          " is not below 2^53, the most steps a run can count exactly");
+  }
   auto config = data.metadata.find("config");
   LOCKSTEP_THROW_IF_NOT(config != data.metadata.end(), CorruptInput, path, ": checkpoint metadata has no 'config'");
   c.config_toml = config->second;

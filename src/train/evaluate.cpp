@@ -96,6 +96,10 @@ void Evaluation::add(const at::Tensor& images) {
   for (int64_t first = 0; first < images.size(0); first += s.options.batch_size_) {
     const at::Tensor x = images.slice(0, first, std::min(first + s.options.batch_size_, images.size(0))).to(s.device);
     const model::AutoencoderOutput out = s.model.forward(x, quant::QuantizeContext{});
+    // Finite weights can still overflow float32 on the way: no figure (or code histogram) means anything then.
+    LOCKSTEP_THROW_IF_NOT(out.reconstruction.isfinite().all().item<bool>(), CorruptInput,
+                          "the model's reconstructions are not finite: its weights overflow float32 or hold nan, "
+                          "so there is nothing to evaluate");
     // Pixels in [0, 1]; the reconstruction is clamped as it would be when saved as an image.
     const at::Tensor reconstruction = out.reconstruction.clamp(-1, 1);
     const at::Tensor diff = (reconstruction - x) / 2;

@@ -42,6 +42,13 @@ ResolvedRun resolve_resumed_run(const std::string& run_dir, const std::vector<st
                        detail::concat_list(resumable));
     config.set_from_string(assignment);
   }
+  // A relative data.dir was taken from the directory the run started in; from another, it names nothing.
+  const std::string data_dir = config.get_string("data.dir");
+  LOCKSTEP_THROW_IF_NOT(
+      data_dir.empty() || std::filesystem::path(data_dir).is_absolute() || std::filesystem::exists(data_dir), IoError,
+      "cannot resume ", run_dir, ": its data.dir '", data_dir,
+      "' is relative, and there is no such path under this directory (", std::filesystem::current_path().string(),
+      "); resume from the directory the run was started in, or give --set data.dir=PATH");
   return resolve_config(std::move(config));
 }
 

@@ -81,8 +81,7 @@ std::unique_ptr<RunDirLock> prepare_new_run_dir(const std::string& run_dir) {
                         ec ? ec.message() : "a file of that name exists");
   auto lock = std::make_unique<RunDirLock>(run_dir);  // first: no other process can start a run here now
   LOCKSTEP_CHECK_ARG(!fs::exists(config_path(run_dir)) && !fs::exists(checkpoint_path(run_dir)), "run directory ",
-                     run_dir, " already holds a run; continue it with --resume ", run_dir,
-                     ", or choose another --run-dir");
+                     run_dir, " already holds a run; choose another --run-dir, or continue it with --resume ", run_dir);
   // Fail now, not after minutes of training, when the directory cannot be written.
   const std::string probe = (fs::path(run_dir) / ".write-test").string();
   io::write_file_atomic(probe, "");

@@ -282,6 +282,17 @@ struct Trainer::State {
                      data->training_images()});
   }
 
+  // Whether any rank was asked to stop: one small collective, taken only between steps after a
+  // checkpoint or an evaluation (the steps carry the request themselves, with their last bucket).
+  bool any_rank_stopping(const std::atomic<bool>* stop_requested) {
+    at::Tensor flag =
+        torch::full({1}, stop_requested && stop_requested->load() ? 1.0f : 0.0f, torch::TensorOptions(device));
+    if (group->size() == 1) return flag.item<float>() > 0;
+    std::vector<at::Tensor> tensors{flag};
+    group->all_reduce(tensors, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.stop_after_pause"));
+    return tensors[0].item<float>() > 0;
+  }
+
   void save() {
     check_replicas(detail::concat("at step ", step).c_str());
     saved_step = step;       // on every rank, which all decide alike whether a save is due
@@ -444,19 +455,26 @@ TrainSummary Trainer::run(const TrainCallbacks& cb) {
     // evaluation is skipped, below).
     if (stop && s.step < s.total_steps) summary.interrupted = true;
     if (stop) summary.evaluation_skipped = true;
-    if (checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps) {
+    const bool checkpoint_due = checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps;
+    if (checkpoint_due) {
       s.save();
       if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
     }
     // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3). Ctrl-C
-    // during it skips the rest of it; the next step carries the stop to every rank.
-    if (s.is_root() && eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps && !stop) {
+    // during it skips the rest of it.
+    const bool eval_due = eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps && !stop;
+    if (s.is_root() && eval_due) {
       try {
         report.after_eval(s.step, s.evaluate_test(false, cb.stop_requested));
         if (s.modules.ema_model) report.after_eval(s.step, s.evaluate_test(true, cb.stop_requested));
       } catch (const EvaluationStopped& e) {
         if (cb.on_info) cb.on_info(detail::concat("step ", s.step, ": ", e.what()));
       }
+    }
+    // A stop asked for during a checkpoint write or an evaluation ends the run here, not one step later.
+    if (!stop && (checkpoint_due || eval_due) && s.any_rank_stopping(cb.stop_requested)) {
+      stop = true;
+      summary.interrupted = summary.evaluation_skipped = true;
     }
     if (stop) break;
   }

@@ -7,7 +7,7 @@ lockstep_cli_test(bench_quantizers_no_match EXIT 2 OUTPUT "no benchmark case mat
                   ARGS bench quantizers --filter nothing --min-time 0.05)
 lockstep_cli_test(bench_collectives_runs EXIT 0 OUTPUT "barrier +[0-9.]+ +[0-9.]+.*all_reduce 1M floats" TIMEOUT 120
                   ARGS bench collectives --iterations 20 --port 29781)
-lockstep_cli_test(bench_quantizers_bad_device EXIT 1 OUTPUT "--device = 'gpu' is not a device: use cpu, cuda" TIMEOUT 60
+lockstep_cli_test(bench_quantizers_bad_device EXIT 2 OUTPUT "--device = 'gpu' is not a device: use cpu, cuda" TIMEOUT 60
                   ARGS bench quantizers --device gpu)
 # bench/gpu_check.sh runs only where there are GPUs; here it must at least parse and explain itself.
 add_test(NAME cli.gpu_check_parses_and_explains_itself

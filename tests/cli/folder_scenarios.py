@@ -42,7 +42,7 @@ def folder_resume_refuses_a_changed_folder(run):
 
 
 @scenario(120, needs=IMAGES)
-def folder_decode_refuses_a_path_listed_twice(run):
+def folder_decode_refuses_a_path_listed_twice_or_a_link(run):
     # An index naming one image twice would overwrite images: refused.
     trained(run, 1)
     run.lockstep("encode", "run", "-o", "tokens", log="encode.log")
@@ -53,6 +53,17 @@ def folder_decode_refuses_a_path_listed_twice(run):
     index_path.write_text(json.dumps(index))
     run.expect(run.lockstep("decode", "run", "--tokens", "tokens", "-o", "decoded", log="decode.log", expect=1),
                r"tokens/index\.json: path .* is listed twice", "the refusal")
+    # A folder inside the output that is a link to elsewhere would take the images there: refused, and
+    # nothing is written where it points.
+    bucket["paths"][1] = "sub/" + bucket["paths"][1]
+    index_path.write_text(json.dumps(index))
+    (run.dir / "elsewhere").mkdir()
+    (run.dir / "linked").mkdir()
+    (run.dir / "linked" / "sub").symlink_to(run.dir / "elsewhere")
+    run.expect(run.lockstep("decode", "run", "--tokens", "tokens", "-o", "linked", log="decode-link.log", expect=1),
+               r"linked/sub is a symbolic link; lockstep does not write through links", "the refusal of the link")
+    if any((run.dir / "elsewhere").iterdir()):
+        raise Failure(f"decode wrote through the link: {sorted((run.dir / 'elsewhere').iterdir())}")
 
 
 @scenario(120, needs=IMAGES)

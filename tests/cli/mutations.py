@@ -11,6 +11,7 @@ seeded, so every run of the test tries the same inputs.
     mutations.py LOCKSTEP        (works in ./mutations-work, made afresh)
 """
 import gzip
+import array
 import json
 import os
 import random
@@ -147,6 +148,15 @@ eval_checkpoint("metadata nested 100,000 deep",
                 with_header(None, b'{"__metadata__":{"x":' + b"[" * 100000 + b"]" * 100000 + b"}}"))
 dup = json.dumps(header)[:-1] + ', "__metadata__": {"step": "1"}}'
 eval_checkpoint("a key twice", with_header(None, dup.encode()))
+# Finite weights whose reconstructions overflow float32 (each model weight times 1e30): eval used to print
+# "mse -nan psnr inf dB" and exit 0.
+huge = bytearray(payload)
+for name, info in header.items():
+    if name != "__metadata__" and name.startswith("model") and info["dtype"] == "F32":
+        begin, end = info["data_offsets"]
+        values = array.array("f", bytes(huge[begin:end]))
+        huge[begin:end] = array.array("f", (v * 1e30 for v in values)).tobytes()
+eval_checkpoint("weights times 1e30", ckpt[:8 + header_len] + bytes(huge), pattern="are not finite")
 for n in range(12):  # damage anywhere in the header: refused, or (inside a name or text) harmless
     eval_checkpoint(f"header bit flip {n}", flip(ckpt, 8, 8 + header_len), frozenset({0, 1}))
 for n in range(6):  # a weight's bits: undetectable unless they make NaN or infinity

@@ -290,3 +290,13 @@ def doctor_reads_the_data_set(run):
     out = run.lockstep("doctor", "--quick", "--threads", 1, "--data", "data", log="doctor.log")
     run.expect(out, r"Fashion-MNIST +damaged in data.*WARNING: Fashion-MNIST in data cannot be read: "
                r".*t10k-images-idx3-ubyte\.gz", "the damaged file named")
+
+
+@scenario(60)
+def train_failing_before_it_starts_leaves_no_run_directory(run):
+    # Without --run-dir a run goes to runs/<date-time>/; one refused before it starts (a model the images cannot
+    # pass) used to leave that directory behind, empty but for its lock.
+    run.lockstep("train", "--set", "model.channels=[4,4,4,4]", log="train.log", expect=1)
+    left = sorted(str(p.relative_to(run.dir)) for p in (run.dir / "runs").glob("*")) if (run.dir / "runs").exists() else []
+    if left:
+        raise Failure(f"a failed run left {left}")

@@ -7,7 +7,6 @@ lockstep_cli_test(no_subcommand EXIT 2 OUTPUT "Subcommands:.*train.*doctor.*a su
 lockstep_cli_test(unknown_subcommand EXIT 2 OUTPUT "unknown subcommand 'trian' for lockstep; give one of: train, eval, encode, decode, doctor" ARGS trian)
 lockstep_cli_test(unknown_option_before_subcommand EXIT 2 OUTPUT "unknown option '--bogus' for lockstep; give one of: train" ARGS --bogus)
 lockstep_cli_test(unknown_bench_subcommand EXIT 2 OUTPUT "unknown subcommand 'nosuch' for lockstep bench; give one of: quantizers, collectives" ARGS bench nosuch)
-lockstep_cli_test(bench_bad_device EXIT 2 OUTPUT "--device = 'tpu' is not a device" ARGS bench quantizers --device tpu)
 lockstep_cli_test(version EXIT 0 OUTPUT "lockstep [0-9]+\\.[0-9]+" ARGS --version)
 lockstep_cli_test(train_help EXIT 0 OUTPUT "--set KEY=VALUE.*--resume.*--epochs INT.*Fashion-MNIST.*docs/configuration.md" ARGS train --help)
 # A value its key refuses, given on the command line, is a bad command line (2), named by its flag.
@@ -77,3 +76,6 @@ lockstep_cli_test(train_divergence_is_an_error EXIT 5
                   ARGS train --run-dir run --steps 20 --lr 10 --quantizer vq --threads 1 --batch-size 32
                   --set data.train_subset=640 --set data.test_subset=64 --set model.channels=[8,16])
 lockstep_cli_test(help_lists_exit_statuses EXIT 0 OUTPUT "Exit status: 0 done.*3 a rank died or stalled.*4 ranks disagreed" ARGS --help)
+# --images names encode's input: a data set given beside it would be ignored, so it is refused.
+lockstep_cli_test(encode_images_with_data EXIT 2 OUTPUT "--images excludes --data"
+                  ARGS encode nowhere -o out.npy --images ${CMAKE_CURRENT_LIST_DIR}/small_run.toml --data somewhere)

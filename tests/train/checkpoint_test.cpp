@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 
@@ -187,6 +188,37 @@ TEST(Adam, DamagedStateIsRefusedNotCast) {
   extra["exp_avg.other"] = torch::zeros({1});
   EXPECT_NE(message(extra, 1).find("optimizer state has 3 tensors, but this model's optimizer has 2"),
             std::string::npos);
+  // Moments Adam never writes: an infinite second moment resumed silently and stalled the weights.
+  auto infinite = good;
+  infinite["exp_avg_sq.w"] = torch::full({4, 3}, INFINITY);
+  EXPECT_NE(message(infinite, 1).find("'exp_avg_sq.w' holds values that are not finite"), std::string::npos)
+      << message(infinite, 1);
+  auto nan_mean = good;
+  nan_mean["exp_avg.w"] = torch::full({4, 3}, NAN);
+  EXPECT_NE(message(nan_mean, 1).find("'exp_avg.w' holds values that are not finite"), std::string::npos);
+  auto negative = good;
+  negative["exp_avg_sq.w"] = -torch::ones({4, 3});
+  EXPECT_NE(message(negative, 1).find("'exp_avg_sq.w' holds negative second moments (smallest -1)"), std::string::npos)
+      << message(negative, 1);
+}
+
+// A step count of 2^53 or more (not exact as a double) is refused when the file is read, naming the file.
+TEST(Checkpoint, StepCountsBeyondExactDoublesAreRefusedOnLoad) {
+  test_util::TempDir tmp;
+  auto m = small_model({4, 8});
+  save_checkpoint(tmp.file("c.safetensors"), sample_checkpoint(m));
+  for (const std::string key : {"step", "optimizer_steps"}) {
+    io::SafetensorsData data = io::load_safetensors(tmp.file("c.safetensors"));
+    data.metadata[key] = std::to_string((int64_t{1} << 53) + 1);
+    io::save_safetensors(tmp.file("big.safetensors"), data);
+    try {
+      load_checkpoint(tmp.file("big.safetensors"));
+      ADD_FAILURE() << key << " = 2^53 + 1 was accepted";
+    } catch (const CorruptInput& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + key + "' = 9007199254740993 is not below 2^53"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -103,7 +103,9 @@ TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
     Trainer::create(c, run, dist::make_single_process_group());
     ADD_FAILURE() << "a second run was started in " << run;
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("continue it with --resume " + run), std::string::npos) << e.what();
+    // The path ends the message: nothing glued to it when it is copied.
+    const std::string m = e.what(), end = "continue it with --resume " + run;
+    EXPECT_TRUE(m.size() >= end.size() && m.compare(m.size() - end.size(), end.size(), end) == 0) << m;
   }
   std::vector<std::string> said;
   const TrainSummary s =
@@ -194,22 +196,34 @@ TEST(TrainerStop, AStopAtTheLastStepIsNoInterruption) {
   }
 }
 
-// Before the last step it is an interruption: the step under way completes, nothing after it.
+// Before the last step it is an interruption: the step under way completes, nothing after it. Asked after
+// step 2's report: with nothing between the steps, step 3 carries the request to every rank; when step 2 is
+// followed by a checkpoint write or an evaluation, the ranks agree there and stop at step 2.
 TEST(TrainerStop, AStopBeforeTheLastStepEndsTheRunAfterTheStepUnderWay) {
-  test_util::TempDir tmp;
-  const std::string run = tmp.file("run");
-  Config c = one_step();
-  c.set("train.steps", int64_t{5});
-  c.set("train.checkpoint_every", int64_t{1});
-  std::atomic<bool> stop{false};
-  TrainCallbacks cb;
-  cb.stop_requested = &stop;
-  cb.on_step = [&](const StepReport& r) { stop = stop || r.step == 2; };
-  const TrainSummary s = Trainer::create(c, run, dist::make_single_process_group())->run(cb);
-  EXPECT_TRUE(s.interrupted);
-  EXPECT_EQ(s.steps, 3);  // asked between steps 2 and 3: step 3 carries the request to every rank
-  EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, 3);
-  EXPECT_NE(io::read_file(summary_path(run)).find("\"interrupted\": true"), std::string::npos);
+  struct Case {
+    const char* key;
+    int64_t every;
+    int64_t stopped_at;
+  };
+  for (const Case& k :
+       {Case{"train.checkpoint_every", 0, 3}, Case{"train.checkpoint_every", 1, 2}, Case{"train.eval_every", 2, 2}}) {
+    SCOPED_TRACE(detail::concat(k.key, " = ", k.every));
+    test_util::TempDir tmp;
+    const std::string run = tmp.file("run");
+    Config c = one_step();
+    c.set("train.steps", int64_t{5});
+    c.set("train.checkpoint_every", int64_t{0});
+    c.set(k.key, k.every);
+    std::atomic<bool> stop{false};
+    TrainCallbacks cb;
+    cb.stop_requested = &stop;
+    cb.on_step = [&](const StepReport& r) { stop = stop || r.step == 2; };
+    const TrainSummary s = Trainer::create(c, run, dist::make_single_process_group())->run(cb);
+    EXPECT_TRUE(s.interrupted);
+    EXPECT_EQ(s.steps, k.stopped_at);
+    EXPECT_EQ(load_checkpoint(checkpoint_path(run)).step, k.stopped_at);
+    EXPECT_NE(io::read_file(summary_path(run)).find("\"interrupted\": true"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -162,6 +162,18 @@ TEST(ResolveRun, AResumedRunTakesOverridesOfResumableKeysOnly) {
   EXPECT_THROW(resolve_resumed_run(dir.path() + "/absent", {}), IoError);
 }
 
+// A relative data.dir is the directory the run started in's: resumed from elsewhere it names nothing, and the
+// refusal says so instead of "Fashion-MNIST is missing".
+TEST(ResolveRun, AResumeWhereARelativeDataDirNamesNothingSaysWhy) {
+  const test_util::TempDir dir;
+  ResolvedRun first = resolve_new_run("", {"data.dir=no-such-data-here"});
+  std::ofstream(config_path(dir.path())) << first.config.to_toml();
+  const std::string e = error_of<IoError>([&] { resolve_resumed_run(dir.path(), {}); });
+  EXPECT_NE(e.find("data.dir 'no-such-data-here' is relative"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set data.dir=PATH"), std::string::npos) << e;
+  EXPECT_NO_THROW(resolve_resumed_run(dir.path(), {"data.dir=" + dir.path()}));
+}
+
 TEST(ResolveRun, ANewRunRefusesABadQuantizerSectionItDoesNotUse) {
   const std::string e = error_of<InvalidArgument>([] { resolve_new_run("", {"quantizer.lfq.codebook_size=1000"}); });
   EXPECT_NE(e.find("[quantizer.lfq] lfq: codebook_size = 1000 must be a power of two"), std::string::npos) << e;
