@@ -156,3 +156,52 @@ def launch_restarts_a_lost_rank_until_the_run_completes(run):
         launched.expect(r"rank 0/2\] restart 2: resuming run from its last checkpoint", "rank 0 resuming")
     run.same_checkpoint("whole", "run")
     print("ok: killed twice, restarted twice, the final checkpoint equals the uninterrupted run's bit for bit")
+
+
+def children_with_rank(parent, rank):
+    """The pids of `parent`'s child processes whose environment has RANK=`rank` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) != parent:
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if re.search(rb"(?:^|\0)RANK=" + str(rank).encode() + rb"\0", environ.read()):
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@scenario(300, needs=("torchrun",))
+def torchrun_restarts_a_lost_rank_from_the_checkpoint(run):
+    # torchrun --max-restarts 1 starts the workers again with the same command after rank 1 is SIGKILLed; train
+    # sees TORCHELASTIC_RESTART_COUNT and resumes its --run-dir from the last checkpoint, and the run ends where
+    # the uninterrupted one (under launch, which torchrun matches exactly) does, bit for bit.
+    run.launch(2, "whole", *RESTARTED)
+    with open(run.dir / "torchrun.log", "wb") as log:
+        process = subprocess.Popen([run.torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                                    "--no-python", run.binary, "train", "--run-dir", "run", *map(str, RESTARTED)],
+                                   cwd=run.dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=environment({}))
+    try:
+        target = []
+        def past():
+            target[:] = children_with_rank(process.pid, 1)
+            return (logged_steps(run) > 10 and target) or process.poll() is not None
+        run.wait_until(past, 120)
+        if not target:
+            raise Failure(f"rank 1 not found under torchrun\n{(run.dir / 'torchrun.log').read_text()[-3000:]}")
+        os.kill(target[0], signal.SIGKILL)
+        code = process.wait(timeout=max(run.deadline - time.monotonic(), 1))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    text = (run.dir / "torchrun.log").read_text(errors="replace")
+    if code != 0:
+        raise Failure(f"torchrun exited {code}\n{text[-3000:]}")
+    run.expect(text, r"restart 1: resuming run from its last checkpoint", "train resuming after torchrun's restart")
+    run.same_checkpoint("whole", "run")
