@@ -114,6 +114,12 @@ class Launched:
             raise Failure(f"launch still running {seconds} s after {after}\n{self.log()[-3000:]}")
         return self.process.returncode
 
+    def ended_with(self, expected, seconds, after):
+        """Failure unless launch ends within `seconds` of `after` with exit status `expected`."""
+        code = self.exit_status(seconds, after)
+        if code != expected:
+            raise Failure(f"launch exited {code} after {after}, expected {expected}\n{self.log()[-3000:]}")
+
     def rank(self, number):
         if number not in self.ranks:
             raise Failure(f"rank {number} not found among launch's children ({self.ranks})\n{self.log()[-3000:]}")
@@ -177,9 +183,7 @@ def launch_never_blocks_on_a_silent_rank(run):
     with Launched(run, "-n", 2, "--", "train", "--run-dir", "run", "--steps", steps, "--batch-size", 2, *SMALLEST,
                   *extra(), "--set", "train.log_every=1", "--set", "train.eval_every=0",
                   "--collective-timeout", 60) as launched:
-        code = launched.exit_status(240, "it started")
-        if code != 0:
-            raise Failure(f"launch exited {code}\n{launched.log()[-3000:]}")
+        launched.ended_with(0, 240, "it started")
         lines = len(re.findall(r"^\[rank 0/2\] step", launched.log(), re.M))
         if lines < steps:
             raise Failure(f"only {lines} of {steps} step lines from rank 0 came through")
@@ -190,17 +194,18 @@ def launch_never_blocks_on_a_silent_rank(run):
 
 @scenario(240)
 def launch_passes_sigterm_to_its_ranks(run):
-    # SIGTERM to launch reaches both ranks; launch exits 128 + 15.
+    # SIGTERM to launch reaches both ranks, which save their checkpoint; launch exits 128 + 15.
     with training(run, 5) as launched:
         if len(launched.ranks) != 2:
             raise Failure(f"expected 2 ranks, found {launched.ranks}")
         launched.process.send_signal(signal.SIGTERM)
-        code = launched.exit_status(30, "SIGTERM")
-        if code != 143:
-            raise Failure(f"launch exited {code} after SIGTERM, expected 143\n{launched.log()[-3000:]}")
+        launched.ended_with(143, 30, "SIGTERM")
         launched.expect(r"passing it to the ranks", "launch saying it passed the signal on")
+        launched.expect(r"rank 0/2\] interrupted at step [0-9]+; checkpoint saved", "rank 0 saying it saved")
         launched.no_rank_left()
-    print(f"ok: SIGTERM passed to both ranks, launch exited {code}, no rank left")
+    if not (run.dir / "run" / "checkpoint.safetensors").exists():
+        raise Failure("no checkpoint after SIGTERM")
+    print("ok: SIGTERM passed to both ranks, the checkpoint saved, launch exited 143, no rank left")
 
 
 def rank_ended_by(run, sig):
