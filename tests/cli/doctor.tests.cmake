@@ -38,5 +38,3 @@ endif()
 get_property(doctor_tests DIRECTORY PROPERTY TESTS)
 list(FILTER doctor_tests INCLUDE REGEX "^cli\\.doctor_")
 set_property(TEST ${doctor_tests} APPEND PROPERTY LABELS channel)
-lockstep_cli_test(doctor_empty_data EXIT 2 OUTPUT "--data: .*(missing|empty string)"
-                  ARGS doctor --quick --data=)

@@ -57,6 +57,25 @@ def kill_a_rank_then_resume(run):
 SMALLEST = ("--threads", 1, "--set", "data.train_subset=64", "--set", "data.test_subset=8", "--set", "model.channels=[4,4]")
 
 
+def children_by_rank(parent):
+    """RANK -> pid of `parent`'s child processes that have RANK in their environment (read from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) != parent:
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                rank = re.search(rb"(?:^|\0)RANK=(\d+)\0", environ.read())
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if rank:
+            found.setdefault(int(rank.group(1)), int(entry))
+    return found
+
+
 class Launched:
     """`lockstep launch ARGS` started in the scenario's directory (its output in launch.log) and the ranks it
     started, found as its children and told apart by their RANK. Leaving the `with` block kills whatever of
@@ -83,22 +102,9 @@ class Launched:
 
     def remember_ranks(self):
         """Adds launch's children now alive to `ranks` (read back from /proc), until both are known."""
-        if len(self.ranks) >= 2:
-            return
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                if parent != self.process.pid:
-                    continue
-                with open(f"/proc/{entry}/environ", "rb") as environ:
-                    found = re.search(rb"(?:^|\0)RANK=(\d+)\0", environ.read())
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile
-            if found:
-                self.ranks.setdefault(int(found.group(1)), int(entry))
+        if len(self.ranks) < 2:
+            for rank, pid in children_by_rank(self.process.pid).items():
+                self.ranks.setdefault(rank, pid)
 
     def wait_for(self, pattern, seconds, what):
         """Failure unless `pattern` appears in launch's output within `seconds` (while launch runs)."""

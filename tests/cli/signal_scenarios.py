@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from fault_scenarios import SMALLEST, Launched, training
+from fault_scenarios import SMALLEST, Launched, children_by_rank, training
 from scenario_kit import HERE, Failure, environment, evaluate, scenario
 
 # One process training for as long as it is let, logging every step.
@@ -152,24 +152,6 @@ def launch_restarts_a_lost_rank_until_the_run_completes(run):
     print("ok: killed twice, restarted twice, the final checkpoint equals the uninterrupted run's bit for bit")
 
 
-def children_with_rank(parent, rank):
-    """The pids of `parent`'s child processes whose environment has RANK=`rank` (read from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) != parent:
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if re.search(rb"(?:^|\0)RANK=" + str(rank).encode() + rb"\0", environ.read()):
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 @scenario(300, needs=("torchrun",))
 def torchrun_restarts_a_lost_rank_from_the_checkpoint(run):
     # torchrun --max-restarts 1 starts the workers again with the same command after rank 1 is SIGKILLed; train
@@ -184,7 +166,7 @@ def torchrun_restarts_a_lost_rank_from_the_checkpoint(run):
     try:
         target = []
         def past():
-            target[:] = children_with_rank(process.pid, 1)
+            target[:] = [pid for rank, pid in children_by_rank(process.pid).items() if rank == 1]
             return (logged_steps(run) > 10 and target) or process.poll() is not None
         run.wait_until(past, 120)
         if not target:

@@ -300,3 +300,12 @@ def train_failing_before_it_starts_leaves_no_run_directory(run):
     left = sorted(str(p.relative_to(run.dir)) for p in (run.dir / "runs").glob("*")) if (run.dir / "runs").exists() else []
     if left:
         raise Failure(f"a failed run left {left}")
+
+
+@scenario(60)
+def empty_paths_are_refused(run):
+    # An empty path given as its own argument ("") would mean a default: `train --resume ''` started a new
+    # run, `doctor --data ''` looked nowhere and exited 0. Both are bad command lines now.
+    for args in (("train", "--resume", ""), ("doctor", "--quick", "--data", "")):
+        out = run.lockstep(*args, log="empty.log", expect=2)
+        run.expect(out, rf"{args[-2]}: must name a file or directory, not an empty string", f"{args[0]}'s refusal")

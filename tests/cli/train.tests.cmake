@@ -17,7 +17,6 @@ lockstep_cli_test(train_out_of_range EXIT 2 OUTPUT "--batch-size 0: train.batch_
 lockstep_cli_test(train_not_a_number EXIT 2 OUTPUT "--steps abc: train.steps must be an integer" ARGS train --steps abc)
 lockstep_cli_test(train_negative_threads EXIT 2 OUTPUT "--threads -1: train.threads" ARGS train --threads -1)
 lockstep_cli_test(train_unknown_quantizer EXIT 2 OUTPUT "--quantizer nope: .*fsq" ARGS train --quantizer nope)
-lockstep_cli_test(train_empty_resume EXIT 2 OUTPUT "--resume: .*(missing|empty string)" ARGS train --resume=)
 lockstep_cli_test(train_world_size_against_launcher EXIT 2 OUTPUT "--world-size 3 contradicts WORLD_SIZE=2"
                   ARGS launch -n 2 -- train --world-size 3)
 # The bucket table is checked whatever the dataset: a Fashion-MNIST run refuses it too.
