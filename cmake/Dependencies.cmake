@@ -33,6 +33,16 @@ if(LOCKSTEP_TORCH_ROOT)
   # wheel's libraries win over a system LibTorch installed beside it.
   set(Torch_ROOT "${LOCKSTEP_TORCH_ROOT}")
 endif()
+# The CUDA toolkit found the same way whatever PATH holds. Found through PATH, a shell with
+# /usr/local/cuda/bin gave -isystem /usr/local/cuda/include and one without /usr/local/cuda-13.0/include
+# (through a wrapper in /usr/local/bin): every torch-including compile then missed the compiler cache
+# that the other had filled (CI's did). CUDACXX, CUDAToolkit_ROOT or CMAKE_CUDA_COMPILER still choose.
+if(NOT LOCKSTEP_PYTHON_ONLY AND NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND NOT CUDAToolkit_ROOT
+   AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "nvcc of the CUDA toolkit in /usr/local/cuda")
+  set(CUDAToolkit_ROOT /usr/local/cuda)
+  set(CUDA_TOOLKIT_ROOT_DIR /usr/local/cuda)  # torch's own FindCUDA (its link and run paths)
+endif()
 if(LOCKSTEP_PYTHON_ONLY AND LOCKSTEP_TORCH_ROOT)
   # The Python package alone takes torch as torch.utils.cpp_extension does: the wheel's headers and
   # libraries. find_package(Torch) would look for the CUDA toolkit (nvcc) that a CUDA wheel's users
