@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The extra-forward scenarios of docs/python.md, run with vector-quantize-pytorch's modules and with
+"""The extra-forward scenarios of docs/python/distributed.md, run with vector-quantize-pytorch's modules and with
 lockstep's, on 2 CPU processes (Gloo); prints one table row per scenario with each library's outcome.
 
 A small tokenizer (linear -> quantizer -> linear) trains 4 steps, gradients averaged by hand, while rank 0

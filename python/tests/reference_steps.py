@@ -52,7 +52,7 @@ def compare_training_steps(reference, ours, shape, steps, state_keys=(), scale=1
     `orthogonal`: (weight, codebooks(reference) -> each layer's codebook[, taken(codebook, indices) -> the
     codes the regulariser takes]) when the orthogonal regulariser is on. lockstep's EMA update waits for
     backward, so the regulariser's value is of the codebook before the step's update; the reference's after
-    it (docs/python.md). The expected loss is the reference's with that term taken before. `optimizer`: a
+    it (docs/python/vq.md). The expected loss is the reference's with that term taken before. `optimizer`: a
     torch.optim class stepping both modules' parameters (a learnable codebook among them) after each
     backward."""
     ours.load_reference_state_dict(reference.state_dict())

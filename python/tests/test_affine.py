@@ -15,7 +15,7 @@ vqp = pytest.importorskip("vector_quantize_pytorch")
 
 def _with_lockstep_timing(reference):
     """The reference's codebook with its affine statistics updated at the EMA step (after the search)
-    and the first search unmoved: what lockstep computes (docs/python.md, affine_param)."""
+    and the first search unmoved: what lockstep computes (docs/python/vq.md, affine_param)."""
     codebook = reference._codebook
     update_affine, track = codebook.update_affine, codebook.track_cluster_size_and_embed_avg
     shape = codebook.codebook_mean.shape
@@ -48,7 +48,7 @@ CASES = {
 
 
 # Masked with one codebook and no projection only: the reference's masked commitment loss fails with
-# projections or heads (docs/python.md, "Padded sequences").
+# projections or heads (docs/python/vq.md, "Padded sequences").
 @pytest.mark.parametrize("case, masked", [(case, False) for case in sorted(CASES)] + [("plain", True)])
 def test_affine_param_matches_the_reference_with_lockstep_s_timing(case, masked):
     options = dict(CASES[case], affine_param=True, decay=0.9)

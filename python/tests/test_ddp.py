@@ -276,7 +276,7 @@ def test_lfq_on_unequal_batches_gives_one_process_s_rows_and_gradients():
         for r in range(2):
             torch.testing.assert_close(parts[r][0], out[rows[r]])
             assert torch.equal(parts[r][1], indices[rows[r]])
-            # A forward never communicates: the loss a rank sees is its own batch's (docs/python.md) ...
+            # A forward never communicates: the loss a rank sees is its own batch's (docs/python/distributed.md) ...
             assert parts[r][2] == pytest.approx(losses_alone[r], rel=1e-5, abs=1e-6)
             # ... and backward gives it the global batch's gradient, the world size times one process's
             # rows whatever the shares, so that DDP's average of the ranks' gradients is one process's.

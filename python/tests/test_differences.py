@@ -1,4 +1,4 @@
-"""The deliberate differences from vector-quantize-pytorch that docs/python.md lists, each asserted
+"""The deliberate differences from vector-quantize-pytorch that docs/python/ lists, each asserted
 beside the reference's behaviour on the same input."""
 import pytest
 import torch

@@ -1,19 +1,16 @@
-"""docs/python.md's table of vector-quantize-pytorch's classes stays equal to what both packages export."""
+"""The docs' table of vector-quantize-pytorch's classes (docs/python/vector-quantize-pytorch.md) stays equal to
+what both packages export."""
 import inspect
-import pathlib
 import re
 
 import vector_quantize_pytorch
 
 import lockstep
-
-DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+from docs_pages import section
 
 
 def table():
-    text = DOCS.read_text()
-    section = text.split("## Classes of vector-quantize-pytorch", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section, re.M))
+    return dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section("Classes of vector-quantize-pytorch"), re.M))
 
 
 def test_the_table_lists_every_class_the_reference_exports_and_every_lockstep_module():

@@ -1,9 +1,8 @@
-"""docs/python.md's tables of vector-quantize-pytorch's options stay equal to the reference's signatures,
-and each state holds against lockstep's constructors: a refused option given another value than its
-default raises a TypeError naming it; an option marked same or deliberate difference is taken."""
+"""The docs' tables of vector-quantize-pytorch's options (docs/python/vector-quantize-pytorch.md) stay equal to
+the reference's signatures, and each state holds against lockstep's constructors: a refused option given another
+value than its default raises a TypeError naming it; an option marked same or deliberate difference is taken."""
 import builtins
 import inspect
-import pathlib
 import re
 import warnings
 
@@ -11,10 +10,10 @@ import pytest
 import torch
 
 import lockstep
+from docs_pages import section
 
 vqp = pytest.importorskip("vector_quantize_pytorch")
 
-DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
 STATE = re.compile(r"^(same|deliberate difference \(.+\)|refused \(lockstep takes only .+\)"
                    r"|refused as by the reference \((\w+): .+\))$")
 
@@ -58,10 +57,8 @@ COMPANIONS = {"learnable_codebook": dict(ema_update=False),
 
 
 def tables():
-    text = DOCS.read_text()
-    section = text.split("## Options of vector-quantize-pytorch's classes", 1)[1].split("\n## ", 1)[0]
     out = {}
-    for block in section.split("\n### ")[1:]:
+    for block in section("Options of vector-quantize-pytorch's classes").split("\n### ")[1:]:
         name = re.match(r"`(\w+)`", block).group(1)
         out[name] = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", block, re.M))
     return out

@@ -1,4 +1,4 @@
-"""A forward never communicates (docs/python.md, G3): an extra forward on some ranks only (a preview, a
+"""A forward never communicates (docs/python/distributed.md, G3): an extra forward on some ranks only (a preview, a
 metric pass, validation in training mode) runs alone and changes nothing shared. For each of the six
 modules, on 2 and 3 real processes with a hard time limit, inside DistributedDataParallel and without it,
 before the first step and mid-training, in training mode with gradients, in training mode under no_grad

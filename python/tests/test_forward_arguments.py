@@ -110,7 +110,7 @@ class _PerTokenCodes(torch.nn.Module):
     (dict(heads=2, separate_codebook_per_head=True, codebook_dim=4), (2, 10, 8), (2, 10, 4)),
     (dict(heads=2, codebook_dim=4), (2, 10, 8), (4, 10, 4)),
     # the diversity loss over each token's own codes (a learned codebook: the reference's EMA step writes the
-    # codebook its gradient is then taken at, docs/python.md)
+    # codebook its gradient is then taken at, docs/python/vq.md)
     (dict(learnable_codebook=True, ema_update=False, codebook_diversity_loss_weight=0.3), (2, 10, 8), (2, 10, 8)),
     (dict(heads=2, codebook_dim=4, learnable_codebook=True, ema_update=False, codebook_diversity_loss_weight=0.3),
      (2, 10, 8), (4, 10, 4)),

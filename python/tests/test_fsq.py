@@ -125,7 +125,7 @@ def test_projections_without_bias_match_the_reference():
 
 @pytest.mark.parametrize("module", ["FSQ", "LFQ"])
 def test_force_quantization_f32_false_quantizes_in_float32_all_the_same(module):
-    """A deliberate difference (docs/python.md): the reference then rounds in the input's half precision;
+    """A deliberate difference (docs/python/scalar.md): the reference then rounds in the input's half precision;
     lockstep's codes are the float32 path's, its output in the input's dtype."""
     make = (lambda **o: lockstep.FSQ(levels=[8, 5, 5], **o)) if module == "FSQ" else (
         lambda **o: lockstep.LFQ(codebook_size=2**6, **o))

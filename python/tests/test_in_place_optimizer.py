@@ -2,7 +2,7 @@
 user's stepping the codebook's parameters on the in-place loss (each token's squared distance to its code). The
 reference steps in forward (all-reducing the gradient there) and searches again; lockstep takes the gradient over
 the global batch in the training call's backward and steps once backward has accumulated the codebook's gradient,
-so the codebooks move alike while the call's output is of the codebook before its step (docs/python.md). Under
+so the codebooks move alike while the call's output is of the codebook before its step (docs/python/vq.md). Under
 DDP on 2 processes: test_ddp.py."""
 import copy
 

@@ -146,7 +146,7 @@ def test_options_lockstep_cannot_run_are_refused_by_name():
 
 def test_an_even_level_that_is_no_power_of_two_gives_the_position_s_index():
     """Level 6's values are k/6 - 0.5; the reference truncates (z + (v - z)) * 6 + 3 and can land one
-    index low (a deliberate difference: lockstep's index is the chosen position's, docs/python.md)."""
+    index low (a deliberate difference: lockstep's index is the chosen position's, docs/python/scalar.md)."""
     ours = lockstep.LatentQuantize(levels=[6, 5], dim=2)
     codes = ours.implicit_codebook
     assert torch.equal(ours.codes_to_indices(codes), torch.arange(30, dtype=torch.int32))

@@ -195,7 +195,7 @@ def _breakdown_ranks(rank, world, x):
 
 def test_on_two_ranks_each_rank_s_breakdown_is_of_its_own_tokens():
     # Each rank's subset is drawn by its tokens' global positions; its breakdown is of those tokens, as
-    # the loss value it returns (docs/python.md: forward returns the rank's own values).
+    # the loss value it returns (docs/python/distributed.md: forward returns the rank's own values).
     for aux, weighted in run_ranks(2, _breakdown_ranks, torch.randn(4, 8, 6)):
         torch.testing.assert_close(weighted, aux, atol=1e-6, rtol=1e-6)
 

@@ -313,7 +313,7 @@ def test_lfq_over_ranks_with_a_rank_of_padding_only_gives_one_process_s_gradient
     entropy = grads[0.0]
     ranks = run_ranks(2, _lfq_masked_ranks, x, lens)
     # The entropy's gradient is of the global batch's valid tokens, the world size times one process's
-    # (DDP averages it back, docs/python.md); the commitment loss is rank 0's mean over its valid
+    # (DDP averages it back, docs/python/vq.md); the commitment loss is rank 0's mean over its valid
     # tokens, which are all the valid tokens here.
     assert entropy.abs().max() > 1e-3
     torch.testing.assert_close(ranks[0], grads[0.5][:2] + entropy[:2], atol=1e-6, rtol=1e-5)

@@ -343,7 +343,7 @@ def test_beam_search_matches_the_reference(options):
     evaluation (eval_beam_size) and forward's own beam_size. Each layer's EMA update takes the chosen path's
     residuals and codes; the reference updates the first layer alone (its `all_residuals[..., 0, :]` picks
     layer 0's residual, not the best path's, and the zip over layers stops there: a deliberate difference,
-    docs/python.md), so the codebooks are compared for layer 0, and the other layers' cluster sizes
+    docs/python/residual.md), so the codebooks are compared for layer 0, and the other layers' cluster sizes
     against the chosen codes' counts."""
     torch.manual_seed(0)
     reference = ReferenceResidualVQ(dim=12, num_quantizers=3, codebook_size=16, decay=0.5, **options)

@@ -198,8 +198,9 @@ def test_on_two_ranks_a_forward_stays_local_by_default_and_a_rank_0_preview_chan
 
 def test_with_update_in_forward_a_forward_on_rank_0_alone_is_named_there_never_a_hang():
     # The explicit way asks every rank to make each training forward: rank 0's extra one pairs with rank 1's
-    # next (the same collectives: that pairing no fingerprint can tell, docs/python.md), and rank 0's last
-    # update finds no partner: it is named there, with the rank that stopped, instead of waiting forever.
+    # next (the same collectives: that pairing no fingerprint can tell, docs/python/vector-quantize-pytorch.md),
+    # and rank 0's last update finds no partner: it is named there, with the rank that stopped, instead of
+    # waiting forever.
     message, done = run_ranks(2, _preview_on_rank_0)
     assert "rank 1" in message, message
     assert done == "no error"

@@ -67,7 +67,8 @@ def test_layouts_once_refused_match_the_reference(options, shape):
 
 
 def test_channel_first_sequences_take_a_mask_along_the_sequence():
-    """lens counts along n (the reference's counts along dim, a deliberate difference, docs/python.md)."""
+    """lens counts along n (the reference's counts along dim, a deliberate difference,
+    docs/python/vector-quantize-pytorch.md)."""
     ours = lockstep.VectorQuantize(dim=8, codebook_size=16, channel_last=False)
     plain = lockstep.VectorQuantize(dim=8, codebook_size=16)
     plain.load_state_dict(ours.state_dict())
@@ -79,7 +80,7 @@ def test_channel_first_sequences_take_a_mask_along_the_sequence():
     torch.testing.assert_close(loss, loss_plain)
 
 
-# Every option docs/python.md lists as supported with the reference's meaning, beside the reference
+# Every option docs/python/vq.md lists as supported with the reference's meaning, beside the reference
 # (the options that draw random numbers are in test_differences.py).
 @pytest.mark.parametrize("options, shape", [
     (dict(use_cosine_sim=True), (2, 100, 16)),
@@ -140,7 +141,7 @@ def test_the_codebook_diversity_loss_matches_the_reference(options, shape):
     position, over liblockstep's logits; indices, outputs, losses, input (and codebook) gradients and codebooks
     over 3 steps, and the breakdown's unweighted term. With the EMA the reference's gradient of its distances is
     taken at the codebook its in-forward update left (the storage its detached codebook shares, as with its
-    cross-entropy commitment, docs/python.md); lockstep's is the gradient of the value it returns, which a frozen
+    cross-entropy commitment, docs/python/vq.md); lockstep's is the gradient of the value it returns, which a frozen
     copy of the reference gives."""
     import copy
     reference = ReferenceVQ(dim=16, codebook_size=64, codebook_diversity_loss_weight=0.3, **options)
@@ -248,7 +249,7 @@ def test_return_loss_breakdown_gives_the_references_unweighted_terms(options):
     torch.testing.assert_close(breakdown.commitment, breakdown_ref.commitment, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(breakdown.codebook_diversity, breakdown_ref.codebook_diversity)
     torch.testing.assert_close(breakdown.inplace_optimize, breakdown_ref.inplace_optimize)
-    # The regulariser is of the codebook before the step's update (docs/python.md), the reference's after it.
+    # The regulariser is of the codebook before the step's update (docs/python/vq.md), the reference's after it.
     expected_orthogonal = before if options.get("orthogonal_reg_weight") else breakdown_ref.orthogonal_reg
     torch.testing.assert_close(breakdown.orthogonal_reg, expected_orthogonal, atol=1e-5, rtol=1e-5)
     weights = options.get("commitment_weight", 1.0), options.get("orthogonal_reg_weight", 0.0)

@@ -1,7 +1,7 @@
 """VectorQuantize's per-call arguments beside the reference (issue #38): forward's topk (each token's k best
 codes, their per-token commitment losses), update_ema_indices (the EMA update with codes chosen elsewhere),
 ema_update_weight (a tensor or a callable of the call's global statistics), accum_ema_update and
-ema_update. lockstep's EMA update rides on backward (docs/python.md): each lockstep call below is
+ema_update. lockstep's EMA update rides on backward (docs/python/distributed.md): each lockstep call below is
 backwarded before its state is compared, the reference's state is read after its forward."""
 import pytest
 import torch
