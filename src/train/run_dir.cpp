@@ -3,11 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <regex>
@@ -29,6 +31,26 @@ std::string reconstructions_path(const std::string& run_dir) {
 std::string summary_path(const std::string& run_dir) { return (fs::path(run_dir) / "summary.json").string(); }
 std::string manifest_path(const std::string& run_dir) { return (fs::path(run_dir) / "manifest.json").string(); }
 
+namespace {
+
+// The pid the lock's holder wrote into the lock file, when that process is alive. The file keeps the
+// pid of whoever held the lock last, and a new holder writes its own just after taking the lock: a
+// pid of a process that has ended is stale, so the holder gets a moment to write, then "" (unknown).
+std::string live_holder_pid(int fd) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    char text[32] = {0};
+    const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+    char* end = nullptr;
+    const long pid = n > 0 ? std::strtol(text, &end, 10) : 0;
+    if (pid > 0 && end == text + n && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM))
+      return std::to_string(pid);
+    ::usleep(10 * 1000);
+  }
+  return "";
+}
+
+}  // namespace
+
 RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string path = (fs::path(run_dir) / ".lock").string();
   // O_NOFOLLOW: a link planted at .lock must not have its target truncated to our pid.
@@ -37,14 +59,12 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
                         errno == ELOOP ? "it is a symbolic link; lockstep does not write through links (remove it)"
                                        : std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    char holder[32] = {0};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    const std::string holder = live_holder_pid(fd_);
     ::close(fd_);
     fd_ = -1;
-    throw InvalidArgument(detail::concat(
-        "run directory ", run_dir, " is in use by another lockstep process",
-        n > 0 ? detail::concat(" (pid ", std::string(holder, static_cast<size_t>(n)), ")") : std::string(),
-        "; wait for it to finish, or choose another --run-dir"));
+    throw InvalidArgument(detail::concat("run directory ", run_dir, " is in use by another lockstep process",
+                                         holder.empty() ? " (its pid is not recorded yet)" : " (pid " + holder + ")",
+                                         "; wait for it to finish, or choose another --run-dir"));
   }
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {

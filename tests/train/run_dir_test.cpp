@@ -3,9 +3,14 @@
 // one refuse it before any work, naming it, and what it points to keeps its bytes.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -91,6 +96,38 @@ TEST(RunDirLinks, AResumedRunRefusesALinkAtEachFileItWrites) {
 // A run that stopped before its first checkpoint (issue #37 item 3: `--resume` said to start again,
 // starting again said to use `--resume`): starting again in the directory still points to --resume,
 // and --resume now starts the run again from step 0, with its config.toml and the settings given.
+// The lock file keeps the pid of whoever held the lock last; a holder writes its own just after taking
+// it. A refusal in that moment named the ended process as the holder (issue #50).
+TEST(RunDirLock, AStalePidInTheLockFileIsNotNamedAsTheHolder) {
+  test_util::TempDir tmp;
+  const std::string run = tmp.file("run");
+  fs::create_directories(run);
+  const std::string stale = std::to_string(std::numeric_limits<int>::max());  // never a live process
+  io::write_file_atomic((fs::path(run) / ".lock").string(), stale);
+  const int holder = ::open((fs::path(run) / ".lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX | LOCK_NB), 0);  // holds it, has not written its pid
+  try {
+    RunDirLock second(run);
+    ADD_FAILURE() << "a second holder took the lock";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find(stale), std::string::npos) << m;
+    EXPECT_NE(m.find("is in use by another lockstep process (its pid is not recorded yet)"), std::string::npos) << m;
+  }
+  const std::string mine = std::to_string(::getpid());  // once the holder has written its pid, it is named
+  ASSERT_EQ(::ftruncate(holder, 0), 0);
+  ASSERT_EQ(::pwrite(holder, mine.data(), mine.size(), 0), static_cast<ssize_t>(mine.size()));
+  try {
+    RunDirLock second(run);
+    ADD_FAILURE() << "a second holder took the lock";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("(pid " + mine + ")"), std::string::npos) << e.what();
+  }
+  ::close(holder);
+  RunDirLock after(run);  // the lock ends with its holder
+}
+
 TEST(RunDirRestart, AResumeWithoutACheckpointStartsTheRunAgainFromStepZero) {
   test_util::TempDir tmp;
   const std::string run = tmp.file("run");
