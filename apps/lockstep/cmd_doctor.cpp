@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -89,6 +90,9 @@ struct Findings {
   // --data names a directory without Fashion-MNIST: what an image-folder run would find there.
   int64_t folder_files = 0, folder_readable = 0;
   std::string folder_error;
+  // Not a directory to look in (a file, a FIFO, a loop of links): what it is; "" for a directory or
+  // a path that does not exist (Fashion-MNIST is then plainly missing).
+  std::string data_not_a_directory;
   dist::BackendReport backends;
 };
 
@@ -114,6 +118,28 @@ std::string default_training_refuses(const data::ImageSet& train, const data::Im
   return "";
 }
 
+// What `path` is when it exists and is no directory to look in: "a FIFO", "a file", ...; "" otherwise.
+std::string not_a_directory(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec.value() == ELOOP) return "a loop of symbolic links";
+  if (ec || status.type() == fs::file_type::not_found || status.type() == fs::file_type::directory) return "";
+  switch (status.type()) {
+    case fs::file_type::regular:
+      return "a file";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character:
+      return "a device";
+    default:
+      return "not a directory";
+  }
+}
+
 Findings examine(const DoctorOptions& opt) {
   Findings f;
   f.cpu = detect_cpu();
@@ -130,6 +156,7 @@ Findings examine(const DoctorOptions& opt) {
   f.core_env = std::getenv(kCoretypeEnv);
   f.backends = dist::report_backends();
   f.data = data::locate_fashion_mnist(opt.data_dir);
+  f.data_not_a_directory = not_a_directory(opt.data_dir);
   if (f.data.found) {
     // Opened and checked as training would (headers, sizes, labels), not only looked for.
     try {
@@ -141,7 +168,7 @@ Findings examine(const DoctorOptions& opt) {
     } catch (const std::exception& e) {
       f.data_error = e.what();
     }
-  } else if (std::error_code ec; std::filesystem::is_directory(opt.data_dir, ec)) {
+  } else if (std::error_code ec; f.data_not_a_directory.empty() && std::filesystem::is_directory(opt.data_dir, ec)) {
     try {  // the scan `lockstep train --data DIR` makes (headers only)
       const data::Manifest m = data::scan_image_folder(opt.data_dir);
       f.folder_files = static_cast<int64_t>(m.entries.size());
@@ -209,13 +236,14 @@ std::vector<std::pair<std::string, std::string>> report_rows(const Findings& f) 
                                                      " image files readable (`lockstep train --data ", f.data.dir,
                                                      "` trains on them)"));
   }
-  rows.emplace_back("Fashion-MNIST", !f.data.found ? "missing (" + std::to_string(f.data.missing_files.size()) +
-                                                         " of 4 files absent from " + f.data.dir + ")"
-                                     : !f.data_error.empty()
-                                         ? "damaged in " + f.data.dir
-                                         : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
-                                               " training and " + std::to_string(f.test_images) + " test images)" +
-                                               (f.data_unusable.empty() ? "" : ", refused by training: see below"));
+  rows.emplace_back("Fashion-MNIST",
+                    !f.data_not_a_directory.empty() ? "not looked for: " + f.data.dir + " is " + f.data_not_a_directory
+                    : !f.data.found                 ? "missing (" + std::to_string(f.data.missing_files.size()) +
+                                          " of 4 files absent from " + f.data.dir + ")"
+                    : !f.data_error.empty() ? "damaged in " + f.data.dir
+                                            : "read from " + f.data.dir + " (" + std::to_string(f.train_images) +
+                                                  " training and " + std::to_string(f.test_images) + " test images)" +
+                                                  (f.data_unusable.empty() ? "" : ", refused by training: see below"));
   return rows;
 }
 
@@ -260,7 +288,17 @@ std::vector<std::string> report_warnings(const Findings& f) {
                                       " can be decoded: `lockstep train --data ", f.data.dir, "` would refuse it"));
   }
   if (!f.folder_error.empty()) warnings.push_back(f.data.dir + " cannot be scanned: " + f.folder_error);
-  if (!f.data.found && f.folder_files == 0) {
+  std::error_code ec;
+  if (!f.data_not_a_directory.empty()) {
+    warnings.push_back(f.data.dir + " is " + f.data_not_a_directory +
+                       ", not a directory: pass --data the directory that holds Fashion-MNIST's files or your images");
+  } else if (!f.data.found && f.folder_files == 0 && f.folder_error.empty() &&
+             std::filesystem::is_directory(f.data.dir, ec)) {
+    warnings.push_back(f.data.dir +
+                       " holds neither Fashion-MNIST's 4 files nor an image file: install "
+                       "Fashion-MNIST with `apt-get install dataset-fashion-mnist` (or scripts/install-deps), "
+                       "or pass --data the directory of your images");
+  } else if (!f.data.found && f.folder_files == 0 && f.folder_error.empty()) {
     warnings.push_back("Fashion-MNIST is missing from " + f.data.dir +
                        ": install it with `apt-get install dataset-fashion-mnist` (or scripts/install-deps), "
                        "or pass --data DIR");

@@ -292,6 +292,23 @@ def doctor_reads_the_data_set(run):
                r".*t10k-images-idx3-ubyte\.gz", "the damaged file named")
 
 
+@scenario(90)
+def doctor_says_what_a_data_path_is(run):
+    # An empty folder, a FIFO and a loop of links were each reported as "Fashion-MNIST is missing".
+    (run.dir / "empty").mkdir()
+    os.mkfifo(run.dir / "fifo")
+    os.symlink("loop", run.dir / "loop")
+    for path, row, warning in (
+            ("empty", r"missing \(4 of 4 files absent from empty\)",
+             r"empty holds neither Fashion-MNIST's 4 files nor an image file"),
+            ("fifo", r"not looked for: fifo is a FIFO", r"fifo is a FIFO, not a directory: pass --data the directory"),
+            ("loop", r"not looked for: loop is a loop of symbolic links", r"loop is a loop of symbolic links, not a")):
+        out = run.lockstep("doctor", "--quick", "--threads", 1, "--data", path, log=f"doctor-{path}.log")
+        run.expect(out, rf"Fashion-MNIST +{row}.*WARNING: {warning}", f"what {path} is")
+        if "Fashion-MNIST is missing" in out:
+            raise Failure(f"doctor --data {path} still says Fashion-MNIST is missing:\n{out}")
+
+
 @scenario(60)
 def train_failing_before_it_starts_leaves_no_run_directory(run):
     # Without --run-dir a run goes to runs/<date-time>/; one refused before it starts (a model the images cannot
