@@ -75,7 +75,7 @@ def _freed_unbackwarded(module_ref, step):
             "backwarded: its codebook statistics and random draws move in backward, so they have not moved. To "
             "train it without a backward (EMA alone), call lockstep.update_in_forward(model): each training "
             "forward is then a whole step, reduced over the process group (every rank must make it); "
-            "docs/python.md, 'Training without a backward'.", RuntimeWarning, stacklevel=1)
+            "docs/python/vector-quantize-pytorch.md, 'Training without a backward'.", RuntimeWarning, stacklevel=1)
 
 
 def update_in_forward(model, enabled=True):
@@ -93,7 +93,7 @@ def update_in_forward(model, enabled=True):
 def refuse(module_name, name, value, supported):
     """TypeError naming an option given a value lockstep does not implement, and what it does."""
     raise TypeError(f"{module_name}: option {name}={value!r} is not supported by lockstep (only {supported}); "
-                    "see docs/python.md for the options and deliberate differences")
+                    "see docs/python/vector-quantize-pytorch.md for the options and deliberate differences")
 
 
 def checked_temperature(module_name, value):
@@ -142,7 +142,7 @@ def reference_state_dict(module):
 
 
 # The entry of a module's state-dict metadata (state_dict()._metadata[prefix]) that holds its (seed, step):
-# not a key, so a strict load into the reference never sees it (docs/python.md, "Where (seed, step) lives").
+# not a key, so a strict load into the reference never sees it (docs/python/torch.md, "Where (seed, step) lives").
 _METADATA_KEY = "lockstep"
 
 
@@ -198,7 +198,7 @@ def _module_channel(module_name, group, timeout):
 
     identity = f"lockstep.{module_name} over process group {name!r} of global ranks {ranks}"
     return _C.LazyGroup(group, store, timeout, f"lockstep/python/{name}", numbered=True, identity=identity,
-                        make_gloo=make_gloo)
+                        make_gloo=make_gloo, global_ranks=ranks)
 
 
 class LockstepQuantizer(nn.Module):
@@ -217,7 +217,7 @@ class LockstepQuantizer(nn.Module):
                 self._core = _C.Quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
         # and torch.distributed is initialised) through lockstep's checked channel, in the backward of
-        # a training forward: a forward never communicates (docs/python.md).
+        # a training forward: a forward never communicates (docs/python/distributed.md).
         self._process_group = process_group
         self._collective_timeout = float(collective_timeout)
         self._group = None

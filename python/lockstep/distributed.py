@@ -1,6 +1,6 @@
 """lockstep.distributed: every collective of a PyTorch training loop checked by lockstep's channel.
 
-Two ways in, one checker (the CheckedGroup of liblockstep that the CLI's ranks use, docs/python.md):
+Two ways in, one checker (the CheckedGroup of liblockstep that the CLI's ranks use, docs/python/distributed.md):
 
     import lockstep.distributed
     dist.init_process_group("lockstep")  # Gloo on the CPU, NCCL on CUDA; every collective checked
@@ -182,9 +182,10 @@ def _checked_method(name, describe):
 
 class CheckedProcessGroup(dist.ProcessGroup):
     """A torch.distributed ProcessGroup whose collectives are checked by lockstep's channel, then run
-    by the wrapped group (`inner`). Every rank must wrap (a rendezvous over `store`)."""
+    by the wrapped group (`inner`). Every rank must wrap (a rendezvous over `store`). `global_ranks`: the
+    members' ranks in the job, in the group's order, so that errors about a subgroup name both numberings."""
 
-    def __init__(self, inner, store, timeout=_DEFAULT_TIMEOUT, compare_call_sites=False):
+    def __init__(self, inner, store, timeout=_DEFAULT_TIMEOUT, compare_call_sites=False, global_ranks=()):
         super().__init__(inner.rank(), inner.size())
         self._inner = inner
         self._compare_call_sites = bool(compare_call_sites)
@@ -197,7 +198,7 @@ class CheckedProcessGroup(dist.ProcessGroup):
 
         # `store` is this group's own, the same on every rank: one channel meets under it.
         self._channel = _C.LazyGroup(inner, store, seconds, "lockstep/checked", numbered=False, identity="",
-                                     make_gloo=make_gloo)
+                                     make_gloo=make_gloo, global_ranks=list(global_ranks))
         self._channel.connect()  # heartbeats from now on, not from the first collective
         # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
         # torch looks the group's name up through its default backend (the first device's).
@@ -273,7 +274,7 @@ def wrap(group=None, *, timeout=None, compare_call_sites=False):
         timeout = _timeout_of(inner)
     store = _store_of(inner)
     checked = CheckedProcessGroup(inner, dist.PrefixStore(f"lockstep/wrap/{inner.group_name}", store), timeout,
-                                  compare_call_sites)
+                                  compare_call_sites, dist.get_process_group_ranks(inner))
     _register(checked, inner, store)
     return checked
 

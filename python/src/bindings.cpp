@@ -137,11 +137,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
                        const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, const std::string& prefix,
-                       bool numbered, const std::string& identity, py::function make_gloo) {
+                       bool numbered, const std::string& identity, py::function make_gloo,
+                       std::vector<int> global_ranks) {
              lockstep::dist::LazyGroupOptions options;
              options.prefix = prefix;
              options.numbered = numbered;
              options.identity = identity;
+             options.global_ranks = std::move(global_ranks);
              options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              options.make_gloo = gloo_from_python(std::move(make_gloo));
              std::shared_ptr<lockstep::dist::LazyGroup> group(
@@ -150,12 +152,13 @@ PYBIND11_MODULE(_C, m) {
              return group;
            }),
            py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("prefix"), py::kw_only(),
-           py::arg("numbered"), py::arg("identity"), py::arg("make_gloo"),
+           py::arg("numbered"), py::arg("identity"), py::arg("make_gloo"), py::arg("global_ranks") = std::vector<int>(),
            "See dist/backward_reducer.h's LazyGroupOptions. prefix: where under the store the channel meets (the "
            "same on every rank of the group, unique to the channel); numbered: append the count of channels this "
            "process made under the prefix, in order of first use; identity: this rank's description of the "
            "channel, compared across ranks at its first use ('' for none); make_gloo(prefix) -> a "
-           "ProcessGroupGloo over the store under `prefix`, for a process group without a built-in Gloo backend")
+           "ProcessGroupGloo over the store under `prefix`, for a process group without a built-in Gloo backend; "
+           "global_ranks: the members' ranks in the job, in the group's order, for errors about a subgroup")
       .def(
           "check",
           [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,

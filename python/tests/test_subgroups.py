@@ -98,7 +98,8 @@ def test_a_rank_killed_in_overlapping_subgroups_is_named_by_the_others():
     data = {name: torch.randn(STEPS, 8, 4, 8) for name in GROUPS}
     ranks = run_ranks(3, _train_in_subgroups, data, ("A", "B"), 1)
     assert ranks[1] is None  # it died before returning anything
-    for rank, peer in ((0, 1), (2, 0)):  # rank 1 is A's rank 1 and B's rank 0
+    # rank 1 is A's rank 1 and B's rank 0: B's numbering is not the job's, so B's error names both
+    for rank, peer in ((0, "1"), (2, "0 (global rank 1)")):
         record = ranks[rank]
         assert "error" in record, f"rank {rank} went on without rank 1: {sorted(record)}"
         assert f"rank(s) {peer} died" in record["error"], record["error"]

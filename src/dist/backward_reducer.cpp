@@ -131,6 +131,7 @@ std::shared_ptr<Group> LazyGroup::get(const CallSite& first_use) {
     options.timeout = options_.timeout;
     options.make_gloo = options_.make_gloo;
     options.name = identity;
+    options.global_ranks = options_.global_ranks;
     std::shared_ptr<Group> group = make_group_over(process_group_, store_, options);
     if (!options_.identity.empty()) {
       // The op's name carries the identity: ranks with different views disagree on the fingerprint.

@@ -251,7 +251,7 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
       const std::vector<int> dead = watch.check();
       if (!dead.empty()) {
         mark_failed(call);
-        throw PeerLost(detail::concat(who(), ": ", call.describe(), " cannot finish: rank(s) ", join(dead),
+        throw PeerLost(detail::concat(who(), ": ", call.describe(), " cannot finish: rank(s) ", ranks_text(dead),
                                       " died (no heartbeat for ", Liveness::kDeadAfter.count(),
                                       " ms, process gone); where every rank was:", liveness_->where_everyone_is()),
                        dead);
@@ -272,12 +272,13 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
   waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
   const std::string no_beat =
       silent.empty() ? std::string()
-                     : detail::concat("; no heartbeat from rank(s) ", join(silent), " for over ",
+                     : detail::concat("; no heartbeat from rank(s) ", ranks_text(silent), " for over ",
                                       Liveness::kDeadAfter.count(), " ms (stopped, or cut off from this rank)");
-  throw CollectiveTimeout(detail::concat(who(), ": ", call.describe(), " timed out after ", timeout.count(), " ms",
-                                         waiting.empty() ? std::string() : " waiting for rank(s) " + join(waiting),
-                                         no_beat, "; where every rank is:", where),
-                          waiting);
+  throw CollectiveTimeout(
+      detail::concat(who(), ": ", call.describe(), " timed out after ", timeout.count(), " ms",
+                     waiting.empty() ? std::string() : " waiting for rank(s) " + ranks_text(waiting), no_beat,
+                     "; where every rank is:", where),
+      waiting);
 }
 
 // The transport gave up on `call` with `e`: typically a peer that closed its connection, or the
@@ -285,12 +286,22 @@ void CheckedGroup::throw_timeout(const CollectiveCall& call, std::chrono::millis
 void CheckedGroup::fail(const CollectiveCall& call, const std::exception& e) {
   mark_failed(call);
   const std::vector<int> dead = liveness_->dead_ranks(std::chrono::milliseconds(2500));
-  const std::string message =
-      detail::concat(who(), ": ", call.describe(), " failed",
-                     dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", join(dead), " died: "),
-                     e.what(), "; where every rank was:", liveness_->where_everyone_is());
+  const std::string message = detail::concat(
+      who(), ": ", call.describe(), " failed",
+      dead.empty() ? std::string(": ") : detail::concat(" because rank(s) ", ranks_text(dead), " died: "), e.what(),
+      "; where every rank was:", liveness_->where_everyone_is());
   if (!dead.empty()) throw PeerLost(message, dead);
   throw CollectiveFailure(message);
+}
+
+std::string CheckedGroup::ranks_text(const std::vector<int>& ranks) const {
+  const auto& global = options_.global_ranks;
+  std::vector<int> theirs;
+  for (int r : ranks) {
+    if (r >= 0 && r < static_cast<int>(global.size())) theirs.push_back(global[static_cast<size_t>(r)]);
+  }
+  if (theirs.size() != ranks.size() || theirs == ranks) return join(ranks);
+  return detail::concat(join(ranks), theirs.size() == 1 ? " (global rank " : " (global ranks ", join(theirs), ")");
 }
 
 std::string CheckedGroup::who() const {

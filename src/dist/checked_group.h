@@ -30,6 +30,9 @@ struct CheckedGroupOptions {
   // What the group is, where ranks are numbered within it (a subgroup): errors then say "rank 0 of 2
   // (<name>)", so that a reader can tell which processes they mean. Empty: "rank 0 of 2".
   std::string name;
+  // The members' ranks in the job (a subgroup's members as the user knows them), when they differ from
+  // the group's numbering: errors then name both, "rank(s) 0 (global rank 3) died". Empty: the same.
+  std::vector<int> global_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool checked = true;  // exchange fingerprints (off only to measure what the check costs)
   // After a failure rank 0 keeps the store (which the others read their reports from) up this long.
@@ -82,6 +85,8 @@ class CheckedGroup final : public Group {
   void mark_failed(const CollectiveCall& call);
   // "rank 1 of 2", with the group's name when it has one: how errors name this rank.
   std::string who() const;
+  // "0, 2", or "0, 2 (global ranks 3, 5)" for a subgroup's members: how errors name other ranks.
+  std::string ranks_text(const std::vector<int>& ranks) const;
   // Refuses a collective on a failed group at once, naming the collective that failed.
   void require_usable(const char* op, const CollectiveOptions& opts) const;
 

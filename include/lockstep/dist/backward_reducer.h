@@ -33,6 +33,8 @@ struct LazyGroupOptions {
   // channel's first collective compares it across ranks, so ranks that met under one prefix with
   // different views are a CollectiveMismatch on every rank at once, before any data moves.
   std::string identity;
+  // The members' ranks in the whole job, in the group's order: errors name a subgroup's ranks both ways.
+  std::vector<int> global_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   GlooMaker make_gloo;  // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
 };
@@ -70,7 +72,7 @@ class LazyGroup {
 // reduces in backward: one all_reduce of (local, incoming gradient), then `local` gets the gradient
 // of f at the global sum, times the gradient summed over ranks (data-parallel averaging divides it
 // again, so each rank's inputs get their single-process gradient). sum_, sum and gather communicate
-// at once: only VQ's k-means initialisation calls them in a forward (docs/python.md).
+// at once: only VQ's k-means initialisation calls them in a forward (docs/python/distributed.md).
 class BackwardReducer final : public quant::Reducer {
  public:
   // `phase`: the training step this call belongs to, declared on the group for each of its

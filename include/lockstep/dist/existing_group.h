@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/dist/group.h"
 
@@ -33,6 +34,8 @@ struct ExistingGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // What the group is (its members as the caller numbers them), for errors: "rank 0 of 2 (<name>)".
   std::string name;
+  // The members' ranks in the whole job, in the group's order (CheckedGroupOptions::global_ranks).
+  std::vector<int> global_ranks;
   // Makes lockstep's own Gloo group for a process group without a built-in one (LibTorch 2). Unset:
   // lockstep makes it itself, which needs Gloo's headers at build time; the Python package built
   // without them hands torch's ProcessGroupGloo over instead.
