@@ -1,6 +1,6 @@
 """Times a compiled training step (forward + backward) of lockstep's modules on the CPU:
 `PYTHONPATH=build/python python python/bench/compiled_steps.py [--threads N] [--backend aot_eager|inductor]`.
-Prints the mean of 5 steps after 2 for 16 x 1024 tokens of dimension 64 (docs/python.md, "torch.compile")."""
+Prints the mean of 5 steps after 2 for 16 x 1024 tokens of dimension 64 (docs/python/torch.md, "torch.compile")."""
 import argparse
 import time
 

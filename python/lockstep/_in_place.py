@@ -1,7 +1,7 @@
 """The reference's in_place_codebook_optimizer (VectorQuantize's, and each layer's of ResidualVQ): an
 optimizer of a codebook's parameters stepped on the in-place loss. liblockstep's VQ sums that loss's gradient
 over the global batch in each training call's backward (Vq::keep_in_place_gradient); the optimizer steps on it
-once backward has accumulated the codebook's gradient, or when the caller asks (manual). docs/python.md."""
+once backward has accumulated the codebook's gradient, or when the caller asks (manual). docs/python/vq.md."""
 import weakref
 from collections import defaultdict
 

@@ -1,7 +1,7 @@
 """Checkpoints of models that hold lockstep modules, as safetensors files. A lockstep module's
 state_dict() is the reference's (its keys, shapes and dtypes), with its (seed, step) in the state
 dict's metadata, which torch.save keeps and a safetensors file of tensors cannot: save_model and
-load_model, safetensors.torch's own, carry them in the file's string metadata too (docs/python.md,
+load_model, safetensors.torch's own, carry them in the file's string metadata too (docs/python/torch.md,
 "Where (seed, step) lives")."""
 from ._quantizer import LockstepQuantizer
 

@@ -10,7 +10,7 @@ def fsq_options(levels, dim=None, num_codebooks=1, keep_num_codebooks_dim=None, 
                 bound_hard_clamp=False, orthogonal_rotation=False):
     """vector-quantize-pytorch's FSQ arguments -> (liblockstep's FSQ options (quant/option_specs.h), the
     module's own settings); TypeError naming an option lockstep does not implement."""
-    # force_quantization_f32=False: lockstep quantizes in float32 all the same (docs/python.md), which for a
+    # force_quantization_f32=False: lockstep quantizes in float32 all the same (docs/python/scalar.md), which for a
     # half-precision input is the reference's forced path; the output takes the input's dtype either way.
     levels = [int(level) for level in levels]
     if 2 in levels and not preserve_symmetry:  # the reference refuses it too: level 2 needs the symmetric bound

@@ -1,7 +1,7 @@
 """vector_quantize_pytorch.HierarchicalVQ (VAR-style multi-scale residual quantization): the residual
 is pooled to each level's grid, quantized by a VectorQuantize (liblockstep's search and EMA update),
 upsampled back with a residual convolution, and subtracted. Its arguments and return values are the
-reference's; what differs is listed in docs/python.md."""
+reference's; what differs is listed in docs/python/vq.md."""
 import random
 
 import torch

@@ -46,7 +46,7 @@ class LatentQuantize(LockstepQuantizer):
         self.register_buffer("_basis", torch.cumprod(torch.tensor([1] + levels[:-1]), 0), persistent=False)
         # The reference hands its values to the optimizer's factory (optimize_values=True) and steps it in a
         # training forward; no gradient reaches the values through the straight-through estimator, so a
-        # step never moves them, and lockstep takes none (docs/python.md).
+        # step never moves them, and lockstep takes none (docs/python/scalar.md).
         self.in_place_codebook_optimizer = in_place_codebook_optimizer
         if in_place_codebook_optimizer is not None and self.optimize_values:
             self.in_place_codebook_optimizer = in_place_codebook_optimizer(

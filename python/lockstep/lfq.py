@@ -33,7 +33,7 @@ def lfq_options(*, dim=None, codebook_size=None, entropy_loss_weight=0.1, commit
     if has_projections is False and dim != codebook_dims:  # the reference then fails at its first forward
         raise RuntimeError(f"lockstep.LFQ: has_projections=False needs dim = {codebook_dims} (num_codebooks x "
                            f"log2 codebook_size), got dim={dim}")
-    # force_quantization_f32=False: quantized in float32 all the same, as FSQ (docs/python.md).
+    # force_quantization_f32=False: quantized in float32 all the same, as FSQ (docs/python/scalar.md).
     if soft_clamp_input_value is not None and soft_clamp_input_value < codebook_scale:  # the reference's assertion
         raise AssertionError(f"lockstep.LFQ: soft_clamp_input_value={soft_clamp_input_value} must be >= "
                              f"codebook_scale={codebook_scale}, as in the reference")

@@ -274,7 +274,7 @@ class ResidualVQ(_Residual):
     def _start_in_place_updates(self):
         """With in-place optimizers: liblockstep keeps each layer's in-place gradient, and unless
         manual_in_place_optimizer_update each layer's optimizer steps once backward has accumulated the layer's
-        codebook gradient (VectorQuantize's, docs/python.md)."""
+        codebook gradient (VectorQuantize's, docs/python/vq.md)."""
         for q, layer in enumerate(self._in_place_layers() if self._in_place else ()):
             self._core.layer(q).vq_keep_in_place_gradient(True)
             if not self._in_place_manual:
@@ -372,7 +372,7 @@ class ResidualVQ(_Residual):
         """The sum over layers of the cross entropy of each layer's given code (liblockstep's logits: minus
         the distance, or the cosine similarity) at the residual the given codes of the layers before it
         leave, the codebooks as this call found them (through the vq_bridge: `bridged`, (L, 1, K, d)). The
-        reference gives every layer the unquantized input (a deliberate difference, docs/python.md)."""
+        reference gives every layer the unquantized input (a deliberate difference, docs/python/residual.md)."""
         residual, total = x.float(), 0.0
         for q in range(self.num_quantizers):
             layer = self._core.layer(q)

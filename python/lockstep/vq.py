@@ -63,7 +63,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
         if broken:
             raise AssertionError(f"lockstep.VectorQuantize: {what}, as in the reference")
     # decay, eps, heads, the EMA and estimator flags (as decided above), ...: the same names. The statistics of
-    # affine_param are the global batch's whatever sync_affine_param says (docs/python.md).
+    # affine_param are the global batch's whatever sync_affine_param says (docs/python/vq.md).
     options = declared_arguments("vq", locals(), besides=("codebook_dim", "orthogonal_reg_max_codes"))
     options["cosine"] = bool(use_cosine_sim)
     if codebook_dim is not None:
@@ -86,7 +86,7 @@ def vq_options(dim, codebook_size, codebook_dim=None, heads=1, separate_codebook
     options["return_zeros_for_masked_padding"] = bool(return_zeros_for_masked_padding)
     options["freeze_codebook"] = bool(freeze_codebook)  # each forward's default
     options["vq_bridge"] = vq_bridge  # run by the module, in torch, on the codebook before each search
-    # An optimizer of the codebook's parameters stepped on the in-place loss, in backward (docs/python.md).
+    # An optimizer of the codebook's parameters stepped on the in-place loss, in backward (docs/python/vq.md).
     options["in_place_codebook_optimizer"] = in_place_codebook_optimizer
     options["manual_in_place_optimizer_update"] = bool(manual_in_place_optimizer_update)
     return options
@@ -187,7 +187,7 @@ class VectorQuantize(LockstepQuantizer):
     def _start_in_place_updates(self):
         """With an in-place optimizer: liblockstep keeps each training call's in-place gradient, and unless
         manual_in_place_optimizer_update the optimizer steps on it once backward has accumulated the codebook's
-        gradient (docs/python.md)."""
+        gradient (docs/python/vq.md)."""
         self._in_place_hook = None
         if getattr(self, "in_place_codebook_optimizer", None) is None:
             return
@@ -453,7 +453,7 @@ class VectorQuantize(LockstepQuantizer):
         (a beam search, a top-k forward), as the reference's update_indices: x and indices as forward takes
         and returns them (-1: not counted), `mask` (b, n) for tokens. Unlike a forward it communicates now:
         the statistics are reduced over the process group at once, so every rank of it must call this; then
-        the step advances (docs/python.md)."""
+        the step advances (docs/python/vq.md)."""
         maps = self.accept_image_fmap or self.accept_3d_fmap
         if maps and mask is not None:
             raise AssertionError("lockstep.VectorQuantize: update_indices takes no mask with feature maps, as the "

@@ -66,7 +66,7 @@ std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
 
 // One call of the quantizer as the Python modules make it: randomness a pure function of (seed,
 // step), step counting the backwards that updated the module (every rank agrees with no collective,
-// docs/python.md); in training, state updates and their collectives wait for backward.
+// docs/python/distributed.md); in training, state updates and their collectives wait for backward.
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,

@@ -1,6 +1,6 @@
 // The gradient of vector-quantize-pytorch's in-place codebook loss, for an optimizer of the caller's
 // (the Python module's in_place_codebook_optimizer), taken over the global batch in the training call's
-// update: no collective in a forward (docs/python.md, "in_place_codebook_optimizer").
+// update: no collective in a forward (docs/python/vq.md, "in_place_codebook_optimizer").
 #include <algorithm>
 
 #include "lockstep/quant/kmeans.h"
