@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""What checking every collective costs (lockstep.distributed, issue #24): per collective and per DDP
-step of the demo's model, with no checking, with lockstep's wrapper and with torch's own
-TORCH_DISTRIBUTED_DEBUG=DETAIL, on Gloo (CPU) or NCCL (--cuda).
+"""What checking every collective costs (lockstep.distributed, issues #24 and #51): per collective and
+per DDP step, with no checking, with lockstep's wrapper and with torch's own
+TORCH_DISTRIBUTED_DEBUG=DETAIL, on Gloo (CPU) or NCCL (--cuda), at each --ranks; then, with
+--simulate, the checked channel's own exchange at up to 64 ranks as threads (`lockstep bench collectives`).
 
-    PYTHONPATH=$PWD/build/python python python/bench/checked_collectives.py [--ranks 2] [--cuda]
+    PYTHONPATH=$PWD/build/python python python/bench/checked_collectives.py [--ranks 2 4] [--cuda]
+        [--simulate build/bin/lockstep]
 
 Each mode runs in fresh processes (torch.multiprocessing.spawn, 127.0.0.1); rank 0 prints the median
-of --repeats timed runs of --calls collectives (a 1-element and a 1 MiB all_reduce, a barrier) and of
---steps DDP steps (forward, backward with DDP's gradient all_reduce, SGD step) of the model that
-`lockstep train` trains by default, with the quantizer left out (its forward communicates nothing).
+of --repeats timed runs of --calls collectives (a 4-byte and a 25 MB all_reduce, a barrier) and of
+--steps DDP steps (forward, backward with DDP's gradient all_reduce in 1 MB buckets, SGD step) of a
+1M-parameter convolutional net on 4 images of 32x32 per rank: several buckets a step, each of which
+DDP all-reduces while backward goes on, so a check that holds up each bucket shows.
 """
 import argparse
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -22,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 MODES = tuple(os.environ.get("BENCH_MODES", "none,lockstep,torch DETAIL").split(","))
+ROWS = ("all_reduce 4 B", "all_reduce 25 MB", "barrier", "DDP step, 1 MB buckets")
 
 
 def free_port():
@@ -30,13 +35,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def demo_model():
-    """The default autoencoder's convolutions (docs/configuration.md: channels [32, 64], 28x28 input)."""
+def conv_net():
+    """About 1M parameters (963,466) for 3x32x32 images, in 10 tensors of 40 B to 2.4 MB."""
     return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(32, 64, 4, stride=2, padding=1),
-        torch.nn.SiLU(), torch.nn.Conv2d(64, 64, 4, stride=2, padding=1), torch.nn.SiLU(),
-        torch.nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1), torch.nn.SiLU(),
-        torch.nn.ConvTranspose2d(32, 1, 4, stride=2, padding=1))
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(64, 128, 3, stride=2, padding=1),
+        torch.nn.SiLU(), torch.nn.Conv2d(128, 256, 3, stride=2, padding=1), torch.nn.SiLU(),
+        torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.SiLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(256, 10))
 
 
 def timed(fn, n, repeats):
@@ -67,10 +72,10 @@ def run(rank, size, port, mode, part, args, queue):
     sync = torch.cuda.synchronize if args.cuda else (lambda: None)
     if part == "collectives":
         small = torch.ones(1, device=device)
-        large = torch.ones(1 << 18, device=device)  # 1 MiB of float32
+        large = torch.ones(25 * 1000 * 1000 // 4, device=device)  # 25 MB of float32
         figures = {
             "all_reduce 4 B": timed(lambda: (dist.all_reduce(small), sync()), args.calls, args.repeats),
-            "all_reduce 1 MiB": timed(lambda: (dist.all_reduce(large), sync()), args.calls // 4 or 1, args.repeats),
+            "all_reduce 25 MB": timed(lambda: (dist.all_reduce(large), sync()), max(1, args.calls // 50), args.repeats),
             "barrier": timed(lambda: dist.barrier(), args.calls, args.repeats),
         }
         if rank == 0:
@@ -78,35 +83,25 @@ def run(rank, size, port, mode, part, args, queue):
         dist.destroy_process_group()
         return
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(demo_model().to(device),
-                                                      device_ids=[rank] if args.cuda else None)
+    model = torch.nn.parallel.DistributedDataParallel(conv_net().to(device), device_ids=[rank] if args.cuda else None,
+                                                      bucket_cap_mb=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(args.batch, 1, 28, 28, device=device)
+    x = torch.randn(args.batch, 3, 32, 32, device=device)
 
     def step():
         optimizer.zero_grad()
-        (model(x) - x).square().mean().backward()
+        model(x).square().mean().backward()
         optimizer.step()
         sync()
 
-    figures = {"DDP step": timed(step, args.steps, args.repeats)}
+    figures = {"DDP step, 1 MB buckets": timed(step, args.steps, args.repeats)}
     if rank == 0:
         queue.put(figures)
     dist.destroy_process_group()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=32, help="images per rank per DDP step")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    if args.cuda and torch.cuda.device_count() < args.ranks:
-        sys.exit(f"--cuda needs {args.ranks} GPUs, {torch.cuda.device_count()} visible")
+def measure(ranks, args):
+    """{mode: {row: median ms, or part: why it failed}} for `ranks` processes."""
     queue = mp.get_context("spawn").SimpleQueue()
     results = {}
     for mode in MODES:
@@ -115,30 +110,68 @@ def main():
         results[mode] = {}
         for part in ("collectives", "ddp"):  # apart, so that a crash in one leaves the other's figures
             try:
-                mp.spawn(run, args=(args.ranks, free_port(), mode, part, args, queue), nprocs=args.ranks, join=True)
+                mp.spawn(run, args=(ranks, free_port(), mode, part, args, queue), nprocs=ranks, join=True)
                 results[mode].update(queue.get())
             except mp.ProcessExitedException as e:
                 results[mode][part] = f"failed: {e}"
         os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    return results
+
+
+def print_table(ranks, results, args):
     backend = "NCCL" if args.cuda else "Gloo"
-    print(f"checked collectives, {args.ranks} ranks on {backend}, torch {torch.__version__}: median ms per call")
-    print(f"{'':18}" + "".join(f"{m:>14}" for m in MODES) + "".join(f"{m.split()[-1] + ' +':>12}" for m in MODES[1:]))
-    for row in ("all_reduce 4 B", "all_reduce 1 MiB", "barrier", "DDP step"):
+    print(f"\nchecked collectives, {ranks} ranks on {backend}, torch {torch.__version__}: median ms per call")
+    print(f"{'':24}" + "".join(f"{m:>14}" for m in MODES) + "".join(f"{m.split()[-1] + ' +':>12}" for m in MODES[1:]))
+    for row in ROWS:
         values = [results[m].get(row) for m in MODES]
         cells = "".join(f"{v:14.3f}" if v is not None else f"{'-':>14}" for v in values)
         extras = ""
         for v in values[1:]:
             if v is None or values[0] is None:
                 extras += f"{'-':>12}"
-            elif row == "DDP step":
+            elif row.startswith("DDP step"):
                 extras += f"{100 * (v - values[0]) / values[0]:11.1f}%"
             else:
                 extras += f"{v - values[0]:12.3f}"
-        print(f"{row:18}{cells}{extras}")
+        print(f"{row:24}{cells}{extras}")
     for mode in MODES:
         for part in ("collectives", "ddp"):
             if part in results[mode]:
                 print(f"{mode}, {part}: {results[mode][part]}")
+    sys.stdout.flush()
+
+
+def simulate(lockstep, ranks_list, iterations):
+    """The checked channel's exchange at many ranks: `lockstep bench collectives` (ranks as threads of one
+    process on Gloo over 127.0.0.1), its table for each count."""
+    for ranks in ranks_list:
+        command = [lockstep, "bench", "collectives", "--ranks", str(ranks), "--iterations", str(iterations),
+                   "--port", str(20000 + 100 * ranks)]
+        print(f"\n$ {' '.join(command)}", flush=True)
+        subprocess.run(command, check=False)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", help="process counts to measure (default 2 4; 2 with --cuda)")
+    parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=4, help="images per rank per DDP step")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--simulate", metavar="LOCKSTEP", help="the lockstep binary: also time its channel at "
+                        "--simulate-ranks ranks as threads")
+    parser.add_argument("--simulate-ranks", type=int, nargs="+", default=[2, 8, 64])
+    parser.add_argument("--simulate-iterations", type=int, default=40)
+    args = parser.parse_args()
+    ranks_list = args.ranks or ([2] if args.cuda else [2, 4])
+    if args.cuda and torch.cuda.device_count() < max(ranks_list):
+        sys.exit(f"--cuda needs {max(ranks_list)} GPUs, {torch.cuda.device_count()} visible")
+    for ranks in ranks_list:
+        print_table(ranks, measure(ranks, args), args)
+    if args.simulate:
+        simulate(args.simulate, args.simulate_ranks, args.simulate_iterations)
 
 
 if __name__ == "__main__":
