@@ -11,7 +11,9 @@ Each mode runs in fresh processes (torch.multiprocessing.spawn, 127.0.0.1); rank
 of --repeats timed runs of --calls collectives (a 4-byte and a 25 MB all_reduce, a barrier) and of
 --steps DDP steps (forward, backward with DDP's gradient all_reduce in 1 MB buckets, SGD step) of a
 1M-parameter convolutional net on 4 images of 32x32 per rank: several buckets a step, each of which
-DDP all-reduces while backward goes on, so a check that holds up each bucket shows.
+DDP all-reduces while backward goes on, so a check that holds up each bucket shows. On the CPU it then
+times plain Gloo and lockstep.distributed.wrap() alternating in one job (the fairer comparison on a
+loaded or shared machine, whose speed drifts between separate runs).
 """
 import argparse
 import os
@@ -100,6 +102,58 @@ def run(rank, size, port, mode, part, args, queue):
     dist.destroy_process_group()
 
 
+def interleaved(rank, size, port, args, queue):
+    """Plain Gloo and lockstep's wrapper over it in the same processes, their rounds alternating, so
+    that both see the same machine (a loaded or shared one drifts between separate runs): medians of a
+    4-byte all_reduce and of a DDP step, each model trained through its own group."""
+    import lockstep.distributed
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    groups = {"none": dist.group.WORLD, "lockstep": lockstep.distributed.wrap()}
+    small = torch.ones(1)
+    x = torch.randn(args.batch, 3, 32, 32)
+    trained = {}
+    for mode, group in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(conv_net(), process_group=group, bucket_cap_mb=1)
+        trained[mode] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
+
+    def step(mode):
+        model, optimizer = trained[mode]
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    rows = {"all_reduce 4 B": (lambda mode: dist.all_reduce(small, group=groups[mode]), args.calls),
+            "DDP step, 1 MB buckets": (step, args.steps)}
+    figures = {}
+    for row, (fn, n) in rows.items():
+        times = {mode: [] for mode in groups}
+        for mode in groups:
+            fn(mode)  # warm-up
+        for repeat in range(2 * args.repeats):
+            for mode in (("none", "lockstep") if repeat % 2 == 0 else ("lockstep", "none")):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn(mode)
+                times[mode].append((time.perf_counter() - start) / n * 1e3)
+        figures[row] = {mode: statistics.median(t) for mode, t in times.items()}
+    if rank == 0:
+        queue.put(figures)
+    dist.destroy_process_group()
+
+
+def print_interleaved(ranks, figures):
+    print(f"\nthe same, {ranks} ranks, plain Gloo and lockstep.distributed.wrap() alternating in one job: median ms")
+    for row, by_mode in figures.items():
+        none, checked = by_mode["none"], by_mode["lockstep"]
+        change = f"{100 * (checked - none) / none:+.1f}%" if row.startswith("DDP") else f"{checked - none:+.3f}"
+        print(f"{row:24}{none:14.3f}{checked:14.3f}{change:>12}")
+    sys.stdout.flush()
+
+
 def measure(ranks, args):
     """{mode: {row: median ms, or part: why it failed}} for `ranks` processes."""
     queue = mp.get_context("spawn").SimpleQueue()
@@ -170,6 +224,10 @@ def main():
         sys.exit(f"--cuda needs {max(ranks_list)} GPUs, {torch.cuda.device_count()} visible")
     for ranks in ranks_list:
         print_table(ranks, measure(ranks, args), args)
+        if not args.cuda:
+            queue = mp.get_context("spawn").SimpleQueue()
+            mp.spawn(interleaved, args=(ranks, free_port(), args, queue), nprocs=ranks, join=True)
+            print_interleaved(ranks, queue.get())
     if args.simulate:
         simulate(args.simulate, args.simulate_ranks, args.simulate_iterations)
 

@@ -467,10 +467,12 @@ class LockstepQuantizer(nn.Module):
         group = self._process_group if self._process_group is not None else dist.group.WORLD
         if dist.get_world_size(group) == 1:
             return None
-        if self._group is None and hasattr(group, "_channel"):
-            # lockstep.distributed's wrapper: one checked channel, so the module's collectives and the
-            # user's are numbered in one sequence and a pairing of the two is a CollectiveMismatch.
-            self._group = group._channel
+        if self._group is None:
+            # lockstep.distributed's wrapper (the group itself, or one made over it): one checked channel,
+            # so the module's collectives and the user's are numbered in one sequence, a pairing of the
+            # two is a CollectiveMismatch, and one worker issues them all on the group in one order.
+            from .distributed import channel_of  # noqa: PLC0415 (distributed registers a backend on import)
+            self._group = channel_of(group)
         if self._group is None:
             self._group = _module_channel(type(self).__name__, group, self._collective_timeout)
         return self._group

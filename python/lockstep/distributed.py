@@ -18,6 +18,8 @@ bitwise those without the wrapper. Point-to-point send and recv pass through unc
 import datetime
 import os
 import sys
+import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -167,16 +169,118 @@ _CHECKED = {
 _BACKEND_TYPES = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
 
 
+class _Failed:
+    """A collective's future value when its check or its issue failed: reading it raises the error."""
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _value_or_raise(gate):
+    value = gate.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class _CheckedWork(dist.Work):
+    """What a checked collective returns at once: the channel's worker checks it after every collective
+    submitted before it and then issues it on the wrapped group; wait() and the future complete with the
+    wrapped group's work, or raise the check's CollectiveMismatch or CollectiveFailure."""
+
+    def __init__(self):
+        super().__init__()
+        self._issued = threading.Event()  # the check ran and the collective was issued, or failed
+        self._gate = torch.futures.Future()  # completes with the wrapped work's value, or a _Failed
+        self._work = None
+        self._error = None
+
+    def _issue(self, error, issue):
+        """On the channel's worker, in the collective's turn: issue it when every rank agreed."""
+        if error is None:
+            try:
+                self._work = issue()
+            except Exception as e:  # noqa: BLE001 (the caller gets it at wait())
+                error = e
+        if error is not None:
+            self._error = error
+            self._issued.set()
+            self._gate.set_result(_Failed(error))
+            return
+        self._issued.set()
+        try:
+            future = self._work.get_future()
+        except RuntimeError:  # a work without a future: completed by waiting on it
+            threading.Thread(target=self._complete_by_waiting, daemon=True).start()
+            return
+        future.then(self._complete)
+
+    def _complete(self, future):
+        try:
+            self._gate.set_result(future.value())
+        except Exception as e:  # noqa: BLE001 (the wrapped collective's own failure)
+            self._gate.set_result(_Failed(e))
+
+    def _complete_by_waiting(self):
+        try:
+            self._work.wait()
+            self._gate.set_result(self._work.result())
+        except Exception as e:  # noqa: BLE001
+            self._gate.set_result(_Failed(e))
+
+    def _raise_if_failed(self):
+        self._issued.wait()
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout=None):
+        self._raise_if_failed()
+        return self._work.wait() if timeout is None else self._work.wait(timeout)
+
+    def get_future(self):
+        return self._gate.then(_value_or_raise)
+
+    def is_completed(self):
+        return self._gate.done()
+
+    def is_success(self):
+        return self._gate.done() and not isinstance(self._gate.value(), _Failed)
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self._raise_if_failed()
+        return self._work.result()
+
+
+def _all_reduce(self, *args, **kwargs):
+    """ProcessGroup.allreduce, checked by lockstep's channel, then issued on the wrapped group; the common
+    form (a list of tensors and AllreduceOptions: DDP's buckets, dist.all_reduce) goes through C++ alone."""
+    if len(args) == 2 and not kwargs and isinstance(args[0], list) and isinstance(args[1], dist.AllreduceOptions):
+        op, tensors = _op_all_reduce(args, args[1])
+        tag, file, line = _call_site()
+        work = self._channel.all_reduce_then(self._inner, tensors, args[1], op, tag, file, line,
+                                             self._compare_call_sites)
+        self._watch_backward(work)
+        return work
+    return self._checked_allreduce(*args, **kwargs)
+
+
 def _checked_method(name, describe):
     def method(self, *args, **kwargs):
         opts = kwargs.get("opts", args[-1] if args and hasattr(args[-1], "timeout") else None)
         op, tensors = describe(args, opts)
         tag, file, line = _call_site()
-        self._channel.check(op, list(tensors), tag, file, line, self._compare_call_sites)
-        return getattr(self._inner, name)(*args, **kwargs)
+        work = _CheckedWork()
+        inner = self._inner
+        self._watch_backward(work)
+        self._channel.check_then(op, list(tensors), tag, file, line, self._compare_call_sites,
+                                 lambda error: work._issue(error, lambda: getattr(inner, name)(*args, **kwargs)))
+        return work
 
     method.__name__ = name
-    method.__doc__ = f"ProcessGroup.{name}, checked by lockstep's channel first."
+    method.__doc__ = f"ProcessGroup.{name}, checked by lockstep's channel, then issued on the wrapped group."
     return method
 
 
@@ -189,16 +293,20 @@ class CheckedProcessGroup(dist.ProcessGroup):
         super().__init__(inner.rank(), inner.size())
         self._inner = inner
         self._compare_call_sites = bool(compare_call_sites)
+        self._backward_task = -1  # the backward whose collectives _watch_backward collects
+        self._backward_works = []
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         rank, size = inner.rank(), inner.size()
 
-        def make_gloo(prefix):  # lockstep's own Gloo group, for an inner group without one (NCCL alone)
+        # The channel's own Gloo group: its fingerprint exchanges never queue behind the data it issues on
+        # the wrapped group's backends.
+        def make_gloo(prefix):
             return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=seconds))
 
         # `store` is this group's own, the same on every rank: one channel meets under it.
         self._channel = _C.LazyGroup(inner, store, seconds, "lockstep/checked", numbered=False, identity="",
-                                     make_gloo=make_gloo, global_ranks=list(global_ranks))
+                                     make_gloo=make_gloo, global_ranks=list(global_ranks), own_gloo=True)
         self._channel.connect()  # heartbeats from now on, not from the first collective
         # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
         # torch looks the group's name up through its default backend (the first device's).
@@ -208,6 +316,21 @@ class CheckedProcessGroup(dist.ProcessGroup):
             if i == 0:
                 self._set_default_backend(kind)
             self._register_backend(torch.device(device.type if hasattr(device, "type") else device), kind, backend)
+
+    def _watch_backward(self, work):
+        """A collective issued inside a backward (DDP's buckets) completes a future that DDP's reducer
+        reads: torch would report a failed check there as a RuntimeError naming the callback. The first
+        one of each backward queues an autograd final callback, which runs before DDP's own and raises
+        the check's error as it is (CollectiveMismatch, CollectiveFailure)."""
+        task = torch._C._current_graph_task_id()
+        if task == -1:
+            return
+        if task != self._backward_task:
+            self._backward_task = task
+            self._backward_works = []
+            works = self._backward_works
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _raise_first_failure(works))
+        self._backward_works.append(work)
 
     @property
     def inner(self):
@@ -228,15 +351,29 @@ class CheckedProcessGroup(dist.ProcessGroup):
         return BACKEND
 
 
+def _raise_first_failure(works):
+    """A backward's final callback: raises the first failed check among its collectives."""
+    for work in works:
+        if isinstance(work, _CheckedWork):
+            work._raise_if_failed()
+        else:
+            _C.raise_if_check_failed(work)
+
+
 class _Closed:
     """The channel of a destroyed wrapper: a collective through it is an error, not a hang."""
 
-    def check(self, op, *args):
+    def check_then(self, op, *args):
         raise RuntimeError(f"lockstep.distributed: {op} on a process group that was destroyed")
+
+    def all_reduce_then(self, inner, tensors, options, op, *args):
+        self.check_then(op)
 
 
 for _name, _describe in _CHECKED.items():
     setattr(CheckedProcessGroup, _name, _checked_method(_name, _describe))
+CheckedProcessGroup._checked_allreduce = CheckedProcessGroup.allreduce
+CheckedProcessGroup.allreduce = _all_reduce
 
 
 def _timeout_of(group):
@@ -276,7 +413,23 @@ def wrap(group=None, *, timeout=None, compare_call_sites=False):
     checked = CheckedProcessGroup(inner, dist.PrefixStore(f"lockstep/wrap/{inner.group_name}", store), timeout,
                                   compare_call_sites, dist.get_process_group_ranks(inner))
     _register(checked, inner, store)
+    _WRAPPERS[inner.group_name] = weakref.ref(checked)
     return checked
+
+
+# The wrappers made over each process group (by its name): a lockstep module over a wrapped group sends its
+# own collectives through the wrapper's channel, whose worker issues everything on that group in one order.
+_WRAPPERS = {}
+
+
+def channel_of(group):
+    """The checked channel that issues `group`'s collectives (a CheckedProcessGroup's, or the wrapper's made
+    over `group`), else None: lockstep's modules then issue their own reductions through it."""
+    if isinstance(group, CheckedProcessGroup):
+        return group._channel
+    wrapper = _WRAPPERS.get(getattr(group, "group_name", None))
+    wrapper = wrapper() if wrapper is not None else None
+    return wrapper._channel if wrapper is not None else None
 
 
 def _register(checked, inner, store):

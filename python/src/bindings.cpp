@@ -14,6 +14,7 @@
 #include "lockstep/data/bucket_table.h"
 #include "lockstep/data/plan.h"
 #include "lockstep/dist/backward_reducer.h"
+#include "lockstep/dist/checked_work.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/quant/autocast.h"
 #include "lockstep/quant/binary_mapper.h"
@@ -40,23 +41,11 @@ struct TypedPythonError : torch::PyTorchError {
 PyObject* mismatch_type = nullptr;  // lockstep.CollectiveMismatch, set when the module loads
 PyObject* failure_type = nullptr;   // lockstep.CollectiveFailure
 
-// lockstep's own Gloo group, for a process group without a built-in Gloo backend, made by torch's
-// Python API (`make(prefix)` returns a ProcessGroupGloo): the package needs no Gloo headers. Called in
-// a backward, without the GIL; the callable is released with the GIL held, or leaked at exit.
+// lockstep's own Gloo group, for a process group without a built-in Gloo backend or a channel that wants
+// its own, made by torch's Python API (`make(prefix)` returns a ProcessGroupGloo): the package needs no
+// Gloo headers. Called in a backward, without the GIL.
 lockstep::dist::GlooMaker gloo_from_python(py::function make) {
-  std::shared_ptr<py::function> held(new py::function(std::move(make)), [](py::function* f) {
-  // While Python finalizes, a thread that asks for the GIL is ended by pthread_exit, which would
-  // unwind through this noexcept deleter (std::terminate): leave the callable to the process's end.
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (Py_IsInitialized() && !finalizing) {
-      py::gil_scoped_acquire gil;
-      delete f;
-    }
-  });
+  std::shared_ptr<py::object> held = lockstep::python::hold_for_threads(std::move(make));
   return [held](const std::string& prefix) {
     py::gil_scoped_acquire gil;
     return (*held)(prefix).cast<c10::intrusive_ptr<c10d::Backend>>();
@@ -69,12 +58,7 @@ lockstep::dist::GlooMaker gloo_from_python(py::function make) {
 // the two waited for each other forever (a subgroup's run hung at its end, test_subgroups.py). While
 // Python finalizes the group is left to the process's end, as gloo_from_python's callable is.
 void delete_without_gil(lockstep::dist::LazyGroup* group) {
-#if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing();
-#else
-  const bool finalizing = _Py_IsFinalizing();
-#endif
-  if (!Py_IsInitialized() || finalizing) return;
+  if (lockstep::python::python_finalizing()) return;
   if (PyGILState_Check()) {
     py::gil_scoped_release no_gil;
     delete group;
@@ -82,6 +66,23 @@ void delete_without_gil(lockstep::dist::LazyGroup* group) {
     delete group;
   }
 }
+
+// A failed check as the Python exception object it would raise (lockstep.distributed's worker hands it
+// to the collective's future). Called with the GIL.
+py::object as_python_exception(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const lockstep::dist::CollectiveMismatch& e) {
+    return py::reinterpret_borrow<py::object>(mismatch_type)(e.what());
+  } catch (const lockstep::dist::CollectiveFailure& e) {
+    return py::reinterpret_borrow<py::object>(failure_type)(e.what());
+  } catch (const lockstep::InvalidArgument& e) {
+    return py::reinterpret_borrow<py::object>(PyExc_ValueError)(e.what());
+  } catch (const std::exception& e) {
+    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(e.what());
+  }
+}
+
 // The Python modules' name of an option type (_quantizer.declared_arguments casts to it).
 const char* option_type_name(lockstep::quant::OptionSpec::Type type) {
   using Type = lockstep::quant::OptionSpec::Type;
@@ -103,6 +104,22 @@ const char* option_type_name(lockstep::quant::OptionSpec::Type type) {
 }
 
 }  // namespace
+
+bool lockstep::python::python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+std::shared_ptr<py::object> lockstep::python::hold_for_threads(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* held) {
+    if (python_finalizing()) return;
+    py::gil_scoped_acquire gil;
+    delete held;
+  });
+}
 
 // Rethrows a lockstep error as TypedPythonError; returns for anything else.
 void lockstep::python::translate_for_autograd(std::exception_ptr e) {
@@ -138,7 +155,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
                        const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, const std::string& prefix,
                        bool numbered, const std::string& identity, py::function make_gloo,
-                       std::vector<int> global_ranks) {
+                       std::vector<int> global_ranks, bool own_gloo) {
              lockstep::dist::LazyGroupOptions options;
              options.prefix = prefix;
              options.numbered = numbered;
@@ -146,6 +163,7 @@ PYBIND11_MODULE(_C, m) {
              options.global_ranks = std::move(global_ranks);
              options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              options.make_gloo = gloo_from_python(std::move(make_gloo));
+             options.own_gloo = own_gloo;
              std::shared_ptr<lockstep::dist::LazyGroup> group(
                  new lockstep::dist::LazyGroup(process_group, store, std::move(options)), delete_without_gil);
              group->set_error_translator(translate_for_autograd);
@@ -153,12 +171,14 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("prefix"), py::kw_only(),
            py::arg("numbered"), py::arg("identity"), py::arg("make_gloo"), py::arg("global_ranks") = std::vector<int>(),
+           py::arg("own_gloo") = false,
            "See dist/backward_reducer.h's LazyGroupOptions. prefix: where under the store the channel meets (the "
            "same on every rank of the group, unique to the channel); numbered: append the count of channels this "
            "process made under the prefix, in order of first use; identity: this rank's description of the "
            "channel, compared across ranks at its first use ('' for none); make_gloo(prefix) -> a "
            "ProcessGroupGloo over the store under `prefix`, for a process group without a built-in Gloo backend; "
-           "global_ranks: the members' ranks in the job, in the group's order, for errors about a subgroup")
+           "global_ranks: the members' ranks in the job, in the group's order, for errors about a subgroup; "
+           "own_gloo: a Gloo group of the channel's own even where process_group has one")
       .def(
           "check",
           [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,
@@ -172,10 +192,54 @@ PYBIND11_MODULE(_C, m) {
           "dtypes, shapes and tag, or all raise CollectiveMismatch naming each rank's call; a rank that died or "
           "stalled is a CollectiveFailure. Moves no data.")
       .def(
+          "check_then",
+          [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,
+             const std::string& tag, const std::string& file, int line, bool compare_site, py::function then) {
+            const std::shared_ptr<py::object> held = lockstep::python::hold_for_threads(std::move(then));
+            py::gil_scoped_release release;  // a first use makes the channel: a rendezvous
+            lazy.check_then(op, tensors, tag, file, line, compare_site, [held](std::exception_ptr error) {
+              if (lockstep::python::python_finalizing()) return;
+              py::gil_scoped_acquire gil;
+              try {
+                (*held)(error ? as_python_exception(error) : py::none());
+              } catch (py::error_already_set& e) {  // the callback's own bug: reported, the worker goes on
+                e.discard_as_unraisable("lockstep.distributed's issuing callback");
+              }
+            });
+          },
+          py::arg("op"), py::arg("tensors"), py::arg("tag"), py::arg("file"), py::arg("line"), py::arg("compare_site"),
+          py::arg("then"),
+          "check without waiting: returns at once; the check runs on the channel's worker after every collective "
+          "submitted before it, then then(error) runs there, before any later one: error None when every rank "
+          "agreed (then issues the collective), else the CollectiveMismatch or CollectiveFailure to raise.")
+      .def(
+          "all_reduce_then",
+          [](lockstep::dist::LazyGroup& lazy, const c10::intrusive_ptr<c10d::ProcessGroup>& inner,
+             std::vector<at::Tensor> tensors, const c10d::AllreduceOptions& options, const std::string& op,
+             const std::string& tag, const std::string& file, int line, bool compare_site) {
+            lockstep::dist::ForeignCall call{op, tensors, tag, file, line, compare_site};
+            py::gil_scoped_release release;
+            return lockstep::dist::all_reduce_after_check(lazy, std::move(call), inner, std::move(tensors), options);
+          },
+          py::arg("inner"), py::arg("tensors"), py::arg("options"), py::arg("op"), py::arg("tag"), py::arg("file"),
+          py::arg("line"), py::arg("compare_site"),
+          "inner.allreduce(tensors, options), checked first: returns a Work at once; the channel's worker checks it "
+          "after every collective submitted before it and then issues it on inner, with no Python on the way "
+          "(dist/checked_work.h).")
+      .def(
           "connect", [](lockstep::dist::LazyGroup& lazy) { lazy.get(); }, py::call_guard<py::gil_scoped_release>(),
           "Makes the checked channel now (a rendezvous of every rank) instead of at its first collective.")
       .def_property_readonly("rank", &lockstep::dist::LazyGroup::rank)
       .def_property_readonly("size", &lockstep::dist::LazyGroup::size);
+  m.def(
+      "raise_if_check_failed",
+      [](c10d::Work& work) {
+        py::gil_scoped_release release;
+        return lockstep::dist::raise_if_check_failed(work);
+      },
+      py::arg("work"),
+      "For a Work from LazyGroup.all_reduce_then: waits until its check ran and raises its CollectiveMismatch "
+      "or CollectiveFailure; True. False at once for any other Work.");
   // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).
   static py::exception<lockstep::dist::CollectiveMismatch> mismatch(m, "CollectiveMismatch", PyExc_RuntimeError);
   static py::exception<lockstep::dist::CollectiveFailure> failure(m, "CollectiveFailure", PyExc_RuntimeError);

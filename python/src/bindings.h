@@ -20,6 +20,14 @@ namespace lockstep::python {
 // collective raises CollectiveMismatch there as it would outside it); returns for anything else.
 void translate_for_autograd(std::exception_ptr e);
 
+// Whether Python is finalizing: a thread that asks for the GIL then is ended by pthread_exit, which would
+// unwind through a noexcept destructor (std::terminate). Callbacks from C++ threads skip Python then.
+bool python_finalizing();
+
+// A Python object that C++ keeps for threads without the GIL (a backward, a channel's worker): released
+// with the GIL held, or left to the process's end while Python finalizes.
+std::shared_ptr<py::object> hold_for_threads(py::object object);
+
 // lockstep._C.Quantizer, liblockstep's quantizers built by name (quantizer_bindings.cpp).
 void bind_quantizer(py::module_& m);
 

@@ -27,6 +27,7 @@
 #include "lockstep/quant/vq.h"
 #include "quantizer_calls.h"
 
+using lockstep::python::hold_for_threads;
 using lockstep::python::translate_for_autograd;
 using lockstep::quant::OptionValue;
 using lockstep::quant::Quantizer;
@@ -111,18 +112,7 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
                      "ema_update_weight must be a number, a tensor or a callable of "
                      "(embed_sum, cluster_size), got ",
                      std::string(py::str(py::type::of(weight))));
-  // Released with the GIL held, as gloo_from_python's callable (see there).
-  std::shared_ptr<py::object> held(new py::object(weight), [](py::object* f) {
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (Py_IsInitialized() && !finalizing) {
-      py::gil_scoped_acquire gil;
-      delete f;
-    }
-  });
+  const std::shared_ptr<py::object> held = hold_for_threads(weight);
   update.weight_fn = [held](const at::Tensor& embed_sum, const at::Tensor& cluster_size) {
     py::gil_scoped_acquire gil;
     const py::object weight = (*held)(embed_sum, cluster_size);

@@ -33,6 +33,29 @@ def user_loss_all_reduce_against_broadcast(rank):
         dist.broadcast(torch.zeros(3), src=0)  # site: broadcast
 
 
+def async_all_reduce_returns_before_the_other_rank_arrives(rank):
+    """Rank 1 comes 2 s late: rank 0's asynchronous all_reduce must return at once (its check runs on the
+    channel's worker), not complete, and give the right sum at wait(). Both forms: the C++ path (a list
+    and options, as DDP's buckets) and torch's one-tensor form (the Python path)."""
+    figures = []
+    for form in ("list", "tensor"):
+        t = torch.full((3,), float(rank + 1))
+        if rank == 1:
+            time.sleep(2.0)
+        start = time.monotonic()
+        if form == "list":
+            work = dist.all_reduce(t, async_op=True)  # site: async all_reduce
+        else:
+            work = dist.group.WORLD.allreduce(t)
+        returned = time.monotonic() - start
+        completed = work.is_completed()
+        work.wait()
+        figures.append(f"{form}: returned after {returned:.3f} s, completed then: {completed}, "
+                       f"waited {time.monotonic() - start:.3f} s, sum right: {torch.equal(t, torch.full((3,), 3.0))}")
+        dist.barrier()
+    return "\n".join(figures)
+
+
 def barrier_skipped_by_one_rank(rank):
     if rank == 0:
         dist.barrier()  # site: barrier
@@ -168,8 +191,7 @@ def main():
     dist.barrier()  # both ranks start the scenario together: the time to the error is the check's
     start = time.monotonic()
     try:
-        globals()[scenario](rank)
-        record(rank, "ok")
+        record(rank, globals()[scenario](rank) or "ok")
     except Exception as e:  # noqa: BLE001 (the record is the test's evidence)
         seconds = time.monotonic() - start
         record(rank, f"{type(e).__name__}: {e}\nafter {seconds:.3f} s\n{traceback.format_exc()}")

@@ -75,6 +75,20 @@ def test_a_loss_all_reduce_against_another_collective_is_a_mismatch_on_both_rank
     assert seconds < FAST
 
 
+def test_an_asynchronous_all_reduce_returns_before_its_check_and_sums_at_wait(tmp_path):
+    """Issue #51: the check never makes an asynchronous collective synchronous. Rank 1 arrives 2 s late;
+    rank 0's Work comes back at once, not completed, and wait() gives the sum once rank 1 is there."""
+    records, _ = _run("async_all_reduce_returns_before_the_other_rank_arrives", tmp_path)
+    for form in ("list", "tensor"):
+        line = re.search(rf"^{form}: returned after ([0-9.]+) s, completed then: (\w+), waited ([0-9.]+) s, "
+                         rf"sum right: (\w+)$", records[0], re.M)
+        assert line, records[0]
+        returned, completed, waited, right = float(line[1]), line[2], float(line[3]), line[4]
+        assert returned < 0.5 and completed == "False", records[0]  # a blocking check would take ~2 s
+        assert waited > 1.5 and right == "True", records[0]
+    assert records[1].count("sum right: True") == 2, records[1]
+
+
 def test_a_barrier_skipped_by_one_rank_is_a_mismatch_on_both_ranks(tmp_path):
     records, seconds = _run("barrier_skipped_by_one_rank", tmp_path)
     for rank in range(2):

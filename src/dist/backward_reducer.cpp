@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "checked_group.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/existing_group.h"
 #include "lockstep/dist/group_reducer.h"
@@ -117,6 +118,22 @@ LazyGroup::LazyGroup(c10::intrusive_ptr<c10d::ProcessGroup> process_group, c10::
   LOCKSTEP_CHECK_ARG(!options_.prefix.empty(), "LazyGroup: no store prefix given (it names the channel on every rank)");
 }
 
+void LazyGroup::check_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                           const std::string& file, int line, bool compare_site,
+                           std::function<void(std::exception_ptr)> then) {
+  const CallSite site{tag.c_str(), file.c_str(), line};
+  const std::shared_ptr<Group> group = get(site);
+  if (auto* checked = dynamic_cast<CheckedGroup*>(group.get()))
+    return checked->check_foreign_then(op, tensors, tag, file, line, compare_site, std::move(then));
+  std::exception_ptr error;  // a group of one process: nothing to agree with, nothing to wait for
+  try {
+    check_foreign_collective(*group, op, tensors, CollectiveOptions(site), compare_site);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  then(error);
+}
+
 std::shared_ptr<Group> LazyGroup::get(const CallSite& first_use) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!group_) {
@@ -130,6 +147,7 @@ std::shared_ptr<Group> LazyGroup::get(const CallSite& first_use) {
     }
     options.timeout = options_.timeout;
     options.make_gloo = options_.make_gloo;
+    options.own_gloo = options_.own_gloo;
     options.name = identity;
     options.global_ranks = options_.global_ranks;
     std::shared_ptr<Group> group = make_group_over(process_group_, store_, options);

@@ -1,9 +1,13 @@
 #include "checked_group.h"
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -53,26 +57,41 @@ void unpack(const Packed& p, std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-// An all_reduce whose data is on its way: the transport works while the caller computes.
+// An all_reduce on its way: checked and issued in its turn, on the group's worker when the caller
+// goes on computing (all_reduce_async) or at once on the caller's thread (all_reduce), its data moving
+// until wait().
 class CheckedGroup::Pending final : public PendingCollective {
  public:
   Pending(CheckedGroup& group, std::vector<at::Tensor>& tensors, const CollectiveOptions& opts)
-      : group_(group), tensors_(tensors), opts_(opts) {}
+      : group_(group), tensors_(tensors), opts_(opts), issue_(std::make_shared<Issue>()) {}
 
   void wait() override {
-    for (auto& work : works_) group_.finish(*work, call_, opts_);
+    {
+      std::unique_lock<std::mutex> lock(issue_->mutex);
+      issue_->issued.wait(lock, [&] { return issue_->done; });
+    }
+    if (issue_->error) std::rethrow_exception(issue_->error);
+    for (auto& work : issue_->works) group_.finish(*work, issue_->call, opts_);
     if (!tensors_.empty()) unpack(packed_, tensors_);
-    group_.liveness_->leave(call_);
+    group_.liveness_->leave(issue_->call);
   }
 
  private:
   friend class CheckedGroup;
+  // What the turn hands the waiter; shared, since a posted turn may outlive an abandoned Pending.
+  struct Issue {
+    std::mutex mutex;
+    std::condition_variable issued;
+    bool done = false;
+    std::exception_ptr error;
+    CollectiveCall call;
+    std::vector<std::unique_ptr<TransportWork>> works;
+  };
   CheckedGroup& group_;
   std::vector<at::Tensor>& tensors_;
   CollectiveOptions opts_;
-  CollectiveCall call_;
   Packed packed_;
-  std::vector<std::unique_ptr<TransportWork>> works_;
+  std::shared_ptr<Issue> issue_;
 };
 
 CheckedGroup::CheckedGroup(const CheckedGroupOptions& options, c10::intrusive_ptr<c10d::Store> store,
@@ -108,85 +127,193 @@ Transport& CheckedGroup::transport_for(const std::vector<at::Tensor>& tensors, c
 }
 
 void CheckedGroup::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op, const CollectiveOptions& opts) {
-  all_reduce_async(tensors, op, opts)->wait();
+  start_all_reduce(tensors, op, opts, /*on_worker=*/false)->wait();
 }
 
-// The fingerprint exchange happens now; the data moves on the transport until wait().
 std::unique_ptr<PendingCollective> CheckedGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op,
                                                                   const CollectiveOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  return start_all_reduce(tensors, op, opts, /*on_worker=*/true);
+}
+
+// The data is packed now, on the caller's thread (and its stream); the turn agrees and issues it.
+// On the worker, a device transport issues on the caller's stream, so that it follows what the caller
+// queued before the call, and no host thread waits for the device.
+std::unique_ptr<CheckedGroup::Pending> CheckedGroup::start_all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                                                      const CollectiveOptions& opts, bool on_worker) {
   require_usable("all_reduce", opts);
   Transport& transport = transport_for(tensors, "all_reduce", opts);
   auto pending = std::make_unique<Pending>(*this, tensors, opts);
-  pending->call_ = CollectiveCall::of(++sequence_, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
-  liveness_->enter(pending->call_);
-  agree(pending->call_, opts);
-  if (tensors.empty()) return pending;
-  pending->packed_ = pack(tensors);
-  for (auto& buffer : pending->packed_.buffers) pending->works_.push_back(transport.all_reduce(buffer, op));
+  std::shared_ptr<Pending::Issue> issue = pending->issue_;
+  issue->call = CollectiveCall::of(0, CollectiveOp::AllReduce, tensors, opts.site, phase(), op);
+  if (!tensors.empty()) pending->packed_ = pack(tensors);
+  std::optional<c10::Stream> stream;
+  if (!tensors.empty() && !tensors[0].is_cpu())
+    stream = c10::impl::VirtualGuardImpl(tensors[0].device().type()).getStream(tensors[0].device());
+  auto turn = [this, issue, &transport, buffers = pending->packed_.buffers, op, opts, stream]() mutable {
+    std::exception_ptr error;
+    try {
+      std::optional<c10::StreamGuard> on_callers_stream;
+      if (stream) on_callers_stream.emplace(*stream);
+      require_usable("all_reduce", opts);
+      issue->call.sequence = ++sequence_;
+      liveness_->enter(issue->call);
+      agree(issue->call, opts);
+      for (auto& buffer : buffers) issue->works.push_back(transport.all_reduce(buffer, op));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      const std::lock_guard<std::mutex> lock(issue->mutex);
+      issue->error = error;
+      issue->done = true;
+    }
+    issue->issued.notify_all();
+  };
+  if (on_worker) {
+    order_.post(std::move(turn));
+  } else {
+    order_.run(turn);
+  }
   return pending;
 }
 
 std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const CollectiveOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  require_usable("all_gather", opts);
-  Transport& transport = transport_for({input}, "all_gather", opts);
-  const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
-  liveness_->enter(call);
-  agree(call, opts);
   std::vector<at::Tensor> outputs;
-  for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
-  auto work = transport.all_gather(outputs, input.contiguous());
-  finish(*work, call, opts);
-  liveness_->leave(call);
+  order_.run([&] {
+    require_usable("all_gather", opts);
+    Transport& transport = transport_for({input}, "all_gather", opts);
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
+    liveness_->enter(call);
+    agree(call, opts);
+    for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
+    auto work = transport.all_gather(outputs, input.contiguous());
+    finish(*work, call, opts);
+    liveness_->leave(call);
+  });
   return outputs;
 }
 
 void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const CollectiveOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  require_usable("broadcast", opts);
-  LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
-                     " is not a rank of a group of size ", options_.size);
-  Transport& transport = transport_for(tensors, "broadcast", opts);
-  const CollectiveCall call =
-      CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
-  liveness_->enter(call);
-  agree(call, opts);
-  if (tensors.empty()) return liveness_->leave(call);
-  Packed packed = pack(tensors);
-  for (auto& buffer : packed.buffers) {
-    auto work = transport.broadcast(buffer, root);
-    finish(*work, call, opts);
-  }
-  unpack(packed, tensors);
-  liveness_->leave(call);
+  order_.run([&] {
+    require_usable("broadcast", opts);
+    LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
+                       " is not a rank of a group of size ", options_.size);
+    Transport& transport = transport_for(tensors, "broadcast", opts);
+    const CollectiveCall call =
+        CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
+    liveness_->enter(call);
+    agree(call, opts);
+    if (tensors.empty()) return liveness_->leave(call);
+    Packed packed = pack(tensors);
+    for (auto& buffer : packed.buffers) {
+      auto work = transport.broadcast(buffer, root);
+      finish(*work, call, opts);
+    }
+    unpack(packed, tensors);
+    liveness_->leave(call);
+  });
 }
 
 // The fingerprint exchange is itself a barrier; unchecked, an empty all_reduce stands in for it.
 void CheckedGroup::barrier(const CollectiveOptions& opts) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  require_usable("barrier", opts);
-  const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
-  liveness_->enter(call);
-  agree(call, opts);
-  if (!options_.checked) {
-    at::Tensor token = torch::zeros({1}, torch::kInt64);
-    auto work = control_->all_reduce(token, ReduceOp::Sum);
-    finish(*work, call, opts);
-  }
-  liveness_->leave(call);
+  order_.run([&] {
+    require_usable("barrier", opts);
+    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
+    liveness_->enter(call);
+    agree(call, opts);
+    if (!options_.checked) {
+      at::Tensor token = torch::zeros({1}, torch::kInt64);
+      auto work = control_->all_reduce(token, ReduceOp::Sum);
+      finish(*work, call, opts);
+    }
+    liveness_->leave(call);
+  });
 }
 
 void CheckedGroup::check_foreign(const std::string& op, const std::vector<at::Tensor>& tensors,
                                  const CollectiveOptions& opts, bool compare_site) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  require_usable(op.c_str(), opts);
-  CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Foreign, tensors, opts.site, phase());
+  CollectiveCall call = CollectiveCall::of(0, CollectiveOp::Foreign, tensors, opts.site, phase());
   call.foreign = op;
   call.compare_site = compare_site;
+  order_.run([&] { check_in_turn(call, opts); });
+}
+
+void CheckedGroup::check_in_turn(CollectiveCall& call, const CollectiveOptions& opts) {
+  require_usable(call.foreign.c_str(), opts);
+  call.sequence = ++sequence_;
   liveness_->enter(call);
   agree(call, opts);
   liveness_->leave(call);
+}
+
+// A check posted by check_foreign_then: described when it is posted (the tensors' specs, the phase),
+// agreed on in its turn. The site's strings travel with it, since the caller's may be gone by then.
+struct CheckedGroup::PostedCheck {
+  std::string tag, file;
+  CollectiveCall call;
+  std::function<void(std::exception_ptr)> then;
+  uint64_t turn = 0;  // its number in order_
+  bool done = false;  // agreed on (and issued) in an earlier check's turn
+};
+
+void CheckedGroup::check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors,
+                                      const std::string& tag, const std::string& file, int line, bool compare_site,
+                                      std::function<void(std::exception_ptr)> then) {
+  auto check = std::make_shared<PostedCheck>();
+  check->tag = tag;
+  check->file = file;
+  check->call = CollectiveCall::of(0, CollectiveOp::Foreign, tensors,
+                                   CallSite{check->tag.c_str(), check->file.c_str(), line}, phase());
+  check->call.foreign = op;
+  check->call.compare_site = compare_site;
+  check->then = std::move(then);
+  // Queued and numbered under checks_mutex_, which its turn takes first: it finds itself in checks_.
+  const std::lock_guard<std::mutex> lock(checks_mutex_);
+  check->turn = order_.post([this, check] { check_window(check); });
+  checks_.push_back(check);
+}
+
+void CheckedGroup::check_window(const std::shared_ptr<PostedCheck>& first) {
+  std::vector<std::shared_ptr<PostedCheck>> window;
+  {
+    const std::lock_guard<std::mutex> lock(checks_mutex_);
+    if (first->done) return;
+    // checks_ holds no check before `first`: each was agreed on in its turn or in an earlier window.
+    for (const auto& next : checks_) {
+      if (window.size() == (options_.checked ? kWindow : 1) || next->turn != first->turn + window.size()) break;
+      window.push_back(next);
+    }
+  }
+  std::vector<CollectiveCall> calls;
+  for (size_t i = 0; i < window.size(); ++i) {
+    calls.push_back(window[i]->call);
+    calls.back().sequence = sequence_ + 1 + i;
+  }
+  const CollectiveOptions opts(calls[0].site);
+  size_t agreed = 0;
+  std::exception_ptr error;
+  try {
+    require_usable(calls[0].foreign.c_str(), opts);
+    liveness_->enter(calls[0]);
+    bool differs = false;
+    agreed = agree_on_window(calls, opts, differs);
+    // The checks after `agreed` that not every rank had queued yet wait for their own turns.
+    if (differs) throw_mismatch(calls[agreed], opts);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Issued in order: the agreed ones, then the one that failed (its error), if any.
+  const size_t issued = error ? agreed + 1 : agreed;
+  sequence_ += issued;
+  if (agreed > 0) liveness_->leave(calls[agreed - 1]);
+  {
+    const std::lock_guard<std::mutex> lock(checks_mutex_);
+    for (size_t i = 0; i < issued && i < window.size(); ++i) {
+      window[i]->done = true;
+      checks_.pop_front();
+    }
+  }
+  for (size_t i = 0; i < issued && i < window.size(); ++i) window[i]->then(i < agreed ? nullptr : error);
 }
 
 void check_foreign_collective(Group& group, const std::string& op, const std::vector<at::Tensor>& tensors,
@@ -199,14 +326,43 @@ void check_foreign_collective(Group& group, const std::string& op, const std::ve
 
 // Fingerprints are of fixed size, so the exchange itself can never mismatch.
 void CheckedGroup::agree(const CollectiveCall& call, const CollectiveOptions& opts) {
-  if (!options_.checked) return;
-  const auto words = call.fingerprint();
-  const at::Tensor mine = torch::tensor(std::vector<int64_t>(words.begin(), words.end()), torch::kInt64);
-  const std::vector<at::Tensor> all = gather_on_control(mine, call, opts);
-  bool same = true;
-  for (const auto& theirs : all) same = same && torch::equal(theirs, all[0]);
-  if (same) return;
-  // Every rank saw the same fingerprints, so every rank takes this path: exchange descriptions.
+  bool differs = false;
+  agree_on_window({call}, opts, differs);
+  if (differs) throw_mismatch(call, opts);
+}
+
+// One exchange of a message of fixed size, whatever each rank offers (a rank's own collective, one
+// check or a window of them): [count, kWindow fingerprints, the unused ones zero]. Every rank acts on
+// the fewest offered, up to the first that differs, which every rank finds at the same place.
+size_t CheckedGroup::agree_on_window(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts,
+                                     bool& differs) {
+  differs = false;
+  if (!options_.checked) return calls.size();
+  constexpr size_t kWords = CollectiveCall::kWords;
+  at::Tensor mine = torch::zeros({static_cast<int64_t>(1 + kWindow * kWords)}, torch::kInt64);
+  int64_t* words = mine.data_ptr<int64_t>();
+  words[0] = static_cast<int64_t>(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto fingerprint = calls[i].fingerprint();
+    std::copy(fingerprint.begin(), fingerprint.end(), words + 1 + i * kWords);
+  }
+  const std::vector<at::Tensor> all = gather_on_control(mine, calls[0], opts);
+  size_t offered = calls.size();
+  for (const auto& theirs : all) offered = std::min(offered, static_cast<size_t>(theirs.data_ptr<int64_t>()[0]));
+  for (size_t i = 0; i < offered; ++i) {
+    for (const auto& theirs : all) {
+      if (!std::equal(words + 1 + i * kWords, words + 1 + (i + 1) * kWords,
+                      theirs.data_ptr<int64_t>() + 1 + i * kWords)) {
+        differs = true;
+        return i;
+      }
+    }
+  }
+  return offered;
+}
+
+// Every rank saw the same fingerprints, so every rank takes this path: exchange descriptions.
+void CheckedGroup::throw_mismatch(const CollectiveCall& call, const CollectiveOptions& opts) {
   const std::string text = call.describe();
   const at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
   int64_t longest = 0;

@@ -11,11 +11,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "in_order.h"
 #include "liveness.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group.h"
@@ -64,13 +68,35 @@ class CheckedGroup final : public Group {
   // check_foreign_collective (collective.h): a sequence number, the agreement and the watch, no data.
   void check_foreign(const std::string& op, const std::vector<at::Tensor>& tensors, const CollectiveOptions& opts,
                      bool compare_site);
+  // check_foreign off the caller's thread: returns at once. The check runs on the group's worker after
+  // every collective submitted before it; then `then(error)` runs there (error null when every rank
+  // agreed, else the CollectiveMismatch or CollectiveFailure), before any collective submitted after it:
+  // `then` issues the checked collective, so that it pairs with the same one on every rank. `then` must
+  // not throw, nor wait for another collective of this group.
+  void check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                          const std::string& file, int line, bool compare_site,
+                          std::function<void(std::exception_ptr)> then);
   void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
 
  private:
   class Pending;
+  std::unique_ptr<Pending> start_all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op,
+                                            const CollectiveOptions& opts, bool on_worker);
 
   std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) const;
   Transport& transport_for(const std::vector<at::Tensor>& tensors, const char* op, const CollectiveOptions& opts);
+  struct PostedCheck;
+  // check_foreign's work, in the call's turn: its sequence number, the agreement, the watch.
+  void check_in_turn(CollectiveCall& call, const CollectiveOptions& opts);
+  // A posted check's turn: it and the posted checks submitted right after it (up to kWindow, nothing
+  // else in between) are agreed on in one exchange; those every rank had are issued, in order.
+  void check_window(const std::shared_ptr<PostedCheck>& first);
+  // The fingerprints of `calls` (at most kWindow) against every rank's: how many agree from the first
+  // on, at most the fewest any rank offered; `differs` when the next one differs on some rank. Every
+  // rank computes the same from the same exchange.
+  size_t agree_on_window(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs);
+  // Every rank's description of `call`, exchanged after the fingerprints differed: CollectiveMismatch.
+  [[noreturn]] void throw_mismatch(const CollectiveCall& call, const CollectiveOptions& opts);
   // G1: fingerprints exchanged on the control transport; CollectiveMismatch on every rank when
   // they differ, naming each rank's call.
   void agree(const CollectiveCall& call, const CollectiveOptions& opts);
@@ -95,12 +121,18 @@ class CheckedGroup final : public Group {
   std::unique_ptr<Transport> control_;
   std::unique_ptr<Transport> device_;
   std::unique_ptr<Liveness> liveness_;
-  uint64_t sequence_ = 0;
-  std::mutex mutex_;  // collectives are issued one at a time, in order
-  // A collective failed: the group is unusable. Set where a wait fails, which need not hold mutex_.
+  uint64_t sequence_ = 0;  // under order_'s turn
+  // A collective failed: the group is unusable. Set where a wait fails, which may be outside order_'s turn.
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mutex_;
   std::string failed_call_;  // the first failed collective, described (under failure_mutex_)
+  // Posted checks not yet agreed on, in order of submission (under checks_mutex_).
+  static constexpr size_t kWindow = 8;
+  std::mutex checks_mutex_;
+  std::deque<std::shared_ptr<PostedCheck>> checks_;
+  // Collectives are issued one at a time, in the order they were submitted, from whichever thread.
+  // Last, so that it is destroyed first: its destructor runs what was posted, which uses the rest.
+  InOrder order_;
 };
 
 }  // namespace lockstep::dist

@@ -39,11 +39,13 @@ std::shared_ptr<Group> make_group_over(c10::intrusive_ptr<c10d::ProcessGroup> pr
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(options.prefix, store);
   const auto backstop = backstop_timeout(options.timeout);
 #if TORCH_VERSION_MAJOR >= 2
-  // Fingerprints and CPU tensors travel on the group's own Gloo backend when it has one; otherwise
-  // (NCCL alone, a registered backend) on a Gloo group of lockstep's own, met through the store.
+  // Fingerprints and CPU tensors travel on the group's own Gloo backend when it has one (and own_gloo is
+  // off); otherwise on a Gloo group of lockstep's own, made by `make_gloo` or met through the store.
   std::unique_ptr<Transport> control;
   std::string what;
-  if (auto gloo = built_in(*process_group, c10d::ProcessGroup::BackendType::GLOO)) {
+  c10::intrusive_ptr<C10dBackend> gloo;
+  if (!options.own_gloo) gloo = built_in(*process_group, c10d::ProcessGroup::BackendType::GLOO);
+  if (gloo) {
     control = std::make_unique<C10dTransport>(gloo, "gloo", c10::Device(c10::kCPU), backstop);
     what = "gloo (the caller's process group)";
   } else if (options.make_gloo) {

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,7 @@ struct LazyGroupOptions {
   std::vector<int> global_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   GlooMaker make_gloo;  // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
+  bool own_gloo = false;  // see ExistingGroupOptions::own_gloo
 };
 
 // A checked group over the caller's process group, made at its first use. Making it is a
@@ -50,6 +52,13 @@ class LazyGroup {
   // The channel, made at the first call: `first_use` (the collective that needs it) is the site its
   // first collective (the identity's comparison) reports, so that a rank left waiting there names it.
   std::shared_ptr<Group> get(const CallSite& first_use = LOCKSTEP_CALL_SITE("the channel's first use"));
+
+  // check_foreign_collective (collective.h) off the caller's thread, for lockstep.distributed's collectives:
+  // returns at once; the check runs on the channel's worker after every collective submitted before it,
+  // then `then(error)` runs there, before any later one (error null when every rank agreed). `then`
+  // issues the checked collective on the wrapped group, so that every rank issues it in the same order.
+  void check_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                  const std::string& file, int line, bool compare_site, std::function<void(std::exception_ptr)> then);
 
   // Backward runs inside torch's autograd engine, which hands an exception to Python as RuntimeError
   // unless the exception names its Python type: the bindings translate ours (CollectiveMismatch...).

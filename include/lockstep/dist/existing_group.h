@@ -36,10 +36,13 @@ struct ExistingGroupOptions {
   std::string name;
   // The members' ranks in the whole job, in the group's order (CheckedGroupOptions::global_ranks).
   std::vector<int> global_ranks;
-  // Makes lockstep's own Gloo group for a process group without a built-in one (LibTorch 2). Unset:
-  // lockstep makes it itself, which needs Gloo's headers at build time; the Python package built
-  // without them hands torch's ProcessGroupGloo over instead.
+  // Makes lockstep's own Gloo group for a process group without a built-in one, or for own_gloo (LibTorch
+  // 2). Unset: lockstep makes it itself, which needs Gloo's headers at build time; the Python package
+  // built without them hands torch's ProcessGroupGloo over instead.
   GlooMaker make_gloo;
+  // A Gloo group of lockstep's own even where the process group has a built-in one: lockstep.distributed's
+  // channel, whose fingerprint exchanges must not queue behind the data it issues on the group's backend.
+  bool own_gloo = false;
 };
 
 // A rendezvous: every rank of the group must call it. Throws CollectiveFailure when lockstep's own

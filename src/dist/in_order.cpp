@@ -1,0 +1,62 @@
+#include "in_order.h"
+
+namespace lockstep::dist {
+
+InOrder::~InOrder() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  turn_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void InOrder::run(const std::function<void()>& task) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t mine = next_ticket_++;
+  turn_.wait(lock, [&] { return serving_ == mine; });
+  lock.unlock();
+  // The turn passes on whether the task returns or throws.
+  struct PassTurn {
+    InOrder& self;
+    ~PassTurn() {
+      {
+        std::lock_guard<std::mutex> relock(self.mutex_);
+        ++self.serving_;
+      }
+      self.turn_.notify_all();
+    }
+  } pass{*this};
+  task();
+}
+
+uint64_t InOrder::post(std::function<void()> task) {
+  uint64_t mine = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mine = next_ticket_++;
+    posted_.emplace_back(mine, std::move(task));
+    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+  }
+  turn_.notify_all();
+  return mine;
+}
+
+// A posted task waits for its number's turn like a caller of run(): callers and the worker take
+// turns by number, so a synchronous call submitted after posted ones runs after them.
+void InOrder::work() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    turn_.wait(lock, [&] { return (!posted_.empty() && posted_.front().first == serving_) || (stopping_ && posted_.empty()); });
+    if (posted_.empty()) return;
+    std::function<void()> task = std::move(posted_.front().second);
+    posted_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+    ++serving_;
+    turn_.notify_all();
+  }
+}
+
+}  // namespace lockstep::dist

@@ -1,0 +1,47 @@
+// Runs a group's operations one at a time, in the order they were submitted, whichever thread
+// submitted them. A network backend pairs each rank's k-th operation with every other rank's k-th
+// (Gloo numbers them as they are issued), so a group must issue from one ordered stream even when
+// its callers are several threads (the training loop, autograd's, a background check). Internal to
+// src/dist.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace lockstep::dist {
+
+class InOrder {
+ public:
+  InOrder() = default;
+  // Runs what was posted and not yet run, then joins the worker.
+  ~InOrder();
+  InOrder(const InOrder&) = delete;
+  InOrder& operator=(const InOrder&) = delete;
+
+  // Runs `task` on the calling thread once everything submitted before it has run; its exception
+  // reaches the caller. Never call it from inside a task (it would wait for itself).
+  void run(const std::function<void()>& task);
+  // Queues `task` to run on the worker thread after everything submitted before it, and returns at
+  // once with its turn's number: submissions are numbered 0, 1, 2... in order, so consecutive numbers
+  // mean nothing was submitted in between. A posted task must not throw (it reports its own outcome);
+  // one that does ends the process.
+  uint64_t post(std::function<void()> task);
+
+ private:
+  void work();
+
+  std::mutex mutex_;
+  std::condition_variable turn_;  // signalled whenever serving_ moves or a task is posted
+  uint64_t next_ticket_ = 0;      // the number the next submission takes
+  uint64_t serving_ = 0;          // the number whose turn it is
+  std::deque<std::pair<uint64_t, std::function<void()>>> posted_;
+  bool stopping_ = false;
+  std::thread worker_;  // started at the first post: a group that only runs never has one
+};
+
+}  // namespace lockstep::dist
