@@ -47,7 +47,9 @@ uint64_t InOrder::post(std::function<void()> task) {
 void InOrder::work() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    turn_.wait(lock, [&] { return (!posted_.empty() && posted_.front().first == serving_) || (stopping_ && posted_.empty()); });
+    turn_.wait(lock, [&] {
+      return (!posted_.empty() && posted_.front().first == serving_) || (stopping_ && posted_.empty());
+    });
     if (posted_.empty()) return;
     std::function<void()> task = std::move(posted_.front().second);
     posted_.pop_front();

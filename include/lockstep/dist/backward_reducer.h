@@ -37,7 +37,7 @@ struct LazyGroupOptions {
   // The members' ranks in the whole job, in the group's order: errors name a subgroup's ranks both ways.
   std::vector<int> global_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  GlooMaker make_gloo;  // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
+  GlooMaker make_gloo;    // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
   bool own_gloo = false;  // see ExistingGroupOptions::own_gloo
 };
 
