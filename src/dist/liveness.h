@@ -83,6 +83,7 @@ class Liveness {
   static void heartbeat_loop(std::shared_ptr<Shared> s);
   static std::string status_text(const Shared& s);
   static void read_store(std::shared_ptr<Shared> s);
+  static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status
   // Every rank's status: read on a helper thread, unreachable when it does not answer in time.
   std::vector<Status> read_statuses() const;
   Process process_of(int r) const;  // from the process records that reads have brought in
