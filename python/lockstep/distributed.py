@@ -10,7 +10,8 @@ DistributedDataParallel or to the collectives' ``group=`` argument.
 
 Before a collective runs, the ranks exchange a fingerprint of it (sequence number, op, reduce op or
 root, dtypes and shapes): when they disagree, every rank raises lockstep.CollectiveMismatch naming
-each rank's call and Python call site, and nothing is sent. A rank that died is named as
+each rank's call and Python call site, and nothing is sent. The call returns its Work at once: the
+channel's worker thread checks the collective in its turn, then issues it on the wrapped group. A rank that died is named as
 lockstep.CollectiveFailure (PeerLost) within seconds, one that stalls when the group's timeout
 expires. Then the real backend (the wrapped group's) runs the collective unchanged, so results are
 bitwise those without the wrapper. Point-to-point send and recv pass through unchecked.
