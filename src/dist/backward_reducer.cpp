@@ -123,8 +123,10 @@ void LazyGroup::check_then(const std::string& op, const std::vector<at::Tensor>&
                            std::function<void(std::exception_ptr)> then) {
   const CallSite site{tag.c_str(), file.c_str(), line};
   const std::shared_ptr<Group> group = get(site);
-  if (auto* checked = dynamic_cast<CheckedGroup*>(group.get()))
-    return checked->check_foreign_then(op, tensors, tag, file, line, compare_site, std::move(then));
+  if (auto* checked = dynamic_cast<CheckedGroup*>(group.get())) {
+    checked->check_foreign_then(op, tensors, tag, file, line, compare_site, std::move(then));
+    return;
+  }
   std::exception_ptr error;  // a group of one process: nothing to agree with, nothing to wait for
   try {
     check_foreign_collective(*group, op, tensors, CollectiveOptions(site), compare_site);

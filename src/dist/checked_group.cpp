@@ -66,6 +66,7 @@ class CheckedGroup::Pending final : public PendingCollective {
       : group_(group), tensors_(tensors), opts_(opts), issue_(std::make_shared<Issue>()) {}
 
   void wait() override {
+    if (turn_) group_.order_.wait_for_turn(*turn_);
     {
       std::unique_lock<std::mutex> lock(issue_->mutex);
       issue_->issued.wait(lock, [&] { return issue_->done; });
@@ -92,6 +93,7 @@ class CheckedGroup::Pending final : public PendingCollective {
   CollectiveOptions opts_;
   Packed packed_;
   std::shared_ptr<Issue> issue_;
+  std::optional<uint64_t> turn_;  // posted: its turn in the group's order
 };
 
 CheckedGroup::CheckedGroup(const CheckedGroupOptions& options, c10::intrusive_ptr<c10d::Store> store,
@@ -170,7 +172,7 @@ std::unique_ptr<CheckedGroup::Pending> CheckedGroup::start_all_reduce(std::vecto
     issue->issued.notify_all();
   };
   if (on_worker) {
-    order_.post(std::move(turn));
+    pending->turn_ = order_.post(std::move(turn));
   } else {
     order_.run(turn);
   }
@@ -256,9 +258,9 @@ struct CheckedGroup::PostedCheck {
   bool done = false;  // agreed on (and issued) in an earlier check's turn
 };
 
-void CheckedGroup::check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors,
-                                      const std::string& tag, const std::string& file, int line, bool compare_site,
-                                      std::function<void(std::exception_ptr)> then) {
+uint64_t CheckedGroup::check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors,
+                                          const std::string& tag, const std::string& file, int line, bool compare_site,
+                                          std::function<void(std::exception_ptr)> then) {
   auto check = std::make_shared<PostedCheck>();
   check->tag = tag;
   check->file = file;
@@ -271,6 +273,7 @@ void CheckedGroup::check_foreign_then(const std::string& op, const std::vector<a
   const std::lock_guard<std::mutex> lock(checks_mutex_);
   check->turn = order_.post([this, check] { check_window(check); });
   checks_.push_back(check);
+  return check->turn;
 }
 
 void CheckedGroup::check_window(const std::shared_ptr<PostedCheck>& first) {

@@ -73,9 +73,12 @@ class CheckedGroup final : public Group {
   // agreed, else the CollectiveMismatch or CollectiveFailure), before any collective submitted after it:
   // `then` issues the checked collective, so that it pairs with the same one on every rank. `then` must
   // not throw, nor wait for another collective of this group.
-  void check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
-                          const std::string& file, int line, bool compare_site,
-                          std::function<void(std::exception_ptr)> then);
+  // Returns the check's turn, for wait_for_turn.
+  uint64_t check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                              const std::string& file, int line, bool compare_site,
+                              std::function<void(std::exception_ptr)> then);
+  // Returns once `turn` ran, running posted turns on the calling thread meanwhile (InOrder::wait_for_turn).
+  void wait_for_turn(uint64_t turn) { order_.wait_for_turn(turn); }
   void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
 
  private:

@@ -6,9 +6,12 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <utility>
+
+#include "checked_group.h"
 
 namespace lockstep::dist {
 namespace {
@@ -51,8 +54,12 @@ class CheckedWork final : public c10d::Work {
     future_->setError(error);
   }
 
+  // How a waiter gets its turn run: on its own thread when the worker has not taken it yet.
+  void set_help(std::function<void()> help) { help_ = std::move(help); }
+
   // The check ran (and the collective was issued, unless it failed): the wrapped work, or the error.
   c10::intrusive_ptr<c10d::Work> after_turn() {
+    if (help_) help_();
     std::unique_lock<std::mutex> lock(mutex_);
     turn_.wait(lock, [&] { return turned_; });
     if (error_) std::rethrow_exception(error_);
@@ -70,6 +77,7 @@ class CheckedWork final : public c10d::Work {
   }
 
  private:
+  std::function<void()> help_;  // set before the Work is handed out
   std::mutex mutex_;
   std::condition_variable turn_;
   bool turned_ = false;
@@ -90,19 +98,31 @@ c10::intrusive_ptr<c10d::Work> all_reduce_after_check(LazyGroup& channel, Foreig
   std::optional<c10::Stream> stream;
   if (!tensors.empty() && !tensors[0].is_cpu())
     stream = c10::impl::VirtualGuardImpl(tensors[0].device().type()).getStream(tensors[0].device());
-  channel.check_then(call.op, call.compared, call.tag, call.file, call.line, call.compare_site,
-                     [work, inner, tensors, options, stream](std::exception_ptr error) mutable {
-                       if (!error) {
-                         try {
-                           std::optional<c10::StreamGuard> on_callers_stream;
-                           if (stream) on_callers_stream.emplace(*stream);
-                           return work->issued(inner->allreduce(tensors, options));
-                         } catch (...) {
-                           error = std::current_exception();
-                         }
-                       }
-                       work->failed(error);
-                     });
+  auto issue = [work, inner, tensors, options, stream](std::exception_ptr error) mutable {
+    if (!error) {
+      try {
+        std::optional<c10::StreamGuard> on_callers_stream;
+        if (stream) on_callers_stream.emplace(*stream);
+        return work->issued(inner->allreduce(tensors, options));
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    work->failed(error);
+  };
+  const std::shared_ptr<Group> group = channel.get(CallSite{call.tag.c_str(), call.file.c_str(), call.line});
+  auto* checked = dynamic_cast<CheckedGroup*>(group.get());
+  if (!checked) {  // a group of one process: checked and issued at once
+    channel.check_then(call.op, call.compared, call.tag, call.file, call.line, call.compare_site, std::move(issue));
+    return work;
+  }
+  const uint64_t turn = checked->check_foreign_then(call.op, call.compared, call.tag, call.file, call.line,
+                                                    call.compare_site, std::move(issue));
+  // Weakly: a Work that outlives its channel must not be what destroys it (with the GIL held, a Gloo
+  // group's destructor can wait forever, see the bindings' delete_without_gil).
+  work->set_help([weak = std::weak_ptr<Group>(group), checked, turn] {
+    if (const std::shared_ptr<Group> alive = weak.lock()) checked->wait_for_turn(turn);
+  });
   return work;
 }
 

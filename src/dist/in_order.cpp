@@ -42,6 +42,23 @@ uint64_t InOrder::post(std::function<void()> task) {
   return mine;
 }
 
+void InOrder::wait_for_turn(uint64_t turn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (serving_ <= turn) {
+    if (posted_.empty() || posted_.front().first != serving_) {
+      turn_.wait(lock);
+      continue;
+    }
+    std::function<void()> task = std::move(posted_.front().second);
+    posted_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+    ++serving_;
+    turn_.notify_all();
+  }
+}
+
 // A posted task waits for its number's turn like a caller of run(): callers and the worker take
 // turns by number, so a synchronous call submitted after posted ones runs after them.
 void InOrder::work() {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -66,6 +67,27 @@ TEST(InOrder, AThrowingRunPassesTheTurnOn) {
   order.run([&] { after = 1; });
   EXPECT_TRUE(posted_ran);
   EXPECT_EQ(after, 1);
+}
+
+// A caller that waits for a posted turn runs the turns that have come itself when the worker has not
+// taken them: whoever runs them, they run once each, in order, and the wait ends once its turn ran.
+TEST(InOrder, WaitingForATurnRunsEveryEarlierTurnOnceInOrder) {
+  InOrder order;
+  std::vector<int> ran;
+  std::set<std::thread::id> threads;
+  uint64_t last = 0;
+  for (int i = 0; i < 200; ++i) {
+    last = order.post([&, i] {
+      ran.push_back(i);
+      threads.insert(std::this_thread::get_id());
+    });
+    if (i % 50 == 49) {
+      order.wait_for_turn(last);
+      ASSERT_EQ(ran.size(), static_cast<size_t>(i + 1));
+    }
+  }
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(ran[static_cast<size_t>(i)], i);
+  EXPECT_LE(threads.size(), 2u);  // the worker's and this one's
 }
 
 // Callers on several threads each get their own turn: no two tasks overlap.
