@@ -103,53 +103,9 @@ const char* option_type_name(lockstep::quant::OptionSpec::Type type) {
   return "?";
 }
 
-}  // namespace
-
-bool lockstep::python::python_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return !Py_IsInitialized() || Py_IsFinalizing();
-#else
-  return !Py_IsInitialized() || _Py_IsFinalizing();
-#endif
-}
-
-std::shared_ptr<py::object> lockstep::python::hold_for_threads(py::object object) {
-  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* held) {
-    if (python_finalizing()) return;
-    py::gil_scoped_acquire gil;
-    delete held;
-  });
-}
-
-// Rethrows a lockstep error as TypedPythonError; returns for anything else.
-void lockstep::python::translate_for_autograd(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const lockstep::dist::CollectiveMismatch& m) {
-    throw TypedPythonError(mismatch_type, m.what());
-  } catch (const lockstep::dist::CollectiveFailure& f) {
-    throw TypedPythonError(failure_type, f.what());
-  } catch (const lockstep::InvalidArgument& v) {
-    throw TypedPythonError(PyExc_ValueError, v.what());
-  } catch (...) {
-  }
-}
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "liblockstep's quantizers (the lockstep package wraps them as torch.nn.Modules)";
-  // lockstep's errors reach Python as ValueError (bad options or input) or RuntimeError.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const lockstep::InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const lockstep::CorruptInput& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
-
-  bind_quantizer(m);
-
+// lockstep._C.LazyGroup, the checked channel of the Python modules and of lockstep.distributed, and the
+// check of the Works it hands out.
+void bind_channel(py::module_& m) {
   // A checked group made at its first collective, in a backward (dist/backward_reducer.h).
   py::class_<lockstep::dist::LazyGroup, std::shared_ptr<lockstep::dist::LazyGroup>>(m, "LazyGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
@@ -240,6 +196,56 @@ PYBIND11_MODULE(_C, m) {
       py::arg("work"),
       "For a Work from LazyGroup.all_reduce_then: waits until its check ran and raises its CollectiveMismatch "
       "or CollectiveFailure; True. False at once for any other Work.");
+}
+
+}  // namespace
+
+bool lockstep::python::python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+std::shared_ptr<py::object> lockstep::python::hold_for_threads(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* held) {
+    if (python_finalizing()) return;
+    py::gil_scoped_acquire gil;
+    delete held;
+  });
+}
+
+// Rethrows a lockstep error as TypedPythonError; returns for anything else.
+void lockstep::python::translate_for_autograd(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const lockstep::dist::CollectiveMismatch& m) {
+    throw TypedPythonError(mismatch_type, m.what());
+  } catch (const lockstep::dist::CollectiveFailure& f) {
+    throw TypedPythonError(failure_type, f.what());
+  } catch (const lockstep::InvalidArgument& v) {
+    throw TypedPythonError(PyExc_ValueError, v.what());
+  } catch (...) {
+  }
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "liblockstep's quantizers (the lockstep package wraps them as torch.nn.Modules)";
+  // lockstep's errors reach Python as ValueError (bad options or input) or RuntimeError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lockstep::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const lockstep::CorruptInput& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  bind_quantizer(m);
+
+  bind_channel(m);
   // Raised on every rank, naming the ranks and call sites (docs/guarantees.md, G1 and G2).
   static py::exception<lockstep::dist::CollectiveMismatch> mismatch(m, "CollectiveMismatch", PyExc_RuntimeError);
   static py::exception<lockstep::dist::CollectiveFailure> failure(m, "CollectiveFailure", PyExc_RuntimeError);
