@@ -42,6 +42,17 @@ uint64_t InOrder::post(std::function<void()> task) {
   return mine;
 }
 
+// The posted task at the front, whose turn it is: run with the lock released, then the turn passes on.
+void InOrder::run_posted_front(std::unique_lock<std::mutex>& lock) {
+  std::function<void()> task = std::move(posted_.front().second);
+  posted_.pop_front();
+  lock.unlock();
+  task();
+  lock.lock();
+  ++serving_;
+  turn_.notify_all();
+}
+
 void InOrder::wait_for_turn(uint64_t turn) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (serving_ <= turn) {
@@ -49,13 +60,7 @@ void InOrder::wait_for_turn(uint64_t turn) {
       turn_.wait(lock);
       continue;
     }
-    std::function<void()> task = std::move(posted_.front().second);
-    posted_.pop_front();
-    lock.unlock();
-    task();
-    lock.lock();
-    ++serving_;
-    turn_.notify_all();
+    run_posted_front(lock);
   }
 }
 
@@ -68,13 +73,7 @@ void InOrder::work() {
       return (!posted_.empty() && posted_.front().first == serving_) || (stopping_ && posted_.empty());
     });
     if (posted_.empty()) return;
-    std::function<void()> task = std::move(posted_.front().second);
-    posted_.pop_front();
-    lock.unlock();
-    task();
-    lock.lock();
-    ++serving_;
-    turn_.notify_all();
+    run_posted_front(lock);
   }
 }
 

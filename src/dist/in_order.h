@@ -40,6 +40,7 @@ class InOrder {
 
  private:
   void work();
+  void run_posted_front(std::unique_lock<std::mutex>& lock);
 
   std::mutex mutex_;
   std::condition_variable turn_;  // signalled whenever serving_ moves or a task is posted
