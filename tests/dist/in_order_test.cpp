@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <future>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -190,41 +189,51 @@ TEST(ForeignCollectives, ASynchronousCollectiveWaitsForTheChecksPostedBeforeIt) 
   for (size_t r = 0; r < 2; ++r) EXPECT_FALSE(errors[r]) << message_of<std::exception>(errors[r]);
 }
 
-// Checks queued on one rank while the other posts them one at a time: windows of different lengths
+// Checks queued on one rank while the others post them one at a time: windows of different lengths
 // meet, every rank acts on what all of them have, and a disagreement inside a window is named at its
-// own place (#3) while the checks around it pass, in order.
+// own place (#3) while the checks around it pass, in order. At 2 ranks every rank judges the gathered
+// fingerprints; at 6 rank 0 judges them and the others act on its verdict.
 TEST(ForeignCollectives, WindowsOfDifferentLengthsAgreeOnWhatEveryRankHas) {
-  for (const Join join : {Join::InMemory, Join::Gloo}) {
-    std::vector<std::vector<std::string>> outcomes(2);
-    const auto errors = run_ranks(
-        2,
-        [&](Group& g, int r) {
-          auto& checked = dynamic_cast<CheckedGroup&>(g);
-          std::mutex mutex;
-          std::vector<std::string>& seen = outcomes[static_cast<size_t>(r)];
-          std::promise<void> all_ran;
-          const std::vector<std::string> ops = {"a", "b", r == 0 ? "c" : "x", "d", "e", "f"};
-          for (size_t i = 0; i < ops.size(); ++i) {
-            if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // rank 0's queue fills up
-            checked.check_foreign_then(ops[i], {}, "test.window", "a.py", static_cast<int>(i), false,
-                                       [&, i](std::exception_ptr error) {
-                                         const std::lock_guard<std::mutex> lock(mutex);
-                                         seen.push_back(error ? message_of<CollectiveMismatch>(error) : ops[i]);
-                                         if (seen.size() == ops.size()) all_ran.set_value();
-                                       });
-          }
-          all_ran.get_future().wait();
-        },
-        join);
-    for (size_t r = 0; r < 2; ++r) {
-      EXPECT_FALSE(errors[r]) << message_of<std::exception>(errors[r]);
-      ASSERT_EQ(outcomes[r].size(), 6u) << test_util::join_name(join);
-      EXPECT_EQ(outcomes[r][0], "a");
-      EXPECT_EQ(outcomes[r][1], "b");
-      EXPECT_NE(outcomes[r][2].find("#3 c at test.window"), std::string::npos) << outcomes[r][2];
-      EXPECT_NE(outcomes[r][2].find("#3 x at test.window"), std::string::npos) << outcomes[r][2];
-      EXPECT_EQ(outcomes[r][3], "d");
-      EXPECT_EQ(outcomes[r][5], "f");
+  for (const int size : {2, 6}) {
+    for (const Join join : {Join::InMemory, Join::Gloo}) {
+      // What the `then`s touch outlives the ranks' threads: the last one may still be returning from
+      // set_value() when its rank's thread wakes (the group, joined after, runs nothing more).
+      struct Outcome {
+        std::vector<std::string> seen;  // written in the group's turns only, read after it joined
+        std::promise<void> all_ran;
+      };
+      std::vector<Outcome> outcomes(static_cast<size_t>(size));
+      const auto errors = run_ranks(
+          size,
+          [&](Group& g, int r) {
+            auto& checked = dynamic_cast<CheckedGroup&>(g);
+            Outcome& outcome = outcomes[static_cast<size_t>(r)];
+            const std::vector<std::string> ops = {"a", "b", r == size - 1 ? "x" : "c", "d", "e", "f"};
+            for (size_t i = 0; i < ops.size(); ++i) {
+              if (r > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // rank 0's queue fills up
+              checked.check_foreign_then(
+                  ops[i], {}, "test.window", "a.py", static_cast<int>(i), false,
+                  [&outcome, ops, i](std::exception_ptr error) {
+                    outcome.seen.push_back(error ? message_of<CollectiveMismatch>(error) : ops[i]);
+                    if (outcome.seen.size() == ops.size()) outcome.all_ran.set_value();
+                  });
+            }
+            outcome.all_ran.get_future().wait();
+          },
+          join);
+      for (size_t r = 0; r < outcomes.size(); ++r) {
+        const std::string where =
+            std::to_string(size) + " ranks, " + test_util::join_name(join) + ", rank " + std::to_string(r);
+        EXPECT_FALSE(errors[r]) << where << ": " << message_of<std::exception>(errors[r]);
+        const std::vector<std::string>& seen = outcomes[r].seen;
+        ASSERT_EQ(seen.size(), 6u) << where;
+        EXPECT_EQ(seen[0], "a") << where;
+        EXPECT_EQ(seen[1], "b") << where;
+        EXPECT_NE(seen[2].find("#3 c at test.window"), std::string::npos) << where << ": " << seen[2];
+        EXPECT_NE(seen[2].find("#3 x at test.window"), std::string::npos) << where << ": " << seen[2];
+        EXPECT_EQ(seen[3], "d") << where;
+        EXPECT_EQ(seen[5], "f") << where;
+      }
     }
   }
 }
