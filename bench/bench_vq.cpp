@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "lockstep/quant/nearest_code.h"
-#include "quant/quant_paths.h"
+#include "quant/nearest_code_kernels.h"
 
 namespace {
 

@@ -15,12 +15,12 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "lockstep/config_build.h"
 #include "lockstep/core/machine.h"
 #include "lockstep/core/memory.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/train/device.h"
-#include "quant/bench_cases.h"
-#include "quant/quant_paths.h"
+#include "quantizer_cases.h"
 
 namespace lockstep::cli {
 namespace {
@@ -44,7 +44,7 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-Measured measure(const quant::BenchCase& c, const BenchOptions& opt) {
+Measured measure(const bench::BenchCase& c, const BenchOptions& opt) {
   auto run = c.prepare();
   const bool peak_reset = reset_peak_resident();
   const int64_t before = resident_bytes();
@@ -66,7 +66,7 @@ Measured measure(const quant::BenchCase& c, const BenchOptions& opt) {
 }
 
 // "<= 26 ms", ">= 60% of sgemm", ... or "" when the case has no target.
-std::string target_text(const quant::BenchCase& c) {
+std::string target_text(const bench::BenchCase& c) {
   std::vector<std::string> parts;
   if (c.target_ms > 0) parts.push_back("<= " + fixed(c.target_ms, c.target_ms < 1 ? 1 : 0) + " ms");
   if (c.target_fraction > 0) parts.push_back(">= " + fixed(c.target_fraction * 100, 0) + "%");
@@ -76,7 +76,7 @@ std::string target_text(const quant::BenchCase& c) {
   return out;
 }
 
-bool meets(const quant::BenchCase& c, const Measured& m, double fraction) {
+bool meets(const bench::BenchCase& c, const Measured& m, double fraction) {
   return (c.target_ms <= 0 || m.median_ms <= c.target_ms) &&
          (c.target_fraction <= 0 || fraction >= c.target_fraction) &&
          (c.target_extra_mib <= 0 || (m.extra_mib >= 0 && m.extra_mib <= c.target_extra_mib));
@@ -93,8 +93,8 @@ int run_bench(const BenchOptions& opt) {
   }();
   const int cuda = train::cuda_index_for(spec, "--device");
   const bool on_gpu = cuda >= 0;
-  std::vector<quant::BenchCase> cases;
-  for (auto& c : quant::quantizer_bench_cases(cuda)) {
+  std::vector<bench::BenchCase> cases;
+  for (auto& c : bench::quantizer_bench_cases(cuda)) {
     if (opt.filter.empty() || (c.name + " " + c.shape).find(opt.filter) != std::string::npos) cases.push_back(c);
   }
   if (cases.empty()) {
@@ -104,9 +104,8 @@ int run_bench(const BenchOptions& opt) {
   at::set_num_threads(opt.threads);
   std::cout << "lockstep bench quantizers: "
             << (on_gpu ? "cuda:" + std::to_string(cuda) +
-                             (quant::detail::cuda_kernels_built()
-                                  ? " (CUDA kernels where lockstep has them)"
-                                  : " (the device-independent paths: no CUDA kernels built)")
+                             (LOCKSTEP_HAVE_CUDA_KERNELS ? " (CUDA kernels where lockstep has them)"
+                                                         : " (the device-independent paths: no CUDA kernels built)")
                        : std::to_string(opt.threads) + (opt.threads == 1 ? " thread" : " threads"))
             << "; each case: median of >= " << opt.min_runs << " runs over >= " << fixed(opt.min_seconds, 1)
             << " s after a warm-up\n";
@@ -122,7 +121,7 @@ int run_bench(const BenchOptions& opt) {
             << "  target\n";
   for (const auto& c : cases) {
     const Measured m = measure(c, opt);
-    const bool flops = c.limit == quant::BenchLimit::Sgemm;
+    const bool flops = c.limit == bench::BenchLimit::Sgemm;
     const double rate = c.work / (m.median_ms * 1e-3) * 1e-9;  // GFLOP/s or GB/s
     const double fraction = rate / (flops ? sgemm : bandwidth);
     // The targets are for one thread of the reference CPU; host memory says nothing about a GPU run.

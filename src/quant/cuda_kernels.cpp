@@ -4,10 +4,10 @@
 // callers keep the torch-op paths.
 #include <torch/torch.h>
 
+#include "cuda_kernels.h"
 #include "fsq_kernel.h"
 #include "lockstep/config_build.h"
 #include "lockstep/core/error.h"
-#include "quant_paths.h"
 
 #if LOCKSTEP_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>

@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "lockstep/core/error.h"
-#include "quant/quant_paths.h"
+#include "quant/torch_op_paths.h"
 
 namespace lockstep::quant {
 namespace {

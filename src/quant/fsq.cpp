@@ -8,9 +8,9 @@
 #include <cmath>
 #include <mutex>
 
+#include "cuda_kernels.h"
 #include "fsq_kernel.h"
 #include "lockstep/core/error.h"
-#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

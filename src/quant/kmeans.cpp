@@ -2,8 +2,9 @@
 
 #include <torch/torch.h>
 
+#include "cuda_kernels.h"
 #include "lockstep/core/error.h"
-#include "quant_paths.h"
+#include "torch_op_paths.h"
 
 namespace lockstep::quant {
 

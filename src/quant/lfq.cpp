@@ -7,10 +7,10 @@
 #include <mutex>
 #include <string>
 
+#include "lfq_internal.h"
 #include "lockstep/core/error.h"
 #include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
-#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

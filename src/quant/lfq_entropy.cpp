@@ -33,9 +33,9 @@
 #include <cmath>
 #include <vector>
 
+#include "lfq_internal.h"
 #include "lockstep/core/error.h"
 #include "lockstep/quant/lfq.h"
-#include "quant_paths.h"
 
 namespace lockstep::quant {
 namespace {

@@ -13,8 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_kernels.h"
 #include "lockstep/core/error.h"
-#include "quant_paths.h"
+#include "nearest_code_kernels.h"
 
 // A fused search, no BLAS: a register-blocked kernel computes R tokens x NB codes of
 // bias + x.(scale e) over the whole of d in vector registers, and folds them at once into a running

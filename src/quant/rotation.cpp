@@ -14,7 +14,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/quant/vq.h"
-#include "quant_paths.h"
+#include "torch_op_paths.h"
 
 namespace lockstep::quant {
 namespace {

@@ -11,7 +11,7 @@
 #include "lockstep/core/memory.h"
 #include "lockstep/core/random.h"
 #include "lockstep/quant/kmeans.h"
-#include "quant_paths.h"
+#include "torch_op_paths.h"
 #include "vq_internal.h"
 
 namespace lockstep::quant {

@@ -16,7 +16,8 @@
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/kmeans.h"
 #include "lockstep/quant/nearest_code.h"
-#include "quant/quant_paths.h"
+#include "quant/cuda_kernels.h"
+#include "quant/nearest_code_kernels.h"
 
 namespace lockstep::quant {
 namespace {

@@ -23,7 +23,6 @@
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/trainer.h"
-#include "quant/quant_paths.h"
 #include "train/small_run.h"
 
 namespace lockstep::quant {

@@ -1,6 +1,6 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/core/random.h"
-#include "quant/quant_paths.h"
+#include "quant/lfq_internal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #include "lockstep/quant/nearest_code.h"
-#include "quant/quant_paths.h"
+#include "quant/nearest_code_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

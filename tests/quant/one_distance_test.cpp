@@ -17,7 +17,7 @@
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/residual.h"
 #include "lockstep/quant/vq.h"
-#include "quant/quant_paths.h"
+#include "quant/nearest_code_kernels.h"
 #include "seeded.h"
 
 namespace lockstep::quant {

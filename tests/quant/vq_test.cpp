@@ -1,5 +1,5 @@
 #include "lockstep/quant/vq.h"
-#include "quant/quant_paths.h"
+#include "quant/torch_op_paths.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,6 +1,6 @@
 // The torch-operation forms of the VQ statistics and sampling noise (what runs off the CPU), run on the
 // CPU against the host computations they must equal bit for bit.
-#include "quant/quant_paths.h"
+#include "quant/torch_op_paths.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

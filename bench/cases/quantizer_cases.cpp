@@ -1,4 +1,4 @@
-#include "quant/bench_cases.h"
+#include "quantizer_cases.h"
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -10,9 +10,11 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/quant/nearest_code.h"
 #include "lockstep/quant/vq.h"
-#include "quant/quant_paths.h"
+#include "quant/nearest_code_kernels.h"
 
-namespace lockstep::quant {
+namespace lockstep::bench {
+using namespace lockstep::quant;  // the quantizers the cases measure
+
 namespace {
 
 at::Generator seeded(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
@@ -62,7 +64,7 @@ void add_device_cases(const Where& where, std::vector<BenchCase>& cases) {
         auto x = where.normal({n, d}, 11);
         auto codes = where.normal({k, d}, 12);
         return std::function<void()>([x, codes, where, path] {
-          detail::nearest_code_with_kernel(x, codes, Metric::Euclidean, path);
+          quant::detail::nearest_code_with_kernel(x, codes, Metric::Euclidean, path);
           where.finish();
         });
       };
@@ -208,4 +210,4 @@ std::vector<BenchCase> quantizer_bench_cases(int cuda_device) {
   return cases;
 }
 
-}  // namespace lockstep::quant
+}  // namespace lockstep::bench

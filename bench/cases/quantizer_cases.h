@@ -1,12 +1,12 @@
 // The quantizer benchmarks, defined once: `lockstep bench quantizers` and the Google Benchmark
-// program (bench/) both run these cases. Internal: not installed with the library.
+// program (bench/) both run these cases. Not part of the library: a static library of their own.
 #pragma once
 
 #include <functional>
 #include <string>
 #include <vector>
 
-namespace lockstep::quant {
+namespace lockstep::bench {
 
 enum class BenchLimit {
   Sgemm,      // work is floating-point operations; compare with the measured sgemm rate
@@ -33,4 +33,4 @@ struct BenchCase {
 // paths), less those that time a CPU kernel alone (writing into caller buffers).
 std::vector<BenchCase> quantizer_bench_cases(int cuda_device = -1);
 
-}  // namespace lockstep::quant
+}  // namespace lockstep::bench

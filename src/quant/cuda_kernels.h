@@ -1,0 +1,22 @@
+// The CUDA kernels of src/quant/cuda as torch calls (cuda_kernels.cpp). Internal to src/quant; not
+// installed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "lockstep/quant/nearest_code.h"
+
+namespace lockstep::quant::detail {
+
+// The CUDA kernels of src/quant/cuda (cuda_kernels.cpp): whether this build compiled them (nvcc
+// and a LibTorch with CUDA), and the searches and statistics they compute, for CUDA tensors. The
+// public calls use them for CUDA tensors where built, the torch-op paths (torch_op_paths.h) elsewhere.
+bool cuda_kernels_built();
+NearestCode nearest_code_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
+at::Tensor code_scores_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
+at::Tensor squared_norms_cuda(const at::Tensor& x);  // |x|^2 per row, as nearest_code_cuda's score adds it
+std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
+
+}  // namespace lockstep::quant::detail
