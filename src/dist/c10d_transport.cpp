@@ -93,6 +93,17 @@ std::unique_ptr<TransportWork> C10dTransport::broadcast(at::Tensor& buffer, int 
   return wrap(backend_->broadcast(one, o));
 }
 
+std::unique_ptr<TransportWork> C10dTransport::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                                     int root) {
+  std::vector<std::vector<at::Tensor>> out;  // c10d: empty on the ranks that are not the root
+  if (!outputs.empty()) out.push_back(outputs);
+  std::vector<at::Tensor> in{input};
+  c10d::GatherOptions o;
+  o.rootRank = root;
+  o.timeout = backstop_;
+  return wrap(backend_->gather(out, in, o));
+}
+
 void C10dTransport::abandon() {
   if (abandoned_) return;
   abandoned_ = true;

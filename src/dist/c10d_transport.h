@@ -41,6 +41,7 @@ class C10dTransport : public Transport {
   std::unique_ptr<TransportWork> all_reduce(at::Tensor& buffer, ReduceOp op) override;
   std::unique_ptr<TransportWork> all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) override;
   std::unique_ptr<TransportWork> broadcast(at::Tensor& buffer, int root) override;
+  std::unique_ptr<TransportWork> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) override;
   void abandon() override;
 
  private:

@@ -96,7 +96,7 @@ class CheckedGroup final : public Group {
   void check_window(const std::shared_ptr<PostedCheck>& first);
   // The fingerprints of `calls` (at most kWindow) against every rank's: how many agree from the first
   // on, at most the fewest any rank offered; `differs` when the next one differs on some rank. Every
-  // rank computes the same from the same exchange.
+  // rank acts on the same verdict.
   size_t agree_on_window(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs);
   // Every rank's description of `call`, exchanged after the fingerprints differed: CollectiveMismatch.
   [[noreturn]] void throw_mismatch(const CollectiveCall& call, const CollectiveOptions& opts);

@@ -11,7 +11,7 @@
 
 namespace lockstep::dist {
 
-enum class MemoryOp { AllReduce, AllGather, Broadcast };
+enum class MemoryOp { AllReduce, AllGather, Broadcast, Gather };
 
 // The k-th operation of every rank: each rank leaves a copy of its input; the last one to arrive
 // computes every rank's result.
@@ -24,7 +24,7 @@ struct Slot {
   int collected = 0;
   bool done = false;
   std::optional<std::string> error;
-  std::vector<at::Tensor> results;  // all_reduce/broadcast: one shared result; all_gather: inputs
+  std::vector<at::Tensor> results;  // all_reduce/broadcast: one shared result; (all_)gather: inputs
 };
 
 class MemoryWorld {
@@ -99,6 +99,7 @@ class MemoryWorld {
         slot.results = {slot.inputs[slot.root]};
         break;
       case MemoryOp::AllGather:
+      case MemoryOp::Gather:
         slot.results = slot.inputs;
         break;
     }
@@ -153,6 +154,14 @@ class MemoryTransport final : public Transport {
     const uint64_t k = next_++;
     world_->arrive(k, rank_, MemoryOp::Broadcast, ReduceOp::Sum, root, buffer);
     return std::make_unique<MemoryWork>(world_, k, [buffer](const Slot& s) mutable { buffer.copy_(s.results[0]); });
+  }
+
+  std::unique_ptr<TransportWork> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) override {
+    const uint64_t k = next_++;
+    world_->arrive(k, rank_, MemoryOp::Gather, ReduceOp::Sum, root, input);
+    return std::make_unique<MemoryWork>(world_, k, [outputs](const Slot& s) mutable {
+      for (size_t r = 0; r < outputs.size(); ++r) outputs[r].copy_(s.results[r]);
+    });
   }
 
  private:

@@ -40,6 +40,10 @@ class Transport {
   virtual std::unique_ptr<TransportWork> all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) = 0;
   // In place: every rank's `buffer` receives `root`'s.
   virtual std::unique_ptr<TransportWork> broadcast(at::Tensor& buffer, int root) = 0;
+  // `root`'s outputs (one per rank, each of input's shape) receive every rank's input, in rank order;
+  // the other ranks pass no outputs. One round: each rank sends to the root directly.
+  virtual std::unique_ptr<TransportWork> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                                int root) = 0;
 
   // After a failure, pending operations will never complete: release whatever waits on them
   // (NCCL aborts its communicator so that no GPU stream stays blocked). The transport is unusable

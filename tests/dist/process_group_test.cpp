@@ -68,7 +68,8 @@ TEST_P(ProcessGroupRanks, CollectivesGiveTheirDefinitionsWithMixedDtypesInOneCal
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ProcessGroupRanks,
-                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(Join::Gloo, Join::InMemory)),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 6),
+                                            ::testing::Values(Join::Gloo, Join::InMemory)),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "Ranks" +
                                   test_util::join_name(std::get<1>(info.param));
