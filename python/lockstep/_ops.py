@@ -136,7 +136,7 @@ def vq_initialise(x: torch.Tensor, passed: torch.Tensor, step: torch.Tensor, han
     RandomProjectionQuantizer's tokens). The gradient passes to `passed`."""
     module = _module(handle)
     if run:
-        module._core.vq_initialise(x, True, module.seed, step, module._lazy_group(), mask)
+        module._core.initialise(x, True, module.seed, step, module._lazy_group(), mask)
     return passed.clone()
 
 
@@ -168,7 +168,7 @@ def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], step: torch
             with torch.no_grad():
                 return module._bridged_layer(layer).float()
 
-        module._core.residual_initialise(x, True, module.seed, step, module._lazy_group(), mask, freeze_codebook,
+        module._core.initialise(x, True, module.seed, step, module._lazy_group(), mask, freeze_codebook,
                                          beam_size, sample_codebook_temp, dropout_layers, bridged)
     return [codebook.clone() for codebook in passed]
 

@@ -210,11 +210,11 @@ class LockstepQuantizer(nn.Module):
         super().__init__()
         self.register_state_dict_post_hook(_reference_layout)  # state_dict() in the reference's layout
         if seed is None:  # torch's global generator draws the initial state, as in the reference
-            self._core = _C.Quantizer(name, section, options)
+            self._core = _C.make_quantizer(name, section, options)
         else:  # the seed alone decides it, whatever torch's global generator holds
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
-                self._core = _C.Quantizer(name, section, options)
+                self._core = _C.make_quantizer(name, section, options)
         # Statistics are reduced over `process_group` (torch.distributed's default group when None
         # and torch.distributed is initialised) through lockstep's checked channel, in the backward of
         # a training forward: a forward never communicates (docs/python/distributed.md).
@@ -299,7 +299,7 @@ class LockstepQuantizer(nn.Module):
         for name, value in (("update_in_forward", False), ("_unbackwarded", 0), ("_warned_unbackwarded", False),
                             ("_drawn_at", 0), ("_ema_held", False)):
             self.__dict__.setdefault(name, value)
-        self._core = _C.Quantizer(*self._spec)
+        self._core = _C.make_quantizer(*self._spec)
         self._group = None
         self._adopt_core_tensors(copies=True)
         self._register_ops()
@@ -496,7 +496,7 @@ class LockstepQuantizer(nn.Module):
             group = self._lazy_group() if self.training else None
             now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook, vq_call.get("token_codes"))
             if topk is not None:
-                out, indices, code_loss, losses = self._core.vq_topk(x, int(topk), self.training, self.seed,
+                out, indices, code_loss, losses = self._core.topk(x, int(topk), self.training, self.seed,
                                                                     self._steps, group, mask, bool(freeze_codebook),
                                                                     codebook, vq_call.get("sample_codebook_temp"),
                                                                     vq_call.get("token_codes"), update_in_forward=now)

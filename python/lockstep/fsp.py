@@ -67,7 +67,7 @@ class FSP(LockstepQuantizer):
 
     def indices_to_level_indices(self, indices):
         """Indices (...) -> each channel's bin (..., len(levels)), the first level least significant."""
-        return self._core.fsp_level_indices(as_indices("lockstep.FSP", indices))
+        return self._core.level_indices(as_indices("lockstep.FSP", indices))
 
     def level_indices_to_indices(self, level_indices):
         """Each channel's bin (..., len(levels)) -> the index (...), int32 as the reference's."""
@@ -78,7 +78,7 @@ class FSP(LockstepQuantizer):
         out); channel first with channel_first. `eps`: need_inv_act's clamp before the inverse, as there."""
         shape = indices.shape
         flat = as_indices("lockstep.FSP", indices).reshape(1, -1)
-        codes = self._core.fsp_decode(flat, float(eps)).reshape(*shape, self.dim)
+        codes = self._core.decode_clamped(flat, float(eps)).reshape(*shape, self.dim)
         return codes.movedim(-1, 1) if self.channel_first else codes
 
     def forward(self, z, eps=None):
@@ -107,7 +107,7 @@ class FSP(LockstepQuantizer):
         level indices (float, as there), the batch statistics and, in training with quantize_rate < 1,
         the share of accepted perturbations (the same draws as the call's)."""
         group = self._lazy_group() if self.training else None
-        level_indices, mean, variance, skewness, kurtosis, accept_rate = self._core.fsp_diagnostics(
+        level_indices, mean, variance, skewness, kurtosis, accept_rate = self._core.diagnostics(
             tokens.float(), self.training, self.seed, self._steps, group, eps)
         info = {"level_indices": level_indices.float(),
                 "norm_info": {"mean": mean, "variance": variance, "skewness": skewness, "kurtosis": kurtosis}}

@@ -75,13 +75,13 @@ class FSQ(LockstepQuantizer):
         if zhat.shape[-1] != self.codebook_dim:
             raise ValueError(f"lockstep.FSQ.codes_to_indices: codes end in {zhat.shape[-1]} values, "
                              f"not codebook_dim = {self.codebook_dim}")
-        return self._core.fsq_codes_to_indices(zhat).to(torch.int32)
+        return self._core.codes_to_indices(zhat).to(torch.int32)
 
     @property
     def implicit_codebook(self):
         """Every code in index order, (codebook_size, codebook_dim), float32, on the module's device.
         Computed on use, not a buffer as in the reference, so DDP never broadcasts it."""
-        return self._core.fsq_indices_to_codes(torch.arange(self.codebook_size, device=self.device))
+        return self._core.indices_to_codes(torch.arange(self.codebook_size, device=self.device))
 
 
 declare_reference_signature(FSQ, fsq_options)

@@ -221,7 +221,7 @@ class LFQ(LockstepQuantizer):
         group = self._lazy_group() if self.training else None
         # The step the call drew at: a call that was a whole step has advanced it already.
         drawn_at = torch.tensor(self._drawn_at, dtype=torch.int64)
-        terms = self._core.lfq_loss_terms(x.float(), self.training, self.seed, drawn_at, group, mask, inv_temperature)
+        terms = self._core.loss_terms(x.float(), self.training, self.seed, drawn_at, group, mask, inv_temperature)
         return LossBreakdown(*terms)
 
 

@@ -79,7 +79,7 @@ class _Residual(LockstepQuantizer):
         dropped = indices == -1
         if getattr(self, "implicit_neural_codebook", False):  # each layer's codes from the codes before it
             flat = indices.reshape(indices.shape[0], -1, indices.shape[-1])
-            codes = self._core.residual_layer_codes(flat)
+            codes = self._core.layer_codes(flat)
             return codes.reshape(codes.shape[0], *indices.shape[:-1], codes.shape[-1])
         codebooks = self.codebooks
         codes = torch.stack([codebooks[q][indices[..., q].clamp_min(0)] for q in range(self.num_quantizers)])
@@ -101,9 +101,9 @@ class _Residual(LockstepQuantizer):
             rest[-1] = rest[-1].squeeze(2)  # (num_quantizers, b, 1, dim) -> (num_quantizers, b, dim)
         return (out.squeeze(1), idx.squeeze(1), *rest)
 
-    def _layer_codebook(self, q, method):
-        """Layer q's every code in index order, from liblockstep's layer (`method`: its binding)."""
-        return getattr(self._core.layer(q), method)(torch.arange(self.codebook_size, device=self.device))
+    def _layer_codebook(self, q):
+        """Layer q's every code in index order, from liblockstep's layer (an FSQ's or an LFQ's)."""
+        return self._core.layer(q).indices_to_codes(torch.arange(self.codebook_size, device=self.device))
 
     def get_output_from_indices(self, indices):
         """Indices (b, ..., num_quantizers) as forward returns them (-1 for a dropped layer) -> the
@@ -276,14 +276,14 @@ class ResidualVQ(_Residual):
         manual_in_place_optimizer_update each layer's optimizer steps once backward has accumulated the layer's
         codebook gradient (VectorQuantize's, docs/python/vq.md)."""
         for q, layer in enumerate(self._in_place_layers() if self._in_place else ()):
-            self._core.layer(q).vq_keep_in_place_gradient(True)
+            self._core.layer(q).keep_in_place_gradient(True)
             if not self._in_place_manual:
                 _in_place.after_backward(layer._codebook.embed, self, "_in_place_step", q)
 
     def _in_place_gradients(self, q):
         layer = self.layers[q]
         return _in_place.gradients(layer.in_place_codebook_optimizer,
-                                   self._core.layer(q).vq_take_in_place_gradient(), layer._codebook)
+                                   self._core.layer(q).take_in_place_gradient(), layer._codebook)
 
     def _in_place_step(self, q):
         _in_place.step_alone(self.layers[q].in_place_codebook_optimizer, self._in_place_gradients(q))
@@ -377,7 +377,7 @@ class ResidualVQ(_Residual):
         for q in range(self.num_quantizers):
             layer = self._core.layer(q)
             codebook = None if bridged is None else bridged[q]
-            logits = layer.vq_code_logits(residual, codebook)
+            logits = layer.code_logits(residual, codebook)
             total = total + torch.nn.functional.cross_entropy(logits.movedim(-1, 1), indices[..., q])
             codes = layer.decode(indices[..., q]) if codebook is None else codebook[0][indices[..., q]]
             residual = residual - codes
@@ -465,7 +465,7 @@ class ResidualFSQ(_Residual):
     @property
     def codebooks(self):
         """Every layer's implicit codebook, (num_quantizers, codebook_size, len(levels)), unscaled."""
-        return torch.stack([self._layer_codebook(q, "fsq_indices_to_codes") for q in range(self.num_quantizers)])
+        return torch.stack([self._layer_codebook(q) for q in range(self.num_quantizers)])
 
     def _code_scales(self):
         return torch.stack([self._core.buffers()[f"scale{q}"].reshape(-1).expand(len(self.levels))
@@ -521,7 +521,7 @@ class ResidualLFQ(_Residual):
     def codebooks(self):
         """Every layer's codebook, (num_quantizers, codebook_size, log2(codebook_size)): codes of
         +-2^-q (on the sphere when spherical)."""
-        return torch.stack([self._layer_codebook(q, "lfq_indices_to_codes") for q in range(self.num_quantizers)])
+        return torch.stack([self._layer_codebook(q) for q in range(self.num_quantizers)])
 
     def _reference_constants(self):
         return {f"layers.{q}.mask": bit_mask(self.codebook_size) for q in range(self.num_quantizers)}

@@ -141,7 +141,7 @@ class _Codebook(nn.Module):
         to the caller with manual_ema_update=True. Every rank holds the same statistics: no collective."""
         core = _ops._module(self._quantizer_handle)._core
         layer = self.__dict__.get("_layer_index")
-        (core if layer is None else core.layer(layer)).vq_update_ema()
+        (core if layer is None else core.layer(layer)).update_ema()
 
 
 class VectorQuantize(LockstepQuantizer):
@@ -191,13 +191,13 @@ class VectorQuantize(LockstepQuantizer):
         self._in_place_hook = None
         if getattr(self, "in_place_codebook_optimizer", None) is None:
             return
-        self._core.vq_keep_in_place_gradient(True)
+        self._core.keep_in_place_gradient(True)
         embed = self._codebook.embed
         if not self.manual_in_place_optimizer_update and isinstance(embed, nn.Parameter):
             self._in_place_hook = _in_place.after_backward(embed, self, "_in_place_step")
 
     def _in_place_gradients(self):
-        return _in_place.gradients(self.in_place_codebook_optimizer, self._core.vq_take_in_place_gradient(),
+        return _in_place.gradients(self.in_place_codebook_optimizer, self._core.take_in_place_gradient(),
                                    self._codebook)
 
     def _in_place_step(self):
@@ -310,7 +310,7 @@ class VectorQuantize(LockstepQuantizer):
         """forward(x, indices=...): the cross entropy of the given codes (-1 ignored) under each code's
         logit for each token (minus the distance, or the cosine similarity; liblockstep's), as the
         reference's; the codebook as this call found it (the step's EMA update waits for backward)."""
-        logits = self._core.vq_code_logits(x, codebook, token_codes)  # (b, n[, heads], K)
+        logits = self._core.code_logits(x, codebook, token_codes)  # (b, n[, heads], K)
         expected = logits.shape[:-1]
         if tuple(indices.shape) != tuple(expected):
             raise ValueError(f"lockstep.VectorQuantize: indices must have shape {tuple(expected)}, "
@@ -423,7 +423,7 @@ class VectorQuantize(LockstepQuantizer):
         # A copy of an EMA codebook: its update in backward writes embed before the function's backward runs.
         codebook = bridged if bridged is not None else embed if learned else embed.detach().clone()
         if self._spec[2].get("affine_param"):  # liblockstep's move, by the statistics through the last update
-            codebook = self._core.vq_searched_codebook(codebook)
+            codebook = self._core.searched_codebook(codebook)
         codes = transform(codebook)
         tokens, _ = self._tokens_of(x, maps)
         b, n = tokens.shape[:2]
@@ -469,7 +469,7 @@ class VectorQuantize(LockstepQuantizer):
         check_floating("lockstep.VectorQuantize", x)
         mask = padding_mask("lockstep.VectorQuantize", x, mask, None)
         group = self._lazy_group()
-        self._core.vq_update_indices(x.float(), as_indices("lockstep.VectorQuantize", indices), self.seed, self._steps,
+        self._core.update_indices(x.float(), as_indices("lockstep.VectorQuantize", indices), self.seed, self._steps,
                                      group, mask, self.training)
 
     update_ema_indices = update_indices  # the reference's other name for it

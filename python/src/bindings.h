@@ -28,7 +28,8 @@ bool python_finalizing();
 // with the GIL held, or left to the process's end while Python finalizes.
 std::shared_ptr<py::object> hold_for_threads(py::object object);
 
-// lockstep._C.Quantizer, liblockstep's quantizers built by name (quantizer_bindings.cpp).
+// lockstep._C.make_quantizer and the quantizer classes it returns, one per kind with calls of its own
+// (quantizer_bindings.cpp).
 void bind_quantizer(py::module_& m);
 
 // The Quantizer's calls for torch.compile's custom ops (compiled_calls.cpp).

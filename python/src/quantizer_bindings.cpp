@@ -1,7 +1,9 @@
-// lockstep._C.Quantizer: liblockstep's quantizers for Python. One class binds them all (the Quantizer
-// interface, built by name from the options declared in quant/option_specs.h); the modules of
-// python/lockstep/ map vector-quantize-pytorch's argument names onto those options. Forward and
-// backward run here: the tensors returned carry LibTorch's autograd graph, which is Python's.
+// lockstep._C's quantizers: liblockstep's for Python. lockstep._C.make_quantizer builds one by name
+// from the options declared in quant/option_specs.h and returns it as its own class: Quantizer (what
+// every kind has: quantize, encode, decode, its tensors) or, for a kind with calls of its own, Vq,
+// Residual, Fsq, Lfq or Fsp, each a Quantizer. The modules of python/lockstep/ map
+// vector-quantize-pytorch's argument names onto those options. Forward and backward run here: the
+// tensors returned carry LibTorch's autograd graph, which is Python's.
 #include <torch/extension.h>
 
 #include <map>
@@ -29,8 +31,13 @@
 
 using lockstep::python::hold_for_threads;
 using lockstep::python::translate_for_autograd;
+using lockstep::quant::Fsp;
+using lockstep::quant::Fsq;
+using lockstep::quant::Lfq;
 using lockstep::quant::OptionValue;
 using lockstep::quant::Quantizer;
+using lockstep::quant::Residual;
+using lockstep::quant::Vq;
 
 namespace {
 
@@ -79,20 +86,6 @@ py::dict tensors(const torch::OrderedDict<std::string, at::Tensor>& named) {
   return out;
 }
 
-// The FSP behind a module's core, or InvalidArgument naming what it is instead.
-lockstep::quant::Fsp& as_fsp(Quantizer& q) {
-  auto* fsp = dynamic_cast<lockstep::quant::Fsp*>(&q);
-  LOCKSTEP_CHECK_ARG(fsp, "an FSP method called on a ", q.kind(), " quantizer");
-  return *fsp;
-}
-
-// The FSQ behind a module's core, or InvalidArgument naming what it is instead.
-const lockstep::quant::Fsq& as_fsq(const Quantizer& q) {
-  const auto* fsq = dynamic_cast<const lockstep::quant::Fsq*>(&q);
-  LOCKSTEP_CHECK_ARG(fsq, "an FSQ method called on a ", q.kind(), " quantizer");
-  return *fsq;
-}
-
 // VectorQuantize's forward arguments for its EMA update: ema_update_weight (None, a number, a tensor, or a callable
 // of (embed_sum, cluster_size) returning either, called in the update with the GIL), accum_ema_update, ema_update.
 lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumulate, std::optional<bool> ema_update) {
@@ -124,13 +117,13 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
 
 }  // namespace
 
-void lockstep::python::bind_quantizer(py::module_& m) {
-  py::class_<Quantizer, std::shared_ptr<Quantizer>> quantizer(m, "Quantizer");
-  quantizer
-      .def(py::init(&make), py::arg("name"), py::arg("section"), py::arg("options"),
-           "Builds quantizer `name` (\"fsq\", \"residual-vq\", ...) from the options of `section` "
-           "(quant/option_specs.h), the declared defaults with `options` on top.")
-      .def_property_readonly("kind", &Quantizer::kind)
+namespace lockstep::python {
+namespace {
+
+// What every quantizer has: its sizes, quantize (the training and evaluation call), encode, decode and
+// its tensors.
+void bind_interface(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quantizer) {
+  quantizer.def_property_readonly("kind", &Quantizer::kind)
       .def_property_readonly("dim", &Quantizer::dim)
       .def_property_readonly("codebook_size", &Quantizer::codebook_size)
       .def_property_readonly("num_indices", &Quantizer::num_indices)
@@ -190,8 +183,34 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "tensor) advances then; with `update_in_forward`, a training call is a whole step: its update, "
           "reduced over `group`, and the step's advance happen before it returns.")
       .def(
-          "vq_initialise",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+          "encode",
+          [](Quantizer& q, const at::Tensor& x) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.encode(x.is_floating_point() ? x.to(at::kFloat) : x);
+          },
+          py::arg("x"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "decode",
+          [](Quantizer& q, const at::Tensor& indices) {
+            const lockstep::quant::NoAutocast fp32;
+            return q.decode(indices);
+          },
+          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
+          "The quantizer's parameters by dotted name, the same tensors.")
+      .def(
+          "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
+          "The quantizer's buffers by dotted name, the same tensors.");
+}
+
+// lockstep._C.Vq: a VQ's calls of its own (quant/vq.h): k-means, top-k codes, updates
+// from codes chosen elsewhere, the in-place codebook gradient, code logits.
+void bind_vq(py::module_& m) {
+  py::class_<Vq, Quantizer, std::shared_ptr<Vq>>(m, "Vq")
+      .def(
+          "initialise",
+          [](Vq& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask) {
             py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
             q.train(training);
@@ -199,7 +218,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
             // The reducer and step quantize's training call declares.
             const auto reducer = training ? training_reducer(ctx, group, step) : nullptr;
             const lockstep::quant::NoAutocast fp32;
-            as_vq(q).initialise(x.to(at::kFloat), ctx);
+            q.initialise(x.to(at::kFloat), ctx);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
           py::arg("mask") = py::none(),
@@ -208,47 +227,17 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "initialised and in evaluation. Whatever the grad mode: the caller calls it for a call that may change "
           "state (training with gradients). Issues k-means' collectives over `group`.")
       .def(
-          "residual_initialise",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask,
-             bool freeze_codebook, std::optional<int64_t> beam_size, std::optional<double> sample_codebook_temp,
-             int64_t dropout_layers, const py::function& layer_codebook) {
-            LOCKSTEP_CHECK_ARG(dynamic_cast<lockstep::quant::Residual*>(&q), "residual_initialise: a ", q.kind(),
-                               " quantizer, not a residual one");
-            CallOptions call{sample_codebook_temp, std::nullopt, dropout_layers, std::nullopt, {}, std::nullopt};
-            // By pointer: the function is copied into the call without the GIL, which a py::function's copy needs.
-            const py::function* make = &layer_codebook;
-            call.layer_codebook = [make](int64_t layer) {
-              py::gil_scoped_acquire gil;
-              return (*make)(layer).cast<at::Tensor>();
-            };
-            py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
-            // The call quantize() with these arguments makes, whatever the grad mode (the caller calls this for
-            // a call that may change state); its output and its deferred update are dropped: k-means alone stays.
-            const at::AutoGradMode with_gradients(true);
-            quantize_call(q, x.detach(), training, seed, step, group, mask, freeze_codebook, nullptr, beam_size,
-                          std::nullopt, call);
-          },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("beam_size") = py::none(),
-          py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0, py::arg("layer_codebook"),
-          "Residual VQ: the layers' k-means initialisation a training quantize() with these arguments runs, each "
-          "layer's from its residual, the codes of the layers before made by `layer_codebook(l)` (a (1, K_l, "
-          "codebook_dim) tensor, made once layer l is initialised: a vq_bridge's of its codebook); nothing else "
-          "changes. A no-op once every layer is initialised, and in evaluation. Issues k-means' collectives "
-          "over `group`.")
-      .def(
-          "vq_searched_codebook",
-          [](Quantizer& q, std::optional<at::Tensor> codebook) {
+          "searched_codebook",
+          [](Vq& q, std::optional<at::Tensor> codebook) {
             const lockstep::quant::NoAutocast fp32;
-            return as_vq(q).searched_codebook(codebook ? *codebook : at::Tensor());
+            return q.searched_codebook(codebook ? *codebook : at::Tensor());
           },
           py::arg("codebook") = py::none(),
           "VQ: the codebooks the search takes (C, K, codebook_dim): embed, or `codebook` (a caller's codes made from "
           "it), moved by affine_param's statistics once set; differentiable in what it is given.")
       .def(
-          "vq_topk",
-          [](Quantizer& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
+          "topk",
+          [](Vq& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
              std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp,
              std::optional<at::Tensor> token_codes, bool update_in_forward) {
@@ -263,8 +252,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
               const auto reducer = defer_training_updates(ctx, training, group, step, update_in_forward);
               const lockstep::quant::NoAutocast fp32;
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
-              out = token_codes ? as_vq(q).quantize_topk_implicit(input, *token_codes, k, ctx)
-                                : as_vq(q).quantize_topk(input, k, ctx);
+              out =
+                  token_codes ? q.quantize_topk_implicit(input, *token_codes, k, ctx) : q.quantize_topk(input, k, ctx);
               if (training) {  // as quantize
                 std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
@@ -290,8 +279,8 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "EMA update; in training the step advances as quantize's (on backward, or with `update_in_forward` before it "
           "returns).")
       .def(
-          "vq_update_indices",
-          [](Quantizer& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,
+          "update_indices",
+          [](Vq& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool training,
              const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
             const lockstep::quant::VqUpdate vq_update = vq_update_from(ema_update_weight, accumulate, ema_update);
@@ -300,7 +289,7 @@ void lockstep::python::bind_quantizer(py::module_& m) {
             lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
             ctx.defer_updates = true;  // run below, over the group, as a training step's update
             const lockstep::quant::NoAutocast fp32;
-            auto update = as_vq(q).update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx, vq_update);
+            auto update = q.update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx, vq_update);
             apply_update(update, group, step);
           },
           py::arg("x"), py::arg("indices"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
@@ -310,50 +299,111 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "elsewhere, `indices` (b, n) (-1: not counted), now: its statistics are reduced over `group` at once "
           "(every rank of it must call this), then the step advances (quant/vq.h, Vq::update_from).")
       .def(
-          "encode",
-          [](Quantizer& q, const at::Tensor& x) {
+          "update_ema", [](Vq& q) { q.update_ema(); },
+          "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
+      .def(
+          "keep_in_place_gradient", [](Vq& q, bool on) { q.keep_in_place_gradient(on); }, py::arg("on"),
+          "VQ: training calls report loss 'in_place' and their updates sum its global gradient (quant/vq.h).")
+      .def(
+          "take_in_place_gradient",
+          [](Vq& q) -> std::optional<at::Tensor> {
+            at::Tensor taken = q.take_in_place_gradient();
+            return taken.defined() ? std::optional<at::Tensor>(taken) : std::nullopt;
+          },
+          "VQ: the in-place loss's gradient summed since the last take, (codebooks, K, codebook_dim), at the "
+          "codes searched (embed, or the vq_bridge's codebook); None when no update added one.")
+      .def(
+          "code_logits",
+          [](Vq& vq, const at::Tensor& x, std::optional<at::Tensor> codebook, std::optional<at::Tensor> token_codes) {
             const lockstep::quant::NoAutocast fp32;
-            return q.encode(x.is_floating_point() ? x.to(at::kFloat) : x);
+            const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
+            if (token_codes) return vq.implicit_code_logits(input, *token_codes);
+            return vq.code_logits(input, codebook ? *codebook : at::Tensor());
           },
-          py::arg("x"), py::call_guard<py::gil_scoped_release>())
+          py::arg("x"), py::arg("codebook") = py::none(), py::arg("token_codes") = py::none(),
+          "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable; `codebook`: embed "
+          "through the module's vq_bridge; `token_codes`: each token's own codes (b * n, K, codebook_dim), "
+          "the logits (b, n, K) among them.");
+}
+
+// lockstep._C.Residual: a residual quantizer's layers (each returned as its own class)
+// and their k-means.
+void bind_residual(py::module_& m) {
+  py::class_<Residual, Quantizer, std::shared_ptr<Residual>>(m, "Residual")
       .def(
-          "decode",
-          [](Quantizer& q, const at::Tensor& indices) {
-            const lockstep::quant::NoAutocast fp32;
-            return q.decode(indices);
+          "initialise",
+          [](Residual& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+             const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask,
+             bool freeze_codebook, std::optional<int64_t> beam_size, std::optional<double> sample_codebook_temp,
+             int64_t dropout_layers, const py::function& layer_codebook) {
+            CallOptions call{sample_codebook_temp, std::nullopt, dropout_layers, std::nullopt, {}, std::nullopt};
+            // By pointer: the function is copied into the call without the GIL, which a py::function's copy needs.
+            const py::function* make = &layer_codebook;
+            call.layer_codebook = [make](int64_t layer) {
+              py::gil_scoped_acquire gil;
+              return (*make)(layer).cast<at::Tensor>();
+            };
+            py::gil_scoped_release no_gil;  // k-means' collectives, as quantize's
+            // The call quantize() with these arguments makes, whatever the grad mode (the caller calls this for
+            // a call that may change state); its output and its deferred update are dropped: k-means alone stays.
+            const at::AutoGradMode with_gradients(true);
+            quantize_call(q, x.detach(), training, seed, step, group, mask, freeze_codebook, nullptr, beam_size,
+                          std::nullopt, call);
           },
-          py::arg("indices"), py::call_guard<py::gil_scoped_release>())
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
+          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("beam_size") = py::none(),
+          py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0, py::arg("layer_codebook"),
+          "Residual VQ: the layers' k-means initialisation a training quantize() with these arguments runs, each "
+          "layer's from its residual, the codes of the layers before made by `layer_codebook(l)` (a (1, K_l, "
+          "codebook_dim) tensor, made once layer l is initialised: a vq_bridge's of its codebook); nothing else "
+          "changes. A no-op once every layer is initialised, and in evaluation. Issues k-means' collectives "
+          "over `group`.")
       .def(
-          "fsq_codes_to_indices",
-          [](Quantizer& q, const at::Tensor& codes) { return as_fsq(q).codes_to_indices(codes); }, py::arg("codes"),
-          "FSQ: codes (..., len(levels)) in [-1, 1] on the grid -> indices (...), int64.")
-      .def(
-          "fsq_indices_to_codes",
-          [](Quantizer& q, const at::Tensor& indices) { return as_fsq(q).indices_to_codes(indices); },
-          py::arg("indices"), "FSQ: indices (...) -> codes (..., len(levels)) in [-1, 1], float32.")
-      .def(
-          "lfq_indices_to_codes",
-          [](Quantizer& q, const at::Tensor& indices) {
-            const auto* lfq = dynamic_cast<const lockstep::quant::Lfq*>(&q);
-            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
-            return lfq->indices_to_codes(indices);
+          "layer",
+          [](Residual& residual, int64_t l) {
+            const int64_t n = static_cast<int64_t>(residual.layers().size());
+            LOCKSTEP_CHECK_ARG(l >= 0 && l < n, "layer(", l, "): the residual quantizer has ", n, " layers");
+            return residual.layers()[static_cast<size_t>(l)];
           },
+          py::arg("l"), "A residual quantizer's layer l (the same object).")
+      .def(
+          "layer_codes",
+          [](Residual& residual, const at::Tensor& indices) { return residual.decode_layers(indices.to(at::kLong)); },
+          py::arg("indices"),
+          "Indices (b, n, num_quantizers) -> each layer's code as it enters the sum, (num_quantizers, b, n, "
+          "layer_dim); zeros for a dropped layer (quant/residual.h, Residual::decode_layers).");
+}
+
+// lockstep._C.Fsq: FSQ's grid codes.
+void bind_fsq(py::module_& m) {
+  py::class_<Fsq, Quantizer, std::shared_ptr<Fsq>>(m, "Fsq")
+      .def(
+          "codes_to_indices", [](Fsq& fsq, const at::Tensor& codes) { return fsq.codes_to_indices(codes); },
+          py::arg("codes"), "FSQ: codes (..., len(levels)) in [-1, 1] on the grid -> indices (...), int64.")
+      .def(
+          "indices_to_codes", [](Fsq& fsq, const at::Tensor& indices) { return fsq.indices_to_codes(indices); },
+          py::arg("indices"), "FSQ: indices (...) -> codes (..., len(levels)) in [-1, 1], float32.");
+}
+
+// lockstep._C.Lfq: LFQ's codes and its loss terms.
+void bind_lfq(py::module_& m) {
+  py::class_<Lfq, Quantizer, std::shared_ptr<Lfq>>(m, "Lfq")
+      .def(
+          "indices_to_codes", [](Lfq& lfq, const at::Tensor& indices) { return lfq.indices_to_codes(indices); },
           py::arg("indices"), "LFQ: one codebook's indices (...) -> codes (..., bits), float32.")
       .def(
-          "lfq_loss_terms",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+          "loss_terms",
+          [](Lfq& lfq, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask,
              std::optional<double> inv_temperature) {
-            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
-            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
             lockstep::quant::LfqLossTerms terms;
             {
               py::gil_scoped_release no_gil;
-              q.train(training);
+              lfq.train(training);
               const lockstep::quant::NoAutocast fp32;
               lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
               ctx.inv_temperature = inv_temperature;
-              terms = lfq->loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+              terms = lfq.loss_terms(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
             }
             return py::make_tuple(terms.per_sample_entropy, terms.codebook_entropy, terms.commitment);
           },
@@ -362,31 +412,34 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "(per-sample entropy, codebook entropy, commitment), unweighted, of this rank's tokens as the same "
           "call of quantize counts them (vector-quantize-pytorch's LossBreakdown); no collective.")
       .def(
-          "lfq_entropy_subset",
-          [](Quantizer& q, const at::Tensor& x, uint64_t seed, const at::Tensor& step,
+          "entropy_subset",
+          [](Lfq& lfq, const at::Tensor& x, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask) {
-            auto* lfq = dynamic_cast<lockstep::quant::Lfq*>(&q);
-            LOCKSTEP_CHECK_ARG(lfq, "an LFQ method called on a ", q.kind(), " quantizer");
             py::gil_scoped_release no_gil;
             const lockstep::quant::NoAutocast fp32;
-            return lfq->entropy_subset(x.is_floating_point() ? x.to(at::kFloat) : x,
-                                       call_context(x, seed, step, group, mask));
+            return lfq.entropy_subset(x.is_floating_point() ? x.to(at::kFloat) : x,
+                                      call_context(x, seed, step, group, mask));
           },
           py::arg("x"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr, py::arg("mask") = py::none(),
           "bool (b, n): the tokens a training call with these arguments counts in its entropy terms (the mask's, "
-          "and of those the frac_per_sample_entropy subset); no collective, no state change.")
+          "and of those the frac_per_sample_entropy subset); no collective, no state change.");
+}
+
+// lockstep._C.Fsp: FSP's level indices, clamped decode and diagnostics.
+void bind_fsp(py::module_& m) {
+  py::class_<Fsp, Quantizer, std::shared_ptr<Fsp>>(m, "Fsp")
       .def(
-          "fsp_diagnostics",
-          [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
+          "diagnostics",
+          [](Fsp& fsp, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<double> eps) {
             lockstep::quant::FspDiagnostics d;
             {
               py::gil_scoped_release no_gil;
-              q.train(training);
+              fsp.train(training);
               const lockstep::quant::NoAutocast fp32;
               lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, std::nullopt);
               ctx.fsp_eps = eps;
-              d = as_fsp(q).diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
+              d = fsp.diagnostics(x.is_floating_point() ? x.to(at::kFloat) : x, ctx);
             }
             return py::make_tuple(d.level_indices, d.mean, d.variance, d.skewness, d.kurtosis,
                                   d.accept_rate.defined() ? py::cast(d.accept_rate) : py::none());
@@ -397,71 +450,34 @@ void lockstep::python::bind_quantizer(py::module_& m) {
           "(quant/fsp.h, Fsp::diagnostics); the same draws (and clamp `eps`) as the call of quantize with these "
           "arguments.")
       .def(
-          "fsp_level_indices", [](Quantizer& q, const at::Tensor& indices) { return as_fsp(q).level_indices(indices); },
+          "level_indices", [](Fsp& fsp, const at::Tensor& indices) { return fsp.level_indices(indices); },
           py::arg("indices"), py::call_guard<py::gil_scoped_release>())
       .def(
-          "fsp_decode",
-          [](Quantizer& q, const at::Tensor& indices, double eps) {
+          "decode_clamped",
+          [](Fsp& fsp, const at::Tensor& indices, double eps) {
             const lockstep::quant::NoAutocast fp32;
-            return as_fsp(q).decode_with(indices, eps);
+            return fsp.decode_with(indices, eps);
           },
           py::arg("indices"), py::arg("eps"), py::call_guard<py::gil_scoped_release>(),
-          "FSP: decode with need_inv_act's clamp to [eps, 1 - eps] (the reference's indices_to_codes eps).")
-      .def(
-          "vq_update_ema", [](Quantizer& q) { as_vq(q).update_ema(); },
-          "VQ: the codebook recomputed from its EMA statistics (the reference's Codebook.update_ema).")
-      .def(
-          "vq_keep_in_place_gradient", [](Quantizer& q, bool on) { as_vq(q).keep_in_place_gradient(on); },
-          py::arg("on"),
-          "VQ: training calls report loss 'in_place' and their updates sum its global gradient (quant/vq.h).")
-      .def(
-          "vq_take_in_place_gradient",
-          [](Quantizer& q) -> std::optional<at::Tensor> {
-            at::Tensor taken = as_vq(q).take_in_place_gradient();
-            return taken.defined() ? std::optional<at::Tensor>(taken) : std::nullopt;
-          },
-          "VQ: the in-place loss's gradient summed since the last take, (codebooks, K, codebook_dim), at the "
-          "codes searched (embed, or the vq_bridge's codebook); None when no update added one.")
-      .def(
-          "vq_code_logits",
-          [](Quantizer& q, const at::Tensor& x, std::optional<at::Tensor> codebook,
-             std::optional<at::Tensor> token_codes) {
-            auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
-            LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
-            const lockstep::quant::NoAutocast fp32;
-            const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
-            if (token_codes) return vq->implicit_code_logits(input, *token_codes);
-            return vq->code_logits(input, codebook ? *codebook : at::Tensor());
-          },
-          py::arg("x"), py::arg("codebook") = py::none(), py::arg("token_codes") = py::none(),
-          "VQ: tokens (b, n, dim) -> each code's logit (b, n[, heads], K), differentiable; `codebook`: embed "
-          "through the module's vq_bridge; `token_codes`: each token's own codes (b * n, K, codebook_dim), "
-          "the logits (b, n, K) among them.")
-      .def(
-          "layer",
-          [](Quantizer& q, int64_t l) {
-            const auto* residual = dynamic_cast<const lockstep::quant::Residual*>(&q);
-            LOCKSTEP_CHECK_ARG(residual, "layer(", l, ") called on a ", q.kind(), " quantizer, not a residual one");
-            const int64_t n = static_cast<int64_t>(residual->layers().size());
-            LOCKSTEP_CHECK_ARG(l >= 0 && l < n, "layer(", l, "): the residual quantizer has ", n, " layers");
-            return residual->layers()[static_cast<size_t>(l)];
-          },
-          py::arg("l"), "A residual quantizer's layer l (the same object).")
-      .def(
-          "residual_layer_codes",
-          [](Quantizer& q, const at::Tensor& indices) {
-            auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
-            LOCKSTEP_CHECK_ARG(residual, "residual_layer_codes called on a ", q.kind(), " quantizer");
-            return residual->decode_layers(indices.to(at::kLong));
-          },
-          py::arg("indices"),
-          "Indices (b, n, num_quantizers) -> each layer's code as it enters the sum, (num_quantizers, b, n, "
-          "layer_dim); zeros for a dropped layer (quant/residual.h, Residual::decode_layers).")
-      .def(
-          "parameters", [](Quantizer& q) { return tensors(q.named_parameters(true)); },
-          "The quantizer's parameters by dotted name, the same tensors.")
-      .def(
-          "buffers", [](Quantizer& q) { return tensors(q.named_buffers(true)); },
-          "The quantizer's buffers by dotted name, the same tensors.");
-  bind_compiled_calls(quantizer);
+          "FSP: decode with need_inv_act's clamp to [eps, 1 - eps] (the reference's indices_to_codes eps).");
 }
+
+}  // namespace
+
+void bind_quantizer(py::module_& m) {
+  py::class_<Quantizer, std::shared_ptr<Quantizer>> quantizer(m, "Quantizer");
+  bind_interface(quantizer);
+  bind_compiled_calls(quantizer);
+  // Each a Quantizer; make_quantizer (and Residual.layer) return a quantizer as the most derived of these.
+  bind_vq(m);
+  bind_residual(m);
+  bind_fsq(m);
+  bind_lfq(m);
+  bind_fsp(m);
+  m.def("make_quantizer", &make, py::arg("name"), py::arg("section"), py::arg("options"),
+        "Builds quantizer `name` (\"fsq\", \"residual-vq\", ...) from the options of `section` "
+        "(quant/option_specs.h), the declared defaults with `options` on top, as its own class (Vq, Residual, "
+        "Fsq, Lfq, Fsp, or Quantizer for a kind with no calls of its own).");
+}
+
+}  // namespace lockstep::python

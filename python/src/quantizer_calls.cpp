@@ -34,13 +34,15 @@ void check_even_batches(lockstep::quant::Reducer& reducer, const BatchCheck& che
       "that draws (noise_dropout, stochastic_sample_codes, frac_per_sample_entropy < 1, directional_reparam, "
       "quantize_rate < 1)"));
 }
-}  // namespace
 
+// The VQ behind a quantize() call given VQ's own arguments, or InvalidArgument naming what it is instead.
 lockstep::quant::Vq& as_vq(Quantizer& q) {
   auto* vq = dynamic_cast<lockstep::quant::Vq*>(&q);
-  LOCKSTEP_CHECK_ARG(vq, "a VQ method called on a ", q.kind(), " quantizer");
+  LOCKSTEP_CHECK_ARG(vq, "VQ's arguments (ema_update_weight, accumulate, ema_update, token_codes) given to a ",
+                     q.kind(), " quantizer");
   return *vq;
 }
+}  // namespace
 
 lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,
                                               const std::shared_ptr<lockstep::dist::LazyGroup>& group,

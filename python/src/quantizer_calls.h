@@ -42,9 +42,6 @@ struct BatchCheck {
   std::string kind;
 };
 
-// The VQ behind a module's core, or InvalidArgument naming what it is instead.
-lockstep::quant::Vq& as_vq(Quantizer& q);
-
 // The randomness and placement of one call as the Python modules make it: draws from (seed, step); with
 // a group, equal batches on every rank put this rank's first item at rank * b in the global batch.
 lockstep::quant::QuantizeContext call_context(const at::Tensor& x, uint64_t seed, const at::Tensor& step,

@@ -244,7 +244,7 @@ def _brute_force_per_sample_entropy(module, tokens, inv_temperature=100.0):
 @pytest.mark.parametrize("masked", [False, True])
 def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tokens(masked):
     """frac_per_sample_entropy < 1: the per-sample entropy is the brute-force value over the tokens the call
-    drew (lfq_entropy_subset names them), to 1e-5; about that share of the counted tokens is drawn, and the
+    drew (entropy_subset names them), to 1e-5; about that share of the counted tokens is drawn, and the
     next step draws others."""
     torch.manual_seed(0)
     ours = lockstep.LFQ(codebook_size=2**10, entropy_loss_weight=0.1, frac_per_sample_entropy=0.1, seed=3)
@@ -254,14 +254,14 @@ def test_a_fraction_of_tokens_gives_the_brute_force_entropy_of_exactly_those_tok
     tokens = x.movedim(1, -1).reshape(2, -1, 10)
     token_mask = None if mask is None else mask[:, None].expand(2, tokens.shape[1])
     assert ours.step == 1  # nothing here can be backwarded: the call was a whole step, drawn at step 0
-    subset = ours._core.lfq_entropy_subset(tokens, ours.seed, torch.tensor(0), None, token_mask)
+    subset = ours._core.entropy_subset(tokens, ours.seed, torch.tensor(0), None, token_mask)
     counted = tokens.shape[1] * (1 if masked else 2)
     assert 0.05 * counted < int(subset.sum()) < 0.15 * counted
     if masked:
         assert not subset[1].any()
     expected = _brute_force_per_sample_entropy(ours, tokens[subset])
     torch.testing.assert_close(terms.per_sample_entropy.double(), expected, atol=1e-5, rtol=1e-5)
-    assert not torch.equal(ours._core.lfq_entropy_subset(tokens, ours.seed, ours._steps, None, token_mask), subset)
+    assert not torch.equal(ours._core.entropy_subset(tokens, ours.seed, ours._steps, None, token_mask), subset)
 
 
 @pytest.mark.parametrize("options", [dict(dim=12, projection_has_bias=False), dict(dim=8, has_projections=True),

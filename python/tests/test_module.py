@@ -110,7 +110,7 @@ def test_the_bindings_refuse_an_undeclared_or_out_of_range_option_by_name():
     # The options a module hands liblockstep are held to their declarations (quant/option_specs.h),
     # as the configuration's keys are: nothing misspelt is silently left unread.
     with pytest.raises(ValueError, match="unknown quantizer option 'vq.decayy'"):
-        lockstep._C.Quantizer("vq", "vq", {"dim": 4, "codebook_size": 8, "decayy": 0.5})
+        lockstep._C.make_quantizer("vq", "vq", {"dim": 4, "codebook_size": 8, "decayy": 0.5})
     with pytest.raises(ValueError, match=r"decay = 1.5 must be in \[0, 1\]"):  # the library's limit
         lockstep.VectorQuantize(dim=4, codebook_size=8, decay=1.5)
     assert lockstep.FSQ(levels=[512, 8]).codebook_size == 4096  # beyond the CLI's limits, within the library's

@@ -247,7 +247,7 @@ def test_a_whole_step_initialises_by_k_means_first(cross_entropy):
     with torch.no_grad():  # lockstep's k-means result before its EMA update: the reference, initialised so
         found = lockstep.VectorQuantize(**OPTIONS, kmeans_init=True, kmeans_iters=3, seed=ours.seed)
         found.load_state_dict(reference.state_dict())
-        found._core.vq_initialise(x, True, ours.seed, torch.tensor(0), None, None)
+        found._core.initialise(x, True, ours.seed, torch.tensor(0), None, None)
     reference.load_state_dict(found.state_dict())
     with torch.no_grad():
         _, indices_ref, loss_ref = reference(x)

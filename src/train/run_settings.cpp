@@ -52,25 +52,9 @@ KeySpec& add(std::deque<RunKey>& keys, const char* key, Member member, std::stri
   return keys.back().spec;
 }
 
-std::vector<RunKey> build_run_keys() {
-  // The names users may choose; a new quantizer or dataset adds its name here and its section in
-  // quant/option_specs.cpp. (Not taken from quant::quantizer_names(), which would pull the
-  // quantizers in; a test keeps them equal.)
+void add_data_keys(std::deque<RunKey>& keys) {
+  // A new dataset adds its name here (and its reader in data/).
   const std::vector<std::string> kDatasets = {"auto", "fashion-mnist", "folder"};
-  const std::vector<std::string> kQuantizers = {"fsq",
-                                                "lfq",
-                                                "vq",
-                                                "simvq",
-                                                "latent",
-                                                "fsp",
-                                                "residual-vq",
-                                                "residual-fsq",
-                                                "residual-lfq",
-                                                "residual-simvq",
-                                                "grouped-residual-vq",
-                                                "grouped-residual-fsq",
-                                                "grouped-residual-lfq"};
-  std::deque<RunKey> keys;
   add(keys, LOCKSTEP_RUN_KEY(data, dataset),
       "What data.dir holds: fashion-mnist (its IDX .gz files), folder (a tree of images), or auto "
       "(fashion-mnist when its files are there, else folder); a run records what auto chose.")
@@ -117,7 +101,9 @@ std::vector<RunKey> build_run_keys() {
       .in_range(1, 1024)
       .may_change_on_resume()
       .may_differ_per_rank();
+}
 
+void add_model_keys(std::deque<RunKey>& keys) {
   add(keys, LOCKSTEP_RUN_KEY(model, architecture),
       "conv: strided convolutions with residual blocks at the lowest resolution; vqgan: taming-"
       "transformers' VQGAN encoder and decoder (GroupNorm residual blocks at every level, "
@@ -144,12 +130,9 @@ std::vector<RunKey> build_run_keys() {
   add(keys, LOCKSTEP_RUN_KEY(model, norm_groups),
       "vqgan only: GroupNorm groups; every entry of model.channels must be a multiple of it.")
       .in_range(1, 1024);
+}
 
-  // The quantizer's own sections follow this key in the schema (config_schema.cpp).
-  add(keys, LOCKSTEP_RUN_KEY(quantizer, name), "Which quantizer turns the encoder's output into tokens.")
-      .one_of(kQuantizers)
-      .shortcut("--quantizer", "NAME", "Quantizer");
-
+void add_train_keys(std::deque<RunKey>& keys) {
   add(keys, LOCKSTEP_RUN_KEY(train, epochs), "Passes over the training set.")
       .in_range(1, 100000)
       .may_change_on_resume()
@@ -240,7 +223,9 @@ std::vector<RunKey> build_run_keys() {
   add(keys, LOCKSTEP_RUN_KEY(train, eval_every), "Steps between test-set evaluations; 0 evaluates only at the end.")
       .at_least(0)
       .may_change_on_resume();
+}
 
+void add_loss_keys(std::deque<RunKey>& keys) {
   add(keys, LOCKSTEP_RUN_KEY(loss, l2), "Weight of the mean squared error between image and reconstruction.")
       .in_range(0, 1e6);
   add(keys, LOCKSTEP_RUN_KEY(loss, l1), "Weight of the mean absolute error between image and reconstruction.")
@@ -279,6 +264,9 @@ std::vector<RunKey> build_run_keys() {
   add(keys, LOCKSTEP_RUN_KEY(loss, disc_layers),
       "Stride-2 layers of the PatchGAN discriminator; each output judges a patch of the image.")
       .in_range(1, 6);
+}
+
+void add_eval_keys(std::deque<RunKey>& keys) {
   add(keys, LOCKSTEP_RUN_KEY(eval, batch_size), "Test images per batch when evaluating.")
       .in_range(1, 65536)
       .may_change_on_resume();
@@ -290,6 +278,35 @@ std::vector<RunKey> build_run_keys() {
   add(keys, LOCKSTEP_RUN_KEY(eval, grid_images), "Test images shown beside their reconstructions in the PNG grid.")
       .in_range(1, 256)
       .may_change_on_resume();
+}
+
+// Every key, in the order the schema and docs/configuration.md list them.
+std::vector<RunKey> build_run_keys() {
+  // A new quantizer adds its name here and its section in quant/option_specs.cpp. (Not taken from
+  // quant::quantizer_names(), which would pull the quantizers in; a test keeps them equal.)
+  const std::vector<std::string> kQuantizers = {"fsq",
+                                                "lfq",
+                                                "vq",
+                                                "simvq",
+                                                "latent",
+                                                "fsp",
+                                                "residual-vq",
+                                                "residual-fsq",
+                                                "residual-lfq",
+                                                "residual-simvq",
+                                                "grouped-residual-vq",
+                                                "grouped-residual-fsq",
+                                                "grouped-residual-lfq"};
+  std::deque<RunKey> keys;
+  add_data_keys(keys);
+  add_model_keys(keys);
+  // The quantizer's own sections follow this key in the schema (config_schema.cpp).
+  add(keys, LOCKSTEP_RUN_KEY(quantizer, name), "Which quantizer turns the encoder's output into tokens.")
+      .one_of(kQuantizers)
+      .shortcut("--quantizer", "NAME", "Quantizer");
+  add_train_keys(keys);
+  add_loss_keys(keys);
+  add_eval_keys(keys);
   return {std::make_move_iterator(keys.begin()), std::make_move_iterator(keys.end())};
 }
 
