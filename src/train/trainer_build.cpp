@@ -79,8 +79,8 @@ void Trainer::State::build_model_and_average() {
   }
   const int64_t f = model->options().downsampling();
   for (const auto& size : data->image_sizes()) {
-    LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x",
-                       size.height, " cannot pass through the model's ", model->options().channels().size(),
+    LOCKSTEP_CHECK_ARG(size.width % f == 0 && size.height % f == 0, "training images of ", size.width, "x", size.height,
+                       " cannot pass through the model's ", model->options().channels().size(),
                        " levels: each side must be a multiple of ", f, " (",
                        run.data.dataset() == "folder" ? "change data.buckets, or " : "",
                        "use fewer model.channels entries)");
@@ -107,14 +107,13 @@ void Trainer::State::check_step_fits(const StepLosses& losses) const {
         floats += modules.adversary->discriminator().activation_floats_per_image(size.height, size.width);
       check_fits_in_memory(
           4.0 * static_cast<double>(per_pass) * static_cast<double>(floats) + kept,
-          detail::concat(
-              "a training step on ", per_pass, " images of ", size.width, "x", size.height,
-              geometry.sharded() ? " per pass" : " per rank", " (train.batch_size = ", geometry.global_batch,
-              ", train.grad_accum = ", geometry.micro_batches,
-              geometry.sharded()
-                  ? detail::concat(", train.shard_size = ", geometry.shard_size, ", whose gradients each rank keeps")
-                  : std::string(),
-              "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
+          detail::concat("a training step on ", per_pass, " images of ", size.width, "x", size.height,
+                         geometry.sharded() ? " per pass" : " per rank", " (train.batch_size = ", geometry.global_batch,
+                         ", train.grad_accum = ", geometry.micro_batches,
+                         geometry.sharded() ? detail::concat(", train.shard_size = ", geometry.shard_size,
+                                                             ", whose gradients each rank keeps")
+                                            : std::string(),
+                         "; lower the batch, accumulate over more micro-batches, or lower the image size)"));
     }
   }
 }
