@@ -80,7 +80,7 @@ Verdict judge(const std::vector<at::Tensor>& all, size_t words_per_call) {
 
 // An all_gather over Gloo's ring takes W - 1 hops; a gather to one rank then its binomial-tree broadcast
 // 1 + ceil(log2 W). At 2 ranks the ring's one hop is one operation instead of two; from 3 on the root
-// is faster (docs/distributed.md: a checked barrier at 4 ranks 3.1 -> 0.9 ms, at 64 390 -> 5.6 ms).
+// is faster (docs/distributed.md: a checked barrier at 4 ranks 3.1 -> 0.9 ms, at 64 147 -> 5.6 ms).
 bool agree_through_root(int size) { return size > 2; }
 
 }  // namespace

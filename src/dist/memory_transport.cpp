@@ -143,11 +143,7 @@ class MemoryTransport final : public Transport {
   }
 
   std::unique_ptr<TransportWork> all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) override {
-    const uint64_t k = next_++;
-    world_->arrive(k, rank_, MemoryOp::AllGather, ReduceOp::Sum, 0, input);
-    return std::make_unique<MemoryWork>(world_, k, [outputs](const Slot& s) mutable {
-      for (size_t r = 0; r < outputs.size(); ++r) outputs[r].copy_(s.results[r]);
-    });
+    return gather_into(MemoryOp::AllGather, outputs, input, 0);
   }
 
   std::unique_ptr<TransportWork> broadcast(at::Tensor& buffer, int root) override {
@@ -157,14 +153,20 @@ class MemoryTransport final : public Transport {
   }
 
   std::unique_ptr<TransportWork> gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) override {
+    return gather_into(MemoryOp::Gather, outputs, input, root);
+  }
+
+ private:
+  // Every rank's input into `outputs` (none on a gather's other ranks), in rank order.
+  std::unique_ptr<TransportWork> gather_into(MemoryOp op, std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                             int root) {
     const uint64_t k = next_++;
-    world_->arrive(k, rank_, MemoryOp::Gather, ReduceOp::Sum, root, input);
+    world_->arrive(k, rank_, op, ReduceOp::Sum, root, input);
     return std::make_unique<MemoryWork>(world_, k, [outputs](const Slot& s) mutable {
       for (size_t r = 0; r < outputs.size(); ++r) outputs[r].copy_(s.results[r]);
     });
   }
 
- private:
   std::shared_ptr<MemoryWorld> world_;
   int rank_;
   uint64_t next_ = 0;  // this rank's operations so far: the k-th pairs with every rank's k-th
