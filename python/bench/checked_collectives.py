@@ -12,8 +12,9 @@ of --repeats timed runs of --calls collectives (a 4-byte and a 25 MB all_reduce,
 --steps DDP steps (forward, backward with DDP's gradient all_reduce in 1 MB buckets, SGD step) of a
 1M-parameter convolutional net on 4 images of 32x32 per rank: several buckets a step, each of which
 DDP all-reduces while backward goes on, so a check that holds up each bucket shows. On the CPU it then
-times plain Gloo and lockstep.distributed.wrap() alternating in one job (the fairer comparison on a
-loaded or shared machine, whose speed drifts between separate runs).
+times plain Gloo, lockstep.distributed.wrap() and wrap(predict=False) (every collective exchanges its
+fingerprint) in turn in one job (the fairer comparison on a loaded or shared machine, whose speed drifts
+between separate runs).
 """
 import argparse
 import os
@@ -103,14 +104,16 @@ def run(rank, size, port, mode, part, args, queue):
 
 
 def interleaved(rank, size, port, args, queue):
-    """Plain Gloo and lockstep's wrapper over it in the same processes, their rounds alternating, so
-    that both see the same machine (a loaded or shared one drifts between separate runs): medians of a
-    4-byte all_reduce and of a DDP step, each model trained through its own group."""
+    """Plain Gloo and lockstep's wrappers over it (checks on the prediction, and every check an exchange)
+    in the same processes, their rounds in turn, so that all see the same machine (a loaded or shared one
+    drifts between separate runs): medians of a 4-byte all_reduce and of a DDP step, each model trained
+    through its own group."""
     import lockstep.distributed
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=size)
-    groups = {"none": dist.group.WORLD, "lockstep": lockstep.distributed.wrap()}
+    groups = {"none": dist.group.WORLD, "lockstep": lockstep.distributed.wrap(),
+              "exchange": lockstep.distributed.wrap(predict=False)}
     small = torch.ones(1)
     x = torch.randn(args.batch, 3, 32, 32)
     trained = {}
@@ -132,8 +135,9 @@ def interleaved(rank, size, port, args, queue):
         times = {mode: [] for mode in groups}
         for mode in groups:
             fn(mode)  # warm-up
+        modes = list(groups)
         for repeat in range(2 * args.repeats):
-            for mode in (("none", "lockstep") if repeat % 2 == 0 else ("lockstep", "none")):
+            for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(n):
@@ -146,11 +150,17 @@ def interleaved(rank, size, port, args, queue):
 
 
 def print_interleaved(ranks, figures):
-    print(f"\nthe same, {ranks} ranks, plain Gloo and lockstep.distributed.wrap() alternating in one job: median ms")
+    print(f"\nthe same, {ranks} ranks, plain Gloo, lockstep.distributed.wrap() and wrap(predict=False) in turn "
+          "in one job: median ms")
+    print(f"{'':24}{'none':>12}{'lockstep':>12}{'+':>9}{'exchange':>12}{'+':>9}")
     for row, by_mode in figures.items():
-        none, checked = by_mode["none"], by_mode["lockstep"]
-        change = f"{100 * (checked - none) / none:+.1f}%" if row.startswith("DDP") else f"{checked - none:+.3f}"
-        print(f"{row:24}{none:14.3f}{checked:14.3f}{change:>12}")
+        none = by_mode["none"]
+        line = f"{row:24}{none:12.3f}"
+        for mode in ("lockstep", "exchange"):
+            value = by_mode[mode]
+            change = f"{100 * (value - none) / none:+.1f}%" if row.startswith("DDP") else f"{value - none:+.3f}"
+            line += f"{value:12.3f}{change:>9}"
+        print(line)
     sys.stdout.flush()
 
 

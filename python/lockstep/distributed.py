@@ -290,7 +290,8 @@ class CheckedProcessGroup(dist.ProcessGroup):
     by the wrapped group (`inner`). Every rank must wrap (a rendezvous over `store`). `global_ranks`: the
     members' ranks in the job, in the group's order, so that errors about a subgroup name both numberings."""
 
-    def __init__(self, inner, store, timeout=_DEFAULT_TIMEOUT, compare_call_sites=False, global_ranks=()):
+    def __init__(self, inner, store, timeout=_DEFAULT_TIMEOUT, compare_call_sites=False, global_ranks=(),
+                 predict=True):
         super().__init__(inner.rank(), inner.size())
         self._inner = inner
         self._compare_call_sites = bool(compare_call_sites)
@@ -307,7 +308,8 @@ class CheckedProcessGroup(dist.ProcessGroup):
 
         # `store` is this group's own, the same on every rank: one channel meets under it.
         self._channel = _C.LazyGroup(inner, store, seconds, "lockstep/checked", numbered=False, identity="",
-                                     make_gloo=make_gloo, global_ranks=list(global_ranks), own_gloo=True)
+                                     make_gloo=make_gloo, global_ranks=list(global_ranks), own_gloo=True,
+                                     predict=bool(predict))
         self._channel.connect()  # heartbeats from now on, not from the first collective
         # Anything not checked here (send, recv, backend queries) reaches the inner group's backends.
         # torch looks the group's name up through its default backend (the first device's).
@@ -395,13 +397,16 @@ def _store_of(group):
         return dist.distributed_c10d._get_default_store()
 
 
-def wrap(group=None, *, timeout=None, compare_call_sites=False):
+def wrap(group=None, *, timeout=None, compare_call_sites=False, predict=True):
     """A CheckedProcessGroup over `group` (torch.distributed's default group when None): pass it to
     DistributedDataParallel(process_group=...) or as `group=` to collectives. Every rank of the group
     must call it, in the same order as its other wraps. `timeout`: how long a collective may wait for a
     stalled rank (default the group's, else 30 min). `compare_call_sites`: ranks must also issue each
     collective from the same API and function (off by default: ranks may legitimately reach one
-    collective from different lines)."""
+    collective from different lines). `predict`: once the collectives repeat (a training loop), each is
+    checked against the repetition on its own rank, with no exchange, and a rank whose call departs from
+    it is named on every rank within about a second (docs/distributed.md, "Predicted checks"); False: every
+    collective exchanges its fingerprint first (what the check cost before; kept for measuring)."""
     if not dist.is_initialized():
         raise RuntimeError("lockstep.distributed.wrap: torch.distributed is not initialized; call "
                            "dist.init_process_group first (or init it with backend='lockstep')")
@@ -411,8 +416,10 @@ def wrap(group=None, *, timeout=None, compare_call_sites=False):
     if timeout is None:
         timeout = _timeout_of(inner)
     store = _store_of(inner)
-    checked = CheckedProcessGroup(inner, dist.PrefixStore(f"lockstep/wrap/{inner.group_name}", store), timeout,
-                                  compare_call_sites, dist.get_process_group_ranks(inner))
+    # A wrapper without predictions meets under its own prefix, so that both kinds can wrap one group.
+    prefix = f"lockstep/wrap/{inner.group_name}" + ("" if predict else "/exchange")
+    checked = CheckedProcessGroup(inner, dist.PrefixStore(prefix, store), timeout, compare_call_sites,
+                                  dist.get_process_group_ranks(inner), predict)
     _register(checked, inner, store)
     _WRAPPERS[inner.group_name] = weakref.ref(checked)
     return checked

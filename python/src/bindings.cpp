@@ -111,7 +111,7 @@ void bind_channel(py::module_& m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
                        const c10::intrusive_ptr<c10d::Store>& store, double timeout_s, const std::string& prefix,
                        bool numbered, const std::string& identity, py::function make_gloo,
-                       std::vector<int> global_ranks, bool own_gloo) {
+                       std::vector<int> global_ranks, bool own_gloo, bool predict) {
              lockstep::dist::LazyGroupOptions options;
              options.prefix = prefix;
              options.numbered = numbered;
@@ -120,6 +120,7 @@ void bind_channel(py::module_& m) {
              options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              options.make_gloo = gloo_from_python(std::move(make_gloo));
              options.own_gloo = own_gloo;
+             options.predict = predict;
              std::shared_ptr<lockstep::dist::LazyGroup> group(
                  new lockstep::dist::LazyGroup(process_group, store, std::move(options)), delete_without_gil);
              group->set_error_translator(translate_for_autograd);
@@ -127,14 +128,15 @@ void bind_channel(py::module_& m) {
            }),
            py::arg("process_group"), py::arg("store"), py::arg("timeout"), py::arg("prefix"), py::kw_only(),
            py::arg("numbered"), py::arg("identity"), py::arg("make_gloo"), py::arg("global_ranks") = std::vector<int>(),
-           py::arg("own_gloo") = false,
+           py::arg("own_gloo") = false, py::arg("predict") = true,
            "See dist/backward_reducer.h's LazyGroupOptions. prefix: where under the store the channel meets (the "
            "same on every rank of the group, unique to the channel); numbered: append the count of channels this "
            "process made under the prefix, in order of first use; identity: this rank's description of the "
            "channel, compared across ranks at its first use ('' for none); make_gloo(prefix) -> a "
            "ProcessGroupGloo over the store under `prefix`, for a process group without a built-in Gloo backend; "
            "global_ranks: the members' ranks in the job, in the group's order, for errors about a subgroup; "
-           "own_gloo: a Gloo group of the channel's own even where process_group has one")
+           "own_gloo: a Gloo group of the channel's own even where process_group has one; predict: once the "
+           "calls repeat, check each against the repetition locally, with no exchange (docs/distributed.md)")
       .def(
           "check",
           [](lockstep::dist::LazyGroup& lazy, const std::string& op, const std::vector<at::Tensor>& tensors,

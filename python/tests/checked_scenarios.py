@@ -80,6 +80,20 @@ def ddp_parameter_unused_on_one_rank(rank):
         ddp(torch.ones(2, 4), use_b=rank == 0).sum().backward()  # site: backward
 
 
+def ddp_steps_then_one_rank_logs_its_loss(rank):
+    """Issue #51's predicted checks: 15 DDP steps repeat one bucket's all_reduce, which the ranks then check
+    on the prediction, with no exchange; at the 16th rank 1 alone all-reduces its loss first (a logging
+    call). Rank 0 has issued the bucket and waits for it; both must name both calls."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    x = torch.ones(4, 8)
+    for step in range(16):
+        loss = ddp(x).square().mean()
+        if step == 15 and rank == 1:
+            dist.all_reduce(loss.detach())  # site: logged loss
+        loss.backward()  # site: predicted backward
+
+
 def vq_extra_train_forward_then_loss_allreduce(rank, reference=False):
     """The reference's scenario: rank 0 alone runs a training-mode forward (a preview) before the first
     step, whose k-means initialisation communicates; then every rank all-reduces its loss."""

@@ -111,6 +111,22 @@ def test_ddp_with_a_parameter_unused_on_one_rank_names_the_rank_and_the_bucket(t
     assert seconds < FAST
 
 
+def test_a_rank_that_departs_from_repeated_ddp_steps_is_named_on_both_ranks(tmp_path):
+    """Issue #51: after 15 steps the bucket's check passes on the prediction, without an exchange; rank 1's
+    extra all_reduce at the 16th departs from it, while rank 0 has already issued its bucket. Both ranks
+    name both calls, fast, and say the group is unusable (rank 0's bucket can never complete)."""
+    records, seconds = _run("ddp_steps_then_one_rank_logs_its_loss", tmp_path)
+    for rank in range(2):
+        _mismatch_names(records[rank], [
+            (r"all_reduce\(sum\) of \[float32 \(72\)\] at C\+\+ caller in ddp_steps_then_one_rank_logs_its_loss",
+             _site("predicted backward")),
+            (r"all_reduce\(sum\) of \[float32 \(\)\] at dist.all_reduce in ddp_steps_then_one_rank_logs_its_loss",
+             _site("logged loss"))])
+        assert "this group is unusable" in records[rank], records[rank]
+        assert _seconds(records[rank]) < QUICK, records[rank]
+    assert seconds < FAST
+
+
 def test_a_rank_that_stops_is_named_by_the_others(tmp_path):
     records, seconds = _run("rank_one_stops", tmp_path)
     assert records[0].startswith("CollectiveFailure: rank 0 of 2: #2 barrier at dist.barrier"), records[0]

@@ -150,6 +150,7 @@ std::shared_ptr<Group> LazyGroup::get(const CallSite& first_use) {
     options.timeout = options_.timeout;
     options.make_gloo = options_.make_gloo;
     options.own_gloo = options_.own_gloo;
+    options.predict = options_.predict;
     options.name = identity;
     options.global_ranks = options_.global_ranks;
     std::shared_ptr<Group> group = make_group_over(process_group_, store_, options);

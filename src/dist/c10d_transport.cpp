@@ -53,6 +53,10 @@ class PolledWork final : public TransportWork {
 
 }  // namespace
 
+std::unique_ptr<TransportWork> blocking_work(c10::intrusive_ptr<c10d::Work> work) {
+  return std::make_unique<BlockingWork>(std::move(work));
+}
+
 C10dTransport::C10dTransport(c10::intrusive_ptr<C10dBackend> backend, const char* name, c10::Device device,
                              std::chrono::milliseconds backstop, std::function<void()> abort)
     : backend_(std::move(backend)), name_(name), device_(device), backstop_(backstop), abort_(std::move(abort)) {}

@@ -26,6 +26,9 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+// A host-side work (Gloo) waited for in slices by Work::wait.
+std::unique_ptr<TransportWork> blocking_work(c10::intrusive_ptr<c10d::Work> work);
+
 class C10dTransport : public Transport {
  public:
   // `backstop`: the backend's own timer, far above lockstep's (which counts from the last

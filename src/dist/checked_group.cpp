@@ -212,7 +212,7 @@ std::vector<at::Tensor> CheckedGroup::all_gather(const at::Tensor& input, const 
   order_.run([&] {
     require_usable("all_gather", opts);
     Transport& transport = transport_for({input}, "all_gather", opts);
-    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
+    CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::AllGather, {input}, opts.site, phase());
     liveness_->enter(call);
     agree(call, opts);
     for (int r = 0; r < options_.size; ++r) outputs.push_back(torch::empty_like(input, at::MemoryFormat::Contiguous));
@@ -229,7 +229,7 @@ void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const C
     LOCKSTEP_CHECK_ARG(root >= 0 && root < options_.size, "broadcast at ", opts.site.to_string(), ": root ", root,
                        " is not a rank of a group of size ", options_.size);
     Transport& transport = transport_for(tensors, "broadcast", opts);
-    const CollectiveCall call =
+    CollectiveCall call =
         CollectiveCall::of(++sequence_, CollectiveOp::Broadcast, tensors, opts.site, phase(), ReduceOp::Sum, root);
     liveness_->enter(call);
     agree(call, opts);
@@ -244,11 +244,11 @@ void CheckedGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const C
   });
 }
 
-// The fingerprint exchange is itself a barrier; unchecked, an empty all_reduce stands in for it.
+// The fingerprint exchange is itself a barrier (never predicted); unchecked, an empty all_reduce stands in for it.
 void CheckedGroup::barrier(const CollectiveOptions& opts) {
   order_.run([&] {
     require_usable("barrier", opts);
-    const CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
+    CollectiveCall call = CollectiveCall::of(++sequence_, CollectiveOp::Barrier, {}, opts.site, phase());
     liveness_->enter(call);
     agree(call, opts);
     if (!options_.checked) {
@@ -265,6 +265,7 @@ void CheckedGroup::check_foreign(const std::string& op, const std::vector<at::Te
   CollectiveCall call = CollectiveCall::of(0, CollectiveOp::Foreign, tensors, opts.site, phase());
   call.foreign = op;
   call.compare_site = compare_site;
+  call.watched = false;  // its caller runs the collective: no prediction
   order_.run([&] { check_in_turn(call, opts); });
 }
 
@@ -281,7 +282,7 @@ void CheckedGroup::check_in_turn(CollectiveCall& call, const CollectiveOptions& 
 struct CheckedGroup::PostedCheck {
   std::string tag, file;
   CollectiveCall call;
-  std::function<void(std::exception_ptr)> then;
+  WatchedThen then;
   uint64_t turn = 0;  // its number in order_
   bool done = false;  // agreed on (and issued) in an earlier check's turn
 };
@@ -289,6 +290,20 @@ struct CheckedGroup::PostedCheck {
 uint64_t CheckedGroup::check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors,
                                           const std::string& tag, const std::string& file, int line, bool compare_site,
                                           std::function<void(std::exception_ptr)> then) {
+  return post_check(
+      op, tensors, tag, file, line, compare_site, false,
+      [then = std::move(then)](std::exception_ptr error, std::shared_ptr<const CollectiveCall>) { then(error); });
+}
+
+uint64_t CheckedGroup::check_foreign_then_watched(const std::string& op, const std::vector<at::Tensor>& tensors,
+                                                  const std::string& tag, const std::string& file, int line,
+                                                  bool compare_site, WatchedThen then) {
+  return post_check(op, tensors, tag, file, line, compare_site, true, std::move(then));
+}
+
+uint64_t CheckedGroup::post_check(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                                  const std::string& file, int line, bool compare_site, bool watched,
+                                  WatchedThen then) {
   auto check = std::make_shared<PostedCheck>();
   check->tag = tag;
   check->file = file;
@@ -296,7 +311,13 @@ uint64_t CheckedGroup::check_foreign_then(const std::string& op, const std::vect
                                    CallSite{check->tag.c_str(), check->file.c_str(), line}, phase());
   check->call.foreign = op;
   check->call.compare_site = compare_site;
+  check->call.watched = watched;
   check->then = std::move(then);
+  // A check that passes on the prediction is done at once on this thread when nothing is queued before
+  // it: no exchange to wait for, so no reason to wake the worker (and be woken back).
+  if (watched && options_.checked && options_.predict) {
+    if (const auto turn = order_.run_if_idle([&] { return issue_on_prediction(check); })) return *turn;
+  }
   // Queued and numbered under checks_mutex_, which its turn takes first: it finds itself in checks_.
   const std::lock_guard<std::mutex> lock(checks_mutex_);
   check->turn = order_.post([this, check] { check_window(check); });
@@ -344,7 +365,12 @@ void CheckedGroup::check_window(const std::shared_ptr<PostedCheck>& first) {
       checks_.pop_front();
     }
   }
-  for (size_t i = 0; i < issued && i < window.size(); ++i) window[i]->then(i < agreed ? nullptr : error);
+  for (size_t i = 0; i < issued && i < window.size(); ++i) {
+    window[i]->call = calls[i];  // its sequence number, and whether it passed on the prediction
+    const bool predicted = i < agreed && calls[i].predicted;
+    window[i]->then(i < agreed ? nullptr : error,
+                    predicted ? std::shared_ptr<const CollectiveCall>(window[i], &window[i]->call) : nullptr);
+  }
 }
 
 void check_foreign_collective(Group& group, const std::string& op, const std::vector<at::Tensor>& tensors,
@@ -356,20 +382,157 @@ void check_foreign_collective(Group& group, const std::string& op, const std::ve
 }
 
 // Fingerprints are of fixed size, so the exchange itself can never mismatch.
-void CheckedGroup::agree(const CollectiveCall& call, const CollectiveOptions& opts) {
+void CheckedGroup::agree(CollectiveCall& call, const CollectiveOptions& opts) {
+  std::vector<CollectiveCall> calls{call};
   bool differs = false;
-  agree_on_window({call}, opts, differs);
+  agree_on_window(calls, opts, differs);
   if (differs) throw_mismatch(call, opts);
+  call.predicted = calls[0].predicted;
+}
+
+// The calls from the first on that match what every rank expects next (predictor.h): none when the
+// agreed calls do not repeat or the first departs from them (depart() returns once every rank departed,
+// for the exchange to decide). A rank that matches the prediction where another departed fails here.
+size_t CheckedGroup::agree_on_prediction(std::vector<CollectiveCall>& calls, const CollectiveOptions& opts) {
+  size_t matched = 0;
+  for (; matched < calls.size(); ++matched) {
+    CollectiveCall& call = calls[matched];
+    Predictor::Fingerprint fingerprint;
+    const Expected expected = compare_with_prediction(call, fingerprint);
+    if (expected == Expected::Nothing) break;
+    if (expected == Expected::Departs) {
+      if (matched == 0) depart(call, opts);
+      break;
+    }
+    if (expected == Expected::DepartedElsewhere) throw_departure(call, call, opts);
+    accept_prediction(call, fingerprint);
+  }
+  return matched;
+}
+
+CheckedGroup::Expected CheckedGroup::compare_with_prediction(const CollectiveCall& call,
+                                                             Predictor::Fingerprint& fingerprint) const {
+  const auto expected = predictor_.expect(call.sequence);
+  if (!expected) return Expected::Nothing;
+  fingerprint = call.fingerprint();
+  if (fingerprint != *expected) return Expected::Departs;
+  const uint64_t departure = liveness_->departure();
+  return departure == call.sequence && departure > settled_departure_ ? Expected::DepartedElsewhere : Expected::Matches;
+}
+
+void CheckedGroup::accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint) {
+  call.predicted = true;
+  predictor_.record(fingerprint);
+  liveness_->issued_on_prediction(call);
+}
+
+// In a turn of its own on the caller's thread: issues a posted check that matches the prediction; anything
+// else (no prediction, a departure, a failed group) is left to its turn on the worker.
+bool CheckedGroup::issue_on_prediction(const std::shared_ptr<PostedCheck>& check) {
+  if (failed_) return false;
+  check->call.sequence = sequence_ + 1;
+  Predictor::Fingerprint fingerprint;
+  if (compare_with_prediction(check->call, fingerprint) != Expected::Matches) return false;
+  ++sequence_;
+  accept_prediction(check->call, fingerprint);
+  check->done = true;
+  check->then(nullptr, std::shared_ptr<const CollectiveCall>(check, &check->call));
+  return true;
+}
+
+// Nobody may have issued `call` yet: every rank says what it called (Liveness::report_call). When all
+// departed, the exchange that follows decides as it would have without a prediction.
+void CheckedGroup::depart(const CollectiveCall& call, const CollectiveOptions& opts) {
+  liveness_->report_call(call.sequence, true, call.describe());
+  const std::vector<std::string> reports = wait_for_reports(call, opts);
+  const bool every_rank_departed =
+      std::all_of(reports.begin(), reports.end(), [](const std::string& r) { return r.rfind("departs|", 0) == 0; });
+  if (every_rank_departed) {
+    settled_departure_ = call.sequence;
+    return;
+  }
+  mark_failed(call);
+  throw CollectiveMismatch(options_.rank, calls_of(reports), true);
+}
+
+// This rank issued (or was about to issue) `issued`, collective `departure` on the prediction, where
+// another rank's call departs: its collective will never complete.
+void CheckedGroup::throw_departure(const CollectiveCall& issued, const CollectiveCall& waiting,
+                                   const CollectiveOptions& opts) {
+  liveness_->report_call(issued.sequence, false, issued.describe());
+  std::vector<std::string> reports = wait_for_reports(issued, opts);
+  mark_failed(waiting);
+  throw CollectiveMismatch(options_.rank, calls_of(reports), true);
+}
+
+// A rank's report is "departs|<call>" or "issued|<call>": the calls, for CollectiveMismatch.
+std::vector<std::string> CheckedGroup::calls_of(const std::vector<std::string>& reports) {
+  std::vector<std::string> calls;
+  for (const auto& r : reports) calls.push_back(r.substr(r.find('|') + 1));
+  return calls;
+}
+
+namespace {
+
+// Every rank's report at a departure, polled from the store as a TransportWork, so that the wait
+// watches the other ranks (CheckedGroup::finish): first every millisecond, then every 20.
+class ReportsWork final : public TransportWork {
+ public:
+  ReportsWork(const Liveness& liveness, uint64_t sequence) : liveness_(liveness), sequence_(sequence) {}
+  bool wait_for(std::chrono::milliseconds slice) override {
+    const auto end = Clock::now() + slice;
+    while (true) {
+      if ((reports = liveness_.reports(sequence_))) return true;
+      if (Clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(pause_, slice));
+      pause_ = std::min(pause_ * 2, std::chrono::milliseconds(20));
+    }
+  }
+  std::optional<std::vector<std::string>> reports;
+
+ private:
+  const Liveness& liveness_;
+  uint64_t sequence_;
+  std::chrono::milliseconds pause_{1};
+};
+
+}  // namespace
+
+std::vector<std::string> CheckedGroup::wait_for_reports(const CollectiveCall& call, const CollectiveOptions& opts) {
+  ReportsWork reports(*liveness_, call.sequence);
+  CollectiveCall unpredicted = call;  // its wait must not look for departures itself
+  unpredicted.predicted = false;
+  finish(reports, unpredicted, opts);
+  return *reports.reports;
+}
+
+// While a collective issued on the prediction waits: has a rank departed at it, or before it?
+void CheckedGroup::check_departure(const CollectiveCall& call, const CollectiveOptions& opts) {
+  const uint64_t departure = liveness_->departure();
+  if (departure == 0 || departure <= settled_departure_ || departure > call.sequence) return;
+  CollectiveCall issued = call;
+  issued.sequence = departure;
+  throw_departure(issued, call, opts);
 }
 
 // One exchange of a message of fixed size, whatever each rank offers (a rank's own collective, one
 // check or a window of them): [count, kWindow fingerprints, the unused ones zero]. Every rank acts on
 // the fewest offered, up to the first that differs, which every rank finds at the same place: beyond
 // 2 ranks, rank 0 judges every rank's message and broadcasts its verdict (log2 W hops, not W - 1).
-size_t CheckedGroup::agree_on_window(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts,
-                                     bool& differs) {
+size_t CheckedGroup::agree_on_window(std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs) {
   differs = false;
   if (!options_.checked) return calls.size();
+  if (options_.predict) {
+    const size_t predicted = agree_on_prediction(calls, opts);
+    if (predicted > 0) return predicted;
+  }
+  const size_t agreed = exchange_fingerprints(calls, opts, differs);
+  for (size_t i = 0; i < agreed; ++i) predictor_.record(calls[i].fingerprint());
+  return agreed;
+}
+
+size_t CheckedGroup::exchange_fingerprints(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts,
+                                           bool& differs) {
   constexpr size_t kWords = CollectiveCall::kWords;
   at::Tensor mine = torch::zeros({static_cast<int64_t>(1 + kWindow * kWords)}, torch::kInt64);
   int64_t* words = mine.data_ptr<int64_t>();
@@ -438,8 +601,15 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
     try {
       if (work.wait_for(std::chrono::milliseconds(100))) return;
     } catch (const std::exception& e) {
+      // A rank that departed from the prediction reports, raises and may exit (closing its connections)
+      // before this rank's heartbeat read its departure: the departure is what happened.
+      if (call.predicted) {
+        liveness_->read_departure();
+        check_departure(call, opts);
+      }
       fail(call, e);
     }
+    if (call.predicted) check_departure(call, opts);
     const auto now = Clock::now();
     if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout, watch.silent());
     if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave the transport waiting forever

@@ -23,6 +23,7 @@
 #include "liveness.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/group.h"
+#include "predictor.h"
 #include "transport.h"
 
 namespace lockstep::dist {
@@ -39,6 +40,9 @@ struct CheckedGroupOptions {
   std::vector<int> global_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool checked = true;  // exchange fingerprints (off only to measure what the check costs)
+  // Once the agreed calls repeat, check each call against the one they predict, locally, with no exchange
+  // (predictor.h; docs/distributed.md "Predicted checks"). Off: every call exchanges its fingerprint.
+  bool predict = true;
   // After a failure rank 0 keeps the store (which the others read their reports from) up this long.
   std::chrono::milliseconds store_grace{2000};
 };
@@ -77,6 +81,19 @@ class CheckedGroup final : public Group {
   uint64_t check_foreign_then(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
                               const std::string& file, int line, bool compare_site,
                               std::function<void(std::exception_ptr)> then);
+  // check_foreign_then for a collective whose waiter watches it through finish_watched: its check may
+  // pass on the prediction, with no exchange; `then` then gets the call (else null), to hand the waiter
+  // (it holds the strings its call site points to).
+  using WatchedThen = std::function<void(std::exception_ptr, std::shared_ptr<const CollectiveCall> predicted)>;
+  uint64_t check_foreign_then_watched(const std::string& op, const std::vector<at::Tensor>& tensors,
+                                      const std::string& tag, const std::string& file, int line, bool compare_site,
+                                      WatchedThen then);
+  // Waits for `work`, a collective issued after its check passed on the prediction (`call`), watching
+  // the other ranks as the group's own collectives do: a rank that departed from the prediction there
+  // is a CollectiveMismatch, a dead one PeerLost, a stalled one CollectiveTimeout.
+  void finish_watched(TransportWork& work, const CollectiveCall& call) {
+    finish(work, call, CollectiveOptions(call.site));
+  }
   // Returns once `turn` ran, running posted turns on the calling thread meanwhile (InOrder::wait_for_turn).
   void wait_for_turn(uint64_t turn) { order_.wait_for_turn(turn); }
   void set_progress(const std::string& progress) override { liveness_->set_progress(progress); }
@@ -97,12 +114,29 @@ class CheckedGroup final : public Group {
   // The fingerprints of `calls` (at most kWindow) against every rank's: how many agree from the first
   // on, at most the fewest any rank offered; `differs` when the next one differs on some rank. Every
   // rank acts on the same verdict.
-  size_t agree_on_window(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs);
+  size_t agree_on_window(std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs);
+  size_t exchange_fingerprints(const std::vector<CollectiveCall>& calls, const CollectiveOptions& opts, bool& differs);
+  uint64_t post_check(const std::string& op, const std::vector<at::Tensor>& tensors, const std::string& tag,
+                      const std::string& file, int line, bool compare_site, bool watched, WatchedThen then);
+  // Predicted checks (predictor.h): how many calls from the first on match the prediction (each marked
+  // predicted); a departure from it is settled with every rank through the store.
+  size_t agree_on_prediction(std::vector<CollectiveCall>& calls, const CollectiveOptions& opts);
+  enum class Expected { Nothing, Matches, Departs, DepartedElsewhere };
+  // In turn: what the prediction says of `call` (numbered); its fingerprint, when there is a prediction.
+  Expected compare_with_prediction(const CollectiveCall& call, Predictor::Fingerprint& fingerprint) const;
+  void accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint);
+  bool issue_on_prediction(const std::shared_ptr<PostedCheck>& check);
+  void depart(const CollectiveCall& call, const CollectiveOptions& opts);
+  [[noreturn]] void throw_departure(const CollectiveCall& issued, const CollectiveCall& waiting,
+                                    const CollectiveOptions& opts);
+  void check_departure(const CollectiveCall& call, const CollectiveOptions& opts);
+  std::vector<std::string> wait_for_reports(const CollectiveCall& call, const CollectiveOptions& opts);
+  static std::vector<std::string> calls_of(const std::vector<std::string>& reports);
   // Every rank's description of `call`, exchanged after the fingerprints differed: CollectiveMismatch.
   [[noreturn]] void throw_mismatch(const CollectiveCall& call, const CollectiveOptions& opts);
   // G1: fingerprints exchanged on the control transport; CollectiveMismatch on every rank when
   // they differ, naming each rank's call.
-  void agree(const CollectiveCall& call, const CollectiveOptions& opts);
+  void agree(CollectiveCall& call, const CollectiveOptions& opts);
   std::vector<at::Tensor> gather_on_control(const at::Tensor& t, const CollectiveCall& call,
                                             const CollectiveOptions& opts);
   // G2: waits for `work` in slices, watching the other ranks in between.
@@ -125,6 +159,9 @@ class CheckedGroup final : public Group {
   std::unique_ptr<Transport> device_;
   std::unique_ptr<Liveness> liveness_;
   uint64_t sequence_ = 0;  // under order_'s turn
+  Predictor predictor_;    // under order_'s turn
+  // The latest departure from the prediction at which every rank departed (nothing was issued).
+  std::atomic<uint64_t> settled_departure_{0};
   // A collective failed: the group is unusable. Set where a wait fails, which may be outside order_'s turn.
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mutex_;

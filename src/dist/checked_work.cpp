@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "c10d_transport.h"
 #include "checked_group.h"
 
 namespace lockstep::dist {
@@ -26,11 +27,13 @@ class CheckedWork final : public c10d::Work {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   }
 
-  void issued(c10::intrusive_ptr<c10d::Work> inner) {
+  // `predicted`: its check passed on the prediction; its waiters watch it through the channel.
+  void issued(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<const CollectiveCall> predicted) {
     c10::intrusive_ptr<c10::ivalue::Future> theirs = inner->getFuture();
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       inner_ = std::move(inner);
+      predicted_ = std::move(predicted);
       turned_ = true;
     }
     turn_.notify_all();
@@ -54,16 +57,29 @@ class CheckedWork final : public c10d::Work {
     future_->setError(error);
   }
 
-  // How a waiter gets its turn run: on its own thread when the worker has not taken it yet.
-  void set_help(std::function<void()> help) { help_ = std::move(help); }
+  // How a waiter gets its turn run: on its own thread when the worker has not taken it yet; `watch`, how
+  // it waits for a collective issued on the prediction.
+  void set_help(std::function<void()> help,
+                std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&)> watch) {
+    help_ = std::move(help);
+    watch_ = std::move(watch);
+  }
 
   // The check ran (and the collective was issued, unless it failed): the wrapped work, or the error.
+  // Issued on the prediction, the wrapped work has completed too, or a rank departed from it (raised).
   c10::intrusive_ptr<c10d::Work> after_turn() {
     if (help_) help_();
-    std::unique_lock<std::mutex> lock(mutex_);
-    turn_.wait(lock, [&] { return turned_; });
-    if (error_) std::rethrow_exception(error_);
-    return inner_;
+    std::shared_ptr<const CollectiveCall> predicted;
+    c10::intrusive_ptr<c10d::Work> inner;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      turn_.wait(lock, [&] { return turned_; });
+      if (error_) std::rethrow_exception(error_);
+      predicted = predicted_;
+      inner = inner_;
+    }
+    if (predicted && watch_) watch_(inner, *predicted);
+    return inner;
   }
 
   bool wait(std::chrono::milliseconds timeout) override { return after_turn()->wait(timeout); }
@@ -78,6 +94,8 @@ class CheckedWork final : public c10d::Work {
 
  private:
   std::function<void()> help_;  // set before the Work is handed out
+  std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&)> watch_;
+  std::shared_ptr<const CollectiveCall> predicted_;
   std::mutex mutex_;
   std::condition_variable turn_;
   bool turned_ = false;
@@ -98,12 +116,13 @@ c10::intrusive_ptr<c10d::Work> all_reduce_after_check(LazyGroup& channel, Foreig
   std::optional<c10::Stream> stream;
   if (!tensors.empty() && !tensors[0].is_cpu())
     stream = c10::impl::VirtualGuardImpl(tensors[0].device().type()).getStream(tensors[0].device());
-  auto issue = [work, inner, tensors, options, stream](std::exception_ptr error) mutable {
+  auto issue = [work, inner, tensors, options, stream](std::exception_ptr error,
+                                                       std::shared_ptr<const CollectiveCall> predicted) mutable {
     if (!error) {
       try {
         std::optional<c10::StreamGuard> on_callers_stream;
         if (stream) on_callers_stream.emplace(*stream);
-        return work->issued(inner->allreduce(tensors, options));
+        return work->issued(inner->allreduce(tensors, options), std::move(predicted));
       } catch (...) {
         error = std::current_exception();
       }
@@ -113,16 +132,30 @@ c10::intrusive_ptr<c10d::Work> all_reduce_after_check(LazyGroup& channel, Foreig
   const std::shared_ptr<Group> group = channel.get(CallSite{call.tag.c_str(), call.file.c_str(), call.line});
   auto* checked = dynamic_cast<CheckedGroup*>(group.get());
   if (!checked) {  // a group of one process: checked and issued at once
-    channel.check_then(call.op, call.compared, call.tag, call.file, call.line, call.compare_site, std::move(issue));
+    channel.check_then(call.op, call.compared, call.tag, call.file, call.line, call.compare_site,
+                       [issue](std::exception_ptr error) mutable { issue(error, nullptr); });
     return work;
   }
-  const uint64_t turn = checked->check_foreign_then(call.op, call.compared, call.tag, call.file, call.line,
-                                                    call.compare_site, std::move(issue));
+  // A device's collective (NCCL) is never predicted: watching it would wait for the device on the host.
+  const bool on_host = tensors.empty() || tensors[0].is_cpu();
+  const uint64_t turn =
+      on_host ? checked->check_foreign_then_watched(call.op, call.compared, call.tag, call.file, call.line,
+                                                    call.compare_site, std::move(issue))
+              : checked->check_foreign_then(call.op, call.compared, call.tag, call.file, call.line, call.compare_site,
+                                            [issue](std::exception_ptr error) mutable { issue(error, nullptr); });
   // Weakly: a Work that outlives its channel must not be what destroys it (with the GIL held, a Gloo
   // group's destructor can wait forever, see the bindings' delete_without_gil).
-  work->set_help([weak = std::weak_ptr<Group>(group), checked, turn] {
-    if (const std::shared_ptr<Group> alive = weak.lock()) checked->wait_for_turn(turn);
-  });
+  const std::weak_ptr<Group> weak = group;
+  work->set_help(
+      [weak, checked, turn] {
+        if (const std::shared_ptr<Group> alive = weak.lock()) checked->wait_for_turn(turn);
+      },
+      [weak, checked](c10::intrusive_ptr<c10d::Work> issued, const CollectiveCall& predicted) {
+        const std::shared_ptr<Group> alive = weak.lock();
+        if (!alive) return;
+        const auto waited = blocking_work(std::move(issued));
+        checked->finish_watched(*waited, predicted);
+      });
   return work;
 }
 

@@ -113,12 +113,12 @@ std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const 
   const std::string tag = site.tag ? site.tag : "";
   const uint64_t tag_hash = compare_site ? fnv1a(tag.data(), tag.size()) : 0;
   // A foreign op's word is its name's hash with the top bit set: it never equals lockstep's own ops.
-  const int64_t op_word = op == CollectiveOp::Foreign
-                              ? static_cast<int64_t>(fnv1a(foreign.data(), foreign.size()) | (uint64_t{1} << 63))
-                              : static_cast<int64_t>(op);
+  uint64_t op_word = op == CollectiveOp::Foreign ? fnv1a(foreign.data(), foreign.size()) | (uint64_t{1} << 63)
+                                                 : static_cast<uint64_t>(op);
+  op_word = watched ? op_word & ~kUnwatchedBit : op_word | kUnwatchedBit;
   return {kMagic,
           static_cast<int64_t>(sequence),
-          op_word,
+          static_cast<int64_t>(op_word),
           op == CollectiveOp::AllReduce ? static_cast<int64_t>(reduce) : -1,
           root,
           static_cast<int64_t>(tensors.size()),
@@ -128,10 +128,14 @@ std::array<int64_t, CollectiveCall::kWords> CollectiveCall::fingerprint() const 
           phase.step};
 }
 
-CollectiveMismatch::CollectiveMismatch(int rank, std::vector<std::string> per_rank)
+CollectiveMismatch::CollectiveMismatch(int rank, std::vector<std::string> per_rank, bool pending)
     : Error([&] {
-        std::string out = detail::concat("collective mismatch (seen by rank ", rank, " of ", per_rank.size(),
-                                         "): ranks disagree about this collective, so none of them ran it;");
+        std::string out = detail::concat(
+            "collective mismatch (seen by rank ", rank, " of ", per_rank.size(),
+            "): ranks disagree about this collective, ",
+            pending ? "which the ranks that repeated their earlier calls issued and the others never will, so it "
+                      "returns nothing and this group is unusable;"
+                    : "so none of them ran it;");
         for (size_t r = 0; r < per_rank.size(); ++r) out += detail::concat(" rank ", r, ": ", per_rank[r], ";");
         out.pop_back();
         return out;

@@ -35,6 +35,7 @@ std::shared_ptr<Group> make_group_over(c10::intrusive_ptr<c10d::ProcessGroup> pr
   c.timeout = options.timeout;
   c.name = options.name;
   c.global_ranks = options.global_ranks;
+  c.predict = options.predict;
   c.store_grace = std::chrono::milliseconds(0);  // the store is the caller's, and outlives this group
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(options.prefix, store);
   const auto backstop = backstop_timeout(options.timeout);

@@ -16,18 +16,27 @@ void InOrder::run(const std::function<void()>& task) {
   const uint64_t mine = next_ticket_++;
   turn_.wait(lock, [&] { return serving_ == mine; });
   lock.unlock();
-  // The turn passes on whether the task returns or throws.
-  struct PassTurn {
-    InOrder& self;
-    ~PassTurn() {
-      {
-        std::lock_guard<std::mutex> relock(self.mutex_);
-        ++self.serving_;
-      }
-      self.turn_.notify_all();
-    }
-  } pass{*this};
+  const PassTurn pass{*this};
   task();
+}
+
+std::optional<uint64_t> InOrder::run_if_idle(const std::function<bool()>& task) {
+  uint64_t mine = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (serving_ != next_ticket_) return std::nullopt;
+    mine = next_ticket_++;
+  }
+  const PassTurn pass{*this};
+  return task() ? std::optional<uint64_t>(mine) : std::nullopt;
+}
+
+void InOrder::pass_turn() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++serving_;
+  }
+  turn_.notify_all();
 }
 
 uint64_t InOrder::post(std::function<void()> task) {

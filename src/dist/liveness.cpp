@@ -3,7 +3,9 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -16,6 +18,13 @@ namespace {
 
 std::string status_key(int rank) { return detail::concat("lockstep/status/", rank); }
 std::string process_key(int rank) { return detail::concat("lockstep/proc/", rank); }
+// Predicted checks: how many departures from the prediction there were, the latest one's collective,
+// and each rank's call there.
+const std::string kDeparturesKey = "lockstep/departures";
+const std::string kDepartedAtKey = "lockstep/departed_at";
+std::string report_key(uint64_t sequence, int rank) { return detail::concat("lockstep/report/", sequence, "/", rank); }
+
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
 std::string host_name() {
   char name[256] = {};
@@ -45,6 +54,12 @@ struct Liveness::Shared {
   Clock::time_point read_started;
   std::vector<Status> statuses;
   std::vector<std::string> processes;
+  // Predicted checks: the calls this rank issued on the prediction (sequence, description), the
+  // departures counted so far, the latest one's collective, and the one this rank's call was reported at.
+  std::deque<std::pair<uint64_t, std::string>> predicted;
+  int64_t departures_seen = 0;
+  uint64_t departure = 0;
+  uint64_t reported = 0;
 };
 
 Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
@@ -116,10 +131,97 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
       // The store (rank 0) is gone; the collective that notices says so.
     }
     lock.lock();
+    watch_departures(*s, lock);
     s->changed.wait_for(lock, kBeat, [&s] { return s->stopping; });
   }
   s->beating = false;
   s->changed.notify_all();
+}
+
+// One read a beat (the count), two when it moved; the store is used without the lock held.
+void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
+  const int64_t seen = s.departures_seen;
+  lock.unlock();
+  int64_t count = seen;
+  uint64_t at = 0;
+  try {
+    count = s.store->add(kDeparturesKey, 0);
+    if (count != seen) at = std::stoull(text_of(s.store->get(kDepartedAtKey)));
+  } catch (const std::exception&) {
+    count = seen;  // the store is gone: the collective that waits says so
+  }
+  lock.lock();
+  if (count != seen) {
+    s.departures_seen = count;
+    s.departure = std::max(s.departure, at);
+  }
+  const uint64_t departure = s.departure;
+  if (departure == 0 || s.reported == departure) return;
+  const auto issued =
+      std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == departure; });
+  if (issued == s.predicted.end()) return;
+  const std::string report = "issued|" + issued->second;
+  lock.unlock();
+  bool published = true;
+  try {
+    s.store->set(report_key(departure, s.rank), store_bytes(report));
+  } catch (const std::exception&) {
+    published = false;
+  }
+  lock.lock();
+  if (published) s.reported = std::max(s.reported, departure);
+}
+
+void Liveness::issued_on_prediction(const CollectiveCall& call) {
+  std::string description = call.describe();
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->inside = false;  // "after" it: issued, for its waiter to watch
+  shared_->where_sequence = call.sequence;
+  shared_->where = description;
+  shared_->predicted.emplace_back(call.sequence, std::move(description));
+  if (shared_->predicted.size() > kKeptPredicted) shared_->predicted.pop_front();
+}
+
+void Liveness::report_call(uint64_t sequence, bool departs, const std::string& description) {
+  Shared& s = *shared_;
+  std::string call = description;
+  if (!departs) {  // the call this rank issued there, as it was recorded, when it still is
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const auto issued =
+        std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == sequence; });
+    if (issued != s.predicted.end()) call = issued->second;
+  }
+  s.store->set(report_key(sequence, rank_), store_bytes((departs ? "departs|" : "issued|") + call));
+  if (departs) {
+    s.store->set(kDepartedAtKey, store_bytes(std::to_string(sequence)));
+    s.store->add(kDeparturesKey, 1);
+  }
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.reported = std::max(s.reported, sequence);
+}
+
+uint64_t Liveness::read_departure() {
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  watch_departures(*shared_, lock);
+  return shared_->departure;
+}
+
+uint64_t Liveness::departure() const {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return shared_->departure;
+}
+
+std::optional<std::vector<std::string>> Liveness::reports(uint64_t sequence) const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(report_key(sequence, r));
+  if (!shared_->store->check(keys)) return std::nullopt;
+  std::vector<std::string> out;
+#if TORCH_VERSION_MAJOR >= 2
+  for (const auto& bytes : shared_->store->multiGet(keys)) out.push_back(text_of(bytes));
+#else
+  for (const auto& key : keys) out.push_back(text_of(shared_->store->get(key)));
+#endif
+  return out;
 }
 
 // On a helper thread: reads every rank's status, and the process records not read yet.

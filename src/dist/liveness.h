@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +39,24 @@ class Liveness {
   void set_note(const std::string& note);          // before the first collective
   void enter(const CollectiveCall& call);          // "in #7 all_reduce ..."
   void leave(const CollectiveCall& call);          // "after #7 all_reduce ..."
+
+  // Predicted checks (predictor.h, docs/distributed.md): this rank issued `call` on the prediction,
+  // with no exchange (this rank's status is then "after" it). Kept for the last kKeptPredicted such calls.
+  void issued_on_prediction(const CollectiveCall& call);
+  // Publishes this rank's call at collective `sequence`, where some rank's call departs from the
+  // prediction: `departs` for such a rank (which tells every rank's heartbeat), else a rank that had
+  // issued the predicted call (reported as recorded by issued_on_prediction when it still is, else as
+  // `description`). Every rank reports once one has departed.
+  void report_call(uint64_t sequence, bool departs, const std::string& description);
+  // The latest collective at which some rank departed, as the heartbeat last read it (0: none). A rank
+  // that had issued that collective on the prediction is reported by its heartbeat at once.
+  uint64_t departure() const;
+  // The same, read from the store now (on the caller's thread): when a collective issued on the
+  // prediction failed, the rank that departed may have reported and exited since the last beat.
+  uint64_t read_departure();
+  // Every rank's report at `sequence` ("departs|..." or "issued|..."), once every rank has reported.
+  std::optional<std::vector<std::string>> reports(uint64_t sequence) const;
+  static constexpr size_t kKeptPredicted = 256;
 
   // After a backend error: watches the others for up to `window` and returns the ranks that are
   // gone (process gone on this host, or silent for kDeadAfter; rank 0 when the store is gone).
@@ -81,6 +101,9 @@ class Liveness {
   struct Shared;
 
   static void heartbeat_loop(std::shared_ptr<Shared> s);
+  // In the heartbeat: reads whether a rank departed from the prediction, and reports this rank's call
+  // there when it had issued it.
+  static void watch_departures(Shared& s, std::unique_lock<std::mutex>& lock);
   static std::string status_text(const Shared& s);
   static void read_store(std::shared_ptr<Shared> s);
   static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status

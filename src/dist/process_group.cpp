@@ -92,6 +92,7 @@ std::shared_ptr<Group> make_process_group(const GroupOptions& options) {
   c.size = o.size;
   c.timeout = o.timeout;
   c.checked = o.checked;
+  c.predict = o.predict;
   c.where =
       detail::concat(control->name(), device ? detail::concat(" + ", device->name(), " on cuda:", o.cuda_device) : "",
                      ", rank ", o.rank, " of ", o.size, " via ", o.master_addr, ":", o.master_port,
@@ -112,6 +113,7 @@ std::vector<std::shared_ptr<Group>> make_in_memory_groups(const GroupOptions& op
     c.size = options.size;
     c.timeout = options.timeout;
     c.checked = options.checked;
+    c.predict = options.predict;
     c.store_grace = std::chrono::milliseconds(0);  // the store lives as long as any rank's group
     c.where = detail::concat("in-memory, rank ", r, " of ", options.size);
     groups.push_back(std::make_shared<CheckedGroup>(c, store, std::move(transports[r])));

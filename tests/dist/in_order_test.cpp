@@ -90,6 +90,33 @@ TEST(InOrder, WaitingForATurnRunsEveryEarlierTurnOnceInOrder) {
 }
 
 // Callers on several threads each get their own turn: no two tasks overlap.
+// run_if_idle runs at once on the caller's thread only when nothing is queued or running; a task that
+// declines (false) still passes its turn on, and a declined or refused caller submits as usual.
+TEST(InOrder, RunIfIdleRunsOnlyWhenNothingIsQueued) {
+  InOrder order;
+  std::thread::id ran_on;
+  const auto turn = order.run_if_idle([&] {
+    ran_on = std::this_thread::get_id();
+    return true;
+  });
+  ASSERT_TRUE(turn.has_value());
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  order.wait_for_turn(*turn);  // already run: returns at once
+
+  EXPECT_FALSE(order.run_if_idle([] { return false; }).has_value());
+
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  order.post([released] { released.wait(); });
+  bool ran_while_busy = false;
+  EXPECT_FALSE(order.run_if_idle([&] { return ran_while_busy = true; }).has_value());
+  EXPECT_FALSE(ran_while_busy);
+  release.set_value();
+  int after = 0;
+  order.run([&] { after = 1; });  // the declined turn and the posted one passed on
+  EXPECT_EQ(after, 1);
+}
+
 TEST(InOrder, TasksFromManyThreadsNeverOverlap) {
   InOrder order;
   std::atomic<int> inside{0};

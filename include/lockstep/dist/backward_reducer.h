@@ -39,6 +39,7 @@ struct LazyGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   GlooMaker make_gloo;    // see ExistingGroupOptions::make_gloo (the Python package hands torch's Gloo over)
   bool own_gloo = false;  // see ExistingGroupOptions::own_gloo
+  bool predict = true;    // see ExistingGroupOptions::predict
 };
 
 // A checked group over the caller's process group, made at its first use. Making it is a

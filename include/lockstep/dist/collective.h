@@ -36,6 +36,10 @@ struct CollectiveCall {
   Phase phase;               // as the caller declared it on the group
   std::string foreign;       // Foreign only: the op as its library names it, "all_reduce(avg)", "gather(root 0)"
   bool compare_site = true;  // the call site's tag is part of the fingerprint (foreign calls may opt out)
+  // Whether whoever waits for the collective watches it through the channel (CheckedGroup::finish), so
+  // that its check may pass on a prediction (predictor.h). Part of the fingerprint: every rank agrees.
+  bool watched = true;
+  bool predicted = false;  // its check passed on a prediction, with no exchange (not in the fingerprint)
 
   static CollectiveCall of(uint64_t sequence, CollectiveOp op, const std::vector<at::Tensor>& tensors,
                            const CallSite& site, const Phase& phase, ReduceOp reduce = ReduceOp::Sum, int root = -1);
@@ -48,6 +52,9 @@ struct CollectiveCall {
   // Everything ranks must agree on, as fixed-size words: equal fingerprints mean the calls match
   // (up to 64-bit hash collisions of the shapes and the call-site tag; file and line may differ).
   std::array<int64_t, kWords> fingerprint() const;
+  // From a fingerprint's op word (its third): whether the call is watched.
+  static bool watched_word(int64_t op_word) { return (static_cast<uint64_t>(op_word) & kUnwatchedBit) == 0; }
+  static constexpr uint64_t kUnwatchedBit = uint64_t{1} << 62;
 };
 
 // Checks a collective that another library is about to run on its own process group (a torch.distributed
@@ -62,7 +69,9 @@ void check_foreign_collective(Group& group, const std::string& op, const std::ve
 // naming each rank's call.
 class CollectiveMismatch : public Error {
  public:
-  CollectiveMismatch(int rank, std::vector<std::string> per_rank);
+  // `pending`: the ranks whose call matched the repeating calls' prediction had issued it (docs/distributed.md,
+  // "Predicted checks"); it can never complete, so the group is unusable.
+  CollectiveMismatch(int rank, std::vector<std::string> per_rank, bool pending = false);
   const std::vector<std::string>& per_rank() const { return per_rank_; }  // describe() of each rank's call
 
  private:

@@ -43,6 +43,7 @@ struct ExistingGroupOptions {
   // A Gloo group of lockstep's own even where the process group has a built-in one: lockstep.distributed's
   // channel, whose fingerprint exchanges must not queue behind the data it issues on the group's backend.
   bool own_gloo = false;
+  bool predict = true;  // CheckedGroupOptions::predict: repeated calls are checked on the prediction
 };
 
 // A rendezvous: every rank of the group must call it. Throws CollectiveFailure when lockstep's own

@@ -37,6 +37,9 @@ struct GroupOptions {
 
   // Exchange fingerprints before every collective (G1). Off only to measure what the check costs.
   bool checked = true;
+  // Once the calls repeat, check each one against what the repetition predicts, locally, with no exchange
+  // (docs/distributed.md "Predicted checks"). Off: every collective exchanges its fingerprint.
+  bool predict = true;
 
   // The CUDA device whose tensors this rank's collectives may carry (over NCCL); -1: CPU tensors
   // only (Gloo). Fingerprints always travel on Gloo.
@@ -62,7 +65,7 @@ std::shared_ptr<Group> make_process_group(const GroupOptions& options);
 
 // `size` ranks as threads of this process, joined in memory: no ports or sockets, the same checked
 // channel (fingerprints, liveness, reports) as make_process_group. Group r is rank r; each must be
-// used from its own thread, as ranks would. Only options.size, timeout and checked are used.
+// used from its own thread, as ranks would. Only options.size, timeout, checked and predict are used.
 std::vector<std::shared_ptr<Group>> make_in_memory_groups(const GroupOptions& options);
 
 }  // namespace lockstep::dist
