@@ -200,7 +200,19 @@ std::unique_ptr<CheckedGroup::Pending> CheckedGroup::start_all_reduce(std::vecto
     issue->issued.notify_all();
   };
   if (on_worker) {
-    pending->turn_ = order_.post(std::move(turn));
+    // Issued at once on this thread when nothing is queued and the call matches the prediction: no
+    // exchange to wait for, so no reason to wake the worker.
+    const auto ran_here = order_.run_if_idle([&] {
+      CollectiveCall probe = issue->call;
+      probe.sequence = sequence_ + 1;
+      Predictor::Fingerprint fingerprint;
+      if (failed_ || !options_.checked || !options_.predict ||
+          compare_with_prediction(probe, fingerprint) != Expected::Matches)
+        return false;
+      turn();
+      return true;
+    });
+    if (!ran_here) pending->turn_ = order_.post(std::move(turn));
   } else {
     order_.run(turn);
   }
