@@ -60,6 +60,8 @@ struct Liveness::Shared {
   int64_t departures_seen = 0;
   uint64_t departure = 0;
   uint64_t reported = 0;
+  uint64_t beats = 0;     // heartbeats completed, departures read included
+  bool beat_now = false;  // a caller wants the next beat without waiting out kBeat
 };
 
 Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
@@ -132,7 +134,10 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
     }
     lock.lock();
     watch_departures(*s, lock);
-    s->changed.wait_for(lock, kBeat, [&s] { return s->stopping; });
+    ++s->beats;
+    s->changed.notify_all();
+    s->changed.wait_for(lock, kBeat, [&s] { return s->stopping || s->beat_now; });
+    s->beat_now = false;
   }
   s->beating = false;
   s->changed.notify_all();
@@ -200,10 +205,16 @@ void Liveness::report_call(uint64_t sequence, bool departs, const std::string& d
   s.reported = std::max(s.reported, sequence);
 }
 
+// The heartbeat reads (a beat that began before this call may have read the count before the departure,
+// so the one after it); a store that does not answer holds up the heartbeat, never this caller.
 uint64_t Liveness::read_departure() {
-  std::unique_lock<std::mutex> lock(shared_->mutex);
-  watch_departures(*shared_, lock);
-  return shared_->departure;
+  Shared& s = *shared_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  const uint64_t wanted = s.beats + 2;
+  s.beat_now = true;
+  s.changed.notify_all();
+  s.changed.wait_for(lock, kStoreAnswer, [&] { return s.beats >= wanted || !s.beating; });
+  return s.departure;
 }
 
 uint64_t Liveness::departure() const {

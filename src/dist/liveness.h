@@ -51,8 +51,8 @@ class Liveness {
   // The latest collective at which some rank departed, as the heartbeat last read it (0: none). A rank
   // that had issued that collective on the prediction is reported by its heartbeat at once.
   uint64_t departure() const;
-  // The same, read from the store now (on the caller's thread): when a collective issued on the
-  // prediction failed, the rank that departed may have reported and exited since the last beat.
+  // The same, read from the store now (by the heartbeat, waited for up to kStoreAnswer): when a collective
+  // issued on the prediction failed, the rank that departed may have reported and exited since the last beat.
   uint64_t read_departure();
   // Every rank's report at `sequence` ("departs|..." or "issued|..."), once every rank has reported.
   std::optional<std::vector<std::string>> reports(uint64_t sequence) const;
