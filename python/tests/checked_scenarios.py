@@ -94,6 +94,19 @@ def ddp_steps_then_one_rank_logs_its_loss(rank):
         loss.backward()  # site: predicted backward
 
 
+def ddp_steps_then_one_rank_stops(rank):
+    """15 DDP steps (the bucket's check passes on the prediction), then rank 1 is gone before its 16th
+    backward: rank 0, waiting for a bucket it issued with no exchange, must still name rank 1."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    x = torch.ones(4, 8)
+    for step in range(16):
+        loss = ddp(x).square().mean()
+        if step == 15 and rank == 1:
+            os._exit(0)  # gone without a word, as a killed process
+        loss.backward()  # site: backward before a rank stops
+
+
 def vq_extra_train_forward_then_loss_allreduce(rank, reference=False):
     """The reference's scenario: rank 0 alone runs a training-mode forward (a preview) before the first
     step, whose k-means initialisation communicates; then every rank all-reduces its loss."""

@@ -127,6 +127,18 @@ def test_a_rank_that_departs_from_repeated_ddp_steps_is_named_on_both_ranks(tmp_
     assert seconds < FAST
 
 
+def test_a_rank_that_stops_after_repeated_ddp_steps_is_named_by_the_others(tmp_path):
+    """Issue #51: rank 0's bucket was issued on the prediction, with no exchange to wait at; rank 1 is gone
+    before its backward. Rank 0's wait still watches the other ranks and names rank 1."""
+    records, seconds = _run("ddp_steps_then_one_rank_stops", tmp_path)
+    assert records[0].startswith("CollectiveFailure: rank 0 of 2: #"), records[0]
+    assert re.search(r"all_reduce\(sum\) of \[float32 \(72\)\] at C\+\+ caller in ddp_steps_then_one_rank_stops",
+                     records[0]), records[0]
+    assert _site("backward before a rank stops") in records[0] and "rank(s) 1 died" in records[0], records[0]
+    assert _seconds(records[0]) < DEAD, records[0]
+    assert seconds < FAST
+
+
 def test_a_rank_that_stops_is_named_by_the_others(tmp_path):
     records, seconds = _run("rank_one_stops", tmp_path)
     assert records[0].startswith("CollectiveFailure: rank 0 of 2: #2 barrier at dist.barrier"), records[0]
