@@ -80,31 +80,28 @@ def ddp_parameter_unused_on_one_rank(rank):
         ddp(torch.ones(2, 4), use_b=rank == 0).sum().backward()  # site: backward
 
 
-def ddp_steps_then_one_rank_logs_its_loss(rank):
+def repeated_ddp_steps(rank, before_rank_ones_last_backward):
     """Issue #51's predicted checks: 15 DDP steps repeat one bucket's all_reduce, which the ranks then check
-    on the prediction, with no exchange; at the 16th rank 1 alone all-reduces its loss first (a logging
-    call). Rank 0 has issued the bucket and waits for it; both must name both calls."""
+    on the prediction, with no exchange; at the 16th, rank 1 does something else first. Rank 0 has issued
+    the bucket by then and waits for it."""
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
     x = torch.ones(4, 8)
     for step in range(16):
         loss = ddp(x).square().mean()
         if step == 15 and rank == 1:
-            dist.all_reduce(loss.detach())  # site: logged loss
+            before_rank_ones_last_backward(loss)
         loss.backward()  # site: predicted backward
 
 
+def ddp_steps_then_one_rank_logs_its_loss(rank):
+    """Rank 1 all-reduces its loss before its 16th backward (a logging call): both must name both calls."""
+    repeated_ddp_steps(rank, lambda loss: dist.all_reduce(loss.detach()))  # site: logged loss
+
+
 def ddp_steps_then_one_rank_stops(rank):
-    """15 DDP steps (the bucket's check passes on the prediction), then rank 1 is gone before its 16th
-    backward: rank 0, waiting for a bucket it issued with no exchange, must still name rank 1."""
-    torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-    x = torch.ones(4, 8)
-    for step in range(16):
-        loss = ddp(x).square().mean()
-        if step == 15 and rank == 1:
-            os._exit(0)  # gone without a word, as a killed process
-        loss.backward()  # site: backward before a rank stops
+    """Rank 1 is gone before its 16th backward, as a killed process: rank 0 must still name it."""
+    repeated_ddp_steps(rank, lambda loss: os._exit(0))
 
 
 def vq_extra_train_forward_then_loss_allreduce(rank, reference=False):

@@ -188,9 +188,7 @@ TEST_P(CollectiveMismatches, RaiseOnEveryRankBeforeTheTimeoutNamingBothCallsThen
           EXPECT_NE(std::string(e.what()).find("seen by rank " + std::to_string(r)), std::string::npos) << e.what();
         }
         // Nothing ran, so the group is still usable.
-        std::vector<at::Tensor> t{torch::ones({2})};
-        g.all_reduce(t, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
-        EXPECT_TRUE(torch::equal(t[0], torch::full({2}, 2.0f)));
+        EXPECT_TRUE(test_util::group_still_sums(g));
       },
       std::get<1>(GetParam()));
   expect_no_errors(errors);
@@ -221,9 +219,7 @@ TEST(ForeignCollectives, AgreeingChecksMoveNothingAndIgnoreTheSiteUnlessAsked) {
           EXPECT_NE(e.per_rank()[0].find("#2 barrier at a"), std::string::npos) << e.what();
           EXPECT_NE(e.per_rank()[1].find("#2 barrier at b"), std::string::npos) << e.what();
         }
-        std::vector<at::Tensor> own{torch::ones({2})};
-        g.all_reduce(own, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
-        EXPECT_TRUE(torch::equal(own[0], torch::full({2}, 2.0f)));
+        EXPECT_TRUE(test_util::group_still_sums(g));
       },
       Join::InMemory);
   expect_no_errors(errors);

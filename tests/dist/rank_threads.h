@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <torch/torch.h>
+
 #include "lockstep/dist/process_group.h"
 
 namespace lockstep::dist::test_util {
@@ -117,6 +119,13 @@ inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<v
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// After a mismatch that no rank issued, the group still works: a sum of ones over every rank (each calls it).
+inline bool group_still_sums(Group& g) {
+  std::vector<at::Tensor> own{torch::ones({2})};
+  g.all_reduce(own, ReduceOp::Sum, LOCKSTEP_CALL_SITE("test.after"));
+  return torch::equal(own[0], torch::full({2}, static_cast<float>(g.size())));
 }
 
 template <typename E>
