@@ -6,6 +6,7 @@
 Each rank writes OUT/rank<r>.txt: the name of the exception it stopped with and its message, or "ok",
 then exits. Lines that issue the collectives end in a `# site:` comment, which the test looks for.
 """
+import datetime
 import os
 import sys
 import time
@@ -54,6 +55,27 @@ def async_all_reduce_returns_before_the_other_rank_arrives(rank):
                        f"waited {time.monotonic() - start:.3f} s, sum right: {torch.equal(t, torch.full((3,), 3.0))}")
         dist.barrier()
     return "\n".join(figures)
+
+
+def predicted_all_reduce_waited_with_a_timeout(rank):
+    """Issue #51: 15 equal all_reduces make the 16th's check pass on the prediction, with no exchange; its
+    wait watches the other ranks through the channel. Rank 1 comes 2 s late: rank 0's wait(timeout=0.5 s)
+    must still give up at its timeout, and a second wait() the sum."""
+    for _ in range(15):
+        dist.all_reduce(torch.ones(3))
+    if rank == 1:
+        time.sleep(2.0)
+    t = torch.ones(3)
+    work = dist.all_reduce(t, async_op=True)
+    start = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=0.5))
+        first = "completed"
+    except RuntimeError:
+        first = "timed out"
+    waited = time.monotonic() - start
+    work.wait()
+    return f"first wait: {first} after {waited:.3f} s; sum right: {torch.equal(t, torch.full((3,), 2.0))}"
 
 
 def barrier_skipped_by_one_rank(rank):

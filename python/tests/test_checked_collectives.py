@@ -89,6 +89,16 @@ def test_an_asynchronous_all_reduce_returns_before_its_check_and_sums_at_wait(tm
     assert records[1].count("sum right: True") == 2, records[1]
 
 
+def test_a_wait_with_a_timeout_on_a_predicted_all_reduce_gives_up_at_its_timeout(tmp_path):
+    """Issue #51: a collective issued on the prediction is waited for through the channel's watch, which
+    must honour the caller's own timeout: rank 1 is 2 s late, rank 0's wait(0.5 s) gives up after ~0.5 s."""
+    records, _ = _run("predicted_all_reduce_waited_with_a_timeout", tmp_path)
+    line = re.search(r"^first wait: (.+) after ([0-9.]+) s; sum right: (\w+)$", records[0], re.M)
+    assert line, records[0]
+    assert line[1] == "timed out" and 0.4 < float(line[2]) < 1.5 and line[3] == "True", records[0]
+    assert "sum right: True" in records[1], records[1]
+
+
 def test_a_barrier_skipped_by_one_rank_is_a_mismatch_on_both_ranks(tmp_path):
     records, seconds = _run("barrier_skipped_by_one_rank", tmp_path)
     for rank in range(2):

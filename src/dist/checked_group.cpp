@@ -604,14 +604,15 @@ std::vector<at::Tensor> CheckedGroup::gather_on_control(const at::Tensor& t, con
 // A rank that dies is named within ~2 s (its beat stops), a rank that stalls when the timeout
 // expires, counted from the last progress another rank published. After either the group is
 // unusable (the transports are abandoned): the caller reports and exits.
-void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts) {
+bool CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts,
+                          std::optional<std::chrono::milliseconds> limit) {
   const auto timeout = timeout_of(opts);
   const auto start = Clock::now();
   auto last_check = start;
   Liveness::Watch watch(*liveness_);
   while (true) {
     try {
-      if (work.wait_for(std::chrono::milliseconds(100))) return;
+      if (work.wait_for(std::chrono::milliseconds(100))) return true;
     } catch (const std::exception& e) {
       // A rank that departed from the prediction reports, raises and may exit (closing its connections)
       // before this rank's heartbeat read its departure: the departure is what happened.
@@ -623,6 +624,7 @@ void CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
     }
     if (call.predicted) check_departure(call, opts);
     const auto now = Clock::now();
+    if (limit && now - start >= *limit) return false;
     if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout, watch.silent());
     if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave the transport waiting forever
       last_check = now;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,9 +91,11 @@ class CheckedGroup final : public Group {
                                       WatchedThen then);
   // Waits for `work`, a collective issued after its check passed on the prediction (`call`), watching
   // the other ranks as the group's own collectives do: a rank that departed from the prediction there
-  // is a CollectiveMismatch, a dead one PeerLost, a stalled one CollectiveTimeout.
-  void finish_watched(TransportWork& work, const CollectiveCall& call) {
-    finish(work, call, CollectiveOptions(call.site));
+  // is a CollectiveMismatch, a dead one PeerLost, a stalled one CollectiveTimeout. With `limit` (a caller's
+  // own wait timeout), returns false once it passed with the collective still pending.
+  bool finish_watched(TransportWork& work, const CollectiveCall& call,
+                      std::optional<std::chrono::milliseconds> limit = std::nullopt) {
+    return finish(work, call, CollectiveOptions(call.site), limit);
   }
   // Returns once `turn` ran, running posted turns on the calling thread meanwhile (InOrder::wait_for_turn).
   void wait_for_turn(uint64_t turn) { order_.wait_for_turn(turn); }
@@ -140,7 +143,9 @@ class CheckedGroup final : public Group {
   std::vector<at::Tensor> gather_on_control(const at::Tensor& t, const CollectiveCall& call,
                                             const CollectiveOptions& opts);
   // G2: waits for `work` in slices, watching the other ranks in between.
-  void finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts);
+  // With `limit`, false once it passed with the work still pending; else true when the work completed.
+  bool finish(TransportWork& work, const CollectiveCall& call, const CollectiveOptions& opts,
+              std::optional<std::chrono::milliseconds> limit = std::nullopt);
   [[noreturn]] void throw_timeout(const CollectiveCall& call, std::chrono::milliseconds timeout,
                                   const std::vector<int>& silent);
   [[noreturn]] void fail(const CollectiveCall& call, const std::exception& e);

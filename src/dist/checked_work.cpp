@@ -5,6 +5,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -59,15 +60,17 @@ class CheckedWork final : public c10d::Work {
 
   // How a waiter gets its turn run: on its own thread when the worker has not taken it yet; `watch`, how
   // it waits for a collective issued on the prediction.
-  void set_help(std::function<void()> help,
-                std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&)> watch) {
+  void set_help(std::function<void()> help, std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&,
+                                                               std::optional<std::chrono::milliseconds>)>
+                                                watch) {
     help_ = std::move(help);
     watch_ = std::move(watch);
   }
 
   // The check ran (and the collective was issued, unless it failed): the wrapped work, or the error.
-  // Issued on the prediction, the wrapped work has completed too, or a rank departed from it (raised).
-  c10::intrusive_ptr<c10d::Work> after_turn() {
+  // Issued on the prediction, the wrapped work has completed too (or `limit` passed), or a rank departed
+  // from it (raised).
+  c10::intrusive_ptr<c10d::Work> after_turn(std::optional<std::chrono::milliseconds> limit = std::nullopt) {
     if (help_) help_();
     std::shared_ptr<const CollectiveCall> predicted;
     c10::intrusive_ptr<c10d::Work> inner;
@@ -78,11 +81,20 @@ class CheckedWork final : public c10d::Work {
       predicted = predicted_;
       inner = inner_;
     }
-    if (predicted && watch_) watch_(inner, *predicted);
+    if (predicted && watch_) watch_(inner, *predicted, limit);
     return inner;
   }
 
-  bool wait(std::chrono::milliseconds timeout) override { return after_turn()->wait(timeout); }
+  // A caller's own timeout bounds the watch too; the wrapped work's wait, given what is left of it, then
+  // says it timed out.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) return after_turn()->wait(timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    c10::intrusive_ptr<c10d::Work> inner = after_turn(timeout);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return inner->wait(std::max(left, std::chrono::milliseconds(1)));
+  }
   void synchronize() override { after_turn()->synchronize(); }
   std::vector<at::Tensor> result() override { return after_turn()->result(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -94,7 +106,8 @@ class CheckedWork final : public c10d::Work {
 
  private:
   std::function<void()> help_;  // set before the Work is handed out
-  std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&)> watch_;
+  std::function<void(c10::intrusive_ptr<c10d::Work>, const CollectiveCall&, std::optional<std::chrono::milliseconds>)>
+      watch_;
   std::shared_ptr<const CollectiveCall> predicted_;
   std::mutex mutex_;
   std::condition_variable turn_;
@@ -150,11 +163,12 @@ c10::intrusive_ptr<c10d::Work> all_reduce_after_check(LazyGroup& channel, Foreig
       [weak, checked, turn] {
         if (const std::shared_ptr<Group> alive = weak.lock()) checked->wait_for_turn(turn);
       },
-      [weak, checked](c10::intrusive_ptr<c10d::Work> issued, const CollectiveCall& predicted) {
+      [weak, checked](c10::intrusive_ptr<c10d::Work> issued, const CollectiveCall& predicted,
+                      std::optional<std::chrono::milliseconds> limit) {
         const std::shared_ptr<Group> alive = weak.lock();
         if (!alive) return;
         const auto waited = blocking_work(std::move(issued));
-        checked->finish_watched(*waited, predicted);
+        checked->finish_watched(*waited, predicted, limit);
       });
   return work;
 }
