@@ -1,6 +1,8 @@
 // The checked channel: the one Group implementation for many ranks, whatever moves the bytes. It
 // owns what G1 and G2 promise (docs/distributed.md): sequence numbers, the fingerprint exchange
-// before any data moves (a disagreement is a CollectiveMismatch on every rank), waits that watch
+// before any data moves (a disagreement is a CollectiveMismatch on every rank), or once the calls
+// repeat the check against their prediction (predictor.h, no exchange; a rank that departs from it is
+// found through the store), waits that watch
 // the other ranks' heartbeats (a dead rank is named within ~2 s, a stalled one at the timeout with
 // where every rank is), and the reports. Under it, transports (transport.h): the control transport
 // carries fingerprints and CPU tensors; a device transport (NCCL) carries CUDA tensors. Internal
