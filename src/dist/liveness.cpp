@@ -143,6 +143,14 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
   s->changed.notify_all();
 }
 
+// The description of collective `sequence` when this rank issued it on the prediction and still keeps
+// it; the caller holds s.mutex.
+const std::string* Liveness::issued_call(const Shared& s, uint64_t sequence) {
+  const auto issued =
+      std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == sequence; });
+  return issued == s.predicted.end() ? nullptr : &issued->second;
+}
+
 // One read a beat (the count), two when it moved; the store is used without the lock held.
 void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
   const int64_t seen = s.departures_seen;
@@ -162,10 +170,9 @@ void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
   }
   const uint64_t departure = s.departure;
   if (departure == 0 || s.reported == departure) return;
-  const auto issued =
-      std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == departure; });
-  if (issued == s.predicted.end()) return;
-  const std::string report = "issued|" + issued->second;
+  const std::string* issued = issued_call(s, departure);
+  if (!issued) return;
+  const std::string report = "issued|" + *issued;
   lock.unlock();
   bool published = true;
   try {
@@ -192,9 +199,7 @@ void Liveness::report_call(uint64_t sequence, bool departs, const std::string& d
   std::string call = description;
   if (!departs) {  // the call this rank issued there, as it was recorded, when it still is
     std::lock_guard<std::mutex> lock(s.mutex);
-    const auto issued =
-        std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == sequence; });
-    if (issued != s.predicted.end()) call = issued->second;
+    if (const std::string* issued = issued_call(s, sequence)) call = *issued;
   }
   s.store->set(report_key(sequence, rank_), store_bytes((departs ? "departs|" : "issued|") + call));
   if (departs) {

@@ -104,6 +104,7 @@ class Liveness {
   // In the heartbeat: reads whether a rank departed from the prediction, and reports this rank's call
   // there when it had issued it.
   static void watch_departures(Shared& s, std::unique_lock<std::mutex>& lock);
+  static const std::string* issued_call(const Shared& s, uint64_t sequence);
   static std::string status_text(const Shared& s);
   static void read_store(std::shared_ptr<Shared> s);
   static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status
