@@ -36,14 +36,17 @@ void Predictor::record(const Fingerprint& agreed) {
   }
 }
 
-// The period with the longest run: a step of 4 equal buckets and a fifth call repeats with period 5
-// for as long as it runs, with period 1 only within a step.
+// Of the trusted periods, the one with the longest run: a step of 4 equal buckets and a fifth call
+// repeats with period 5 for as long as it runs, with period 1 only within a step. A longer period
+// that is not trusted yet (a call that broke a run of equal ones seen again one period later) does not
+// hide a shorter one that is.
 std::optional<Predictor::Fingerprint> Predictor::expect(uint64_t sequence) const {
   size_t best = 0;
   for (size_t p = 1; p <= kMaxPeriod; ++p) {
-    if (run_[p - 1] > (best ? run_[best - 1] : 0)) best = p;
+    const bool trusted = run_[p - 1] >= std::max<uint64_t>(p, kMinRun);
+    if (trusted && (best == 0 || run_[p - 1] > run_[best - 1])) best = p;
   }
-  if (best == 0 || run_[best - 1] < std::max<uint64_t>(best, kMinRun)) return std::nullopt;
+  if (best == 0) return std::nullopt;
   Fingerprint next = back(best - 1);
   if (!CollectiveCall::watched_word(next[kOpWord])) return std::nullopt;
   // A barrier's exchange is the barrier itself (a gather and a tree broadcast from 3 ranks): checking it

@@ -1,5 +1,6 @@
-// Which collective every rank expects next, from the calls the ranks agreed on (issue #51,
-// docs/distributed.md "Predicted checks"). A training loop repeats its collectives step after step
+// Which collective every rank expects next, from the calls the ranks agreed on, so that a repeated
+// call is checked without the exchange that would cost it a host-side wait (docs/distributed.md,
+// "Predicted checks"). A training loop repeats its collectives step after step
 // (DDP's buckets, the trainer's reductions); once the agreed calls repeat with a period, each rank
 // checks its next call against the one the period predicts, locally, instead of exchanging
 // fingerprints. Every rank records the same agreed calls, so every rank predicts the same call.
@@ -36,7 +37,7 @@ class Predictor {
   static bool same_call(const Fingerprint& a, const Fingerprint& b);
   const Fingerprint& back(size_t age) const;  // age 0: the latest recorded
 
-  std::vector<Fingerprint> ring_ = std::vector<Fingerprint>(2 * kMaxPeriod);
+  std::vector<Fingerprint> ring_ = std::vector<Fingerprint>(kMaxPeriod + 1);  // the latest, and kMaxPeriod before
   uint64_t recorded_ = 0;
   // Per period p (index p - 1): how many of the latest calls equal the call p before them, and by how
   // much their phase's step moved over those p calls (the same for the whole run).

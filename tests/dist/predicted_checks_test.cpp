@@ -128,6 +128,36 @@ TEST(PredictedChecks, EveryRankDepartingTheSameWayGoesOn) {
   }
 }
 
+// What every rank's checks passed as: the repeated ones on the prediction, the call every rank departs to
+// by the exchange (with no error), and the repeated ones after it on the prediction again.
+TEST(PredictedChecks, AfterEveryRankDepartedAlikeTheExchangeDecidesAndPredictionsResume) {
+  std::vector<std::vector<std::string>> outcomes(2);
+  const auto errors = run_ranks(
+      2,
+      [&](Group& g, int r) {
+        auto& checked = dynamic_cast<CheckedGroup&>(g);
+        const at::Tensor t = torch::zeros({3});
+        // One check at a time, as a training loop's calls come (checks queued together are agreed on
+        // in one exchange, before any prediction).
+        for (int i = 0; i < 2 * kRepeats + 1; ++i) {
+          std::promise<std::string> seen;
+          checked.check_foreign_then_watched(
+              i == kRepeats ? "broadcast(root 0)" : "all_reduce(sum)", {t}, "test.check", "a.py", 1, false,
+              [&seen](std::exception_ptr error, std::shared_ptr<const CollectiveCall> predicted) {
+                seen.set_value(error ? message_of<std::exception>(error) : predicted ? "predicted" : "exchanged");
+              });
+          const std::string outcome = seen.get_future().get();
+          if (i == kRepeats - 1 || i == kRepeats || i == 2 * kRepeats)
+            outcomes[static_cast<size_t>(r)].push_back(outcome);
+        }
+      },
+      Join::InMemory);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of<std::exception>(errors[r]);
+    EXPECT_EQ(outcomes[r], (std::vector<std::string>{"predicted", "exchanged", "predicted"})) << "rank " << r;
+  }
+}
+
 // Ranks that depart in different ways: nobody issued anything, so the exchange names both calls and
 // the group still works, as without a prediction.
 TEST(PredictedChecks, RanksDepartingInDifferentWaysAreAMismatchAndTheGroupStillWorks) {

@@ -67,6 +67,12 @@ TEST(Predictor, ABrokenRepetitionOrAnUnwatchedCallIsNotPredicted) {
   ASSERT_TRUE(p.expect(sequence + 1).has_value());
   p.record(call(++sequence, "evaluation").fingerprint());
   EXPECT_FALSE(p.expect(sequence + 1).has_value());
+  // The same calls again: period 1 is trusted again after kMinRun of them, although period 13 (the
+  // calls 13 before match, but for the evaluation's) has the longer run, not trusted yet.
+  for (size_t i = 0; i < Predictor::kMinRun + 1; ++i) p.record(call(++sequence, "same").fingerprint());
+  const auto again = p.expect(sequence + 1);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, call(sequence + 1, "same").fingerprint());
 
   Predictor barriers;
   for (uint64_t s = 1; s <= 12; ++s) {
