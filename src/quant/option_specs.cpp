@@ -9,10 +9,10 @@
 #include "lockstep/quant/fsq.h"
 #include "lockstep/quant/latent_quantize.h"
 #include "lockstep/quant/lfq.h"
-#include "lockstep/quant/registry.h"
 #include "lockstep/quant/residual.h"
 #include "lockstep/quant/simvq.h"
 #include "lockstep/quant/vq.h"
+#include "quant/option_readers.h"
 
 namespace lockstep::quant {
 namespace {
@@ -96,11 +96,51 @@ void insert_after(OptionSection& section, const std::string& key, const std::vec
   section.options.insert(at + 1, specs.begin(), specs.end());
 }
 
+// Every field an options struct declares (option_fields.h), read under its own name as its type.
+template <typename Options>
+void read_fields(const OptionReader& o, Options& options) {
+  Options::visit_fields(options, [&o](const char* key, auto& value, const FieldLimits&, const char*) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, bool>) value = o.boolean(key);
+    if constexpr (std::is_same_v<T, int64_t>) value = o.integer(key);
+    if constexpr (std::is_same_v<T, double>) value = o.real(key);
+    if constexpr (std::is_same_v<T, std::string>) value = o.string(key);
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) value = o.int_list(key);
+    if constexpr (std::is_same_v<T, std::vector<double>>) value = o.float_list(key);
+  });
+}
+
+VqEstimator vq_estimator(const OptionReader& o) {
+  const bool directional = o.boolean("directional_reparam");
+  const bool rotation = o.boolean("rotation_trick");
+  LOCKSTEP_CHECK_ARG(!(directional && rotation),
+                     "vq: directional_reparam and rotation_trick are two estimators; set rotation_trick = false");
+  if (directional) return VqEstimator::DirectionalReparam;
+  return rotation ? VqEstimator::RotationTrick : VqEstimator::StraightThrough;
+}
+
 // What the library takes as constructor arguments has no library default; these are the CLI's.
 const std::vector<int64_t> kFsqLevels = {8, 5, 5, 5};
 constexpr int64_t kLfqCodebookSize = 1024;
 constexpr int64_t kVqDim = 8, kVqCodebookSize = 512;
 constexpr int64_t kResidualLayers = 4;
+
+}  // namespace
+
+// Each section: the options struct its reader builds, then its declaration.
+namespace sections {
+
+OptionReader section_of(const OptionReader& o, const std::string& name) {
+  LOCKSTEP_CHECK_ARG(static_cast<bool>(o.section), "this option reader has no section '", name, "'");
+  return o.section(name);
+}
+
+FsqOptions fsq_options(const OptionReader& o) {
+  FsqOptions options(o.int_list("levels"));
+  read_fields(o, options);
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
+  return options;
+}
 
 OptionSection fsq_section() {
   OptionSection section{
@@ -111,9 +151,17 @@ OptionSection fsq_section() {
            .length(1, 16),
        integer("dim", 0,
                "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-           .in_range(0, 4096)}};
+           .in_range(0, 4096)},
+      [](const OptionReader& o) { fsq_options(o).validate(); }};
   append_fields(section, FsqOptions(kFsqLevels));
   return section;
+}
+
+LfqOptions lfq_options(const OptionReader& o) {
+  LfqOptions options(o.integer("codebook_size"));
+  read_fields(o, options);
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: codebooks x log2 codebook_size
+  return options;
 }
 
 OptionSection lfq_section() {
@@ -125,9 +173,18 @@ OptionSection lfq_section() {
        integer("dim", 0,
                "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
                "log2 K.")
-           .in_range(0, 4096)}};
+           .in_range(0, 4096)},
+      [](const OptionReader& o) { lfq_options(o).validate(); }};
   append_fields(section, LfqOptions(kLfqCodebookSize));
   return section;
+}
+
+VqOptions vq_options(const OptionReader& o) {
+  VqOptions options(o.integer("dim"), o.integer("codebook_size"));
+  read_fields(o, options);
+  options.use_cosine_sim(o.boolean("cosine")).estimator(vq_estimator(o));
+  if (const int64_t cd = o.integer("codebook_dim"); cd != 0) options.codebook_dim(cd);  // 0: dim
+  return options;
 }
 
 OptionSection vq_section() {
@@ -135,7 +192,8 @@ OptionSection vq_section() {
   OptionSection section{
       "vq",
       {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
-       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20)}};
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20)},
+      [](const OptionReader& o) { vq_options(o).validate(); }};
   append_fields(section, d);
   // What VqOptions holds otherwise, each after the key it has always followed.
   insert_after(section, "threshold_ema_dead_code",
@@ -154,6 +212,13 @@ OptionSection vq_section() {
   return section;
 }
 
+SimVqOptions simvq_options(const OptionReader& o) {
+  SimVqOptions options(o.integer("dim"), o.integer("codebook_size"));
+  read_fields(o, options);
+  if (const int64_t fd = o.integer("frozen_codebook_dim"); fd != 0) options.frozen_codebook_dim(fd);  // 0: dim
+  return options;
+}
+
 OptionSection simvq_section() {
   OptionSection section{
       "simvq",
@@ -161,9 +226,17 @@ OptionSection simvq_section() {
            .in_range(1, 4096),
        integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
        integer("frozen_codebook_dim", 0, "Length of the frozen random codes the linear map reads; 0 means dim.")
-           .in_range(0, 4096)}};
+           .in_range(0, 4096)},
+      [](const OptionReader& o) { simvq_options(o).validate(); }};
   append_fields(section, SimVqOptions(kVqDim, kVqCodebookSize));
   return section;
+}
+
+LatentQuantizeOptions latent_options(const OptionReader& o) {
+  LatentQuantizeOptions options(o.int_list("levels"));
+  read_fields(o, options);
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: levels x codebooks
+  return options;
 }
 
 OptionSection latent_section() {
@@ -173,9 +246,18 @@ OptionSection latent_section() {
            .in_range(2, 256)
            .length(1, 16),
        integer("dim", 0, "Channels fed in, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-           .in_range(0, 4096)}};
+           .in_range(0, 4096)},
+      [](const OptionReader& o) { latent_options(o).validate(); }};
   append_fields(section, LatentQuantizeOptions(kFsqLevels));
   return section;
+}
+
+FspOptions fsp_options(const OptionReader& o) {
+  FspOptions options(o.int_list("levels"));
+  read_fields(o, options);
+  options.activation(fsp_activation(o.string("activation"))).norm(FspNorm::preset(o.string("vector_norm")));
+  if (const int64_t dim = o.integer("dim"); dim != 0) options.dim(dim);  // 0: len(levels)
+  return options;
 }
 
 OptionSection fsp_section() {
@@ -186,7 +268,8 @@ OptionSection fsp_section() {
            .in_range(2, 1 << 22)
            .length(1, 16),
        integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.")
-           .in_range(0, 4096)}};
+           .in_range(0, 4096)},
+      [](const OptionReader& o) { fsp_options(o).validate(); }};
   append_fields(section, d);
   insert_after(
       section, "projection_has_bias",
@@ -199,131 +282,45 @@ OptionSection fsp_section() {
   return section;
 }
 
-OptionSection grouped_section() {
-  return {"grouped",
-          {integer("groups", 2,
-                   "Groups of the grouped-* quantizers: the latent is split into this many equal parts, each "
-                   "quantized by its own residual quantizer.")
-               .in_range(1, 64)}};
+ResidualOptions residual_options(const OptionReader& o) {
+  ResidualOptions options(o.integer("num_quantizers"));
+  read_fields(o, options);
+  options.eval_beam_size(o.integer("eval_beam_size"));
+  return options;
 }
 
 OptionSection residual_section() {
   OptionSection section{
-      "residual", {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64)}};
+      "residual",
+      {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64)},
+      [](const OptionReader& o) { residual_options(o).validate(); }};
   append_fields(section, ResidualOptions(kResidualLayers));
   insert_after(section, "beam_size",
                {integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.").at_least(0)});
   return section;
 }
 
-}  // namespace
+OptionSection grouped_section() {
+  OptionSection section{"grouped",
+                        {integer("groups", 2,
+                                 "Groups of the grouped-* quantizers: the latent is split into this many equal parts, "
+                                 "each quantized by its own residual quantizer.")
+                             .in_range(1, 64)},
+                        [](const OptionReader& o) {
+                          LOCKSTEP_CHECK_ARG(o.integer("groups") >= 1, "grouped: groups = ", o.integer("groups"),
+                                             " must be >= 1");
+                        }};
+  return section;
+}
+
+}  // namespace sections
 
 const std::vector<OptionSection>& quantizer_option_sections() {
-  static const std::vector<OptionSection> sections = {fsq_section(),      lfq_section(),    vq_section(),
-                                                      simvq_section(),    latent_section(), fsp_section(),
-                                                      residual_section(), grouped_section()};
-  return sections;
-}
-
-namespace {
-// The declaration of "section.key", or nullptr.
-const OptionSpec* find_spec(const std::string& section, const std::string& key) {
-  for (const auto& s : quantizer_option_sections()) {
-    if (s.name != section) continue;
-    for (const auto& o : s.options) {
-      if (o.key == key) return &o;
-    }
-  }
-  return nullptr;
-}
-
-const char* type_name(OptionSpec::Type t) {
-  switch (t) {
-    case OptionSpec::Type::Bool:
-      return "a bool";
-    case OptionSpec::Type::Int:
-      return "an integer";
-    case OptionSpec::Type::Float:
-      return "a number";
-    case OptionSpec::Type::IntList:
-      return "a list of integers";
-    case OptionSpec::Type::String:
-      return "a string";
-    case OptionSpec::Type::FloatList:
-      return "a list of numbers";
-  }
-  return "?";
-}
-
-// An override checked against its declaration: its key, its type (an integer is taken for a number)
-// and, for a string, its choices. Returns the value as declared; InvalidArgument naming the option.
-// The numeric limits stated here are the configuration's (KeySpec); the library's own, which the
-// options' validate() applies to whatever reads them, may be wider (FSQ levels up to 2^22).
-OptionValue checked_override(const std::string& name, const OptionValue& given) {
-  const auto dot = name.find('.');
-  const OptionSpec* spec = dot == std::string::npos ? nullptr : find_spec(name.substr(0, dot), name.substr(dot + 1));
-  if (spec == nullptr) {
-    std::vector<std::string> keys;
-    for (const auto& s : quantizer_option_sections()) {
-      if (s.name != name.substr(0, dot)) continue;
-      for (const auto& o : s.options) keys.push_back(o.key);
-    }
-    throw InvalidArgument(keys.empty() ? lockstep::detail::concat("unknown quantizer option '", name, "'")
-                                       : lockstep::detail::concat("unknown quantizer option '", name,
-                                                                  "'; the options of ", name.substr(0, dot), ": ",
-                                                                  lockstep::detail::concat_list(keys)));
-  }
-  OptionValue value = given;
-  if (spec->type == OptionSpec::Type::Float && std::holds_alternative<int64_t>(value)) {
-    value = static_cast<double>(std::get<int64_t>(value));
-  }
-  if (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<int64_t>>(value)) {
-    const auto& ints = std::get<std::vector<int64_t>>(value);  // [1, 2] is a list of numbers too
-    value = std::vector<double>(ints.begin(), ints.end());
-  }
-  const bool type_ok =
-      (spec->type == OptionSpec::Type::Bool && std::holds_alternative<bool>(value)) ||
-      (spec->type == OptionSpec::Type::Int && std::holds_alternative<int64_t>(value)) ||
-      (spec->type == OptionSpec::Type::Float && std::holds_alternative<double>(value)) ||
-      (spec->type == OptionSpec::Type::IntList && std::holds_alternative<std::vector<int64_t>>(value)) ||
-      (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value)) ||
-      (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<double>>(value));
-  LOCKSTEP_CHECK_ARG(type_ok, "quantizer option '", name, "' must be ", type_name(spec->type));
-  if (const auto* text = std::get_if<std::string>(&value)) {
-    LOCKSTEP_CHECK_ARG(
-        spec->choices.empty() || std::find(spec->choices.begin(), spec->choices.end(), *text) != spec->choices.end(),
-        "quantizer option '", name, "' = \"", *text,
-        "\" is not one of: ", lockstep::detail::concat_list(spec->choices));
-  }
-  return value;
-}
-
-template <typename T>
-T declared(const std::string& section, const std::string& key, const std::map<std::string, OptionValue>& overrides) {
-  const std::string name = section + "." + key;
-  const OptionSpec* spec = find_spec(section, key);
-  LOCKSTEP_CHECK_ARG(spec != nullptr, "no quantizer option '", name, "' is declared");
-  const OptionValue* value = &spec->default_value;
-  if (auto it = overrides.find(name); it != overrides.end()) value = &it->second;
-  LOCKSTEP_CHECK_ARG(std::holds_alternative<T>(*value), "quantizer option '", name, "' is read as another type");
-  return std::get<T>(*value);
-}
-}  // namespace
-
-OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides) {
-  // Every override is a declared option of its type: a misspelt key is an error here, as in the
-  // configuration, not a value silently left unread.
-  for (auto& [name, value] : overrides) value = checked_override(name, value);
-  const auto o = std::make_shared<const std::map<std::string, OptionValue>>(std::move(overrides));
-  OptionReader r;
-  r.integer = [section, o](const std::string& key) { return declared<int64_t>(section, key, *o); };
-  r.real = [section, o](const std::string& key) { return declared<double>(section, key, *o); };
-  r.boolean = [section, o](const std::string& key) { return declared<bool>(section, key, *o); };
-  r.int_list = [section, o](const std::string& key) { return declared<std::vector<int64_t>>(section, key, *o); };
-  r.string = [section, o](const std::string& key) { return declared<std::string>(section, key, *o); };
-  r.float_list = [section, o](const std::string& key) { return declared<std::vector<double>>(section, key, *o); };
-  r.section = [o](const std::string& other) { return default_option_reader(other, *o); };
-  return r;
+  using namespace sections;
+  static const std::vector<OptionSection> all = {fsq_section(),      lfq_section(),    vq_section(),
+                                                 simvq_section(),    latent_section(), fsp_section(),
+                                                 residual_section(), grouped_section()};
+  return all;
 }
 
 }  // namespace lockstep::quant

@@ -5,7 +5,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/image_set.h"
-#include "lockstep/quant/option_check.h"
+#include "lockstep/quant/option_specs.h"
 #include "lockstep/train/device.h"
 #include "lockstep/train/model_factory.h"
 #include "lockstep/train/run_dir.h"
@@ -16,11 +16,11 @@ ResolvedRun resolve_new_run(const std::string& config_file, const std::vector<st
   Config config{lockstep_schema()};
   if (!config_file.empty()) config.load_toml_file(config_file);
   for (const auto& assignment : overrides) config.set_from_string(assignment);
-  for (const auto& section : quant::option_sections()) {
+  for (const auto& section : quant::quantizer_option_sections()) {
     try {
-      quant::validate_options(section, quantizer_options(config, section));
+      section.validate(quantizer_options(config, section.name));
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument(std::string("[quantizer.") + section + "] " + e.what());
+      throw InvalidArgument("[quantizer." + section.name + "] " + e.what());
     }
   }
   return resolve_config(std::move(config));

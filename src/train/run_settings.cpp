@@ -9,6 +9,7 @@
 
 #include "lockstep/core/error.h"
 #include "lockstep/data/bucket_table.h"
+#include "lockstep/quant/registry.h"
 #include "lockstep/train/device.h"
 #include "lockstep/train/step_geometry.h"
 
@@ -282,27 +283,12 @@ void add_eval_keys(std::deque<RunKey>& keys) {
 
 // Every key, in the order the schema and docs/configuration.md list them.
 std::vector<RunKey> build_run_keys() {
-  // A new quantizer adds its name here and its section in quant/option_specs.cpp. (Not taken from
-  // quant::quantizer_names(), which would pull the quantizers in; a test keeps them equal.)
-  const std::vector<std::string> kQuantizers = {"fsq",
-                                                "lfq",
-                                                "vq",
-                                                "simvq",
-                                                "latent",
-                                                "fsp",
-                                                "residual-vq",
-                                                "residual-fsq",
-                                                "residual-lfq",
-                                                "residual-simvq",
-                                                "grouped-residual-vq",
-                                                "grouped-residual-fsq",
-                                                "grouped-residual-lfq"};
   std::deque<RunKey> keys;
   add_data_keys(keys);
   add_model_keys(keys);
   // The quantizer's own sections follow this key in the schema (config_schema.cpp).
   add(keys, LOCKSTEP_RUN_KEY(quantizer, name), "Which quantizer turns the encoder's output into tokens.")
-      .one_of(kQuantizers)
+      .one_of(quant::quantizer_names())
       .shortcut("--quantizer", "NAME", "Quantizer");
   add_train_keys(keys);
   add_loss_keys(keys);

@@ -449,11 +449,6 @@ TEST(SchemaTest, RejectsBadKeySpecs) {
   EXPECT_EQ(s.keys().size(), 1u);
 }
 
-// The schema keeps its own list of quantizer names so that it stays free of torch; this keeps it honest.
-TEST(SchemaTest, QuantizerChoicesMatchTheRegistry) {
-  EXPECT_EQ(lockstep_schema().find("quantizer.name")->choices, quant::quantizer_names());
-}
-
 // The row docs/configuration.md gives a key, each cell from the schema (a quantizer's keys from their
 // options' declarations, quant/*_options.def): | `key` | type | `default` | allowed | description |.
 std::string docs_row(const KeySpec& spec) {

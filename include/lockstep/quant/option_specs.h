@@ -1,17 +1,22 @@
 // Every quantizer option, declared once: its key, default, limits and help. Most are a line of their
 // options struct's field list (quant/*_options.def, option_fields.h), with the struct's default; the
-// rest, here in option_specs.cpp, are what a struct takes otherwise: constructor arguments (VQ's dim,
-// FSQ's levels, ...; their CLI default stated there), values with a meaning of their own (0 for "unset"),
-// enums read from strings. The configuration schema of `lockstep train` is assembled from these sections
-// ("quantizer.vq.decay"), so the library and the CLI build the same quantizer from "the defaults". Free of
+// rest, in option_specs.cpp beside the section that reads them, are what a struct takes otherwise:
+// constructor arguments (VQ's dim, FSQ's levels, ...; their CLI default stated there), values with a
+// meaning of their own (0 for "unset"), enums read from strings. The configuration schema of
+// `lockstep train` is assembled from these sections ("quantizer.vq.decay"), and docs/quantizers.md's
+// option tables from that schema, so the library, the CLI and the docs give the same defaults. Free of
 // torch headers.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "lockstep/quant/option_reader.h"
 
 namespace lockstep::quant {
 
@@ -19,7 +24,7 @@ struct OptionSpec {
   enum class Type { Bool, Int, Float, IntList, String, FloatList };
   std::string key;  // within its section: "decay"
   Type type = Type::Int;
-  std::variant<bool, int64_t, double, std::vector<int64_t>, std::string, std::vector<double>> default_value;
+  OptionValue default_value;
   std::string help;  // one line
   // Limits of a number, or of each element of a list; strict when the flag says so.
   std::optional<double> min, max;
@@ -33,8 +38,19 @@ struct OptionSpec {
 struct OptionSection {
   std::string name;
   std::vector<OptionSpec> options;
+  // Reads the section's options through a reader and checks them as its quantizer would, building
+  // nothing: InvalidArgument naming the option. A run checks every section when it starts, the
+  // chosen quantizer's and the others' (a bad value is never kept).
+  std::function<void(const OptionReader&)> validate;
 };
 
+// Every section, in the order the configuration lists them.
 const std::vector<OptionSection>& quantizer_option_sections();
+
+// The declared defaults of `section`, with `overrides` on top, keyed "section.key"
+// ({"vq.codebook_size", int64_t{64}}); section() reads the other sections the same way. Builds a
+// quantizer by name without a configuration: make_quantizer("vq", default_option_reader("vq")).
+// An override that is not declared, or of another type, throws InvalidArgument.
+OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides = {});
 
 }  // namespace lockstep::quant
