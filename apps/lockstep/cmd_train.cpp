@@ -325,7 +325,8 @@ void add_train_command(CLI::App& app, Runner& run) {
       "data.eval_images of them for evaluation; the run directory then also keeps the folder's manifest.json, "
       "which a resumed run must still match. Settings: a --config file, then the flags above, then --set, later ones "
       "winning; every key is "
-      "listed in docs/configuration.md and by --print-config. Ctrl-C saves a checkpoint and stops; --resume "
+      "listed in docs/configuration.md (a quantizer's own in docs/quantizers.md) and by --print-config. Ctrl-C saves a "
+      "checkpoint and stops; --resume "
       "continues bit for bit.");
   cmd->add_option("--config", args->config_file, "TOML file of settings (see docs/configuration.md)")
       ->check(CLI::ExistingFile)

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -449,8 +450,8 @@ TEST(SchemaTest, RejectsBadKeySpecs) {
   EXPECT_EQ(s.keys().size(), 1u);
 }
 
-// The row docs/configuration.md gives a key, each cell from the schema (a quantizer's keys from their
-// options' declarations, quant/*_options.def): | `key` | type | `default` | allowed | description |.
+// The row docs/configuration.md (or docs/quantizers.md) gives a key, each cell from the schema (a quantizer's keys from
+// their options' declarations, quant/*_options.def): | `key` | type | `default` | allowed | description |.
 std::string docs_row(const KeySpec& spec) {
   static const char* const types[] = {"boolean", "integer", "number", "string", "list of integers", "list of numbers"};
   std::string allowed = spec.constraint_text();
@@ -465,52 +466,73 @@ std::string docs_row(const KeySpec& spec) {
          "` | " + allowed + (allowed.empty() ? "" : " ") + "| " + help + " |";
 }
 
-// docs/configuration.md documents every key of the schema and no others, each row as the schema
-// declares it. LOCKSTEP_UPDATE_DOCS=1 writes the schema's rows instead: it rewrites each key's row and
-// adds a missing key's after the row of the key before it (a new option's row, from its declaration).
+// The page that documents a key: a quantizer's own section beside its quantizer, every other key in
+// the configuration's page.
+std::string docs_page_of(const std::string& key) {
+  return key.rfind("quantizer.", 0) == 0 && key != "quantizer.name" ? "quantizers.md" : "configuration.md";
+}
+
+// docs/configuration.md and docs/quantizers.md document every key of the schema, each once, on its
+// page (docs_page_of), each row as the schema declares it. LOCKSTEP_UPDATE_DOCS=1 writes the schema's
+// rows instead: it rewrites each key's row and adds a missing key's after the row of the key before it
+// on the same page (a new option's row, from its declaration).
 TEST(SchemaTest, DocsGiveEveryKeyTheSchemasRow) {
   const fs::path source_dir_file = fs::read_symlink("/proc/self/exe").parent_path() / "lockstep_source_dir";
   std::ifstream source_dir(source_dir_file);
   ASSERT_TRUE(source_dir) << "cannot open " << source_dir_file << " (tests/CMakeLists.txt writes it)";
   std::string source;
   std::getline(source_dir, source);
-  fs::path docs = fs::path(source) / "docs" / "configuration.md";
-  std::ifstream in(docs);
-  ASSERT_TRUE(in) << "cannot open " << docs;
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  in.close();
+  std::map<std::string, std::vector<std::string>> pages;  // name -> lines
+  for (const std::string page : {"configuration.md", "quantizers.md"}) {
+    std::ifstream in(fs::path(source) / "docs" / page);
+    ASSERT_TRUE(in) << "cannot open docs/" << page;
+    for (std::string line; std::getline(in, line);) pages[page].push_back(line);
+  }
   const auto key_of = [](const std::string& line) {
     return line.rfind("| `", 0) == 0 ? line.substr(3, line.find('`', 3) - 3) : std::string();
   };
   const Schema& schema = lockstep_schema();
   const bool update = std::getenv("LOCKSTEP_UPDATE_DOCS") != nullptr;
-  for (std::string& line : lines) {
-    const std::string key = key_of(line);
-    if (key.empty()) continue;
-    const KeySpec* spec = schema.find(key);
-    EXPECT_NE(spec, nullptr) << docs << " documents '" << key << "', which the schema lacks";
-    if (!spec) continue;
-    if (update) line = docs_row(*spec);
-    EXPECT_EQ(line, docs_row(*spec)) << docs << ": the row of " << key << " (LOCKSTEP_UPDATE_DOCS=1 rewrites it)";
+  for (auto& [page, lines] : pages) {
+    for (std::string& line : lines) {
+      const std::string key = key_of(line);
+      // quantizers.md's other tables name fields and calls ("`reducer`"), not keys
+      if (key.empty() || (page == "quantizers.md" && key.rfind("quantizer.", 0) != 0)) continue;
+      const KeySpec* spec = schema.find(key);
+      EXPECT_NE(spec, nullptr) << "docs/" << page << " documents '" << key << "', which the schema lacks";
+      if (!spec) continue;
+      EXPECT_EQ(docs_page_of(key), page) << "'" << key << "' belongs on docs/" << docs_page_of(key);
+      if (update) line = docs_row(*spec);
+      EXPECT_EQ(line, docs_row(*spec)) << "docs/" << page << ": the row of " << key
+                                       << " (LOCKSTEP_UPDATE_DOCS=1 rewrites it)";
+    }
   }
   std::string before;  // the schema's key before this one
   for (const KeySpec& spec : schema.keys()) {
+    std::vector<std::string>& lines = pages[docs_page_of(spec.key)];
     const auto row = [&](const std::string& key) {
       return std::find_if(lines.begin(), lines.end(), [&](const std::string& l) { return key_of(l) == key; });
     };
-    if (row(spec.key) == lines.end()) {
+    const auto found = row(spec.key);
+    if (found == lines.end()) {
       if (update && !before.empty() && row(before) != lines.end()) {
         lines.insert(row(before) + 1, docs_row(spec));
       } else {
-        ADD_FAILURE() << spec.key << " is not in " << docs << " (LOCKSTEP_UPDATE_DOCS=1 adds it)";
+        ADD_FAILURE() << spec.key << " is not in docs/" << docs_page_of(spec.key) << " (LOCKSTEP_UPDATE_DOCS=1 adds it "
+                      << "after the row of the key before it)";
       }
+    } else {
+      EXPECT_EQ(std::find_if(found + 1, lines.end(), [&](const std::string& l) { return key_of(l) == spec.key; }),
+                lines.end())
+          << spec.key << " has two rows in docs/" << docs_page_of(spec.key);
     }
     before = spec.key;
   }
   if (update) {
-    std::ofstream out(docs);
-    for (const std::string& line : lines) out << line << "\n";
+    for (const auto& [page, lines] : pages) {
+      std::ofstream out(fs::path(source) / "docs" / page);
+      for (const std::string& line : lines) out << line << "\n";
+    }
   }
 }
 
