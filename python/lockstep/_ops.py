@@ -1,6 +1,12 @@
 """The quantizers as torch custom ops, which torch.compile traces without a graph break. A training forward
 with gradients runs the call once, with its graph, which liblockstep's binding keeps (not the compiled graph);
-backward reduces and applies the state update, then differentiates that graph, as eager's backward does."""
+backward reduces and applies the state update, then differentiates that graph, as eager's backward does.
+
+No op writes any of its arguments (each declares mutates_args=(), which torch.library.opcheck's schema test
+holds them to): the state a call changes (the step, codebooks, statistics, parameters a codebook update
+writes) is the module's, which an op finds by its handle, as it reads the rest of the module's state. The
+parameters an op takes are the slots of their gradients; a tensor the op's update may write is passed as a
+copy (the k-means ops' codebooks) or not at all (a whole step's parameters)."""
 import itertools
 import weakref
 from typing import List, Optional
@@ -30,17 +36,23 @@ def _module(handle):
 
 
 @torch.library.custom_op("lockstep::quantize", mutates_args=())
-def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int, training: bool,
-             grad_mode: bool, mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
+def quantize(x: torch.Tensor, parameters: List[torch.Tensor], handle: int, training: bool, grad_mode: bool,
+             mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
              codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[quantized, int64 indices, one scalar per loss of the module's loss_names, a ticket (int64 scalar on
-    the CPU) to the recorded call, for backward; 0 when no backward follows] for x (b, n, dim); `mask` (b, n)
-    bool keeps padding out of statistics and losses; `freeze_codebook` keeps the codebooks; `codebook`: the
-    codes a module of the user's made (SimVQ's codebook_transform)."""
+    the CPU) to the recorded call, for backward; 0 when no backward follows] for x (b, n, dim); `parameters`:
+    the module's parameters, the slots of their gradients (none without grad mode: a training call then is a
+    whole step on one process, whose update may write them); `mask` (b, n) bool keeps padding out of statistics
+    and losses; `freeze_codebook` keeps the codebooks; `codebook`: the codes a module of the user's made (SimVQ's
+    codebook_transform)."""
     module = _module(handle)
+    step = module._steps
     group = module._lazy_group() if training else None
     loss_names, _ = module._compile_signature()
     if training and not grad_mode and module._ranks() == 1:  # no backward will come: a whole step, as eager's
+        if parameters:
+            raise RuntimeError("lockstep::quantize: a whole step (training, no grad mode) writes the parameters; "
+                               "pass none")
         out, indices, losses = module._core.quantize(x, True, module.seed, step, group, mask, freeze_codebook,
                                                      codebook=codebook, update_in_forward=True)
         absent = [torch.zeros((), device=x.device) for _ in loss_names]  # one each: outputs may not alias
@@ -61,7 +73,7 @@ def quantize(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor]
 
 
 @quantize.register_fake
-def _(x, step, parameters, handle, training, grad_mode, mask=None, freeze_codebook=False, codebook=None):
+def _(x, parameters, handle, training, grad_mode, mask=None, freeze_codebook=False, codebook=None):
     loss_names, index_shape = _module(handle)._compile_signature()
     indices = x.new_empty((*x.shape[:2], *index_shape), dtype=torch.int64)
     ticket = torch.empty((), dtype=torch.int64, device="cpu")
@@ -74,53 +86,56 @@ def calls_waiting():
 
 
 @torch.library.custom_op("lockstep::quantize_backward", mutates_args=())
-def quantize_backward(x: torch.Tensor, step: torch.Tensor, parameters: List[torch.Tensor], handle: int,
-                      training: bool, grad_quantized: torch.Tensor, grad_losses: List[torch.Tensor],
-                      mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
-                      ticket: Optional[torch.Tensor] = None,
+def quantize_backward(x: torch.Tensor, handle: int, training: bool, grad_quantized: torch.Tensor,
+                      grad_losses: List[torch.Tensor], mask: Optional[torch.Tensor] = None,
+                      freeze_codebook: bool = False, ticket: Optional[torch.Tensor] = None,
                       codebook: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-    """[grad of x, grad of each parameter, grad of `codebook` when given]: the graph the forward of `ticket`
-    recorded, differentiated once; first the training step's state update, and step + 1. `mask` and
-    `freeze_codebook` are the recorded call's; they stay in the schema, which graphs that torch's on-disk
-    compile caches hold call by (a changed schema would break them)."""
+    """[grad of x, grad of each of the module's parameters (the forward's slots), grad of `codebook` when given]:
+    the graph the forward of `ticket` recorded, differentiated once; first the training step's state update, and
+    the module's step + 1. `mask` and `freeze_codebook` are the recorded call's."""
     module = _module(handle)
     recorded = None if ticket is None else _recorded.pop(int(ticket), None)
     if recorded is None:
         raise RuntimeError(f"lockstep: the recorded call of ticket {ticket} is gone: differentiated already (a second "
                            "backward through a compiled quantizer's retained graph is not supported) or freed")
     group = module._lazy_group() if training else None
-    return module._core.backward_recorded(recorded, training, step, group, grad_quantized, grad_losses, parameters)
+    parameters = [module.get_parameter(name) for name in module._parameter_names]
+    return module._core.backward_recorded(recorded, training, module._steps, group, grad_quantized, grad_losses,
+                                          parameters)
 
 
 @quantize_backward.register_fake
-def _(x, step, parameters, handle, training, grad_quantized, grad_losses, mask=None, freeze_codebook=False,
-      ticket=None, codebook=None):
+def _(x, handle, training, grad_quantized, grad_losses, mask=None, freeze_codebook=False, ticket=None,
+      codebook=None):
+    module = _module(handle)
+    parameters = [torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                  for p in map(module.get_parameter, module._parameter_names)]
     given = [] if codebook is None else [torch.empty_like(codebook)]
-    return [torch.empty_like(x)] + [torch.empty_like(p) for p in parameters] + given
+    return [torch.empty_like(x)] + parameters + given
 
 
 def _setup_context(ctx, inputs, output):
     # Trailing arguments left at their defaults may be absent (torch 2.11's tracing drops them).
-    x, step, parameters, handle, training = inputs[:5]
-    mask = inputs[6] if len(inputs) > 6 else None
-    freeze_codebook = inputs[7] if len(inputs) > 7 else False
-    codebook = inputs[8] if len(inputs) > 8 else None
-    ctx.save_for_backward(x, step, mask, output[-1], codebook, *parameters)
-    ctx.handle, ctx.training, ctx.freeze_codebook = handle, training, freeze_codebook
+    x, parameters, handle, training = inputs[:4]
+    mask = inputs[5] if len(inputs) > 5 else None
+    freeze_codebook = inputs[6] if len(inputs) > 6 else False
+    codebook = inputs[7] if len(inputs) > 7 else None
+    ctx.save_for_backward(x, mask, output[-1], codebook)
+    ctx.handle, ctx.training, ctx.freeze_codebook, ctx.parameters = handle, training, freeze_codebook, len(parameters)
 
 
 def _backward(ctx, grads):
-    x, step, mask, ticket, codebook, *parameters = ctx.saved_tensors
+    x, mask, ticket, codebook = ctx.saved_tensors
     grad_quantized = grads[0] if grads[0] is not None else torch.zeros_like(x)
     grad_losses = [g if g is not None else x.new_zeros(()) for g in grads[2:-1]]
-    result = quantize_backward(x, step, parameters, ctx.handle, ctx.training, grad_quantized, grad_losses, mask,
-                               ctx.freeze_codebook, ticket, codebook)
-    # One entry per input the op was given (see _setup_context): x, step, parameters, then Nones but
-    # for a given codebook's, the ninth.
-    grads = (result[0], None, result[1:1 + len(parameters)])
+    result = quantize_backward(x, ctx.handle, ctx.training, grad_quantized, grad_losses, mask, ctx.freeze_codebook,
+                               ticket, codebook)
+    # One entry per input the op was given (see _setup_context): x, parameters, then Nones but for a
+    # given codebook's, the eighth.
+    grads = (result[0], result[1:1 + ctx.parameters])
     grads = grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
     if codebook is not None:
-        grads = grads[:8] + (result[-1],) + grads[9:]
+        grads = grads[:7] + (result[-1],) + grads[8:]
     return grads
 
 
@@ -128,53 +143,59 @@ quantize.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("lockstep::vq_initialise", mutates_args=())
-def vq_initialise(x: torch.Tensor, passed: torch.Tensor, step: torch.Tensor, handle: int, run: bool,
-                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A copy of `passed`, taken once VQ's k-means initialisation on tokens x (b, n, dim) has run (Vq::initialise,
-    its collectives over the module's group; nothing unless `run`, nothing once initialised): what reads the
-    initialised codebook takes it, so that the graph keeps the op and its order (a vq_bridge's codebook,
-    RandomProjectionQuantizer's tokens). The gradient passes to `passed`."""
+def vq_initialise(x: torch.Tensor, passed: torch.Tensor, handle: int, run: bool, mask: Optional[torch.Tensor] = None,
+                  codebook: bool = False) -> torch.Tensor:
+    """A copy of `passed`, or with `codebook` of the module's codebook (`passed` then a copy of it, the slot of its
+    gradient, since the k-means writes the codebook itself), taken once VQ's k-means initialisation on tokens x
+    (b, n, dim) has run (Vq::initialise, its collectives over the module's group; nothing unless `run`, nothing
+    once initialised): what reads the initialised codebook takes it, so that the graph keeps the op and its order
+    (a vq_bridge's codebook, RandomProjectionQuantizer's tokens). The gradient passes to `passed`."""
     module = _module(handle)
     if run:
-        module._core.initialise(x, True, module.seed, step, module._lazy_group(), mask)
-    return passed.clone()
+        module._core.initialise(x, True, module.seed, module._steps, module._lazy_group(), mask)
+    return (module._codebook.embed if codebook else passed).clone()
 
 
 @vq_initialise.register_fake
-def _(x, passed, step, handle, run, mask=None):
+def _(x, passed, handle, run, mask=None, codebook=False):
     return torch.empty_like(passed)
 
 
 def _initialise_backward(ctx, grad):
-    return None, grad, None, None, None, None
+    return (None, grad) + (None,) * (ctx.inputs - 2)
 
 
-vq_initialise.register_autograd(_initialise_backward)
+def _initialise_setup(ctx, inputs, output):
+    ctx.inputs = len(inputs)  # trailing arguments left at their defaults may be absent
+
+
+vq_initialise.register_autograd(_initialise_backward, setup_context=_initialise_setup)
 
 
 @torch.library.custom_op("lockstep::residual_initialise", mutates_args=())
-def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], step: torch.Tensor, handle: int, run: bool,
+def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], handle: int, run: bool,
                         mask: Optional[torch.Tensor] = None, freeze_codebook: bool = False,
                         beam_size: Optional[int] = None, sample_codebook_temp: Optional[float] = None,
                         dropout_layers: int = 0) -> List[torch.Tensor]:
-    """Copies of `passed` (the layers' codebooks), taken once ResidualVQ's layers have run their k-means
-    initialisation on tokens x (b, n, dim) (liblockstep's stack, each layer's codes before it made by the module's
-    vq_bridge from its initialised codebook; its collectives over the module's group; nothing unless `run`,
-    nothing once initialised): the bridge reads the copies, so the graph keeps the op before it. The gradients
-    pass to `passed`."""
+    """Copies of the layers' codebooks (the first layer's alone when shared), taken once ResidualVQ's layers have
+    run their k-means initialisation on tokens x (b, n, dim) (liblockstep's stack, each layer's codes before it
+    made by the module's vq_bridge from its initialised codebook; its collectives over the module's group; nothing
+    unless `run`, nothing once initialised): the bridge reads the copies, so the graph keeps the op before it.
+    `passed`: copies of those codebooks, the slots of their gradients (the k-means writes the codebooks
+    themselves), to which the gradients pass."""
     module = _module(handle)
     if run and not module._layers_initialised():  # else the stack's call is waste
         def bridged(layer):
             with torch.no_grad():
                 return module._bridged_layer(layer).float()
 
-        module._core.initialise(x, True, module.seed, step, module._lazy_group(), mask, freeze_codebook,
-                                         beam_size, sample_codebook_temp, dropout_layers, bridged)
-    return [codebook.clone() for codebook in passed]
+        module._core.initialise(x, True, module.seed, module._steps, module._lazy_group(), mask, freeze_codebook,
+                                beam_size, sample_codebook_temp, dropout_layers, bridged)
+    return [module._layer_embed(q).clone() for q in range(len(passed))]
 
 
 @residual_initialise.register_fake
-def _(x, passed, step, handle, run, mask=None, freeze_codebook=False, beam_size=None, sample_codebook_temp=None,
+def _(x, passed, handle, run, mask=None, freeze_codebook=False, beam_size=None, sample_codebook_temp=None,
       dropout_layers=0):
     return [torch.empty_like(codebook) for codebook in passed]
 

@@ -519,9 +519,11 @@ class LockstepQuantizer(nn.Module):
                 raise ValueError(f"lockstep.{type(self).__name__}: update_in_forward runs in eager mode only (under "
                                  "torch.compile a training call's update waits for its backward)")
             loss_names, _ = self._compile_signature()
-            parameters = [self.get_parameter(name) for name in self._parameter_names]
-            values = torch.ops.lockstep.quantize(x, self._steps, parameters, self._handle, self.training,
-                                                 torch.is_grad_enabled(), mask, bool(freeze_codebook), codebook)
+            # The slots of the parameters' gradients; none without them (a whole step, whose update may write them).
+            grad_mode = torch.is_grad_enabled()
+            parameters = [self.get_parameter(name) for name in self._parameter_names] if grad_mode else []
+            values = torch.ops.lockstep.quantize(x, parameters, self._handle, self.training, grad_mode, mask,
+                                                 bool(freeze_codebook), codebook)
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
         now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook)

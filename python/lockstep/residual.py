@@ -399,7 +399,8 @@ class ResidualVQ(_Residual):
         if not torch.compiler.is_compiling() and (not run or self._layers_initialised()):
             return embeds
         tokens = self._tokens_of(x, self.accept_image_fmap)[0].float()
-        return _ops.residual_initialise(tokens.detach(), embeds, self._steps, self._handle, run, mask,
+        copies = [embed.clone() for embed in embeds]  # the k-means writes the codebooks themselves
+        return _ops.residual_initialise(tokens.detach(), copies, self._handle, run, mask,
                                         bool(self.freeze_codebook or freeze_codebook),
                                         None if beam_size is None else int(beam_size),
                                         per_call.get("sample_codebook_temp"), per_call.get("dropout_layers", 0))

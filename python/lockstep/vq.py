@@ -406,11 +406,12 @@ class VectorQuantize(LockstepQuantizer):
         RandomProjectionQuantizer's, which runs in evaluation and is initialised by its first call, as the
         reference's). Under compile through the custom op at every call (a copy once initialised): what reads
         the codebook takes its output, so the op comes first."""
-        passed = tokens if passed is None else passed
         if not self._spec[2].get("kmeans_init") or (not torch.compiler.is_compiling()
                                                     and (not run or bool(self._codebook.initted))):
-            return passed
-        return _ops.vq_initialise(tokens.float(), passed, self._steps, self._handle, run, mask)
+            return tokens if passed is None else passed
+        if passed is None:
+            return _ops.vq_initialise(tokens.float(), tokens, self._handle, run, mask)
+        return _ops.vq_initialise(tokens.float(), passed.clone(), self._handle, run, mask, codebook=True)
 
     def _codes_per_token(self, transform, x, maps, bridged):
         """forward(codebook_transform_fn=transform): transform(codebook) as the reference takes it, each token's own
