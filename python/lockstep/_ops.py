@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import torch
 
+from . import _C
+
 _modules = weakref.WeakValueDictionary()  # handle -> LockstepQuantizer: the ops take plain ints
 _next_handle = [0]
 # Ticket -> a training forward's recorded call (its graph, its state update), until its backward takes it or
@@ -53,17 +55,17 @@ def quantize(x: torch.Tensor, parameters: List[torch.Tensor], handle: int, train
         if parameters:
             raise RuntimeError("lockstep::quantize: a whole step (training, no grad mode) writes the parameters; "
                                "pass none")
-        out, indices, losses = module._core.quantize(x, True, module.seed, step, group, mask, freeze_codebook,
-                                                     codebook=codebook, update_in_forward=True)
+        call = _C.Call(mask=mask, freeze_codebook=freeze_codebook, codebook=codebook, update_in_forward=True)
+        out, indices, losses = module._core.quantize(x, True, module.seed, step, group, call)
         absent = [torch.zeros((), device=x.device) for _ in loss_names]  # one each: outputs may not alias
         return ([out, indices] + [losses.get(name, zero) for name, zero in zip(loss_names, absent)]
                 + [torch.zeros((), dtype=torch.int64)])
+    call = _C.Call(mask=mask, freeze_codebook=freeze_codebook, codebook=codebook)
     if not (training and grad_mode):  # no backward will come
         values = module._core.quantize_values(x, training, module.seed, step, group, grad_mode, list(loss_names),
-                                              mask, freeze_codebook, codebook)
+                                              call)
         return values + [torch.zeros((), dtype=torch.int64)]
-    values, recorded = module._core.quantize_recorded(x, training, module.seed, step, group, list(loss_names), mask,
-                                                      freeze_codebook, codebook)
+    values, recorded = module._core.quantize_recorded(x, training, module.seed, step, group, list(loss_names), call)
     number = next(_tickets)
     ticket = torch.tensor(number, dtype=torch.int64)
     _recorded[number] = recorded
@@ -189,8 +191,9 @@ def residual_initialise(x: torch.Tensor, passed: List[torch.Tensor], handle: int
             with torch.no_grad():
                 return module._bridged_layer(layer).float()
 
-        module._core.initialise(x, True, module.seed, module._steps, module._lazy_group(), mask, freeze_codebook,
-                                beam_size, sample_codebook_temp, dropout_layers, bridged)
+        call = _C.Call(mask=mask, freeze_codebook=freeze_codebook, beam_size=beam_size,
+                       sample_codebook_temp=sample_codebook_temp, dropout_layers=dropout_layers)
+        module._core.initialise(x, True, module.seed, module._steps, module._lazy_group(), call, bridged)
     return [module._layer_embed(q).clone() for q in range(len(passed))]
 
 

@@ -496,15 +496,17 @@ class LockstepQuantizer(nn.Module):
             group = self._lazy_group() if self.training else None
             now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook, vq_call.get("token_codes"))
             if topk is not None:
+                call = _C.Call(mask=mask, freeze_codebook=bool(freeze_codebook), codebook=codebook,
+                               sample_codebook_temp=vq_call.get("sample_codebook_temp"),
+                               token_codes=vq_call.get("token_codes"), update_in_forward=now)
                 out, indices, code_loss, losses = self._core.topk(x, int(topk), self.training, self.seed,
-                                                                    self._steps, group, mask, bool(freeze_codebook),
-                                                                    codebook, vq_call.get("sample_codebook_temp"),
-                                                                    vq_call.get("token_codes"), update_in_forward=now)
+                                                                    self._steps, group, call)
                 if not now:
                     self._watch_for_backward(out)
                 return out, indices, {"code": code_loss, **losses}
-            result = self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                         codebook=codebook, update_in_forward=now, **vq_call)
+            call = _C.Call(mask=mask, freeze_codebook=bool(freeze_codebook), codebook=codebook,
+                           update_in_forward=now, **vq_call)
+            result = self._core.quantize(x, self.training, self.seed, self._steps, group, call)
             if not now:
                 self._watch_for_backward(result[0])
             return result
@@ -527,8 +529,8 @@ class LockstepQuantizer(nn.Module):
             return values[0], values[1], dict(zip(loss_names, values[2:-1]))  # last: the ticket to the recorded call
         group = self._lazy_group() if self.training else None
         now = self._forward_time_ema(vq_call) or self._whole_step_now(x, codebook)
-        result = self._core.quantize(x, self.training, self.seed, self._steps, group, mask, bool(freeze_codebook),
-                                     codebook=codebook, update_in_forward=now)
+        call = _C.Call(mask=mask, freeze_codebook=bool(freeze_codebook), codebook=codebook, update_in_forward=now)
+        result = self._core.quantize(x, self.training, self.seed, self._steps, group, call)
         if not now:
             self._watch_for_backward(result[0])
         return result

@@ -6,7 +6,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from . import _in_place, _ops
+from . import _C, _in_place, _ops
 from ._quantizer import (LockstepQuantizer, as_indices, check_floating, checked_temperature,
                          declare_reference_signature, declared_arguments, padding_mask)
 
@@ -471,7 +471,7 @@ class VectorQuantize(LockstepQuantizer):
         mask = padding_mask("lockstep.VectorQuantize", x, mask, None)
         group = self._lazy_group()
         self._core.update_indices(x.float(), as_indices("lockstep.VectorQuantize", indices), self.seed, self._steps,
-                                     group, mask, self.training)
+                                  group, self.training, _C.Call(mask=mask))
 
     update_ema_indices = update_indices  # the reference's other name for it
 

@@ -110,19 +110,17 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
           "quantize_values",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, bool grad_mode, const std::vector<std::string>& names,
-             std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook) {
+             const CallOptions& options) {
             py::gil_scoped_release no_gil;
             // The values alone (a call no backward follows): no graph is recorded, and grad_mode (the
             // caller's) decides only what it decides in eager, VQ's k-means initialisation.
             const at::AutoDispatchBelowAutograd no_graph;
             const torch::AutoGradMode caller(grad_mode);
-            const lockstep::quant::QuantizerOutput out = quantize_call(
-                q, x, training, seed, step, group, mask, freeze_codebook, nullptr, std::nullopt, codebook);
+            const lockstep::quant::QuantizerOutput out = quantize_call(q, x, training, seed, step, group, options);
             return values_of(out, names, x, /*kept=*/false);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("grad_mode"),
-          py::arg("loss_names"), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
-          py::arg("codebook") = py::none(),
+          py::arg("loss_names"), py::arg("call") = CallOptions{},
           "[quantized, indices, the losses named (0 where absent)] of quantize(), with no autograd graph and no "
           "state change (but VQ's k-means initialisation when grad_mode): torch.compile's forward where no "
           "backward follows.")
@@ -130,7 +128,7 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
           "quantize_recorded",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
              std::shared_ptr<lockstep::dist::LazyGroup> group, const std::vector<std::string>& names,
-             std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook) {
+             CallOptions options) {
             auto call = std::make_shared<RecordedCall>();
             std::vector<at::Tensor> values;
             {
@@ -138,9 +136,10 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
               const Recording recording;
               call->quantizer = std::static_pointer_cast<Quantizer>(q.shared_from_this());
               call->input = x.detach().requires_grad_(true);
-              if (codebook) call->given = codebook->detach().requires_grad_(true);
-              lockstep::quant::QuantizerOutput out = quantize_call(q, call->input, training, seed, step, group, mask,
-                                                                   freeze_codebook, nullptr, std::nullopt, call->given);
+              if (options.codebook) call->given = options.codebook->detach().requires_grad_(true);
+              options.codebook = call->given;
+              lockstep::quant::QuantizerOutput out =
+                  quantize_call(q, call->input, training, seed, step, group, options);
               differentiable_outputs(out, names, call->outputs, call->output_of);
               call->update = std::move(out.update);
               values = values_of(out, names, x, /*kept=*/true);
@@ -148,7 +147,7 @@ void bind_compiled_calls(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quan
             return py::make_tuple(values, call);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("loss_names"),
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
+          py::arg("call") = CallOptions{},
           "(quantize_values' list, a RecordedCall): a training forward with gradients, its graph kept for "
           "backward_recorded, which differentiates it instead of computing the call again; no state change (but "
           "VQ's k-means initialisation): torch.compile's forward where a backward follows.")

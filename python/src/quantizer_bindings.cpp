@@ -120,6 +120,45 @@ lockstep::quant::VqUpdate vq_update_from(const py::object& weight, bool accumula
 namespace lockstep::python {
 namespace {
 
+// lockstep._C.Call: one call's own arguments (CallOptions), by keyword; what a call leaves out is the plain call.
+void bind_call(py::module_& m) {
+  py::class_<CallOptions>(m, "Call",
+                          "One call's own arguments, each changing this call only: mask (b, n) bool keeps padding out "
+                          "of statistics and losses (0 and -1 there, quant/quantizer.h); freeze_codebook leaves the "
+                          "codebooks as they are; codebook: codes a module of the user's made (SimVQ's "
+                          "codebook_transform, a vq_bridge); residual-vq: beam_size, dropout_layers; VQ: "
+                          "ema_update_weight, accumulate and ema_update (the call's EMA update, quant/vq.h VqUpdate), "
+                          "sample_codebook_temp, token_codes (each token's own codes); LFQ: inv_temperature; FSP: "
+                          "fsp_eps; update_in_forward: a training call is a whole step.")
+      .def(py::init([](std::optional<at::Tensor> mask, bool freeze_codebook, std::optional<at::Tensor> codebook,
+                       std::optional<int64_t> beam_size, const py::object& ema_update_weight, bool accumulate,
+                       std::optional<bool> ema_update, std::optional<double> sample_codebook_temp,
+                       int64_t dropout_layers, std::optional<at::Tensor> token_codes,
+                       std::optional<double> inv_temperature, std::optional<double> fsp_eps, bool update_in_forward) {
+             CallOptions call;
+             call.mask = std::move(mask);
+             call.freeze_codebook = freeze_codebook;
+             call.codebook = std::move(codebook);
+             call.beam_size = beam_size;
+             if (!ema_update_weight.is_none() || accumulate || ema_update.has_value()) {
+               call.vq_update = vq_update_from(ema_update_weight, accumulate, ema_update);
+             }
+             call.sample_codebook_temp = sample_codebook_temp;
+             call.dropout_layers = dropout_layers;
+             call.token_codes = std::move(token_codes);
+             call.inv_temperature = inv_temperature;
+             call.fsp_eps = fsp_eps;
+             call.update_in_forward = update_in_forward;
+             return call;
+           }),
+           py::kw_only(), py::arg("mask") = py::none(), py::arg("freeze_codebook") = false,
+           py::arg("codebook") = py::none(), py::arg("beam_size") = py::none(),
+           py::arg("ema_update_weight") = py::none(), py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
+           py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
+           py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(),
+           py::arg("fsp_eps") = py::none(), py::arg("update_in_forward") = false);
+}
+
 // What every quantizer has: its sizes, quantize (the training and evaluation call), encode, decode and
 // its tensors.
 void bind_interface(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quantizer) {
@@ -130,33 +169,18 @@ void bind_interface(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quantizer
       .def(
           "quantize",
           [](Quantizer& q, const at::Tensor& x, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
-             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update,
-             std::optional<int64_t> beam_size, std::optional<at::Tensor> codebook,
-             std::optional<double> sample_codebook_temp, int64_t dropout_layers, std::optional<at::Tensor> token_codes,
-             std::optional<double> inv_temperature, std::optional<double> fsp_eps, bool update_in_forward) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, const CallOptions& call) {
             lockstep::quant::QuantizerOutput out;
-            const bool vq_call = !ema_update_weight.is_none() || accumulate || ema_update.has_value();
-            const lockstep::quant::VqUpdate vq_update =
-                vq_call ? vq_update_from(ema_update_weight, accumulate, ema_update) : lockstep::quant::VqUpdate{};
             {
               // Without the GIL, as torch's own collectives run: a Gloo worker that finishes a job
               // may need it (to free a Python object the job held) while holding the queue this
               // thread's next collective waits for, and both would wait forever.
               py::gil_scoped_release no_gil;
-              out = quantize_call(q, x, training, seed, step, group, mask, freeze_codebook,
-                                  vq_call ? &vq_update : nullptr, beam_size, codebook,
-                                  CallOptions{sample_codebook_temp,
-                                              inv_temperature,
-                                              dropout_layers,
-                                              token_codes,
-                                              {},
-                                              fsp_eps,
-                                              update_in_forward});
+              out = quantize_call(q, x, training, seed, step, group, call);
               if (training) {  // its update now (a whole step) or on backward (finish_training_call)
                 std::vector<at::Tensor> tensors{out.quantized};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
-                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), update_in_forward,
+                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), call.update_in_forward,
                                                group, step);
                 out.quantized = tensors[0];
                 size_t i = 1;
@@ -168,20 +192,12 @@ void bind_interface(py::class_<Quantizer, std::shared_ptr<Quantizer>>& quantizer
             return py::make_tuple(out.quantized, out.indices, losses);
           },
           py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("ema_update_weight") = py::none(),
-          py::arg("accumulate") = false, py::arg("ema_update") = py::none(), py::arg("beam_size") = py::none(),
-          py::arg("codebook") = py::none(), py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0,
-          py::arg("token_codes") = py::none(), py::arg("inv_temperature") = py::none(), py::arg("fsp_eps") = py::none(),
-          py::arg("update_in_forward") = false,
-          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}); `mask` (b, n) "
-          "bool keeps padding out of statistics and losses (0 and -1 there, quant/quantizer.h); `freeze_codebook` "
-          "leaves the codebooks as they are; VQ alone: ema_update_weight, accumulate and ema_update change the call's "
-          "EMA update (quant/vq.h, VqUpdate), token_codes each token's own codes (Vq::quantize_implicit); residual-vq "
-          "alone: beam_size, this call's beam search width; FSP alone: fsp_eps, the clamp epsilon. Issues no "
-          "collective (but VQ's k-means initialisation): in training with gradients, the statistics are reduced "
-          "over `group` and the state updated when backward reaches the outputs, and `step` (an int64 "
-          "tensor) advances then; with `update_in_forward`, a training call is a whole step: its update, "
-          "reduced over `group`, and the step's advance happen before it returns.")
+          py::arg("call") = CallOptions{},
+          "x: (b, n, dim) -> (quantized, int64 indices (b, n) or (b, n, k), {loss name: scalar}), with `call`'s own "
+          "arguments (Call). Issues no collective (but VQ's k-means initialisation): in training with gradients, the "
+          "statistics are reduced over `group` and the state updated when backward reaches the outputs, and `step` "
+          "(an int64 tensor) advances then; with the call's update_in_forward, a training call is a whole step: its "
+          "update, reduced over `group`, and the step's advance happen before it returns.")
       .def(
           "encode",
           [](Quantizer& q, const at::Tensor& x) {
@@ -238,26 +254,27 @@ void bind_vq(py::module_& m) {
       .def(
           "topk",
           [](Vq& q, const at::Tensor& x, int64_t k, bool training, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool freeze_codebook,
-             std::optional<at::Tensor> codebook, std::optional<double> sample_codebook_temp,
-             std::optional<at::Tensor> token_codes, bool update_in_forward) {
+             std::shared_ptr<lockstep::dist::LazyGroup> group, const CallOptions& call) {
+            LOCKSTEP_CHECK_ARG(!call.vq_update && !call.beam_size && !call.inv_temperature && !call.fsp_eps,
+                               "topk takes a call's mask, freeze_codebook, codebook, sample_codebook_temp, token_codes "
+                               "and update_in_forward only");
             lockstep::quant::VqTopk out;
             {
               py::gil_scoped_release no_gil;  // as quantize
               q.train(training);
-              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
-              ctx.freeze_codebook = freeze_codebook;
-              ctx.sample_codebook_temp = sample_codebook_temp;
-              if (codebook) ctx.codebook = *codebook;  // embed through the module's vq_bridge
-              const auto reducer = defer_training_updates(ctx, training, group, step, update_in_forward);
+              lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, call.mask);
+              ctx.freeze_codebook = call.freeze_codebook;
+              ctx.sample_codebook_temp = call.sample_codebook_temp;
+              if (call.codebook) ctx.codebook = *call.codebook;  // embed through the module's vq_bridge
+              const auto reducer = defer_training_updates(ctx, training, group, step, call.update_in_forward);
               const lockstep::quant::NoAutocast fp32;
               const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
-              out =
-                  token_codes ? q.quantize_topk_implicit(input, *token_codes, k, ctx) : q.quantize_topk(input, k, ctx);
+              out = call.token_codes ? q.quantize_topk_implicit(input, *call.token_codes, k, ctx)
+                                     : q.quantize_topk(input, k, ctx);
               if (training) {  // as quantize
                 std::vector<at::Tensor> tensors{out.quantized, out.code_loss};
                 for (const auto& [name, loss] : out.losses) tensors.push_back(loss);
-                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), update_in_forward,
+                tensors = finish_training_call(q, x, std::move(tensors), std::move(out.update), call.update_in_forward,
                                                group, step);
                 out.quantized = tensors[0];
                 out.code_loss = tensors[1];
@@ -270,33 +287,30 @@ void bind_vq(py::module_& m) {
             return py::make_tuple(out.quantized, out.indices, out.code_loss, losses);
           },
           py::arg("x"), py::arg("k"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("codebook") = py::none(),
-          py::arg("sample_codebook_temp") = py::none(), py::arg("token_codes") = py::none(),
-          py::arg("update_in_forward") = false,
+          py::arg("call") = CallOptions{},
           "VQ: each token's k best codes, x (b, n, dim) -> (quantized (b, n, k, dim), indices (b, n, k), each code's "
           "weighted commitment loss (b, n, k), {scalar loss name: value}) (quant/vq.h, Vq::quantize_topk); among "
           "each token's own codes `token_codes` (b * n, K, codebook_dim) when given (Vq::quantize_topk_implicit). No "
-          "EMA update; in training the step advances as quantize's (on backward, or with `update_in_forward` before it "
-          "returns).")
+          "EMA update; in training the step advances as quantize's (on backward, or with the call's update_in_forward "
+          "before it returns).")
       .def(
           "update_indices",
           [](Vq& q, const at::Tensor& x, const at::Tensor& indices, uint64_t seed, at::Tensor step,
-             std::shared_ptr<lockstep::dist::LazyGroup> group, std::optional<at::Tensor> mask, bool training,
-             const py::object& ema_update_weight, bool accumulate, std::optional<bool> ema_update) {
-            const lockstep::quant::VqUpdate vq_update = vq_update_from(ema_update_weight, accumulate, ema_update);
+             std::shared_ptr<lockstep::dist::LazyGroup> group, bool training, const CallOptions& call) {
             py::gil_scoped_release no_gil;
             q.train(training);
-            lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
+            lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, call.mask);
             ctx.defer_updates = true;  // run below, over the group, as a training step's update
             const lockstep::quant::NoAutocast fp32;
-            auto update = q.update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx, vq_update);
+            auto update = q.update_from(x.is_floating_point() ? x.to(at::kFloat) : x, indices, ctx,
+                                        call.vq_update.value_or(lockstep::quant::VqUpdate{}));
             apply_update(update, group, step);
           },
           py::arg("x"), py::arg("indices"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("training") = true, py::arg("ema_update_weight") = py::none(),
-          py::arg("accumulate") = false, py::arg("ema_update") = py::none(),
+          py::arg("training") = true, py::arg("call") = CallOptions{},
           "VQ: the EMA update (and, in training, dead-code replacement) of tokens x (b, n, dim) with codes chosen "
-          "elsewhere, `indices` (b, n) (-1: not counted), now: its statistics are reduced over `group` at once "
+          "elsewhere, `indices` (b, n) (-1: not counted; the call's mask and EMA arguments), now: its statistics are "
+          "reduced over `group` at once "
           "(every rank of it must call this), then the step advances (quant/vq.h, Vq::update_from).")
       .def(
           "update_ema", [](Vq& q) { q.update_ema(); },
@@ -333,10 +347,8 @@ void bind_residual(py::module_& m) {
       .def(
           "initialise",
           [](Residual& q, const at::Tensor& x, bool training, uint64_t seed, const at::Tensor& step,
-             const std::shared_ptr<lockstep::dist::LazyGroup>& group, std::optional<at::Tensor> mask,
-             bool freeze_codebook, std::optional<int64_t> beam_size, std::optional<double> sample_codebook_temp,
-             int64_t dropout_layers, const py::function& layer_codebook) {
-            CallOptions call{sample_codebook_temp, std::nullopt, dropout_layers, std::nullopt, {}, std::nullopt};
+             const std::shared_ptr<lockstep::dist::LazyGroup>& group, CallOptions call,
+             const py::function& layer_codebook) {
             // By pointer: the function is copied into the call without the GIL, which a py::function's copy needs.
             const py::function* make = &layer_codebook;
             call.layer_codebook = [make](int64_t layer) {
@@ -347,12 +359,10 @@ void bind_residual(py::module_& m) {
             // The call quantize() with these arguments makes, whatever the grad mode (the caller calls this for
             // a call that may change state); its output and its deferred update are dropped: k-means alone stays.
             const at::AutoGradMode with_gradients(true);
-            quantize_call(q, x.detach(), training, seed, step, group, mask, freeze_codebook, nullptr, beam_size,
-                          std::nullopt, call);
+            quantize_call(q, x.detach(), training, seed, step, group, call);
           },
-          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group") = nullptr,
-          py::arg("mask") = py::none(), py::arg("freeze_codebook") = false, py::arg("beam_size") = py::none(),
-          py::arg("sample_codebook_temp") = py::none(), py::arg("dropout_layers") = 0, py::arg("layer_codebook"),
+          py::arg("x"), py::arg("training"), py::arg("seed"), py::arg("step"), py::arg("group"), py::arg("call"),
+          py::arg("layer_codebook"),
           "Residual VQ: the layers' k-means initialisation a training quantize() with these arguments runs, each "
           "layer's from its residual, the codes of the layers before made by `layer_codebook(l)` (a (1, K_l, "
           "codebook_dim) tensor, made once layer l is initialised: a vq_bridge's of its codebook); nothing else "
@@ -465,6 +475,7 @@ void bind_fsp(py::module_& m) {
 }  // namespace
 
 void bind_quantizer(py::module_& m) {
+  bind_call(m);  // first: the calls below default their `call` to one
   py::class_<Quantizer, std::shared_ptr<Quantizer>> quantizer(m, "Quantizer");
   bind_interface(quantizer);
   bind_compiled_calls(quantizer);

@@ -75,40 +75,37 @@ std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
-                                               const lockstep::quant::VqUpdate* vq_update,
-                                               std::optional<int64_t> beam_size,
-                                               const std::optional<at::Tensor>& codebook, const CallOptions& call) {
+                                               const CallOptions& call) {
   q.train(training);
-  lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, mask);
-  ctx.freeze_codebook = freeze_codebook;
+  lockstep::quant::QuantizeContext ctx = call_context(x, seed, step, group, call.mask);
+  ctx.freeze_codebook = call.freeze_codebook;
   ctx.sample_codebook_temp = call.sample_codebook_temp;
   ctx.inv_temperature = call.inv_temperature;
   ctx.dropout_layers = call.dropout_layers;
   ctx.layer_codebook = call.layer_codebook;
   ctx.fsp_eps = call.fsp_eps;
-  if (codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
+  if (call.codebook) {  // the codes of a module of the user's (SimVQ's codebook_transform, VQ's vq_bridge)
     LOCKSTEP_CHECK_ARG(
         dynamic_cast<lockstep::quant::SimVq*>(&q) || dynamic_cast<lockstep::quant::Vq*>(&q) ||
             q.kind() == "residual-simvq" || q.kind() == "residual-vq",
         "codes given to a ", q.kind(),
         " quantizer: only simvq, vq, residual-simvq and residual-vq (one codebook per layer) take a caller's "
         "codebook");
-    ctx.codebook = *codebook;
+    ctx.codebook = *call.codebook;
   }
   const auto reducer = defer_training_updates(ctx, training, group, step, call.update_in_forward);
   // In float32 whatever torch.autocast says (quant/autocast.h).
   const lockstep::quant::NoAutocast fp32;
   const at::Tensor input = x.is_floating_point() ? x.to(at::kFloat) : x;
   if (call.token_codes) {
-    LOCKSTEP_CHECK_ARG(!vq_update, "each token's own codes take no per-call EMA arguments");
+    LOCKSTEP_CHECK_ARG(!call.vq_update, "each token's own codes take no per-call EMA arguments");
     return as_vq(q).quantize_implicit(input, *call.token_codes, ctx);
   }
-  if (vq_update) return as_vq(q).quantize_with(input, ctx, *vq_update);
-  if (beam_size) {
+  if (call.vq_update) return as_vq(q).quantize_with(input, ctx, *call.vq_update);
+  if (call.beam_size) {
     auto* residual = dynamic_cast<lockstep::quant::Residual*>(&q);
     LOCKSTEP_CHECK_ARG(residual, "a beam size given to a ", q.kind(), " quantizer, not a residual one");
-    return residual->quantize_beam(input, ctx, *beam_size);
+    return residual->quantize_beam(input, ctx, *call.beam_size);
   }
   return q.quantize(input, ctx);
 }

@@ -21,11 +21,17 @@ namespace lockstep::python {
 
 using lockstep::quant::Quantizer;
 
-// A forward's own arguments that change how this call searches (the reference's forward arguments).
+// One call's own arguments, the reference's forward arguments and lockstep's (lockstep._C.Call): each changes
+// this call only; the defaults make the plain call.
 struct CallOptions {
-  std::optional<double> sample_codebook_temp;  // VQ: the sampling temperature in place of the option's
-  std::optional<double> inv_temperature;       // LFQ: the inverse temperature in place of the option's
-  int64_t dropout_layers = 0;                  // residual quantize dropout: the layers run (0: drawn)
+  std::optional<at::Tensor> mask;      // (b, n) bool: padding, kept out of statistics and losses
+  bool freeze_codebook = false;        // the codebooks stay as they are
+  std::optional<at::Tensor> codebook;  // codes of a module of the user's (SimVQ's codebook_transform, a vq_bridge)
+  std::optional<int64_t> beam_size;    // residual-vq: this call's beam search width
+  std::optional<lockstep::quant::VqUpdate> vq_update;  // VQ: this call's EMA update arguments
+  std::optional<double> sample_codebook_temp;          // VQ: the sampling temperature in place of the option's
+  std::optional<double> inv_temperature;               // LFQ: the inverse temperature in place of the option's
+  int64_t dropout_layers = 0;                          // residual quantize dropout: the layers run (0: drawn)
   // VQ: each token's own codes (b * n, K, codebook_dim), differentiable (the reference's codebook_transform_fn).
   std::optional<at::Tensor> token_codes;
   // Residual stacks: each layer's codes made when the layer comes (QuantizeContext::layer_codebook).
@@ -67,10 +73,6 @@ std::unique_ptr<lockstep::dist::BackwardReducer> defer_training_updates(
 lockstep::quant::QuantizerOutput quantize_call(Quantizer& q, const at::Tensor& x, bool training, uint64_t seed,
                                                const at::Tensor& step,
                                                const std::shared_ptr<lockstep::dist::LazyGroup>& group,
-                                               const std::optional<at::Tensor>& mask, bool freeze_codebook,
-                                               const lockstep::quant::VqUpdate* vq_update = nullptr,
-                                               std::optional<int64_t> beam_size = std::nullopt,
-                                               const std::optional<at::Tensor>& codebook = std::nullopt,
                                                const CallOptions& call = {});
 
 // The end of a training call: with `in_forward` (a whole step) its `update` runs and the step advances now; else,
