@@ -84,8 +84,8 @@ py::object as_python_exception(std::exception_ptr error) {
 }
 
 // The Python modules' name of an option type (_quantizer.declared_arguments casts to it).
-const char* option_type_name(lockstep::quant::OptionSpec::Type type) {
-  using Type = lockstep::quant::OptionSpec::Type;
+const char* option_type_name(lockstep::ValueType type) {
+  using Type = lockstep::ValueType;
   switch (type) {
     case Type::Bool:
       return "bool";

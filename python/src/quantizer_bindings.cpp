@@ -29,12 +29,12 @@
 #include "lockstep/quant/vq.h"
 #include "quantizer_calls.h"
 
+using lockstep::Value;
 using lockstep::python::hold_for_threads;
 using lockstep::python::translate_for_autograd;
 using lockstep::quant::Fsp;
 using lockstep::quant::Fsq;
 using lockstep::quant::Lfq;
-using lockstep::quant::OptionValue;
 using lockstep::quant::Quantizer;
 using lockstep::quant::Residual;
 using lockstep::quant::Vq;
@@ -42,7 +42,7 @@ using lockstep::quant::Vq;
 namespace {
 
 // A Python value (bool, int, float, list of ints) as the option it sets; TypeError naming it otherwise.
-OptionValue option_value(const std::string& key, const py::handle& value) {
+Value option_value(const std::string& key, const py::handle& value) {
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
@@ -69,7 +69,7 @@ OptionValue option_value(const std::string& key, const py::handle& value) {
 }
 
 std::shared_ptr<Quantizer> make(const std::string& name, const std::string& section, const py::dict& options) {
-  std::map<std::string, OptionValue> overrides;
+  std::map<std::string, Value> overrides;
   for (const auto& [key, value] : options) {
     const std::string k = py::str(key);
     // "key" is in `section`; "other.key" names another section (a residual quantizer's layers read theirs).

@@ -18,29 +18,11 @@ const OptionSpec* find_spec(const std::string& section, const std::string& key) 
   return nullptr;
 }
 
-const char* type_name(OptionSpec::Type t) {
-  switch (t) {
-    case OptionSpec::Type::Bool:
-      return "a bool";
-    case OptionSpec::Type::Int:
-      return "an integer";
-    case OptionSpec::Type::Float:
-      return "a number";
-    case OptionSpec::Type::IntList:
-      return "a list of integers";
-    case OptionSpec::Type::String:
-      return "a string";
-    case OptionSpec::Type::FloatList:
-      return "a list of numbers";
-  }
-  return "?";
-}
-
 // An override checked against its declaration: its key, its type (an integer is taken for a number)
 // and, for a string, its choices. Returns the value as declared; InvalidArgument naming the option.
 // The numeric limits stated here are the configuration's (KeySpec); the library's own, which the
 // options' validate() applies to whatever reads them, may be wider (FSQ levels up to 2^22).
-OptionValue checked_override(const std::string& name, const OptionValue& given) {
+Value checked_override(const std::string& name, const Value& given) {
   const auto dot = name.find('.');
   const OptionSpec* spec = dot == std::string::npos ? nullptr : find_spec(name.substr(0, dot), name.substr(dot + 1));
   if (spec == nullptr) {
@@ -54,22 +36,16 @@ OptionValue checked_override(const std::string& name, const OptionValue& given) 
                                                                   "'; the options of ", name.substr(0, dot), ": ",
                                                                   lockstep::detail::concat_list(keys)));
   }
-  OptionValue value = given;
-  if (spec->type == OptionSpec::Type::Float && std::holds_alternative<int64_t>(value)) {
+  Value value = given;
+  if (spec->type == ValueType::Float && std::holds_alternative<int64_t>(value)) {
     value = static_cast<double>(std::get<int64_t>(value));
   }
-  if (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<int64_t>>(value)) {
+  if (spec->type == ValueType::FloatList && std::holds_alternative<std::vector<int64_t>>(value)) {
     const auto& ints = std::get<std::vector<int64_t>>(value);  // [1, 2] is a list of numbers too
     value = std::vector<double>(ints.begin(), ints.end());
   }
-  const bool type_ok =
-      (spec->type == OptionSpec::Type::Bool && std::holds_alternative<bool>(value)) ||
-      (spec->type == OptionSpec::Type::Int && std::holds_alternative<int64_t>(value)) ||
-      (spec->type == OptionSpec::Type::Float && std::holds_alternative<double>(value)) ||
-      (spec->type == OptionSpec::Type::IntList && std::holds_alternative<std::vector<int64_t>>(value)) ||
-      (spec->type == OptionSpec::Type::String && std::holds_alternative<std::string>(value)) ||
-      (spec->type == OptionSpec::Type::FloatList && std::holds_alternative<std::vector<double>>(value));
-  LOCKSTEP_CHECK_ARG(type_ok, "quantizer option '", name, "' must be ", type_name(spec->type));
+  LOCKSTEP_CHECK_ARG(static_cast<ValueType>(value.index()) == spec->type, "quantizer option '", name, "' must be ",
+                     describe_type(spec->type));
   if (const auto* text = std::get_if<std::string>(&value)) {
     LOCKSTEP_CHECK_ARG(
         spec->choices.empty() || std::find(spec->choices.begin(), spec->choices.end(), *text) != spec->choices.end(),
@@ -80,22 +56,22 @@ OptionValue checked_override(const std::string& name, const OptionValue& given) 
 }
 
 template <typename T>
-T declared(const std::string& section, const std::string& key, const std::map<std::string, OptionValue>& overrides) {
+T declared(const std::string& section, const std::string& key, const std::map<std::string, Value>& overrides) {
   const std::string name = section + "." + key;
   const OptionSpec* spec = find_spec(section, key);
   LOCKSTEP_CHECK_ARG(spec != nullptr, "no quantizer option '", name, "' is declared");
-  const OptionValue* value = &spec->default_value;
+  const Value* value = &spec->default_value;
   if (auto it = overrides.find(name); it != overrides.end()) value = &it->second;
   LOCKSTEP_CHECK_ARG(std::holds_alternative<T>(*value), "quantizer option '", name, "' is read as another type");
   return std::get<T>(*value);
 }
 }  // namespace
 
-OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides) {
+OptionReader default_option_reader(const std::string& section, std::map<std::string, Value> overrides) {
   // Every override is a declared option of its type: a misspelt key is an error here, as in the
   // configuration, not a value silently left unread.
   for (auto& [name, value] : overrides) value = checked_override(name, value);
-  const auto o = std::make_shared<const std::map<std::string, OptionValue>>(std::move(overrides));
+  const auto o = std::make_shared<const std::map<std::string, Value>>(std::move(overrides));
   OptionReader r;
   r.integer = [section, o](const std::string& key) { return declared<int64_t>(section, key, *o); };
   r.real = [section, o](const std::string& key) { return declared<double>(section, key, *o); };

@@ -17,58 +17,28 @@
 namespace lockstep::quant {
 namespace {
 
-// Chains limits onto one option, as the configuration's KeySpec does.
-struct Spec {
-  OptionSpec s;
-  Spec& at_least(double lo) { return s.min = lo, s.min_exclusive = false, *this; }
-  Spec& greater_than(double lo) { return s.min = lo, s.min_exclusive = true, *this; }
-  Spec& at_most(double hi) { return s.max = hi, s.max_exclusive = false, *this; }
-  Spec& less_than(double hi) { return s.max = hi, s.max_exclusive = true, *this; }
-  Spec& in_range(double lo, double hi) { return at_least(lo).at_most(hi); }
-  Spec& length(size_t lo, size_t hi) { return s.min_len = lo, s.max_len = hi, *this; }
-  operator OptionSpec() const { return s; }  // NOLINT: a builder
-};
-
-Spec option(std::string key, OptionSpec::Type type, decltype(OptionSpec::default_value) value, std::string help) {
-  Spec spec;
-  spec.s.key = std::move(key);
-  spec.s.type = type;
-  spec.s.default_value = std::move(value);
-  spec.s.help = std::move(help);
+OptionSpec option(std::string key, Value value, std::string help, Limits limits = {}) {
+  OptionSpec spec;
+  spec.key = std::move(key);
+  spec.type = static_cast<ValueType>(value.index());
+  spec.default_value = std::move(value);
+  spec.help = std::move(help);
+  spec.limits = limits;
   return spec;
 }
-Spec boolean(std::string key, bool value, std::string help) {
-  return option(std::move(key), OptionSpec::Type::Bool, value, std::move(help));
+OptionSpec boolean(std::string key, bool value, std::string help) {
+  return option(std::move(key), value, std::move(help));
 }
-Spec integer(std::string key, int64_t value, std::string help) {
-  return option(std::move(key), OptionSpec::Type::Int, value, std::move(help));
+OptionSpec integer(std::string key, int64_t value, std::string help, Limits limits = {}) {
+  return option(std::move(key), value, std::move(help), limits);
 }
-Spec int_list(std::string key, std::vector<int64_t> value, std::string help) {
-  return option(std::move(key), OptionSpec::Type::IntList, std::move(value), std::move(help));
+OptionSpec int_list(std::string key, std::vector<int64_t> value, std::string help, Limits limits = {}) {
+  return option(std::move(key), std::move(value), std::move(help), limits);
 }
-Spec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
-  Spec spec = option(std::move(key), OptionSpec::Type::String, std::move(value), std::move(help));
-  spec.s.choices = std::move(choices);
+OptionSpec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
+  OptionSpec spec = option(std::move(key), std::move(value), std::move(help));
+  spec.choices = std::move(choices);
   return spec;
-}
-
-// The option type of a field's C++ type.
-template <typename T>
-OptionSpec::Type type_of() {
-  if constexpr (std::is_same_v<T, bool>) {
-    return OptionSpec::Type::Bool;
-  } else if constexpr (std::is_same_v<T, int64_t>) {
-    return OptionSpec::Type::Int;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return OptionSpec::Type::Float;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return OptionSpec::Type::String;
-  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-    return OptionSpec::Type::IntList;
-  } else {
-    static_assert(std::is_same_v<T, std::vector<double>>, "a field's type is one of OptionSpec's");
-    return OptionSpec::Type::FloatList;
-  }
 }
 
 // The options an options struct declares in its field list (option_fields.h), after the section's
@@ -76,15 +46,8 @@ OptionSpec::Type type_of() {
 template <typename Options>
 void append_fields(OptionSection& section, const Options& defaults) {
   Options::visit_fields(defaults,
-                        [&section](const char* key, const auto& value, const FieldLimits& limits, const char* help) {
-                          Spec spec = option(key, type_of<std::decay_t<decltype(value)>>(), value, help);
-                          spec.s.min = limits.min;
-                          spec.s.max = limits.max;
-                          spec.s.min_exclusive = limits.min_exclusive;
-                          spec.s.max_exclusive = limits.max_exclusive;
-                          spec.s.min_len = limits.min_len;
-                          spec.s.max_len = limits.max_len;
-                          section.options.push_back(spec);
+                        [&section](const char* key, const auto& value, const Limits& limits, const char* help) {
+                          section.options.push_back(option(key, value, help, limits));
                         });
 }
 
@@ -99,7 +62,7 @@ void insert_after(OptionSection& section, const std::string& key, const std::vec
 // Every field an options struct declares (option_fields.h), read under its own name as its type.
 template <typename Options>
 void read_fields(const OptionReader& o, Options& options) {
-  Options::visit_fields(options, [&o](const char* key, auto& value, const FieldLimits&, const char*) {
+  Options::visit_fields(options, [&o](const char* key, auto& value, const Limits&, const char*) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, bool>) value = o.boolean(key);
     if constexpr (std::is_same_v<T, int64_t>) value = o.integer(key);
@@ -146,12 +109,11 @@ OptionSection fsq_section() {
   OptionSection section{
       "fsq",
       {int_list("levels", kFsqLevels,
-                "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
-           .in_range(2, 256)
-           .length(1, 16),
+                "FSQ levels per latent channel; the codebook size is their product (8*5*5*5 = 1000).",
+                Limits().in_range(2, 256).length(1, 16)),
        integer("dim", 0,
-               "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-           .in_range(0, 4096)},
+               "Channels fed to FSQ, projected to len(levels) x num_codebooks and back; 0 means no projection.",
+               Limits().in_range(0, 4096))},
       [](const OptionReader& o) { fsq_options(o).validate(); }};
   append_fields(section, FsqOptions(kFsqLevels));
   return section;
@@ -168,12 +130,12 @@ OptionSection lfq_section() {
   OptionSection section{
       "lfq",
       {integer("codebook_size", kLfqCodebookSize,
-               "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.")
-           .in_range(2, 1 << 24),
+               "LFQ codebook size K, a power of two; the latent has log2 K channels, one bit each.",
+               Limits().in_range(2, 1 << 24)),
        integer("dim", 0,
                "Channels fed to LFQ, projected to num_codebooks x log2 K bits and back; 0 means num_codebooks x "
-               "log2 K.")
-           .in_range(0, 4096)},
+               "log2 K.",
+               Limits().in_range(0, 4096))},
       [](const OptionReader& o) { lfq_options(o).validate(); }};
   append_fields(section, LfqOptions(kLfqCodebookSize));
   return section;
@@ -191,8 +153,9 @@ OptionSection vq_section() {
   const VqOptions d(kVqDim, kVqCodebookSize);
   OptionSection section{
       "vq",
-      {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.").in_range(1, 4096),
-       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20)},
+      {integer("dim", kVqDim, "Channels of each latent token, the length of each code vector.",
+               Limits().in_range(1, 4096)),
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.", Limits().in_range(1, 1 << 20))},
       [](const OptionReader& o) { vq_options(o).validate(); }};
   append_fields(section, d);
   // What VqOptions holds otherwise, each after the key it has always followed.
@@ -207,8 +170,8 @@ OptionSection vq_section() {
                         "(needs rotation_trick = false and threshold_ema_dead_code > 0; no commitment loss).")});
   insert_after(section, "separate_codebook_per_head",
                {integer("codebook_dim", 0,
-                        "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.")
-                    .in_range(0, 4096)});
+                        "Length of each code; projections in and out when heads x codebook_dim != dim; 0 means dim.",
+                        Limits().in_range(0, 4096))});
   return section;
 }
 
@@ -222,11 +185,11 @@ SimVqOptions simvq_options(const OptionReader& o) {
 OptionSection simvq_section() {
   OptionSection section{
       "simvq",
-      {integer("dim", kVqDim, "Channels of each latent token, the length of each code the map gives.")
-           .in_range(1, 4096),
-       integer("codebook_size", kVqCodebookSize, "Number of codes K.").in_range(1, 1 << 20),
-       integer("frozen_codebook_dim", 0, "Length of the frozen random codes the linear map reads; 0 means dim.")
-           .in_range(0, 4096)},
+      {integer("dim", kVqDim, "Channels of each latent token, the length of each code the map gives.",
+               Limits().in_range(1, 4096)),
+       integer("codebook_size", kVqCodebookSize, "Number of codes K.", Limits().in_range(1, 1 << 20)),
+       integer("frozen_codebook_dim", 0, "Length of the frozen random codes the linear map reads; 0 means dim.",
+               Limits().in_range(0, 4096))},
       [](const OptionReader& o) { simvq_options(o).validate(); }};
   append_fields(section, SimVqOptions(kVqDim, kVqCodebookSize));
   return section;
@@ -242,11 +205,10 @@ LatentQuantizeOptions latent_options(const OptionReader& o) {
 OptionSection latent_section() {
   OptionSection section{
       "latent",
-      {int_list("levels", kFsqLevels, "Values per latent channel; the codebook size is their product (8*5*5*5 = 1000).")
-           .in_range(2, 256)
-           .length(1, 16),
-       integer("dim", 0, "Channels fed in, projected to len(levels) x num_codebooks and back; 0 means no projection.")
-           .in_range(0, 4096)},
+      {int_list("levels", kFsqLevels, "Values per latent channel; the codebook size is their product (8*5*5*5 = 1000).",
+                Limits().in_range(2, 256).length(1, 16)),
+       integer("dim", 0, "Channels fed in, projected to len(levels) x num_codebooks and back; 0 means no projection.",
+               Limits().in_range(0, 4096))},
       [](const OptionReader& o) { latent_options(o).validate(); }};
   append_fields(section, LatentQuantizeOptions(kFsqLevels));
   return section;
@@ -264,11 +226,10 @@ OptionSection fsp_section() {
   const FspOptions d(kFsqLevels);
   OptionSection section{
       "fsp",
-      {int_list("levels", kFsqLevels, "FSP bins per latent channel; the codebook size is their product.")
-           .in_range(2, 1 << 22)
-           .length(1, 16),
-       integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.")
-           .in_range(0, 4096)},
+      {int_list("levels", kFsqLevels, "FSP bins per latent channel; the codebook size is their product.",
+                Limits().in_range(2, 1 << 22).length(1, 16)),
+       integer("dim", 0, "Channels fed in, projected to len(levels) and back; 0 means no projection.",
+               Limits().in_range(0, 4096))},
       [](const OptionReader& o) { fsp_options(o).validate(); }};
   append_fields(section, d);
   insert_after(
@@ -292,11 +253,12 @@ ResidualOptions residual_options(const OptionReader& o) {
 OptionSection residual_section() {
   OptionSection section{
       "residual",
-      {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.").in_range(1, 64)},
+      {integer("num_quantizers", kResidualLayers, "Layers of the residual-* quantizers.", Limits().in_range(1, 64))},
       [](const OptionReader& o) { residual_options(o).validate(); }};
   append_fields(section, ResidualOptions(kResidualLayers));
-  insert_after(section, "beam_size",
-               {integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.").at_least(0)});
+  insert_after(
+      section, "beam_size",
+      {integer("eval_beam_size", 0, "residual-vq: the beam in evaluation; 0 means beam_size.", Limits().at_least(0))});
   return section;
 }
 
@@ -304,8 +266,8 @@ OptionSection grouped_section() {
   OptionSection section{"grouped",
                         {integer("groups", 2,
                                  "Groups of the grouped-* quantizers: the latent is split into this many equal parts, "
-                                 "each quantized by its own residual quantizer.")
-                             .in_range(1, 64)},
+                                 "each quantized by its own residual quantizer.",
+                                 Limits().in_range(1, 64))},
                         [](const OptionReader& o) {
                           LOCKSTEP_CHECK_ARG(o.integer("groups") >= 1, "grouped: groups = ", o.integer("groups"),
                                              " must be >= 1");

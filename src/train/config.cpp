@@ -42,24 +42,20 @@ std::string describe_value(const Value& v) {
 // Throws when the number `x` (shown as `shown`, e.g. "model.channels[1] = 2000") breaks the limits.
 void check_number(const KeySpec& spec, double x, const std::string& shown, const std::string& where) {
   if (!std::isfinite(x)) fail(shown + " is not a finite number", where);
-  bool low = spec.min && (spec.min_exclusive ? x <= *spec.min : x < *spec.min);
-  bool high = spec.max && (spec.max_exclusive ? x >= *spec.max : x > *spec.max);
-  if (low || high) fail(shown + " is out of range: must be " + range_text(spec), where);
+  if (!spec.limits.admits(x)) fail(shown + " is out of range: must be " + spec.limits.range_text(), where);
 }
 
 template <typename T>
 void check_list(const KeySpec& spec, const std::vector<T>& items, const std::string& where) {
-  bool short_ = spec.min_len && items.size() < *spec.min_len;
-  bool long_ = spec.max_len && items.size() > *spec.max_len;
-  if (short_ || long_) {
+  if (!spec.limits.admits_length(items.size())) {
     // A list of 60,000 elements is shown by its start, not echoed whole.
     const std::vector<T> start(items.begin(),
                                items.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(items.size(), 8)));
     std::string shown = format_list(start, [](T x) { return format_value(Value(x)); });
     if (start.size() < items.size()) shown.insert(shown.size() - 1, ", ...");
-    fail(
-        spec.key + " = " + shown + " has " + std::to_string(items.size()) + " elements, must have " + length_text(spec),
-        where);
+    fail(spec.key + " = " + shown + " has " + std::to_string(items.size()) + " elements, must have " +
+             spec.limits.length_text(),
+         where);
   }
   for (size_t i = 0; i < items.size(); ++i) {
     check_number(spec, static_cast<double>(items[i]),

@@ -8,23 +8,16 @@
 namespace lockstep::train {
 namespace {
 
-// One quantizer option as a key of the configuration ("quantizer.vq." + "decay").
+// One quantizer option as a key of the configuration ("quantizer.vq." + "decay"): the same type, default,
+// limits and choices.
 KeySpec key_spec(const std::string& prefix, const quant::OptionSpec& o) {
-  using Type = quant::OptionSpec::Type;
-  KeySpec k = o.type == Type::Bool    ? KeySpec::boolean(prefix + o.key, std::get<bool>(o.default_value), o.help)
-              : o.type == Type::Int   ? KeySpec::integer(prefix + o.key, std::get<int64_t>(o.default_value), o.help)
-              : o.type == Type::Float ? KeySpec::floating(prefix + o.key, std::get<double>(o.default_value), o.help)
-              : o.type == Type::String
-                  ? KeySpec::string(prefix + o.key, std::get<std::string>(o.default_value), o.help).one_of(o.choices)
-              : o.type == Type::FloatList
-                  ? KeySpec::float_list(prefix + o.key, std::get<std::vector<double>>(o.default_value), o.help)
-                  : KeySpec::int_list(prefix + o.key, std::get<std::vector<int64_t>>(o.default_value), o.help);
-  k.min = o.min;
-  k.max = o.max;
-  k.min_exclusive = o.min_exclusive;
-  k.max_exclusive = o.max_exclusive;
-  k.min_len = o.min_len;
-  k.max_len = o.max_len;
+  KeySpec k;
+  k.key = prefix + o.key;
+  k.type = o.type;
+  k.default_value = o.default_value;
+  k.help = o.help;
+  k.limits = o.limits;
+  k.choices = o.choices;
   return k;
 }
 

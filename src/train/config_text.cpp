@@ -1,4 +1,4 @@
-// Text helpers of the configuration (see config_text.h), and describe_type / format_value.
+// Text helpers of the configuration (see config_text.h), and format_value.
 #include "config_text.h"
 
 #include <charconv>
@@ -37,11 +37,6 @@ std::string format_double(double v) {
   return s;
 }
 
-std::string format_bound(double v) {
-  if (std::abs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
-  return format_double(v);
-}
-
 std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -64,25 +59,6 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
-std::string range_text(const KeySpec& spec) {
-  if (spec.min && spec.max) {
-    return std::string("in ") + (spec.min_exclusive ? "(" : "[") + format_bound(*spec.min) + ", " +
-           format_bound(*spec.max) + (spec.max_exclusive ? ")" : "]");
-  }
-  if (spec.min) return (spec.min_exclusive ? "> " : ">= ") + format_bound(*spec.min);
-  if (spec.max) return (spec.max_exclusive ? "< " : "<= ") + format_bound(*spec.max);
-  return "";
-}
-
-std::string length_text(const KeySpec& spec) {
-  if (spec.min_len && spec.max_len) {
-    return std::to_string(*spec.min_len) + " to " + std::to_string(*spec.max_len) + " elements";
-  }
-  if (spec.min_len) return "at least " + std::to_string(*spec.min_len) + " elements";
-  if (spec.max_len) return "at most " + std::to_string(*spec.max_len) + " elements";
-  return "";
-}
-
 bool is_bare_key(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
@@ -92,24 +68,6 @@ bool is_bare_key(const std::string& s) {
 }  // namespace config_text
 
 using namespace config_text;
-
-std::string describe_type(ValueType type) {
-  switch (type) {
-    case ValueType::Bool:
-      return "a boolean (true or false)";
-    case ValueType::Int:
-      return "an integer";
-    case ValueType::Float:
-      return "a number";
-    case ValueType::String:
-      return "a string";
-    case ValueType::IntList:
-      return "a list of integers";
-    case ValueType::FloatList:
-      return "a list of numbers";
-  }
-  return "?";
-}
 
 std::string format_value(const Value& value) {
   struct Formatter {

@@ -18,14 +18,8 @@ std::string trim(std::string_view s);
 std::string parent_of(const std::string& dotted);
 // Shortest text that reads back as the same double, always with a '.' or exponent.
 std::string format_double(double v);
-// Bounds are doubles; integral ones are shown without ".0" so integer limits read naturally.
-std::string format_bound(double v);
 // A TOML basic string, escaped.
 std::string quote(const std::string& s);
-// "in [1, 65536]", "> 0", ... or "" without limits.
-std::string range_text(const KeySpec& spec);
-// "1 to 5 elements", ... or "" without limits.
-std::string length_text(const KeySpec& spec);
 
 // Letters, digits, '_' and '-': a key part TOML accepts without quotes.
 bool is_bare_key(const std::string& s);

@@ -41,26 +41,25 @@ KeySpec KeySpec::float_list(std::string key, std::vector<double> d, std::string 
 }
 
 KeySpec& KeySpec::at_least(double lo) {
-  min = lo;
-  min_exclusive = false;
+  limits.at_least(lo);
   return *this;
 }
 KeySpec& KeySpec::greater_than(double lo) {
-  min = lo;
-  min_exclusive = true;
+  limits.greater_than(lo);
   return *this;
 }
 KeySpec& KeySpec::at_most(double hi) {
-  max = hi;
-  max_exclusive = false;
+  limits.at_most(hi);
   return *this;
 }
 KeySpec& KeySpec::less_than(double hi) {
-  max = hi;
-  max_exclusive = true;
+  limits.less_than(hi);
   return *this;
 }
-KeySpec& KeySpec::in_range(double lo, double hi) { return at_least(lo).at_most(hi); }
+KeySpec& KeySpec::in_range(double lo, double hi) {
+  limits.in_range(lo, hi);
+  return *this;
+}
 KeySpec& KeySpec::one_of(std::vector<std::string> allowed) {
   choices = std::move(allowed);
   return *this;
@@ -71,8 +70,7 @@ KeySpec& KeySpec::matching(std::string text, std::function<void(const std::strin
   return *this;
 }
 KeySpec& KeySpec::length(size_t lo, size_t hi) {
-  min_len = lo;
-  max_len = hi;
+  limits.length(lo, hi);
   return *this;
 }
 
@@ -98,9 +96,9 @@ std::string KeySpec::constraint_text() const {
   if (type == ValueType::String) return !choices.empty() ? "one of: " + join(choices) : check_text;
   if (type == ValueType::Int && !choices.empty()) return "one of: " + join(choices);
   bool list = type == ValueType::IntList || type == ValueType::FloatList;
-  std::string range = range_text(*this);
+  std::string range = limits.range_text();
   if (!list) return range;
-  std::string len = length_text(*this);
+  std::string len = limits.length_text();
   if (range.empty()) return len;
   return len.empty() ? "each " + range : len + ", each " + range;
 }

@@ -143,41 +143,40 @@ void expect_fields_declared_and_checked(const std::string& section, const Option
   }
   ASSERT_NE(declared, nullptr) << section;
   size_t fields = 0;
-  Options::visit_fields(
-      defaults, [&](const char* key, const auto& value, const quant::FieldLimits& limits, const char* help) {
-        using T = std::decay_t<decltype(value)>;
-        ++fields;
-        const quant::OptionSpec* spec = nullptr;
-        for (const auto& o : declared->options) {
-          if (o.key == key) spec = &o;
-        }
-        ASSERT_NE(spec, nullptr) << section << "." << key;
-        ASSERT_TRUE(std::holds_alternative<T>(spec->default_value)) << key;
-        EXPECT_EQ(std::get<T>(spec->default_value), value) << key;
-        EXPECT_TRUE(spec->min == limits.min && spec->min_exclusive == limits.min_exclusive) << key;
-        EXPECT_TRUE(spec->max == limits.max && spec->max_exclusive == limits.max_exclusive) << key;
-        EXPECT_EQ(spec->help, help) << key;
-        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-          std::vector<double> outside;
-          if (limits.min) outside.push_back(limits.min_exclusive ? *limits.min : *limits.min - 1);
-          if (limits.max) outside.push_back(limits.max_exclusive ? *limits.max : *limits.max + 1);
-          if (std::is_floating_point_v<T>) outside.push_back(std::numeric_limits<double>::quiet_NaN());
-          for (const double bad : outside) {
-            Options options = defaults;
-            Options::visit_fields(options, [&](const char* k, auto& v, const quant::FieldLimits&, const char*) {
-              if constexpr (std::is_same_v<std::decay_t<decltype(v)>, T>) {
-                if (std::string(k) == key) v = static_cast<T>(bad);
-              }
-            });
-            try {
-              options.validate();
-              ADD_FAILURE() << section << "." << key << " = " << bad << " accepted";
-            } catch (const InvalidArgument& e) {
-              EXPECT_NE(std::string(e.what()).find(section + ": " + key + " = "), std::string::npos) << e.what();
-            }
+  Options::visit_fields(defaults, [&](const char* key, const auto& value, const Limits& limits, const char* help) {
+    using T = std::decay_t<decltype(value)>;
+    ++fields;
+    const quant::OptionSpec* spec = nullptr;
+    for (const auto& o : declared->options) {
+      if (o.key == key) spec = &o;
+    }
+    ASSERT_NE(spec, nullptr) << section << "." << key;
+    ASSERT_TRUE(std::holds_alternative<T>(spec->default_value)) << key;
+    EXPECT_EQ(std::get<T>(spec->default_value), value) << key;
+    EXPECT_TRUE(spec->limits.min == limits.min && spec->limits.min_exclusive == limits.min_exclusive) << key;
+    EXPECT_TRUE(spec->limits.max == limits.max && spec->limits.max_exclusive == limits.max_exclusive) << key;
+    EXPECT_EQ(spec->help, help) << key;
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      std::vector<double> outside;
+      if (limits.min) outside.push_back(limits.min_exclusive ? *limits.min : *limits.min - 1);
+      if (limits.max) outside.push_back(limits.max_exclusive ? *limits.max : *limits.max + 1);
+      if (std::is_floating_point_v<T>) outside.push_back(std::numeric_limits<double>::quiet_NaN());
+      for (const double bad : outside) {
+        Options options = defaults;
+        Options::visit_fields(options, [&](const char* k, auto& v, const Limits&, const char*) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, T>) {
+            if (std::string(k) == key) v = static_cast<T>(bad);
           }
+        });
+        try {
+          options.validate();
+          ADD_FAILURE() << section << "." << key << " = " << bad << " accepted";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(section + ": " + key + " = "), std::string::npos) << e.what();
         }
-      });
+      }
+    }
+  });
   EXPECT_GT(fields, 0u);
   EXPECT_NO_THROW(defaults.validate());
 }
@@ -196,7 +195,7 @@ TEST(QuantizerDefaults, EveryDeclaredFieldIsItsSectionsOptionAndItsLimitsAreChec
 // choices is an error naming it; an integer is taken for a number. (Numeric limits are the
 // library's, which validate() applies: FSQ takes levels the configuration's limits do not.)
 TEST(QuantizerDefaults, EveryOverrideIsADeclaredOptionOfItsType) {
-  const auto message = [](std::map<std::string, quant::OptionValue> overrides) {
+  const auto message = [](std::map<std::string, Value> overrides) {
     try {
       quant::default_option_reader("vq", std::move(overrides));
     } catch (const InvalidArgument& e) {

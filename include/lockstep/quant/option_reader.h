@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace lockstep::quant {
@@ -23,8 +22,5 @@ struct OptionReader {
   std::function<std::vector<int64_t>(const std::string&)> int_list;
   std::function<std::vector<double>(const std::string&)> float_list;
 };
-
-// One option's value, in the order of OptionSpec::Type.
-using OptionValue = std::variant<bool, int64_t, double, std::vector<int64_t>, std::string, std::vector<double>>;
 
 }  // namespace lockstep::quant

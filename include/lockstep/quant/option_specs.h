@@ -11,26 +11,21 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "lockstep/core/setting.h"
 #include "lockstep/quant/option_reader.h"
 
 namespace lockstep::quant {
 
 struct OptionSpec {
-  enum class Type { Bool, Int, Float, IntList, String, FloatList };
   std::string key;  // within its section: "decay"
-  Type type = Type::Int;
-  OptionValue default_value;
-  std::string help;  // one line
-  // Limits of a number, or of each element of a list; strict when the flag says so.
-  std::optional<double> min, max;
-  bool min_exclusive = false, max_exclusive = false;
-  std::optional<size_t> min_len, max_len;  // lists
-  std::vector<std::string> choices;        // strings: the values allowed
+  ValueType type = ValueType::Int;
+  Value default_value;
+  std::string help;                  // one line
+  Limits limits;                     // of a number, of each element of a list, of a list's length
+  std::vector<std::string> choices;  // strings: the values allowed
 };
 
 // The options of one section of the configuration: "fsq", "lfq", "vq", "residual", ... (the layers
@@ -51,6 +46,6 @@ const std::vector<OptionSection>& quantizer_option_sections();
 // ({"vq.codebook_size", int64_t{64}}); section() reads the other sections the same way. Builds a
 // quantizer by name without a configuration: make_quantizer("vq", default_option_reader("vq")).
 // An override that is not declared, or of another type, throws InvalidArgument.
-OptionReader default_option_reader(const std::string& section, std::map<std::string, OptionValue> overrides = {});
+OptionReader default_option_reader(const std::string& section, std::map<std::string, Value> overrides = {});
 
 }  // namespace lockstep::quant

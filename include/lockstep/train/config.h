@@ -14,14 +14,11 @@
 #include <variant>
 #include <vector>
 
+#include "lockstep/core/setting.h"
+
 namespace lockstep::train {
 
-// The order matches Value's alternatives, so ValueType(value.index()) is the value's type.
-enum class ValueType { Bool, Int, Float, String, IntList, FloatList };
-using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
-
-// "an integer", "a list of numbers", ...: the wording used in error messages and the docs.
-std::string describe_type(ValueType type);
+// Value, ValueType, describe_type and Limits are core/setting.h's, shared with the quantizers' options.
 // The value as TOML writes it: true, 64, 0.002, "fsq", [8, 5, 5, 5]. Doubles round-trip exactly.
 std::string format_value(const Value& value);
 
@@ -31,12 +28,9 @@ struct KeySpec {
   std::string key;  // dotted: the section path, then the name ("quantizer.fsq.levels")
   ValueType type = ValueType::Int;
   Value default_value;
-  std::string help;                        // one line, shown in the resolved config and the docs
-  std::optional<double> min, max;          // for numbers and for each list element
-  bool min_exclusive = false;              // min is a strict bound ("> 0" rather than ">= 0")
-  bool max_exclusive = false;              // max is a strict bound ("< 1" rather than "<= 1")
-  std::vector<std::string> choices;        // for strings and integers (as text); empty means any
-  std::optional<size_t> min_len, max_len;  // for lists
+  std::string help;                  // one line, shown in the resolved config and the docs
+  Limits limits;                     // of numbers and each list element; of a list's length
+  std::vector<std::string> choices;  // for strings and integers (as text); empty means any
   // For strings whose valid values are a pattern rather than a list: throws to refuse one.
   std::function<void(const std::string&)> check;
   std::string check_text;  // the pattern in words ("cpu, cuda or cuda:N")

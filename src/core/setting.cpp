@@ -1,0 +1,60 @@
+#include "lockstep/core/setting.h"
+
+#include <charconv>
+#include <cmath>
+
+namespace lockstep {
+
+static_assert(value_type_of<std::string>() == ValueType::String && value_type_of<double>() == ValueType::Float,
+              "ValueType follows Value's alternatives");
+
+std::string describe_type(ValueType type) {
+  switch (type) {
+    case ValueType::Bool:
+      return "a boolean (true or false)";
+    case ValueType::Int:
+      return "an integer";
+    case ValueType::Float:
+      return "a number";
+    case ValueType::String:
+      return "a string";
+    case ValueType::IntList:
+      return "a list of integers";
+    case ValueType::FloatList:
+      return "a list of numbers";
+  }
+  return "?";
+}
+
+std::string format_bound(double v) {
+  if (std::abs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
+  char buf[64];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+
+bool Limits::admits(double value) const {
+  if (!std::isfinite(value)) return false;
+  if (min && (min_exclusive ? value <= *min : value < *min)) return false;
+  return !(max && (max_exclusive ? value >= *max : value > *max));
+}
+
+bool Limits::admits_length(size_t size) const { return !(min_len && size < *min_len) && !(max_len && size > *max_len); }
+
+std::string Limits::range_text() const {
+  if (min && max) {
+    return std::string("in ") + (min_exclusive ? "(" : "[") + format_bound(*min) + ", " + format_bound(*max) +
+           (max_exclusive ? ")" : "]");
+  }
+  if (min) return (min_exclusive ? "> " : ">= ") + format_bound(*min);
+  if (max) return (max_exclusive ? "< " : "<= ") + format_bound(*max);
+  return "";
+}
+
+std::string Limits::length_text() const {
+  if (min_len && max_len) return std::to_string(*min_len) + " to " + std::to_string(*max_len) + " elements";
+  if (min_len) return "at least " + std::to_string(*min_len) + " elements";
+  if (max_len) return "at most " + std::to_string(*max_len) + " elements";
+  return "";
+}
+
+}  // namespace lockstep
