@@ -1,6 +1,7 @@
-// The settings of `lockstep train` as typed structs, one per section of the configuration, and the
-// one table that binds each key to its member: the key, its type and default (the member's), its
-// limits and help, and whether a resumed run or a single rank may change it. The schema, the TOML
+// The settings of `lockstep train` as typed structs, one per section of the configuration, each setting
+// declared once, one line in its section's .def list (settings_data.def, ...): its type, name and default
+// (the member's), its help, its limits and whether a resumed run or a single rank may change it; from
+// those lines come the members and the table that binds each key to its member. The schema, the TOML
 // reader and writer, the resume and per-rank checks and the docs check all read that table; code
 // after parsing reads these members, never key strings. Quantizer options have their own tables
 // (quant/option_specs.h); here only quantizer.name.
@@ -17,80 +18,37 @@
 
 namespace lockstep::train {
 
+// Each section's settings, declared once in its .def list (settings_data.def, ...): here as the struct's
+// members, TORCH_ARG's chaining setter and getter with the setting's default.
+#define LOCKSTEP_SETTING(type, name, value, help, uses) TORCH_ARG(type, name) = value;
+
 struct DataSettings {
-  TORCH_ARG(std::string, dataset) = "auto";  // "auto" only until resolve_dataset
-  TORCH_ARG(std::string, dir) = "/usr/share/datasets/fashion-mnist";
-  TORCH_ARG(int64_t, train_subset) = 0;
-  TORCH_ARG(int64_t, test_subset) = 0;
-  TORCH_ARG(std::string, buckets) = "256x256,288x224,224x288,320x224,224x320,384x192,192x384";
-  TORCH_ARG(bool, random_flip) = false;
-  TORCH_ARG(double, random_zoom) = 1.0;
-  TORCH_ARG(std::string, remainder) = "drop";
-  TORCH_ARG(int64_t, channels) = 3;
-  TORCH_ARG(int64_t, eval_images) = 0;
-  TORCH_ARG(int64_t, workers) = 2;
-  TORCH_ARG(int64_t, prefetch) = 4;
+#include "lockstep/train/settings_data.def"
 };
 
 struct ModelSettings {
-  TORCH_ARG(std::string, architecture) = "conv";
-  TORCH_ARG(std::vector<int64_t>, channels) = {16, 32, 64};
-  TORCH_ARG(int64_t, res_blocks) = 1;
-  TORCH_ARG(bool, batch_norm) = false;
-  TORCH_ARG(std::vector<int64_t>, attention_levels) = {};
-  TORCH_ARG(bool, mid_attention) = true;
-  TORCH_ARG(int64_t, norm_groups) = 32;
+#include "lockstep/train/settings_model.def"
 };
 
 // The quantizer's own options stay in the configuration's quantizer.<name> section, read by the
 // quantizer registry through quant/option_specs.h.
 struct QuantizerSettings {
-  TORCH_ARG(std::string, name) = "fsq";
+#include "lockstep/train/settings_quantizer.def"
 };
 
 struct TrainSettings {
-  TORCH_ARG(int64_t, epochs) = 1;
-  TORCH_ARG(int64_t, steps) = 0;
-  TORCH_ARG(int64_t, batch_size) = 64;
-  TORCH_ARG(double, lr) = 2e-3;
-  TORCH_ARG(int64_t, warmup_steps) = 0;
-  TORCH_ARG(std::string, lr_decay) = "constant";
-  TORCH_ARG(double, lr_final_ratio) = 0.1;
-  TORCH_ARG(double, grad_clip) = 0.0;
-  TORCH_ARG(std::string, precision) = "float32";
-  TORCH_ARG(int64_t, grad_accum) = 1;
-  TORCH_ARG(int64_t, shard_size) = 0;
-  TORCH_ARG(double, ema_decay) = 0.0;
-  TORCH_ARG(double, weight_decay) = 0.0;
-  TORCH_ARG(int64_t, seed) = 0;
-  TORCH_ARG(int64_t, threads) = 0;
-  TORCH_ARG(std::string, device) = "cpu";
-  TORCH_ARG(int64_t, grad_bucket_kb) = 1024;
-  TORCH_ARG(int64_t, log_every) = 50;
-  TORCH_ARG(int64_t, checkpoint_every) = 500;
-  TORCH_ARG(int64_t, eval_every) = 0;
+#include "lockstep/train/settings_train.def"
 };
 
 struct LossSettings {
-  TORCH_ARG(double, l2) = 1.0;
-  TORCH_ARG(double, l1) = 0.0;
-  TORCH_ARG(double, perceptual) = 0.0;
-  TORCH_ARG(std::string, lpips_weights) = "";
-  TORCH_ARG(double, adversarial) = 0.0;
-  TORCH_ARG(std::string, gan_loss) = "hinge";
-  TORCH_ARG(int64_t, gan_start_step) = 0;
-  TORCH_ARG(bool, adaptive_weight) = true;
-  TORCH_ARG(double, lecam) = 0.0;
-  TORCH_ARG(double, disc_lr) = 0.0;
-  TORCH_ARG(int64_t, disc_channels) = 64;
-  TORCH_ARG(int64_t, disc_layers) = 3;
+#include "lockstep/train/settings_loss.def"
 };
 
 struct EvalSettings {
-  TORCH_ARG(int64_t, batch_size) = 500;
-  TORCH_ARG(std::string, fid_weights) = "";
-  TORCH_ARG(int64_t, grid_images) = 16;
+#include "lockstep/train/settings_eval.def"
 };
+
+#undef LOCKSTEP_SETTING
 
 struct RunSettings {
   DataSettings data;
