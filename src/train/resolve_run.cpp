@@ -60,11 +60,9 @@ ResolvedRun resolve_config(Config config) {
   return run;
 }
 
-Config recorded_config(const ResolvedRun& run, int64_t global_batch) {
-  RunSettings decided = run.settings;
-  decided.train.batch_size(global_batch);
+Config recorded_config(const ResolvedRun& run) {
   Config record = run.config;
-  record_run_settings(decided, record);
+  record_run_settings(run.settings, record);
   return record;
 }
 

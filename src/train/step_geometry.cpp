@@ -7,10 +7,8 @@
 
 namespace lockstep::train {
 
-StepGeometry StepGeometry::of(const TrainSettings& train) { return of(train, train.batch_size()); }
-
-StepGeometry StepGeometry::of(const TrainSettings& train, int64_t global_batch) {
-  return StepGeometry{global_batch, train.grad_accum(), train.shard_size()};
+StepGeometry StepGeometry::of(const TrainSettings& train) {
+  return StepGeometry{train.batch_size(), train.grad_accum(), train.shard_size()};
 }
 
 void StepGeometry::check() const {

@@ -55,8 +55,10 @@ void Trainer::State::open_data(bool resuming, const std::function<void(const std
   context.batch_size_is_default = config.is_default("train.batch_size");
   data = open_train_data(run, context);
   if (on_info && is_root()) on_info(data->describe());
-  geometry = StepGeometry::of(run.train, data->global_batch());
-  config = recorded_config(ResolvedRun{config, run}, data->global_batch());
+  // One batch size from here on: the settings, the step's shape and the record all hold the data's.
+  run.train.batch_size(data->global_batch());
+  geometry = StepGeometry::of(run.train);
+  config = recorded_config(ResolvedRun{config, run});
   steps_per_epoch = data->steps_per_epoch();
   const int64_t steps = run.train.steps();
   total_steps = steps > 0 ? steps : run.train.epochs() * steps_per_epoch;

@@ -29,7 +29,9 @@ struct Trainer::State {
   // As configured (ResolvedRun::config); once the data is open, what config.toml and the checkpoint record
   // (recorded_config).
   Config config{lockstep_schema()};
-  RunSettings run;  // the resolved settings, typed: what the code below reads (never changed)
+  // The resolved settings, typed: what the code below reads. Once the data is open, train.batch_size is the
+  // data's global batch (a small folder's fitted one), as geometry and config hold it: one batch size.
+  RunSettings run;
   std::string run_dir;
   std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0, which writes the run directory
   std::shared_ptr<dist::Group> group;
@@ -41,7 +43,7 @@ struct Trainer::State {
   model::FidInception fid{nullptr};    // eval.fid_weights, on rank 0 (which evaluates)
   at::Device device{at::kCPU};         // train.device, resolved for this rank
   int64_t step = 0;
-  StepGeometry geometry;  // the step's shape, its global batch the data's (a small folder's fitted batch)
+  StepGeometry geometry;  // the step's shape, of run.train
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
@@ -63,8 +65,8 @@ struct Trainer::State {
   // for both new and resumed runs.
   void build(bool resuming, const std::function<void(const std::string&)>& on_info);
 
-  // The training data; what it decided (a small folder's global batch) shapes the step and is recorded
-  // in the run's configuration; the settings stay as resolved.
+  // The training data; what it decided (a small folder's global batch) goes into the settings, and from
+  // them into the step's shape and the run's recorded configuration.
   void open_data(bool resuming, const std::function<void(const std::string&)>& on_info);
 
   // The model (on the CPU first: the same initial weights on any device) and its weight average.

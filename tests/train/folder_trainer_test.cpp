@@ -260,6 +260,21 @@ TEST(FolderTrainer, SmallFoldersTrainWithTheDefaultsAndSayWhatWasChosen) {
   EXPECT_EQ(trainer->run({}).test.images, 3);
 }
 
+// A global batch left at its default that a small folder cannot fill is fitted, and the fitted batch is the
+// run's one batch size: its settings say it as its recorded configuration does.
+TEST(FolderTrainer, AFittedBatchIsTheSettingsAndTheRecordsBatch) {
+  test_util::TempDir tmp;
+  const Config given = folder_config(make_folder(tmp), 1);
+  Config c{lockstep_schema()};
+  for (const KeySpec& k : lockstep_schema().keys()) {
+    if (k.key != "train.batch_size" && !given.is_default(k.key)) c.set(k.key, given.get(k.key));
+  }
+  auto trainer = Trainer::create(c, tmp.file("run"), one());
+  const int64_t batch = trainer->settings().train.batch_size();
+  EXPECT_LT(batch, 64);
+  EXPECT_EQ(std::get<int64_t>(trainer->config().get("train.batch_size")), batch);
+}
+
 }  // namespace
 }  // namespace lockstep::train
 #endif  // LOCKSTEP_HAVE_OPENCV

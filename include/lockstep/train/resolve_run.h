@@ -11,9 +11,9 @@
 namespace lockstep::train {
 
 // Each key's own limits are checked here; the checks across keys (check_run_settings) are the
-// trainer's, after a resumed run's configuration has been compared with its checkpoint's. Nothing
-// changes a resolved run afterwards: what the data decides goes into the step geometry and the record
-// (recorded_config).
+// trainer's, after a resumed run's configuration has been compared with its checkpoint's. What the data
+// decides afterwards (a small image folder's global batch) the trainer writes into its settings, and from
+// them into the step's shape and the record (recorded_config).
 struct ResolvedRun {
   Config config{lockstep_schema()};  // every key as configured (what --print-config shows)
   RunSettings settings;              // the same, typed, data.dataset resolved (quantizer sections stay in config)
@@ -22,9 +22,9 @@ struct ResolvedRun {
 // A configuration's run: its settings read, data.dataset = "auto" resolved (resolve_dataset).
 ResolvedRun resolve_config(Config config);
 
-// What config.toml and the checkpoint record of a run: its configuration with the choices resolution and
-// the data made (data.dataset, and `global_batch`: a small image folder's fitted train.batch_size).
-Config recorded_config(const ResolvedRun& run, int64_t global_batch);
+// What config.toml and the checkpoint record of a run: its configuration with its settings' values, the
+// choices resolution and the data made (data.dataset; a small image folder's fitted train.batch_size).
+Config recorded_config(const ResolvedRun& run);
 
 // A new run: the defaults, then `config_file` (when not empty), then the "key=value" overrides in
 // order. Every quantizer section is checked, not only the chosen one's: a value that would fail

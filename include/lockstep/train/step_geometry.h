@@ -16,8 +16,6 @@ struct StepGeometry {
 
   // The settings' geometry, train.batch_size the global batch.
   static StepGeometry of(const TrainSettings& train);
-  // The same with the data's global batch in place of train.batch_size (a small image folder fits it).
-  static StepGeometry of(const TrainSettings& train, int64_t global_batch);
 
   int64_t micro_batch() const { return global_batch / micro_batches; }
   bool sharded() const { return shard_size > 0; }

@@ -85,8 +85,8 @@ class Trainer {
   TrainSummary run(const TrainCallbacks& callbacks);
   // What config.toml and the checkpoint record: the configuration with what the data decided (recorded_config).
   const Config& config() const;
-  // The resolved settings (data.dataset chosen); train.batch_size as configured, where a small image folder's
-  // step takes the global batch it fitted (config() records that one).
+  // The resolved settings (data.dataset chosen), with what the data decided: train.batch_size is the global
+  // batch each step takes (a small image folder's fitted one), as config() records it.
   const RunSettings& settings() const;
   int64_t step() const;
 
