@@ -151,6 +151,47 @@ std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens_in, c
   return {counts.to(torch::kFloat64), sums};
 }
 
+namespace {
+// x (len, bits), float32, 1 <= bits <= 24, on a CUDA device.
+void check_lfq_tokens(const at::Tensor& x, const char* what) {
+  check_cuda(x, what);
+  LOCKSTEP_CHECK_ARG(x.dim() == 2 && x.size(1) >= 1 && x.size(1) <= 24 && x.scalar_type() == torch::kFloat32, what,
+                     ": expected float32 tokens (len, bits) with 1 <= bits <= 24, got ", x.scalar_type(), " ",
+                     x.sizes());
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> lfq_halves_cuda(const at::Tensor& x_in, double z_scale) {
+  check_lfq_tokens(x_in, "lfq_halves");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t len = x.size(0), bits = x.size(1), h = bits / 2;
+  at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
+  at::Tensor lo = torch::empty({len, int64_t{1} << (bits - h)}, x.options());
+  check_launch(cuda::lfq_halves(x.data_ptr<float>(), len, static_cast<int>(bits), static_cast<float>(z_scale),
+                                hi.data_ptr<float>(), lo.data_ptr<float>(), current_stream(x)),
+               "lfq_halves");
+  return {hi, lo};
+}
+
+at::Tensor lfq_halves_backward_cuda(const at::Tensor& x_in, double z_scale, const at::Tensor& dhi_in,
+                                    const at::Tensor& dlo_in) {
+  check_lfq_tokens(x_in, "lfq_halves_backward");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t len = x.size(0), bits = x.size(1), h = bits / 2;
+  const at::Tensor dhi = dhi_in.to(torch::kFloat32).contiguous(), dlo = dlo_in.to(torch::kFloat32).contiguous();
+  LOCKSTEP_CHECK_ARG(dhi.sizes() == at::IntArrayRef({len, int64_t{1} << h}) &&
+                         dlo.sizes() == at::IntArrayRef({len, int64_t{1} << (bits - h)}),
+                     "lfq_halves_backward: gradients ", dhi.sizes(), " and ", dlo.sizes(), " for tokens ", x.sizes());
+  at::Tensor grad_x = torch::empty_like(x);
+  check_launch(cuda::lfq_halves_backward(x.data_ptr<float>(), dhi.data_ptr<float>(), dlo.data_ptr<float>(), len,
+                                         static_cast<int>(bits), static_cast<float>(z_scale), grad_x.data_ptr<float>(),
+                                         current_stream(x)),
+               "lfq_halves_backward");
+  return grad_x;
+}
+
 #else
 // Never reached: callers ask cuda_kernels_built() first.
 NearestCode nearest_code_cuda(const at::Tensor&, const at::Tensor&, Metric) {
@@ -165,6 +206,12 @@ void fsq_forward_cuda(const FsqKernelPlan&, const at::Tensor&, at::Tensor&, at::
 }
 std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor&, const at::Tensor&, int64_t) {
   throw Error("code_counts_and_sums: this build has no CUDA kernels");
+}
+std::pair<at::Tensor, at::Tensor> lfq_halves_cuda(const at::Tensor&, double) {
+  throw Error("lfq_halves: this build has no CUDA kernels");
+}
+at::Tensor lfq_halves_backward_cuda(const at::Tensor&, double, const at::Tensor&, const at::Tensor&) {
+  throw Error("lfq_halves_backward: this build has no CUDA kernels");
 }
 #endif
 

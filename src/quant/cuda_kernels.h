@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
 #include <vector>
 
 #include "lockstep/quant/nearest_code.h"
@@ -18,5 +19,9 @@ NearestCode nearest_code_cuda(const at::Tensor& x, const at::Tensor& codebook, M
 at::Tensor code_scores_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
 at::Tensor squared_norms_cuda(const at::Tensor& x);  // |x|^2 per row, as nearest_code_cuda's score adds it
 std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
+// LFQ's codebook-entropy halves of float32 CUDA tokens x (len, bits) (lfq_entropy.cpp): {hi (len, 2^h),
+// lo (len, 2^(bits - h))}, h = bits / 2; and their backward, dhi and dlo -> dL/dx (len, bits).
+std::pair<at::Tensor, at::Tensor> lfq_halves_cuda(const at::Tensor& x, double z_scale);
+at::Tensor lfq_halves_backward_cuda(const at::Tensor& x, double z_scale, const at::Tensor& dhi, const at::Tensor& dlo);
 
 }  // namespace lockstep::quant::detail

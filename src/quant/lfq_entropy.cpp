@@ -23,8 +23,10 @@
 // division by probabilities that may underflow). Tokens go through in chunks that keep P_hi,
 // P_lo and their gradients within a byte budget; the backward rebuilds each chunk's P_hi and P_lo
 // (cheap next to the GEMMs) rather than keeping them, so memory stays bounded up to K = 2^24.
-// Off the CPU the halves come from torch operations (halves_from_ops) and each chunk's reverse
-// pass from autograd on the rebuilt halves: the same chunks, GEMMs and memory bound.
+// On a CUDA device, float32, two kernels build each chunk's halves and run its reverse pass (cuda/lfq.cu,
+// the per-entry arithmetic of lfq_halves.h); elsewhere off the CPU the halves come from torch operations
+// (halves_from_ops) and each chunk's reverse pass from autograd on the rebuilt halves. All three take the
+// same chunks, GEMMs and memory bound.
 #include <ATen/Dispatch.h>
 
 #include <ATen/Parallel.h>
@@ -33,6 +35,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda_kernels.h"
 #include "lfq_internal.h"
 #include "lockstep/core/error.h"
 #include "lockstep/quant/lfq.h"
@@ -159,29 +162,41 @@ std::pair<at::Tensor, at::Tensor> halves_from_ops(const at::Tensor& x, double z_
   return {expand_ops(0, h), expand_ops(h, bits - h)};
 }
 
+// Where a chunk's halves are built and differentiated: the CPU's loops, the CUDA kernels, or torch operations.
+enum class HalvesPath : int64_t { Cpu, Kernels, Ops };
+
+HalvesPath halves_path(const at::Tensor& x) {
+  if (x.device().is_cpu()) return HalvesPath::Cpu;
+  const bool kernels = x.is_cuda() && x.scalar_type() == at::kFloat && detail::cuda_kernels_built();
+  return kernels ? HalvesPath::Kernels : HalvesPath::Ops;
+}
+
 struct SumProbs : public torch::autograd::Function<SumProbs> {
-  // x: (c, n, bits) -> (c, 2^h, 2^l), the sum over tokens of p_t per codebook. `ops`: the halves
-  // from torch operations (any device) instead of the CPU loops.
+  // x: (c, n, bits) -> (c, 2^h, 2^l), the sum over tokens of p_t per codebook, its halves built on `path`.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, double z_scale,
-                            int64_t chunk_tokens, bool ops) {
+                            int64_t chunk_tokens, int64_t path) {
     const at::Tensor x = x_in.contiguous();
     ctx->save_for_backward({x});
     ctx->saved_data["z_scale"] = z_scale;
     ctx->saved_data["chunk_tokens"] = chunk_tokens;
-    ctx->saved_data["ops"] = ops;
+    ctx->saved_data["path"] = path;
     const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
     at::Tensor total = torch::zeros({x.size(0), int64_t{1} << h, int64_t{1} << l}, x.options());
     for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
       const int64_t len = std::min(chunk_tokens, x.size(1) - start);
-      const at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
-      const at::Tensor lo = torch::empty({len, int64_t{1} << l}, x.options());
+      const bool cpu = path == static_cast<int64_t>(HalvesPath::Cpu);  // the others make their own halves
+      const at::Tensor hi = cpu ? torch::empty({len, int64_t{1} << h}, x.options()) : at::Tensor();
+      const at::Tensor lo = cpu ? torch::empty({len, int64_t{1} << l}, x.options()) : at::Tensor();
       for (int64_t c = 0; c < x.size(0); ++c) {
-        if (ops) {
-          const auto [hi_ops, lo_ops] = halves_from_ops(x[c].narrow(0, start, len), z_scale);
-          total[c].addmm_(hi_ops.t(), lo_ops);
+        const at::Tensor xc = x[c].narrow(0, start, len);
+        if (!cpu) {
+          const auto [hi_off, lo_off] = path == static_cast<int64_t>(HalvesPath::Kernels)
+                                            ? detail::lfq_halves_cuda(xc, z_scale)
+                                            : halves_from_ops(xc, z_scale);
+          total[c].addmm_(hi_off.t(), lo_off);
           continue;
         }
-        build_halves(x[c].narrow(0, start, len), z_scale, hi, lo);
+        build_halves(xc, z_scale, hi, lo);
         total[c].addmm_(hi.t(), lo);
       }
     }
@@ -194,15 +209,23 @@ struct SumProbs : public torch::autograd::Function<SumProbs> {
     const double z_scale = ctx->saved_data["z_scale"].toDouble();
     const int64_t chunk_tokens = ctx->saved_data["chunk_tokens"].toInt();
     const at::Tensor g = grad_outputs[0].to(x.scalar_type()).contiguous();  // (c, 2^h, 2^l)
-    if (ctx->saved_data["ops"].toBool()) return {backward_from_ops(x, g, z_scale, chunk_tokens), {}, {}, {}};
+    const auto path = static_cast<HalvesPath>(ctx->saved_data["path"].toInt());
+    if (path == HalvesPath::Ops) return {backward_from_ops(x, g, z_scale, chunk_tokens), {}, {}, {}};
     const int64_t bits = x.size(2), h = bits / 2, l = bits - h;
     at::Tensor grad_x = torch::empty_like(x);
     for (int64_t start = 0; start < x.size(1); start += chunk_tokens) {
       const int64_t len = std::min(chunk_tokens, x.size(1) - start);
-      const at::Tensor hi = torch::empty({len, int64_t{1} << h}, x.options());
-      const at::Tensor lo = torch::empty({len, int64_t{1} << l}, x.options());
+      const bool cpu = path == HalvesPath::Cpu;
+      const at::Tensor hi = cpu ? torch::empty({len, int64_t{1} << h}, x.options()) : at::Tensor();
+      const at::Tensor lo = cpu ? torch::empty({len, int64_t{1} << l}, x.options()) : at::Tensor();
       for (int64_t c = 0; c < x.size(0); ++c) {
         const at::Tensor xc = x[c].narrow(0, start, len);
+        if (!cpu) {
+          const auto [hi_k, lo_k] = detail::lfq_halves_cuda(xc, z_scale);
+          const at::Tensor dhi = torch::mm(lo_k, g[c].t()), dlo = torch::mm(hi_k, g[c]);
+          grad_x[c].narrow(0, start, len).copy_(detail::lfq_halves_backward_cuda(xc, z_scale, dhi, dlo));
+          continue;
+        }
         build_halves(xc, z_scale, hi, lo);
         // The GEMM's backward: dP_hi = P_lo G^T, dP_lo = P_hi G.
         const at::Tensor dhi = torch::mm(lo, g[c].t()), dlo = torch::mm(hi, g[c]);
@@ -246,7 +269,8 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
 }
 
 namespace {
-at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes, bool ops) {
+at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes,
+                     HalvesPath path) {
   LOCKSTEP_CHECK_ARG((x.dim() == 2 || x.dim() == 3) && x.size(-1) >= 1 && x.size(-1) <= 24,
                      "lfq: expected tokens (n, bits) or (codebooks, n, bits) with 1 <= bits <= 24, got ", x.sizes());
   LOCKSTEP_CHECK_ARG(budget_bytes >= 1, "lfq: budget_bytes = ", budget_bytes, " must be >= 1");
@@ -254,18 +278,19 @@ at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_va
   const int64_t bits = x3.size(2), groups = x3.size(0);
   // Codebooks go one after the other through the same chunk buffers.
   const int64_t chunk = lfq_chunk_tokens(bits, static_cast<int64_t>(x3.element_size()), budget_bytes);
-  const at::Tensor sum = SumProbs::apply(x3, 4 * inv_temperature * code_value, chunk, ops).reshape({groups, -1});
+  const at::Tensor sum =
+      SumProbs::apply(x3, 4 * inv_temperature * code_value, chunk, static_cast<int64_t>(path)).reshape({groups, -1});
   return x.dim() == 2 ? sum.squeeze(0) : sum;
 }
 }  // namespace
 
 at::Tensor lfq_sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
-  return sum_probs(x, inv_temperature, code_value, budget_bytes, !x.device().is_cpu());
+  return sum_probs(x, inv_temperature, code_value, budget_bytes, halves_path(x));
 }
 
 namespace detail {
 at::Tensor lfq_sum_probs_ops(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes) {
-  return sum_probs(x, inv_temperature, code_value, budget_bytes, true);
+  return sum_probs(x, inv_temperature, code_value, budget_bytes, HalvesPath::Ops);
 }
 }  // namespace detail
 

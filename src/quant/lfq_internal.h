@@ -9,7 +9,8 @@
 namespace lockstep::quant::detail {
 
 // lfq_sum_probs with each chunk's products built from torch operations and its backward through
-// autograd (what runs off the CPU, where lfq_sum_probs uses it); the same chunking and memory bound.
+// autograd (what runs off the CPU where the CUDA kernels do not: float64, another device, a build without
+// them); the same chunking and memory bound.
 at::Tensor lfq_sum_probs_ops(const at::Tensor& x, double inv_temperature, double code_value,
                              int64_t budget_bytes = int64_t{64} << 20);
 

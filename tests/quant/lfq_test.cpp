@@ -1,5 +1,6 @@
 #include "lockstep/quant/lfq.h"
 #include "lockstep/core/random.h"
+#include "quant/lfq_halves.h"
 #include "quant/lfq_internal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -217,6 +218,44 @@ TEST(Lfq, SaturatedBitsKeepTheExactEntropyWithinTheClampBound) {
   EXPECT_NEAR(loss.item<double>(), ((ref.per_sample_exact - ref.codebook) * 0.1).item<double>(), 1e-10);
   const double gap = (ref.per_sample_clamped - ref.per_sample_exact).abs().item<double>();
   EXPECT_LE(gap, k * 1e-5 / std::exp(1.0));
+}
+
+// The arithmetic each thread of the CUDA kernels runs (lfq_halves.h, cuda/lfq.cu), here on the CPU: the
+// halves its entries make give lfq_sum_probs' sum, and its bit gradients give autograd's gradient of it.
+TEST(Lfq, TheKernelsEntriesAndBitGradientsGiveTheSumAndItsGradient) {
+  torch::manual_seed(7);
+  const double inv_t = 0.7, a = 0.5;
+  const float z_scale = static_cast<float>(4 * inv_t * a);
+  for (const int64_t bits : {1, 2, 5, 10, 13}) {
+    const int64_t n = 6, h = bits / 2, l = bits - h;
+    const at::Tensor x = torch::randn({n, bits}) * 1.5;
+    const at::Tensor hi = torch::empty({n, int64_t{1} << h}), lo = torch::empty({n, int64_t{1} << l});
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x[t].data_ptr<float>();
+      for (int64_t i = 0; i < hi.size(1); ++i) hi[t][i] = lfq_halves::entry(xt, h, z_scale, i);
+      for (int64_t i = 0; i < lo.size(1); ++i) lo[t][i] = lfq_halves::entry(xt + h, l, z_scale, i);
+    }
+    EXPECT_TRUE(torch::allclose(torch::mm(hi.t(), lo).reshape({-1}), lfq_sum_probs(x, inv_t, a), 1e-5, 1e-7))
+        << bits << " bits";
+
+    const at::Tensor g = torch::randn({int64_t{1} << h, int64_t{1} << l});
+    const at::Tensor xg = x.clone().requires_grad_();
+    (lfq_sum_probs(xg, inv_t, a).reshape(g.sizes()) * g).sum().backward();
+    const at::Tensor dhi = torch::mm(lo, g.t()), dlo = torch::mm(hi, g);
+    at::Tensor grad = torch::zeros({n, bits});
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x[t].data_ptr<float>();
+      std::vector<float> dz(bits, 0.0f);
+      for (int64_t i = 0; i < dhi.size(1); ++i) {
+        lfq_halves::add_bit_gradients(xt, h, z_scale, i, dhi[t][i].item<float>(), dz.data());
+      }
+      for (int64_t i = 0; i < dlo.size(1); ++i) {
+        lfq_halves::add_bit_gradients(xt + h, l, z_scale, i, dlo[t][i].item<float>(), dz.data() + h);
+      }
+      for (int64_t j = 0; j < bits; ++j) grad[t][j] = dz[j] * z_scale;
+    }
+    EXPECT_TRUE(torch::allclose(grad, xg.grad(), 1e-4, 1e-6)) << bits << " bits\n" << grad << "\n" << xg.grad();
+  }
 }
 
 TEST(Lfq, ChunksGrowWithTheBudgetAndNeedOnlySqrtKPerToken) {

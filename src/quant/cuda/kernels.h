@@ -51,4 +51,11 @@ const char* fsq_forward(const FsqDevicePlan& plan, const FsqDeviceNoise& noise, 
 const char* code_sums(const float* tokens, const int64_t* order, const int64_t* offsets, int64_t codes, int64_t d,
                       double* sums, void* stream);
 
+// LFQ's codebook-entropy halves (lfq_entropy.cpp, lfq_halves.h) of float32 tokens x (len, bits), 1 <= bits
+// <= 24, h = bits / 2: hi (len, 2^h) of the first h bits, lo (len, 2^(bits - h)) of the others.
+const char* lfq_halves(const float* x, int64_t len, int bits, float z_scale, float* hi, float* lo, void* stream);
+// Their backward: dhi, dlo (dL/d hi, dL/d lo) -> grad_x (len, bits) = dL/dx.
+const char* lfq_halves_backward(const float* x, const float* dhi, const float* dlo, int64_t len, int bits,
+                                float z_scale, float* grad_x, void* stream);
+
 }  // namespace lockstep::quant::cuda
