@@ -17,10 +17,25 @@ namespace lockstep {
 enum class ValueType { Bool, Int, Float, String, IntList, FloatList };
 using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
 
+namespace detail {
+// The index of T among a variant's alternatives (their count when absent), without making a value:
+// C++17 cannot make a std::string in a constant expression.
+template <typename T, typename... Alternatives>
+constexpr size_t alternative_index(const std::variant<Alternatives...>*) {
+  constexpr bool same[] = {std::is_same_v<T, Alternatives>...};
+  for (size_t i = 0; i < sizeof...(Alternatives); ++i) {
+    if (same[i]) return i;
+  }
+  return sizeof...(Alternatives);
+}
+}  // namespace detail
+
 // The ValueType of a C++ type (a field's, an option's).
 template <typename T>
 constexpr ValueType value_type_of() {
-  return static_cast<ValueType>(Value(T{}).index());
+  constexpr size_t index = detail::alternative_index<T>(static_cast<const Value*>(nullptr));
+  static_assert(index < std::variant_size_v<Value>, "a setting's type is one of Value's");
+  return static_cast<ValueType>(index);
 }
 
 // "an integer", "a list of numbers", ...: the wording of error messages and the docs.
