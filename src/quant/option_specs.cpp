@@ -17,6 +17,7 @@
 namespace lockstep::quant {
 namespace {
 
+// One option, of its default's type.
 OptionSpec option(std::string key, Value value, std::string help, Limits limits = {}) {
   OptionSpec spec;
   spec.key = std::move(key);
