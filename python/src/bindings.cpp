@@ -85,22 +85,8 @@ py::object as_python_exception(std::exception_ptr error) {
 
 // The Python modules' name of an option type (_quantizer.declared_arguments casts to it).
 const char* option_type_name(lockstep::ValueType type) {
-  using Type = lockstep::ValueType;
-  switch (type) {
-    case Type::Bool:
-      return "bool";
-    case Type::Int:
-      return "int";
-    case Type::Float:
-      return "float";
-    case Type::String:
-      return "str";
-    case Type::IntList:
-      return "int_list";
-    case Type::FloatList:
-      return "float_list";
-  }
-  return "?";
+  static const char* const names[] = {"bool", "int", "float", "str", "int_list", "float_list"};  // ValueType's order
+  return names[static_cast<int>(type)];
 }
 
 // lockstep._C.LazyGroup, the checked channel of the Python modules and of lockstep.distributed, and the

@@ -2,10 +2,18 @@
 
 #include <charconv>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 namespace lockstep {
 
-static_assert(value_type_of<std::string>() == ValueType::String && value_type_of<double>() == ValueType::Float,
+// ValueType(value.index()) is a value's type only while the two orders agree.
+template <ValueType type, typename T>
+constexpr bool holds_at = std::is_same_v<std::variant_alternative_t<static_cast<size_t>(type), Value>, T>;
+static_assert(holds_at<ValueType::Bool, bool> && holds_at<ValueType::Int, int64_t> &&
+                  holds_at<ValueType::Float, double> && holds_at<ValueType::String, std::string> &&
+                  holds_at<ValueType::IntList, std::vector<int64_t>> &&
+                  holds_at<ValueType::FloatList, std::vector<double>>,
               "ValueType follows Value's alternatives");
 
 std::string describe_type(ValueType type) {
@@ -24,6 +32,16 @@ std::string describe_type(ValueType type) {
       return "a list of numbers";
   }
   return "?";
+}
+
+SettingSpec setting_spec(std::string key, Value default_value, std::string help, Limits limits) {
+  SettingSpec spec;
+  spec.key = std::move(key);
+  spec.type = static_cast<ValueType>(default_value.index());
+  spec.default_value = std::move(default_value);
+  spec.help = std::move(help);
+  spec.limits = limits;
+  return spec;
 }
 
 std::string format_bound(double v) {

@@ -17,27 +17,18 @@
 namespace lockstep::quant {
 namespace {
 
-// One option, of its default's type.
-OptionSpec option(std::string key, Value value, std::string help, Limits limits = {}) {
-  OptionSpec spec;
-  spec.key = std::move(key);
-  spec.type = static_cast<ValueType>(value.index());
-  spec.default_value = std::move(value);
-  spec.help = std::move(help);
-  spec.limits = limits;
-  return spec;
-}
+// Typed, so that a literal default (0, {8, 5}) takes the option's type.
 OptionSpec boolean(std::string key, bool value, std::string help) {
-  return option(std::move(key), value, std::move(help));
+  return setting_spec(std::move(key), value, std::move(help));
 }
 OptionSpec integer(std::string key, int64_t value, std::string help, Limits limits = {}) {
-  return option(std::move(key), value, std::move(help), limits);
+  return setting_spec(std::move(key), value, std::move(help), limits);
 }
 OptionSpec int_list(std::string key, std::vector<int64_t> value, std::string help, Limits limits = {}) {
-  return option(std::move(key), std::move(value), std::move(help), limits);
+  return setting_spec(std::move(key), std::move(value), std::move(help), limits);
 }
 OptionSpec one_of(std::string key, std::string value, std::vector<std::string> choices, std::string help) {
-  OptionSpec spec = option(std::move(key), std::move(value), std::move(help));
+  OptionSpec spec = setting_spec(std::move(key), std::move(value), std::move(help));
   spec.choices = std::move(choices);
   return spec;
 }
@@ -48,7 +39,7 @@ template <typename Options>
 void append_fields(OptionSection& section, const Options& defaults) {
   Options::visit_fields(defaults,
                         [&section](const char* key, const auto& value, const Limits& limits, const char* help) {
-                          section.options.push_back(option(key, value, help, limits));
+                          section.options.push_back(setting_spec(key, value, help, limits));
                         });
 }
 

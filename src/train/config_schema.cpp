@@ -12,12 +12,8 @@ namespace {
 // limits and choices.
 KeySpec key_spec(const std::string& prefix, const quant::OptionSpec& o) {
   KeySpec k;
+  static_cast<SettingSpec&>(k) = o;
   k.key = prefix + o.key;
-  k.type = o.type;
-  k.default_value = o.default_value;
-  k.help = o.help;
-  k.limits = o.limits;
-  k.choices = o.choices;
   return k;
 }
 

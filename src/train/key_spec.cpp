@@ -11,33 +11,30 @@ using namespace config_text;
 // ---- KeySpec ----
 
 namespace {
-KeySpec make_spec(std::string key, ValueType type, Value default_value, std::string help) {
+KeySpec make_spec(std::string key, Value default_value, std::string help) {
   KeySpec spec;
-  spec.key = std::move(key);
-  spec.type = type;
-  spec.default_value = std::move(default_value);
-  spec.help = std::move(help);
+  static_cast<SettingSpec&>(spec) = setting_spec(std::move(key), std::move(default_value), std::move(help));
   return spec;
 }
 }  // namespace
 
 KeySpec KeySpec::boolean(std::string key, bool d, std::string help) {
-  return make_spec(std::move(key), ValueType::Bool, d, std::move(help));
+  return make_spec(std::move(key), d, std::move(help));
 }
 KeySpec KeySpec::integer(std::string key, int64_t d, std::string help) {
-  return make_spec(std::move(key), ValueType::Int, d, std::move(help));
+  return make_spec(std::move(key), d, std::move(help));
 }
 KeySpec KeySpec::floating(std::string key, double d, std::string help) {
-  return make_spec(std::move(key), ValueType::Float, d, std::move(help));
+  return make_spec(std::move(key), d, std::move(help));
 }
 KeySpec KeySpec::string(std::string key, std::string d, std::string help) {
-  return make_spec(std::move(key), ValueType::String, std::move(d), std::move(help));
+  return make_spec(std::move(key), std::move(d), std::move(help));
 }
 KeySpec KeySpec::int_list(std::string key, std::vector<int64_t> d, std::string help) {
-  return make_spec(std::move(key), ValueType::IntList, std::move(d), std::move(help));
+  return make_spec(std::move(key), std::move(d), std::move(help));
 }
 KeySpec KeySpec::float_list(std::string key, std::vector<double> d, std::string help) {
-  return make_spec(std::move(key), ValueType::FloatList, std::move(d), std::move(help));
+  return make_spec(std::move(key), std::move(d), std::move(help));
 }
 
 KeySpec& KeySpec::at_least(double lo) {

@@ -28,10 +28,8 @@ KeySpec& add(std::deque<RunKey>& keys, const char* key, Member member, std::stri
   using T = std::decay_t<decltype(member(std::declval<RunSettings&>()))>;
   const RunSettings defaults;
   RunKey k;
-  k.spec.key = key;
-  k.spec.type = value_type_of<T>();
-  k.spec.default_value = Value(std::in_place_type<T>, member(defaults));
-  k.spec.help = std::move(help);
+  static_cast<SettingSpec&>(k.spec) =
+      setting_spec(key, Value(std::in_place_type<T>, member(defaults)), std::move(help));
   k.read = [member](RunSettings& s, const Value& v) { member(s) = std::get<T>(v); };
   k.write = [member](const RunSettings& s) { return Value(std::in_place_type<T>, member(s)); };
   keys.push_back(std::move(k));

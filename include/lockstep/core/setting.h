@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -16,27 +15,6 @@ namespace lockstep {
 // The order matches Value's alternatives, so ValueType(value.index()) is the value's type.
 enum class ValueType { Bool, Int, Float, String, IntList, FloatList };
 using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
-
-namespace detail {
-// The index of T among a variant's alternatives (their count when absent), without making a value:
-// C++17 cannot make a std::string in a constant expression.
-template <typename T, typename... Alternatives>
-constexpr size_t alternative_index(const std::variant<Alternatives...>*) {
-  constexpr bool same[] = {std::is_same_v<T, Alternatives>...};
-  for (size_t i = 0; i < sizeof...(Alternatives); ++i) {
-    if (same[i]) return i;
-  }
-  return sizeof...(Alternatives);
-}
-}  // namespace detail
-
-// The ValueType of a C++ type (a field's, an option's).
-template <typename T>
-constexpr ValueType value_type_of() {
-  constexpr size_t index = detail::alternative_index<T>(static_cast<const Value*>(nullptr));
-  static_assert(index < std::variant_size_v<Value>, "a setting's type is one of Value's");
-  return static_cast<ValueType>(index);
-}
 
 // "an integer", "a list of numbers", ...: the wording of error messages and the docs.
 std::string describe_type(ValueType type);
@@ -64,6 +42,20 @@ struct Limits {
   // "1 to 16 elements", "at least 1 elements", or "" without bounds.
   std::string length_text() const;
 };
+
+// One setting's declaration: a quantizer option (quant::OptionSpec, its key within its section) or a
+// configuration key (train::KeySpec, which adds how the CLI uses it).
+struct SettingSpec {
+  std::string key;
+  ValueType type = ValueType::Int;
+  Value default_value;
+  std::string help;                  // one line, shown in the resolved config and the docs
+  Limits limits;                     // of a number, of each element of a list, of a list's length
+  std::vector<std::string> choices;  // for strings and integers (as text); empty means any
+};
+
+// A setting of its default's type.
+SettingSpec setting_spec(std::string key, Value default_value, std::string help, Limits limits = {});
 
 // A bound as range_text writes it: integers without a point ("4096"), others as the shortest text that
 // reads back as the same double.

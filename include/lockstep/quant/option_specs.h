@@ -19,14 +19,8 @@
 
 namespace lockstep::quant {
 
-struct OptionSpec {
-  std::string key;  // within its section: "decay"
-  ValueType type = ValueType::Int;
-  Value default_value;
-  std::string help;                  // one line
-  Limits limits;                     // of a number, of each element of a list, of a list's length
-  std::vector<std::string> choices;  // strings: the values allowed
-};
+// One option; its key is within its section ("decay").
+using OptionSpec = SettingSpec;
 
 // The options of one section of the configuration: "fsq", "lfq", "vq", "residual", ... (the layers
 // of the residual-* quantizers read the plain quantizer's section).

@@ -24,13 +24,8 @@ std::string format_value(const Value& value);
 
 // One key: its type, default and limits. Build with a factory and chain the limits, e.g.
 // KeySpec::integer("train.batch_size", 64, "Images per step.").in_range(1, 65536).
-struct KeySpec {
-  std::string key;  // dotted: the section path, then the name ("quantizer.fsq.levels")
-  ValueType type = ValueType::Int;
-  Value default_value;
-  std::string help;                  // one line, shown in the resolved config and the docs
-  Limits limits;                     // of numbers and each list element; of a list's length
-  std::vector<std::string> choices;  // for strings and integers (as text); empty means any
+// The key is dotted: the section path, then the name ("quantizer.fsq.levels").
+struct KeySpec : SettingSpec {
   // For strings whose valid values are a pattern rather than a list: throws to refuse one.
   std::function<void(const std::string&)> check;
   std::string check_text;  // the pattern in words ("cpu, cuda or cuda:N")
