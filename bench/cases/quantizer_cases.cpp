@@ -71,6 +71,25 @@ void add_device_cases(const Where& where, std::vector<BenchCase>& cases) {
       cases.push_back(c);
     }
   }
+  // Beam search's top-k over a chunk of tokens' code values: the kernel, and the stable sort it replaced.
+  constexpr int64_t rows = 16384, codes = 65536, top = 8;
+  for (const bool kernel : {true, false}) {
+    BenchCase c;
+    c.name = "top-8 codes";
+    c.shape = std::string("16384 x 65536 values, ") + (kernel ? "kernel" : "torch-op");
+    c.limit = BenchLimit::Bandwidth;
+    c.tokens = static_cast<double>(rows);
+    c.work = rows * codes * 4.0;
+    c.counted = "bytes: the values read once";
+    c.prepare = [where, kernel] {
+      auto values = where.normal({rows, codes}, 14);
+      return std::function<void()>([values, where, kernel] {
+        kernel ? smallest_first(values, top) : quant::detail::smallest_first_sorted(values, top);
+        where.finish();
+      });
+    };
+    cases.push_back(c);
+  }
   BenchCase c;
   c.name = "ema stats";
   c.shape = "65536 tokens d32 K16384";

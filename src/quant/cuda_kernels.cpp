@@ -15,6 +15,7 @@
 
 #include "cuda/kernels.h"
 #include "fsq_noise_hash.h"
+#include "smallest_k.h"
 #endif
 
 namespace lockstep::quant::detail {
@@ -97,6 +98,21 @@ at::Tensor squared_norms_cuda(const at::Tensor& x_in) {
       cuda::squared_norms(x.data_ptr<float>(), x.size(0), x.size(1), norms.data_ptr<float>(), current_stream(x)),
       "squared_norms");
   return norms;
+}
+
+at::Tensor smallest_first_cuda(const at::Tensor& values_in, int64_t k) {
+  check_cuda(values_in, "smallest_first");
+  LOCKSTEP_CHECK_ARG(values_in.dim() == 2 && k >= 1 && k <= values_in.size(1) && k <= smallest_k::kMaxK &&
+                         values_in.scalar_type() != torch::kFloat64,
+                     "smallest_first: the CUDA kernel takes values (n, m) narrower than float64 and 1 <= k <= min(m, ",
+                     smallest_k::kMaxK, "), got ", values_in.scalar_type(), " ", values_in.sizes(), " and k = ", k);
+  const c10::cuda::CUDAGuard guard(values_in.device());
+  const at::Tensor values = values_in.detach().to(torch::kFloat32).contiguous();  // exact: the order is kept
+  at::Tensor out = torch::empty({values.size(0), k}, values.options().dtype(torch::kInt64));
+  check_launch(cuda::smallest_k(values.data_ptr<float>(), values.size(0), values.size(1), static_cast<int>(k),
+                                out.data_ptr<int64_t>(), current_stream(values)),
+               "smallest_first");
+  return out;
 }
 
 void fsq_forward_cuda(const FsqKernelPlan& plan, const at::Tensor& z, at::Tensor& codes, at::Tensor& indices,
@@ -196,6 +212,9 @@ at::Tensor lfq_halves_backward_cuda(const at::Tensor& x_in, double z_scale, cons
 // Never reached: callers ask cuda_kernels_built() first.
 NearestCode nearest_code_cuda(const at::Tensor&, const at::Tensor&, Metric) {
   throw Error("nearest_code: this build has no CUDA kernels");
+}
+at::Tensor smallest_first_cuda(const at::Tensor&, int64_t) {
+  throw Error("smallest_first: this build has no CUDA kernels");
 }
 at::Tensor code_scores_cuda(const at::Tensor&, const at::Tensor&, Metric) {
   throw Error("code_scores: this build has no CUDA kernels");

@@ -16,6 +16,7 @@
 #include "cuda_kernels.h"
 #include "lockstep/core/error.h"
 #include "nearest_code_kernels.h"
+#include "smallest_k.h"
 
 // A fused search, no BLAS: a register-blocked kernel computes R tokens x NB codes of
 // bias + x.(scale e) over the whole of d in vector registers, and folds them at once into a running
@@ -475,12 +476,11 @@ at::Tensor code_scores(const at::Tensor& x, const at::Tensor& codebook, Metric m
 at::Tensor smallest_first(const at::Tensor& values_in, int64_t k) {
   LOCKSTEP_CHECK_ARG(values_in.dim() == 2 && k >= 1 && k <= values_in.size(1),
                      "smallest_first: expected values (n, m) and 1 <= k <= m, got ", values_in.sizes(), " and k = ", k);
-  if (!values_in.device().is_cpu()) {  // NaN as +inf; a stable sort and argmin keep the first of equal values
-    const double inf = std::numeric_limits<double>::infinity();
-    const at::Tensor values = values_in.detach().nan_to_num(inf, inf, -inf);
-    if (k == 1) return values.argmin(1, /*keepdim=*/true);
-    return std::get<1>(values.sort(/*stable=*/true, /*dim=*/1, /*descending=*/false)).narrow(1, 0, k).contiguous();
+  if (values_in.is_cuda() && detail::cuda_kernels_built() && k <= smallest_k::kMaxK &&
+      values_in.scalar_type() != torch::kFloat64 && values_in.size(1) <= std::numeric_limits<int32_t>::max()) {
+    return detail::smallest_first_cuda(values_in, k);
   }
+  if (!values_in.device().is_cpu()) return detail::smallest_first_sorted(values_in, k);
   const bool wide = values_in.scalar_type() == torch::kFloat64;
   const at::Tensor values = values_in.detach().to(wide ? torch::kFloat64 : torch::kFloat32).contiguous();
   at::Tensor out = torch::empty({values.size(0), k}, torch::kInt64);
@@ -498,6 +498,14 @@ NearestCode nearest_codes(const at::Tensor& x, const at::Tensor& codebook, Metri
 }
 
 namespace detail {
+
+at::Tensor smallest_first_sorted(const at::Tensor& values_in, int64_t k) {
+  // NaN as +inf; a stable sort and argmin keep the first of equal values.
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor values = values_in.detach().nan_to_num(inf, inf, -inf);
+  if (k == 1) return values.argmin(1, /*keepdim=*/true);
+  return std::get<1>(values.sort(/*stable=*/true, /*dim=*/1, /*descending=*/false)).narrow(1, 0, k).contiguous();
+}
 
 std::vector<std::string> nearest_code_kernels() {
   std::vector<std::string> names;

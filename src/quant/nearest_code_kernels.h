@@ -33,4 +33,8 @@ at::Tensor code_scores_with_kernel(const at::Tensor& x, const at::Tensor& codebo
 NearestCode nearest_codes_with_kernel(const at::Tensor& x, const at::Tensor& codebook, Metric metric, int64_t k,
                                       const std::string& kernel);
 
+// smallest_first by torch operations (a stable sort, or argmin for k = 1): the path of devices without
+// the top-k kernel, of float64 and of k > 32; any device.
+at::Tensor smallest_first_sorted(const at::Tensor& values, int64_t k);
+
 }  // namespace lockstep::quant::detail

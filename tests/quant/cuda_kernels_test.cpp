@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -174,6 +175,28 @@ TEST_F(CudaKernels, FsqWithoutGradientAndWithManyLevelsEqualsTheCpu) {
 
 // Counts and float64 sums equal the CPU loop's bit for bit (the same additions in the same order),
 // on every run; with most tokens on one code, with empty codes, and with several codebooks.
+// smallest_first's top-k kernel ranks as the CPU does, exactly (the same values): ties, NaN, infinities,
+// every list width, long rows, half precision; k > 32 and float64 keep the sort, with the same result.
+TEST_F(CudaKernels, SmallestFirstOnTheDeviceRanksAsTheCpu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const int64_t m : {1, 40, 1000, 70000}) {
+    at::Tensor values = torch::randint(0, 50, {300, m}).to(torch::kFloat32);
+    values.masked_fill_(torch::rand({300, m}) < 0.01, nan);
+    values.masked_fill_(torch::rand({300, m}) < 0.01, inf);
+    values.masked_fill_(torch::rand({300, m}) < 0.01, -inf);
+    for (const int64_t k : {1, 3, 4, 8, 13, 16, 32, 33}) {
+      if (k > m) continue;
+      const at::Tensor cpu = smallest_first(values, k);
+      EXPECT_TRUE(torch::equal(smallest_first(values.to(cuda), k).cpu(), cpu)) << "m " << m << ", k " << k;
+      EXPECT_TRUE(torch::equal(smallest_first(values.to(cuda).to(torch::kFloat16), k).cpu(),
+                               smallest_first(values.to(torch::kFloat16).to(torch::kFloat32), k)))
+          << "half, m " << m << ", k " << k;
+    }
+    EXPECT_TRUE(torch::equal(smallest_first(values.to(torch::kFloat64).to(cuda), 1).cpu(), smallest_first(values, 1)));
+  }
+  EXPECT_THROW(detail::smallest_first_cuda(torch::zeros({2, 40}, torch::kFloat32).to(cuda), 33), InvalidArgument);
+}
+
 // LFQ's codebook-entropy sum through the kernels (lfq_halves_cuda and its backward) equals the torch-op
 // path's on the same device, value and gradient, for one bit up to 2^18 codes and across chunks.
 TEST_F(CudaKernels, LfqSumProbsAndItsGradientEqualTheTorchOps) {

@@ -18,6 +18,7 @@
 #include "lockstep/quant/residual.h"
 #include "lockstep/quant/vq.h"
 #include "quant/nearest_code_kernels.h"
+#include "quant/smallest_k.h"
 #include "seeded.h"
 
 namespace lockstep::quant {
@@ -123,6 +124,47 @@ TEST(OneDistanceOrder, SmallestFirstKeepsIndexOrderOnTiesAndRanksNanAsInfinity) 
   EXPECT_TRUE(torch::equal(smallest_first(values.to(torch::kFloat64), 3), torch::tensor({{4, 1, 2}, {4, 1, 3}})));
   EXPECT_THROW(smallest_first(values, 7), InvalidArgument);
   EXPECT_THROW(smallest_first(values, 0), InvalidArgument);
+}
+
+// The CUDA top-k kernel's algorithm (smallest_k.h: per-lane lists, then a merge of their heads), run lane
+// by lane on the CPU, gives smallest_first's columns: values drawn from few levels (so many ties), NaN and
+// +-inf among them, every list width, rows shorter than the lanes and rows many times longer.
+template <int W>
+void expect_lanes_rank_as_smallest_first(const at::Tensor& values, int k, int lanes) {
+  const at::Tensor expected = smallest_first(values, k);
+  std::vector<int64_t> got(static_cast<size_t>(k));
+  for (int64_t r = 0; r < values.size(0); ++r) {
+    const at::Tensor row = values[r].contiguous();
+    smallest_k::by_lanes<W>(row.data_ptr<float>(), row.numel(), k, lanes, got.data());
+    ASSERT_TRUE(torch::equal(torch::tensor(got), expected[r]))
+        << "k " << k << ", width " << W << ", " << lanes << " lanes, row " << row;
+  }
+}
+
+TEST(OneDistanceOrder, TheTopkKernelsListsAndMergeRankAsSmallestFirst) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  at::Generator g = seeded(17);
+  for (const int64_t m : {1, 5, 31, 33, 200, 1500}) {
+    at::Tensor values = torch::randint(0, 7, {6, m}, g).to(torch::kFloat32);
+    values.masked_fill_(torch::rand({6, m}, g) < 0.05, nan);
+    values.masked_fill_(torch::rand({6, m}, g) < 0.05, inf);
+    values.masked_fill_(torch::rand({6, m}, g) < 0.02, -inf);
+    if (m > 1) values[0].fill_(nan);  // a row of NaN only: columns in order
+    for (const int k : {1, 2, 4, 5, 8, 9, 16, 17, 32}) {
+      if (k > m) continue;
+      for (const int lanes : {32, 7, 1}) {
+        smallest_k::with_list_width(k, [&](auto width) {
+          static_assert(decltype(width)::value >= 1);
+          ASSERT_GE(decltype(width)::value, k);
+          expect_lanes_rank_as_smallest_first<decltype(width)::value>(values, k, lanes);
+        });
+      }
+      // A list wider than k (a kernel instance serves every k up to its width) ranks the same.
+      expect_lanes_rank_as_smallest_first<32>(values, k, 32);
+      // The sort other devices take (and CUDA's float64 and k > 32) ranks the same.
+      EXPECT_TRUE(torch::equal(detail::smallest_first_sorted(values, k), smallest_first(values, k))) << m << ", " << k;
+    }
+  }
 }
 
 // Vq end to end, the case: quantize_topk's first code is quantize's (encode's) for every

@@ -38,7 +38,8 @@ at::Tensor code_scores(const at::Tensor& x, const at::Tensor& codebook, Metric m
 
 // The order every search ranks in: each row's k smallest of values (n, m), 1 <= k <= m, as (n, k)
 // int64 column indices, smallest first, equal values in index order and NaN as +inf (what
-// nearest_code's fused minimum does). Any device.
+// nearest_code's fused minimum does). Any device; CUDA values with k <= 32 take one pass of a top-k
+// kernel, not a sort.
 at::Tensor smallest_first(const at::Tensor& values, int64_t k);
 
 // Each token's k nearest codes, nearest first, 1 <= k <= codebook size: smallest_first over

@@ -20,6 +20,9 @@ const char* nearest_code(const float* x, const float* codebook, const float* cod
 // tile kernel, told to store): nearest_code's index is the first of each row's smallest.
 const char* code_values(const float* x, const float* codebook, const float* code_bias, int64_t n, int64_t k, int64_t d,
                         float* values, void* stream);
+// Each row's k smallest of values (n, m) row-major, 1 <= k <= 32, into out (n, k): smallest first, equal
+// values by column, NaN as +inf (smallest_first's order; the lists and merge of smallest_k.h).
+const char* smallest_k(const float* values, int64_t n, int64_t m, int k, int64_t* out, void* stream);
 // |x|^2 of each row (n), as nearest_code adds it to its Euclidean score.
 const char* squared_norms(const float* x, int64_t n, int64_t d, float* norms, void* stream);
 
