@@ -208,6 +208,38 @@ at::Tensor lfq_halves_backward_cuda(const at::Tensor& x_in, double z_scale, cons
   return grad_x;
 }
 
+// Tokens (len, bits) of any width: the per-sample entropy has no halves.
+void check_lfq_bits(const at::Tensor& x, const char* what) {
+  check_cuda(x, what);
+  LOCKSTEP_CHECK_ARG(x.dim() == 2 && x.size(1) >= 1 && x.size(1) <= 64 && x.scalar_type() == torch::kFloat32, what,
+                     ": expected float32 tokens (len, bits) with 1 <= bits <= 64, got ", x.scalar_type(), " ",
+                     x.sizes());
+}
+
+at::Tensor lfq_per_sample_cuda(const at::Tensor& x_in, double z_scale) {
+  check_lfq_bits(x_in, "lfq_per_sample");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().contiguous();
+  at::Tensor entropy = torch::empty({x.size(0)}, x.options());
+  check_launch(cuda::lfq_per_sample(x.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                    static_cast<float>(z_scale), entropy.data_ptr<float>(), current_stream(x)),
+               "lfq_per_sample");
+  return entropy;
+}
+
+at::Tensor lfq_per_sample_backward_cuda(const at::Tensor& x_in, double z_scale, const at::Tensor& grad_mean_in) {
+  check_lfq_bits(x_in, "lfq_per_sample_backward");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().contiguous();
+  const at::Tensor grad_mean = grad_mean_in.to(x.options()).reshape({1}).contiguous();
+  at::Tensor grad_x = torch::empty_like(x);
+  check_launch(cuda::lfq_per_sample_backward(x.data_ptr<float>(), x.size(0), static_cast<int>(x.size(1)),
+                                             static_cast<float>(z_scale), grad_mean.data_ptr<float>(),
+                                             grad_x.data_ptr<float>(), current_stream(x)),
+               "lfq_per_sample_backward");
+  return grad_x;
+}
+
 #else
 // Never reached: callers ask cuda_kernels_built() first.
 NearestCode nearest_code_cuda(const at::Tensor&, const at::Tensor&, Metric) {
@@ -231,6 +263,12 @@ std::pair<at::Tensor, at::Tensor> lfq_halves_cuda(const at::Tensor&, double) {
 }
 at::Tensor lfq_halves_backward_cuda(const at::Tensor&, double, const at::Tensor&, const at::Tensor&) {
   throw Error("lfq_halves_backward: this build has no CUDA kernels");
+}
+at::Tensor lfq_per_sample_cuda(const at::Tensor&, double) {
+  throw Error("lfq_per_sample: this build has no CUDA kernels");
+}
+at::Tensor lfq_per_sample_backward_cuda(const at::Tensor&, double, const at::Tensor&) {
+  throw Error("lfq_per_sample_backward: this build has no CUDA kernels");
 }
 #endif
 

@@ -25,5 +25,9 @@ std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, cons
 // lo (len, 2^(bits - h))}, h = bits / 2; and their backward, dhi and dlo -> dL/dx (len, bits).
 std::pair<at::Tensor, at::Tensor> lfq_halves_cuda(const at::Tensor& x, double z_scale);
 at::Tensor lfq_halves_backward_cuda(const at::Tensor& x, double z_scale, const at::Tensor& dhi, const at::Tensor& dlo);
+// LFQ's per-sample entropies of float32 CUDA tokens x (len, bits): each token's sum over its bits (len); and
+// the gradient in x (len, bits) of their mean, given that mean's gradient (a CUDA scalar, not read on the host).
+at::Tensor lfq_per_sample_cuda(const at::Tensor& x, double z_scale);
+at::Tensor lfq_per_sample_backward_cuda(const at::Tensor& x, double z_scale, const at::Tensor& grad_mean);
 
 }  // namespace lockstep::quant::detail

@@ -10,7 +10,8 @@
 // p_c >= 1e-5, and otherwise differ by sum_{c: p_c < 1e-5} p_c log(1e-5 / p_c) <= (number of such
 // codes) * 1e-5 / e per token, which is non-zero only for codes whose probability is within a few
 // orders of magnitude of 1e-5 (saturated codes contribute nothing to either form). We keep the
-// exact value: the clamp is there to avoid log(0), which the factorised form never meets.
+// exact value: the clamp is there to avoid log(0), which the factorised form never meets. On a CUDA
+// device (float32) one kernel sums each token's bits and one runs the mean's backward (cuda/lfq.cu).
 //
 // Codebook entropy. H(mean_t p_t) needs the K-vector sum_t p_t. Split the d bits into the h most
 // significant ("hi", the first h code dimensions) and the l = d - h others ("lo"). The index is
@@ -259,7 +260,33 @@ struct SumProbs : public torch::autograd::Function<SumProbs> {
 
 }  // namespace
 
+namespace {
+// The per-sample entropy of float32 CUDA tokens by two kernels (cuda/lfq.cu): each token's sum, then the
+// backward of their mean in one pass, instead of a dozen elementwise operations and their autograd nodes.
+struct PerSampleEntropy : torch::autograd::Function<PerSampleEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double z_scale) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["z_scale"] = z_scale;
+    return detail::lfq_per_sample_cuda(x, z_scale).mean();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    return {detail::lfq_per_sample_backward_cuda(x, ctx->saved_data["z_scale"].toDouble(), grad[0]), {}};
+  }
+};
+}  // namespace
+
 at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, double code_value) {
+  if (x.size(0) == 0) return torch::zeros({}, x.options());
+  if (x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2 && detail::cuda_kernels_built()) {
+    return PerSampleEntropy::apply(x, 4 * inv_temperature * code_value);
+  }
+  return detail::lfq_per_sample_entropy_ops(x, inv_temperature, code_value);
+}
+
+namespace detail {
+at::Tensor lfq_per_sample_entropy_ops(const at::Tensor& x, double inv_temperature, double code_value) {
   if (x.size(0) == 0) return torch::zeros({}, x.options());
   // H_binary is even in z; in terms of |z| both terms are small and positive, so it stays exact
   // when bits saturate: H = softplus(-|z|) + |z| sigmoid(-|z|).
@@ -267,6 +294,7 @@ at::Tensor lfq_per_sample_entropy(const at::Tensor& x, double inv_temperature, d
   const at::Tensor h = torch::nn::functional::softplus(-z) + z * torch::sigmoid(-z);
   return h.sum(-1).mean();
 }
+}  // namespace detail
 
 namespace {
 at::Tensor sum_probs(const at::Tensor& x, double inv_temperature, double code_value, int64_t budget_bytes,

@@ -47,4 +47,13 @@ LOCKSTEP_HOST_DEVICE inline void add_bit_gradients(const float* x, int m, float 
   for (int k = 0; k < m; ++k) dz[k] += ((index >> (m - 1 - k)) & 1) ? gp * clear[k] : -gp * set[k];
 }
 
+// The per-sample entropy's term of one bit of logit z: H(sigmoid(z)), written in |z| so that both parts
+// stay small and positive when the bit saturates (softplus(-|z|) + |z| sigmoid(-|z|)), as
+// lfq_per_sample_entropy's torch operations; and its derivative in z, -z sigmoid(z) sigmoid(-z).
+LOCKSTEP_HOST_DEVICE inline float bit_entropy(float z) {
+  const float a = fabsf(z);
+  return log1pf(expf(-a)) + a * bit_clear(a);
+}
+LOCKSTEP_HOST_DEVICE inline float bit_entropy_slope(float z) { return -z * bit_set(z) * bit_clear(z); }
+
 }  // namespace lockstep::quant::lfq_halves

@@ -14,6 +14,10 @@ namespace lockstep::quant::detail {
 at::Tensor lfq_sum_probs_ops(const at::Tensor& x, double inv_temperature, double code_value,
                              int64_t budget_bytes = int64_t{64} << 20);
 
+// lfq_per_sample_entropy by torch operations (differentiable twice): what runs on the CPU, for float64 and
+// where the CUDA kernels do not.
+at::Tensor lfq_per_sample_entropy_ops(const at::Tensor& x, double inv_temperature, double code_value);
+
 // The bytes a training call of an LFQ with `codebooks` codebooks of `codes` codes holds at its peak,
 // for the memory check before anything is allocated.
 double lfq_training_bytes(int64_t codebooks, int64_t codes);

@@ -215,6 +215,21 @@ TEST_F(CudaKernels, LfqSumProbsAndItsGradientEqualTheTorchOps) {
   }
 }
 
+// LFQ's per-sample entropy through its kernels equals the torch operations on the same device, value and
+// gradient, from one bit to 18.
+TEST_F(CudaKernels, LfqPerSampleEntropyAndItsGradientEqualTheTorchOps) {
+  for (const int64_t bits : {1, 10, 18}) {
+    const at::Tensor x = (torch::randn({1000, bits}) * 2).to(cuda);
+    const at::Tensor xk = x.clone().requires_grad_(), xo = x.clone().requires_grad_();
+    const at::Tensor kernels = lfq_per_sample_entropy(xk, 0.9, 1.0),
+                     ops = detail::lfq_per_sample_entropy_ops(xo, 0.9, 1.0);
+    (kernels * 3).backward();
+    (ops * 3).backward();
+    EXPECT_NEAR(kernels.item<double>(), ops.item<double>(), 1e-5 * bits) << bits << " bits";
+    EXPECT_TRUE(torch::allclose(xk.grad().cpu(), xo.grad().cpu(), 1e-4, 1e-7)) << bits << " bits";
+  }
+}
+
 TEST_F(CudaKernels, CodeStatisticsEqualTheCpuBitForBitOnEveryRun) {
   const at::Tensor tokens = torch::randn({3, 20000, 24});
   at::Tensor indices = torch::randint(0, 300, {3, 20000}, torch::kInt64);

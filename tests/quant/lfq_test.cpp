@@ -258,6 +258,34 @@ TEST(Lfq, TheKernelsEntriesAndBitGradientsGiveTheSumAndItsGradient) {
   }
 }
 
+// The per-sample kernels' arithmetic (lfq_halves.h's bit_entropy and its slope, summed per token, the mean's
+// gradient spread over the tokens) gives lfq_per_sample_entropy's value and gradient, saturated bits and
+// bits at z = 0 among them.
+TEST(Lfq, TheKernelsBitEntropiesGiveThePerSampleEntropyAndItsGradient) {
+  torch::manual_seed(8);
+  const double inv_t = 0.7, a = 0.5;
+  const float z_scale = static_cast<float>(4 * inv_t * a);
+  at::Tensor x = torch::randn({9, 12}) * 3;
+  x[0][0] = 0.0f;
+  x[1][1] = 60.0f;
+  x[2][2] = -60.0f;
+  const at::Tensor xg = x.clone().requires_grad_();
+  const at::Tensor ops = detail::lfq_per_sample_entropy_ops(xg, inv_t, a);
+  (ops * 2.5).backward();
+  at::Tensor sums = torch::zeros({9}), grad = torch::empty_like(x);
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    for (int64_t j = 0; j < x.size(1); ++j) {
+      const float z = x[t][j].item<float>() * z_scale;
+      sums[t] += lfq_halves::bit_entropy(z);
+      grad[t][j] = 2.5f / static_cast<float>(x.size(0)) * z_scale * lfq_halves::bit_entropy_slope(z);
+    }
+  }
+  EXPECT_NEAR(sums.mean().item<double>(), ops.item<double>(), 1e-5);
+  EXPECT_TRUE(torch::allclose(grad, xg.grad(), 1e-5, 1e-7)) << grad << "\n" << xg.grad();
+  EXPECT_FLOAT_EQ(lfq_halves::bit_entropy(0.0f), std::log(2.0f));
+  EXPECT_EQ(lfq_halves::bit_entropy_slope(0.0f), 0.0f);
+}
+
 TEST(Lfq, ChunksGrowWithTheBudgetAndNeedOnlySqrtKPerToken) {
   EXPECT_EQ(lfq_chunk_tokens(24, 8, 1), 1);  // never below one token
   for (int64_t bits : {1, 2, 7, 10, 16, 24}) {

@@ -61,4 +61,10 @@ const char* lfq_halves(const float* x, int64_t len, int bits, float z_scale, flo
 const char* lfq_halves_backward(const float* x, const float* dhi, const float* dlo, int64_t len, int bits,
                                 float z_scale, float* grad_x, void* stream);
 
+// LFQ's per-sample entropy of float32 tokens x (len, bits): entropy (len) the sum of each token's bits'
+// entropies (lfq_halves::bit_entropy); and the backward of their mean, grad_mean a device scalar.
+const char* lfq_per_sample(const float* x, int64_t len, int bits, float z_scale, float* entropy, void* stream);
+const char* lfq_per_sample_backward(const float* x, int64_t len, int bits, float z_scale, const float* grad_mean,
+                                    float* grad_x, void* stream);
+
 }  // namespace lockstep::quant::cuda

@@ -51,6 +51,28 @@ __global__ void halves_backward(const float* __restrict__ x, const float* __rest
   }
 }
 
+// One thread per token: the sum of its bits' entropies.
+__global__ void per_sample(const float* __restrict__ x, int64_t len, int bits, float z_scale,
+                           float* __restrict__ entropy) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < len;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < bits; ++j) sum += lfq_halves::bit_entropy(x[t * bits + j] * z_scale);
+    entropy[t] = sum;
+  }
+}
+
+// One thread per element: dL/dx = dL/d(mean) / len * z_scale * dH/dz; the mean's gradient read on the
+// device (no copy to the host).
+__global__ void per_sample_backward(const float* __restrict__ x, int64_t elements, int64_t len, float z_scale,
+                                    const float* __restrict__ grad_mean, float* __restrict__ grad_x) {
+  const float g = *grad_mean / static_cast<float>(len) * z_scale;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < elements;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    grad_x[i] = g * lfq_halves::bit_entropy_slope(x[i] * z_scale);
+  }
+}
+
 const char* launched() {
   const cudaError_t error = cudaGetLastError();
   return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
@@ -79,6 +101,26 @@ const char* lfq_halves_backward(const float* x, const float* dhi, const float* d
   if (blocks > 0x7fffffff) return "lfq_halves_backward: too many tokens";
   halves_backward<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(
       x, dhi, dlo, len, bits, bits / 2, z_scale, grad_x);
+  return launched();
+}
+
+const char* lfq_per_sample(const float* x, int64_t len, int bits, float z_scale, float* entropy, void* stream) {
+  if (len == 0) return nullptr;
+  constexpr int threads = 256;
+  const int64_t blocks = std::min<int64_t>((len + threads - 1) / threads, int64_t{1} << 20);
+  per_sample<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(x, len, bits, z_scale,
+                                                                                               entropy);
+  return launched();
+}
+
+const char* lfq_per_sample_backward(const float* x, int64_t len, int bits, float z_scale, const float* grad_mean,
+                                    float* grad_x, void* stream) {
+  if (len == 0) return nullptr;
+  const int64_t elements = len * bits;
+  constexpr int threads = 256;
+  const int64_t blocks = std::min<int64_t>((elements + threads - 1) / threads, int64_t{1} << 20);
+  per_sample_backward<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, elements, len, z_scale, grad_mean, grad_x);
   return launched();
 }
 
