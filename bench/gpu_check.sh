@@ -19,6 +19,8 @@
 #   unit-suite    the rest of the unit tests on this machine (not the CLI or Python tests)
 #   bench         lockstep bench quantizers on the CPU (all cores) and on cuda:0, side by side
 #   train-cuda    the demo on cuda:0 beside the demo on the CPU: time and test PSNR
+#   train-vs-torch the CLI trainer beside a plain PyTorch loop of the same architecture (the demo's), same
+#                 Fashion-MNIST images and steps, on cuda:0: images/s of each (python/bench/trainer_vs_pytorch.py)
 #   recipe-cuda   the recipe of docs/losses.md (bench/recipe_folder.sh, 2000 steps) on cuda:0: the
 #                 held-out figures with MSE alone and with L1 + adversarial; needs a build that decodes
 #                 images (OpenCV) and the example photos (--deps DIR/opencv-images)
@@ -120,7 +122,7 @@ if grep -q 'cuda:0' "$logs/doctor.log" && [[ $nccl_row == *built* && $nccl_row !
 else
   fail doctor "lockstep doctor: $(grep -m1 'CUDA devices' "$logs/doctor.log" | xargs); $nccl_row"
 fi
-((gpus > 0)) || { skip "cuda-tests bench train-cuda nccl-*" "no GPU"; finish; }
+((gpus > 0)) || { skip "cuda-tests bench train-cuda train-vs-torch nccl-*" "no GPU"; finish; }
 
 # --- the CUDA unit tests
 "$build/tests/lockstep_tests" --gtest_filter='CudaKernels.*:CudaPaths.*:CudaTraining.*' > "$logs/cuda-tests.log" 2>&1
@@ -220,6 +222,16 @@ if demo train-cuda cuda:0; then
   pass train-cuda "demo on cuda:0 ${gpu_secs} s, test PSNR ${gpu_psnr} dB; on the CPU ($(nproc) cores) ${secs} s, ${psnr} dB"
 else
   fail train-cuda "$(grep -m1 'error' "$logs/train-cuda.log" | cut -c1-200)"
+fi
+
+# --- the CLI trainer beside research-style PyTorch code of the same architecture, same data and steps
+steps_vs=$((quick ? 300 : 1000))
+if PYTHONPATH="$build/python" python3 "$src/python/bench/trainer_vs_pytorch.py" --lockstep "$bin" --data "$data" \
+    --device cuda:0 --steps "$steps_vs" > "$logs/train-vs-torch.log" 2>&1; then
+  pass train-vs-torch "$steps_vs steps on cuda:0, images/s: $(grep -E '^\| (lockstep|PyTorch)|^ratio' \
+    "$logs/train-vs-torch.log" | cut -d'|' -f2,3 | xargs | cut -c1-300)"
+else
+  fail train-vs-torch "$(tail -1 "$logs/train-vs-torch.log" | cut -c1-200)"
 fi
 
 # --- the recipe of docs/losses.md on the GPU
