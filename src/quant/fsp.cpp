@@ -18,16 +18,6 @@ constexpr double kBinStd = 0.28867513459481287;  // sqrt(1/12): the std of a uni
 constexpr double kStdFloor = 1e-8;               // the regulariser's floor on a channel's std
 constexpr double kConstantSpread = 1e-6;         // variance / mean^2 below which a channel counts as constant
 
-struct Activation {
-  const char* name;
-  FspActivation value;
-};
-constexpr Activation kActivations[] = {{"tanh", FspActivation::Tanh},
-                                       {"sigmoid", FspActivation::Sigmoid},
-                                       {"normal", FspActivation::Normal},
-                                       {"laplace", FspActivation::Laplace},
-                                       {"cauchy", FspActivation::Cauchy}};
-
 // One 64-bit key from the context's generator (torch's default CPU generator when undefined).
 uint64_t draw_key(const QuantizeContext& ctx) {
   at::Generator gen = ctx.generator.defined() ? ctx.generator : at::detail::getDefaultCPUGenerator();
@@ -37,21 +27,23 @@ uint64_t draw_key(const QuantizeContext& ctx) {
 
 }  // namespace
 
+const std::vector<std::string>& choice_names(FspActivation) {
+  static const std::vector<std::string> names = {"tanh", "sigmoid", "normal", "laplace", "cauchy"};
+  return names;
+}
+
 FspActivation fsp_activation(const std::string& name) {
-  for (const Activation& a : kActivations) {
-    if (name == a.name) return a.value;
-  }
-  throw InvalidArgument("fsp: no activation '" + name + "' (tanh, sigmoid, normal, laplace or cauchy)");
+  return choice_from_name<FspActivation>("fsp", "activation", name);
 }
 
-std::string fsp_activation_name(FspActivation activation) {
-  for (const Activation& a : kActivations) {
-    if (a.value == activation) return a.name;
-  }
-  return "?";
+std::string fsp_activation_name(FspActivation activation) { return choice_name(activation); }
+
+const std::vector<std::string>& choice_names(FspNormPreset) {
+  static const std::vector<std::string> names = {"none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"};
+  return names;
 }
 
-FspNorm FspNorm::preset(const std::string& name) {
+FspNorm FspNorm::preset(FspNormPreset preset) {
   // (targets, weights) of mean, variance, skewness, excess kurtosis, as the reference's presets.
   const auto make = [](std::array<double, 4> targets, std::array<double, 4> weights) {
     FspNorm n;
@@ -59,14 +51,25 @@ FspNorm FspNorm::preset(const std::string& name) {
     n.weights = weights;
     return n;
   };
-  if (name == "none") return make({0, 1, 0, 0}, {0, 0, 0, 0});
-  if (name == "var") return make({0, 1, 0, 0}, {0.1, 0.07, 0, 0});
-  if (name == "kurt") return make({0, 1, 0, 0}, {0.1, 0.07, 0.06, 0.05});
-  if (name == "var_tanh") return make({0, 0.8225, 0, 0}, {0.1, 0.07, 0, 0});
-  if (name == "var_sigmoid") return make({0, 3.29, 0, 0}, {0.1, 0.07, 0, 0});
-  if (name == "var_laplace") return make({0, 2.0, 0, 0}, {0.1, 0.07, 0, 0});
-  throw InvalidArgument("fsp: no vector_norm preset '" + name +
-                        "' (none, var, kurt, var_tanh, var_sigmoid or var_laplace)");
+  switch (preset) {
+    case FspNormPreset::None:
+      return make({0, 1, 0, 0}, {0, 0, 0, 0});
+    case FspNormPreset::Var:
+      return make({0, 1, 0, 0}, {0.1, 0.07, 0, 0});
+    case FspNormPreset::Kurt:
+      return make({0, 1, 0, 0}, {0.1, 0.07, 0.06, 0.05});
+    case FspNormPreset::VarTanh:
+      return make({0, 0.8225, 0, 0}, {0.1, 0.07, 0, 0});
+    case FspNormPreset::VarSigmoid:
+      return make({0, 3.29, 0, 0}, {0.1, 0.07, 0, 0});
+    case FspNormPreset::VarLaplace:
+      return make({0, 2.0, 0, 0}, {0.1, 0.07, 0, 0});
+  }
+  throw InvalidArgument("fsp: no such vector_norm preset");
+}
+
+FspNorm FspNorm::preset(const std::string& name) {
+  return preset(choice_from_name<FspNormPreset>("fsp", "vector_norm", name));
 }
 
 int64_t FspOptions::codebook_size() const {
@@ -85,7 +88,7 @@ void FspOptions::validate() const {
   }
   LOCKSTEP_CHECK_ARG(product <= 2147483648.0, "fsp: the levels' product ", product, " exceeds 2^31 codes");
   LOCKSTEP_CHECK_ARG(dim() >= 1, "fsp: dim = ", dim(), " must be >= 1");
-  for (double w : norm_.weights) {
+  for (double w : norm().weights) {
     LOCKSTEP_CHECK_ARG(std::isfinite(w) && w >= 0, "fsp: a vector_norm weight is ", w, ", it must be finite and >= 0");
   }
 }
@@ -215,14 +218,15 @@ QuantizerOutput Fsp::quantize(const at::Tensor& x, const QuantizeContext& ctx) {
   QuantizerOutput out;
 
   // The regulariser: power sums of the channels in float64, the global batch's in training.
-  const FspNorm& norm = options_.norm();
+  const FspNorm norm = options_.norm();
   if (!norm.any()) {
     out.losses["norm"] = z.sum() * 0;  // no weight: a zero that still carries the call's graph
   } else {
     const at::Tensor flat = z.reshape({-1, cd}).to(torch::kDouble);
     const at::Tensor packed = torch::cat({torch::full({1}, static_cast<double>(flat.size(0)), flat.options()),
                                           flat.sum(0), flat.pow(2).sum(0), flat.pow(3).sum(0), flat.pow(4).sum(0)});
-    const auto loss_of = [&norm, cd](const at::Tensor& s) { return fsp_norm_loss(s, norm, cd); };
+    // By value: a distributed reducer calls it again in the backward, after this call has returned.
+    const auto loss_of = [norm, cd](const at::Tensor& s) { return fsp_norm_loss(s, norm, cd); };
     LocalReducer local;
     Reducer* reducer = is_training() && ctx.reducer ? ctx.reducer : &local;
     out.losses["norm"] = reducer->apply_to_sum(packed, loss_of, LOCKSTEP_CALL_SITE("fsp.moments")).to(torch::kFloat32);

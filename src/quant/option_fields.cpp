@@ -24,6 +24,12 @@ void check_list(const char* owner, const char* key, const std::vector<T>& values
 
 }  // namespace
 
+void throw_not_a_choice(const char* owner, const char* key, const std::string& name,
+                        const std::vector<std::string>& names) {
+  throw InvalidArgument(::lockstep::detail::concat(owner, ": ", key, " = '", name,
+                                                   "' is not one of: ", ::lockstep::detail::concat_list(names)));
+}
+
 void check_field(const char* owner, const char* key, double value, const Limits& limits) {
   check_number(owner, key, value, limits);
 }

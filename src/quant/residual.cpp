@@ -21,7 +21,8 @@ void ResidualOptions::validate() const {
   LOCKSTEP_CHECK_ARG(codebook_sizes_.empty() || static_cast<int64_t>(codebook_sizes_.size()) == num_quantizers_,
                      "residual: codebook_sizes names ", codebook_sizes_.size(),
                      " layers, num_quantizers = ", num_quantizers_);
-  LOCKSTEP_CHECK_ARG(eval_beam_size_ >= 0, "residual: eval_beam_size = ", eval_beam_size_, " must be >= 0");
+  LOCKSTEP_CHECK_ARG(eval_beam_size_.value_or(0) >= 0, "residual: eval_beam_size = ", eval_beam_size_.value_or(0),
+                     " must be >= 0");
   LOCKSTEP_CHECK_ARG(beam_score_weights_.empty() || static_cast<int64_t>(beam_score_weights_.size()) == num_quantizers_,
                      "residual: beam_score_weights has ", beam_score_weights_.size(),
                      " weights, num_quantizers = ", num_quantizers_);

@@ -23,6 +23,7 @@
 #include "lockstep/quant/vq.h"
 #include "lockstep/train/config.h"
 #include "lockstep/train/model_factory.h"
+#include "quant/option_readers.h"
 
 namespace lockstep::train {
 namespace {
@@ -133,29 +134,38 @@ TEST(QuantizerDefaults, EveryDeclaredOptionIsReadByTheRegistry) {
   EXPECT_THROW(quant::default_option_reader("vq").real("dim"), InvalidArgument);  // an integer
 }
 
-// An options struct's field list (option_fields.h) is its section's options, with the struct's
-// defaults, limits and help; validate() refuses a value just outside each limit, or not finite, naming it.
+// An options struct's .def list (option_fields.h) is its section's options, every one of them and in its
+// order, with the struct's declared defaults (a constructor argument at the CLI's, an optional's key 0, a
+// choice by name with every name its choices), limits and help; validate() refuses a field just outside
+// each limit, or not finite, naming it.
 template <typename Options>
-void expect_fields_declared_and_checked(const std::string& section, const Options& defaults) {
+void expect_fields_declared_and_checked(const std::string& section) {
   const quant::OptionSection* declared = nullptr;
   for (const auto& s : quant::quantizer_option_sections()) {
     if (s.name == section) declared = &s;
   }
   ASSERT_NE(declared, nullptr) << section;
+  const Options defaults = Options::declared_defaults();
   size_t fields = 0;
   Options::visit_fields(defaults, [&](const char* key, const auto& value, const Limits& limits, const char* help) {
     using T = std::decay_t<decltype(value)>;
-    ++fields;
-    const quant::OptionSpec* spec = nullptr;
-    for (const auto& o : declared->options) {
-      if (o.key == key) spec = &o;
+    ASSERT_LT(fields, declared->options.size()) << section << "." << key;
+    const quant::OptionSpec& spec = declared->options[fields++];
+    ASSERT_EQ(spec.key, key) << section << ": the section's order is the .def list's";
+    if constexpr (quant::is_required<T>::value || quant::is_key_only<T>::value) {
+      EXPECT_TRUE(spec.default_value == Value(value.value)) << key;
+    } else if constexpr (quant::is_optional<T>::value) {
+      EXPECT_FALSE(value.has_value()) << key << ": unset by default";
+      EXPECT_TRUE(spec.default_value == Value(typename T::value_type{})) << key << ": 0 means unset";
+    } else if constexpr (std::is_enum_v<T>) {
+      EXPECT_TRUE(spec.default_value == Value(quant::choice_name(value))) << key;
+      EXPECT_EQ(spec.choices, quant::choice_names(value)) << key;
+    } else {
+      EXPECT_TRUE(spec.default_value == Value(value)) << key;
     }
-    ASSERT_NE(spec, nullptr) << section << "." << key;
-    ASSERT_TRUE(std::holds_alternative<T>(spec->default_value)) << key;
-    EXPECT_EQ(std::get<T>(spec->default_value), value) << key;
-    EXPECT_TRUE(spec->limits.min == limits.min && spec->limits.min_exclusive == limits.min_exclusive) << key;
-    EXPECT_TRUE(spec->limits.max == limits.max && spec->limits.max_exclusive == limits.max_exclusive) << key;
-    EXPECT_EQ(spec->help, help) << key;
+    EXPECT_TRUE(spec.limits.min == limits.min && spec.limits.min_exclusive == limits.min_exclusive) << key;
+    EXPECT_TRUE(spec.limits.max == limits.max && spec.limits.max_exclusive == limits.max_exclusive) << key;
+    EXPECT_EQ(spec.help, help) << key;
     if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
       std::vector<double> outside;
       if (limits.min) outside.push_back(limits.min_exclusive ? *limits.min : *limits.min - 1);
@@ -163,7 +173,7 @@ void expect_fields_declared_and_checked(const std::string& section, const Option
       if (std::is_floating_point_v<T>) outside.push_back(std::numeric_limits<double>::quiet_NaN());
       for (const double bad : outside) {
         Options options = defaults;
-        Options::visit_fields(options, [&](const char* k, auto& v, const Limits&, const char*) {
+        Options::visit_fields(options, [&](const char* k, auto&& v, const Limits&, const char*) {
           if constexpr (std::is_same_v<std::decay_t<decltype(v)>, T>) {
             if (std::string(k) == key) v = static_cast<T>(bad);
           }
@@ -177,18 +187,53 @@ void expect_fields_declared_and_checked(const std::string& section, const Option
       }
     }
   });
-  EXPECT_GT(fields, 0u);
+  EXPECT_EQ(fields, declared->options.size()) << section << ": every option is a line of its .def list";
   EXPECT_NO_THROW(defaults.validate());
 }
 
-TEST(QuantizerDefaults, EveryDeclaredFieldIsItsSectionsOptionAndItsLimitsAreChecked) {
-  expect_fields_declared_and_checked("fsq", quant::FsqOptions({8, 5, 5, 5}));
-  expect_fields_declared_and_checked("lfq", quant::LfqOptions(1024));
-  expect_fields_declared_and_checked("vq", quant::VqOptions(8, 512));
-  expect_fields_declared_and_checked("simvq", quant::SimVqOptions(8, 512));
-  expect_fields_declared_and_checked("latent", quant::LatentQuantizeOptions({8, 5, 5, 5}));
-  expect_fields_declared_and_checked("fsp", quant::FspOptions({8, 5, 5, 5}));
-  expect_fields_declared_and_checked("residual", quant::ResidualOptions(4));
+TEST(QuantizerDefaults, EveryOptionIsALineOfItsStructsListAndItsLimitsAreChecked) {
+  expect_fields_declared_and_checked<quant::FsqOptions>("fsq");
+  expect_fields_declared_and_checked<quant::LfqOptions>("lfq");
+  expect_fields_declared_and_checked<quant::VqOptions>("vq");
+  expect_fields_declared_and_checked<quant::SimVqOptions>("simvq");
+  expect_fields_declared_and_checked<quant::LatentQuantizeOptions>("latent");
+  expect_fields_declared_and_checked<quant::FspOptions>("fsp");
+  expect_fields_declared_and_checked<quant::ResidualOptions>("residual");
+}
+
+// The kinds read back as declared: a constructor argument, an optional's 0 (unset: the struct's fallback) and a
+// set value, a choice by name (a name not among them refused, naming it), the keys VQ's reader maps.
+TEST(QuantizerDefaults, EachKindOfOptionIsReadAsDeclared) {
+  using quant::default_option_reader;
+  const quant::VqOptions vq = quant::sections::vq_options(default_option_reader(
+      "vq", {{"vq.dim", int64_t{16}}, {"vq.codebook_dim", int64_t{4}}, {"vq.cosine", true},
+             {"vq.rotation_trick", false}}));
+  EXPECT_EQ(vq.dim(), 16);
+  EXPECT_EQ(vq.codebook_dim(), 4);
+  EXPECT_TRUE(vq.use_cosine_sim());
+  EXPECT_EQ(vq.estimator(), quant::VqEstimator::StraightThrough);
+  EXPECT_EQ(quant::sections::vq_options(default_option_reader("vq", {{"vq.dim", int64_t{16}}})).codebook_dim(), 16);
+  EXPECT_EQ(quant::sections::vq_options(default_option_reader("vq")).estimator(), quant::VqEstimator::RotationTrick);
+  const quant::FspOptions fsp = quant::sections::fsp_options(default_option_reader(
+      "fsp", {{"fsp.activation", std::string("laplace")}, {"fsp.vector_norm", std::string("kurt")}}));
+  EXPECT_EQ(fsp.activation(), quant::FspActivation::Laplace);
+  EXPECT_EQ(fsp.norm().weights, quant::FspNorm::preset("kurt").weights);
+  EXPECT_EQ(quant::sections::fsp_options(default_option_reader("fsp")).norm().targets,
+            quant::FspNorm::preset("var_tanh").targets);
+  const quant::ResidualOptions residual = quant::sections::residual_options(
+      default_option_reader("residual", {{"residual.beam_size", int64_t{3}}, {"residual.num_quantizers", int64_t{6}}}));
+  EXPECT_EQ(residual.num_quantizers(), 6);
+  EXPECT_EQ(residual.eval_beam_size(), 3) << "0: the training beam";
+  EXPECT_EQ(quant::sections::fsq_options(default_option_reader("fsq")).dim(), std::nullopt);
+  EXPECT_EQ(quant::sections::fsq_options(default_option_reader("fsq", {{"fsq.dim", int64_t{12}}})).dim(), 12);
+  EXPECT_THROW(quant::fsp_activation("relu"), InvalidArgument);
+  try {
+    quant::FspNorm::preset("varr");
+    ADD_FAILURE() << "an unknown preset accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("fsp: vector_norm = 'varr' is not one of: none, var, kurt"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Overrides are held to the declarations: an undeclared key, a wrong type, a string not among the

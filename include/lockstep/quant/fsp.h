@@ -20,7 +20,8 @@ namespace lockstep::quant {
 
 // The CDF that maps a channel into [0, 1] (its inverse maps a bin back with need_inv_act).
 enum class FspActivation { Tanh, Sigmoid, Normal, Laplace, Cauchy };
-FspActivation fsp_activation(const std::string& name);  // "tanh", ...; InvalidArgument listing them
+const std::vector<std::string>& choice_names(FspActivation);  // "tanh", "sigmoid", ...: the key's values
+FspActivation fsp_activation(const std::string& name);         // InvalidArgument listing the names
 std::string fsp_activation_name(FspActivation activation);
 // The CDF, elementwise: (-inf, inf) -> [0, 1]; differentiable. The reference's build_cdf_act pair.
 at::Tensor fsp_activate(FspActivation activation, const at::Tensor& z);
@@ -29,61 +30,44 @@ at::Tensor fsp_invert(FspActivation activation, const at::Tensor& p);
 
 // The regulariser's targets and weights, for mean, variance, skewness and excess kurtosis in that
 // order: sum_k weight_k * mean over channels of (statistic_k - target_k)^2.
+// The reference's presets of it (the key `vector_norm`).
+enum class FspNormPreset { None, Var, Kurt, VarTanh, VarSigmoid, VarLaplace };
+const std::vector<std::string>& choice_names(FspNormPreset);  // "none", "var", "kurt", "var_tanh", ...
+
 struct FspNorm {
   std::array<double, 4> targets{};
   std::array<double, 4> weights{};
-  // The reference's presets: "none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"
-  // (InvalidArgument listing them for another name).
-  static FspNorm preset(const std::string& name);
+  static FspNorm preset(FspNormPreset preset);
+  static FspNorm preset(const std::string& name);  // InvalidArgument listing the names for another
+
   bool any() const { return weights[0] > 0 || weights[1] > 0 || weights[2] > 0 || weights[3] > 0; }
 };
 
 struct FspOptions {
   explicit FspOptions(std::vector<int64_t> levels) : levels_(std::move(levels)) {}
 
-  // Input dimension; linear projections in and out when it differs from len(levels). Unset: none.
-  FspOptions& dim(int64_t d) {
-    dim_ = d;
-    return *this;
-  }
-  FspOptions& activation(FspActivation a) {
-    activation_ = a;
-    return *this;
-  }
+  // A regulariser of its own, in place of vector_norm's preset.
   FspOptions& norm(FspNorm n) {
     norm_ = n;
     return *this;
   }
-  const std::vector<int64_t>& levels() const { return levels_; }
   int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
+  // Input dimension; linear projections in and out when it differs from len(levels). Unset: none.
   int64_t dim() const { return dim_.value_or(codebook_dim()); }
-  FspActivation activation() const { return activation_; }
-  const FspNorm& norm() const { return norm_; }
+  FspNorm norm() const { return norm_ ? *norm_ : FspNorm::preset(vector_norm_); }
   int64_t codebook_size() const;  // the product of the levels
 
-  // Every other option: fsp_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(FspOptions, type, name, value)
-#include "lockstep/quant/fsp_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of fsp_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/fsp_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: fsp_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS FspOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/fsp_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument with the value: a field outside its limits, no levels, a level < 2 or
   // > 2^22, a product above 2^31, dim < 1, a negative or non-finite norm weight.
   void validate() const;
 
  private:
-  std::vector<int64_t> levels_;
-  std::optional<int64_t> dim_;
-  FspActivation activation_ = FspActivation::Tanh;
-  FspNorm norm_ = FspNorm::preset("var_tanh");
+  std::optional<FspNorm> norm_;
 };
 
 // What the reference returns beside the output, of one call's tokens on this holder.

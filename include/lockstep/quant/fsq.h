@@ -20,35 +20,17 @@ struct FsqOptions {
   explicit FsqOptions(std::vector<int64_t> levels) : levels_(std::move(levels)) {}
 
   // Input dimension; unset means levels.size() * num_codebooks (no projection).
-  FsqOptions& dim(int64_t d) {
-    dim_ = d;
-    return *this;
-  }
-  const std::vector<int64_t>& levels() const { return levels_; }
   std::optional<int64_t> dim() const { return dim_; }
 
-  // Every other option: fsq_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(FsqOptions, type, name, value)
-#include "lockstep/quant/fsq_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of fsq_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/fsq_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: fsq_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS FsqOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/fsq_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument with the values: a field outside its limits, a level < 2 or > 2^22 (float32
   // rounding limit), no levels, a product of levels beyond 2^31, dim < 1, or noise_dropout > 0 without
   // preserve_symmetry.
   void validate() const;
-
- private:
-  std::vector<int64_t> levels_;
-  std::optional<int64_t> dim_;
 };
 
 namespace detail {

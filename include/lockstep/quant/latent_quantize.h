@@ -17,38 +17,20 @@ namespace lockstep::quant {
 struct LatentQuantizeOptions {
   explicit LatentQuantizeOptions(std::vector<int64_t> levels) : levels_(std::move(levels)) {}
 
+  int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
   // Channels of the input; linear projections (with bias) in and out when it differs from
   // len(levels) x num_codebooks. Unset means no projection.
-  LatentQuantizeOptions& dim(int64_t d) {
-    dim_ = d;
-    return *this;
-  }
-  const std::vector<int64_t>& levels() const { return levels_; }
-  int64_t codebook_dim() const { return static_cast<int64_t>(levels_.size()); }
   int64_t dim() const { return dim_.value_or(codebook_dim() * num_codebooks_); }
   int64_t codebook_size() const;  // the product of the levels
 
-  // Every other option: latent_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(LatentQuantizeOptions, type, name, value)
-#include "lockstep/quant/latent_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of latent_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/latent_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: latent_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS LatentQuantizeOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/latent_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument with the value: a field outside its limits, no levels, a level < 2, a
   // product above 2^31, dim < 1.
   void validate() const;
-
- private:
-  std::vector<int64_t> levels_;
-  std::optional<int64_t> dim_;
 };
 
 class LatentQuantize final : public Quantizer {

@@ -19,34 +19,16 @@ struct LfqOptions {
   explicit LfqOptions(int64_t codebook_size) : codebook_size_(codebook_size) {}
 
   // Input dimension; unset (or 0 through the registry) means num_codebooks * log2 K (no projection).
-  LfqOptions& dim(int64_t d) {
-    dim_ = d;
-    return *this;
-  }
-  int64_t codebook_size() const { return codebook_size_; }
   std::optional<int64_t> dim() const { return dim_; }
 
-  // Every other option: lfq_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(LfqOptions, type, name, value)
-#include "lockstep/quant/lfq_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of lfq_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/lfq_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: lfq_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS LfqOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/lfq_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument naming the value: a field outside its limits, K not a power of two in
   // [2, 2^24], dim < 1.
   void validate() const;
-
- private:
-  int64_t codebook_size_;
-  std::optional<int64_t> dim_;
 };
 
 // vector-quantize-pytorch's LossBreakdown of one LFQ call: the unweighted terms of its loss.

@@ -1,11 +1,8 @@
-// Every quantizer option, declared once: its key, default, limits and help. Most are a line of their
-// options struct's field list (quant/*_options.def, option_fields.h), with the struct's default; the
-// rest, in option_specs.cpp beside the section that reads them, are what a struct takes otherwise:
-// constructor arguments (VQ's dim, FSQ's levels, ...; their CLI default stated there), values with a
-// meaning of their own (0 for "unset"), enums read from strings. The configuration schema of
-// `lockstep train` is assembled from these sections ("quantizer.vq.decay"), and docs/quantizers.md's
-// option tables from that schema, so the library, the CLI and the docs give the same defaults. Free of
-// torch headers.
+// Every quantizer option, declared once: its key, default, limits and help, each a line of its options struct's
+// field list (quant/*_options.def, option_fields.h), read by the section's reader (option_specs.cpp); only
+// [quantizer.grouped]'s one key, which has no options struct, is declared there. The configuration schema of
+// `lockstep train` is assembled from these sections ("quantizer.vq.decay"), and docs/quantizers.md's option
+// tables from that schema, so the library, the CLI and the docs give the same defaults. Free of torch headers.
 #pragma once
 
 #include <cstdint>

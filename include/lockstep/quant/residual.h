@@ -22,36 +22,18 @@ namespace lockstep::quant {
 struct ResidualOptions {
   explicit ResidualOptions(int64_t num_quantizers) : num_quantizers_(num_quantizers) {}
 
-  // residual-vq: the beam in evaluation (Residual::quantize_beam); 0 means beam_size.
-  ResidualOptions& eval_beam_size(int64_t b) {
-    eval_beam_size_ = b;
-    return *this;
-  }
-  int64_t num_quantizers() const { return num_quantizers_; }
-  int64_t eval_beam_size() const { return eval_beam_size_ > 0 ? eval_beam_size_ : beam_size_; }
+  // residual-vq: the beam in evaluation (Residual::quantize_beam); unset or 0 means beam_size.
+  int64_t eval_beam_size() const { return eval_beam_size_.value_or(0) > 0 ? *eval_beam_size_ : beam_size_; }
 
-  // Every other option: residual_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(ResidualOptions, type, name, value)
-#include "lockstep/quant/residual_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of residual_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/residual_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: residual_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS ResidualOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/residual_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument with the value: a field outside its limits, num_quantizers < 1, a cutoff
   // index beyond the last layer, codebook_sizes or beam_score_weights neither empty nor one per layer, a
   // negative eval_beam_size.
   void validate() const;
-
- private:
-  int64_t num_quantizers_;
-  int64_t eval_beam_size_ = 0;
 };
 
 class Residual final : public Quantizer {

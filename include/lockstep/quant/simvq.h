@@ -17,36 +17,16 @@ struct SimVqOptions {
   SimVqOptions(int64_t dim, int64_t codebook_size) : dim_(dim), codebook_size_(codebook_size) {}
 
   // Length of the frozen codes, mapped to dim by the learned linear layer; unset means dim.
-  SimVqOptions& frozen_codebook_dim(int64_t d) {
-    frozen_codebook_dim_ = d;
-    return *this;
-  }
-  int64_t dim() const { return dim_; }
-  int64_t codebook_size() const { return codebook_size_; }
   int64_t frozen_codebook_dim() const { return frozen_codebook_dim_.value_or(dim_); }
 
-  // Every other option: simvq_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(SimVqOptions, type, name, value)
-#include "lockstep/quant/simvq_options.def"
-#undef LOCKSTEP_FIELD
-
-  // visit(key, member, limits, help) for each field of simvq_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit) {
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/simvq_options.def"
-#undef LOCKSTEP_FIELD
-  }
+  // Every option: simvq_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS SimVqOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/simvq_options.def"
+#include "lockstep/quant/option_fields.inc"
 
   // Throws InvalidArgument with the value: a field outside its limits, dim, codebook_size or
   // frozen_codebook_dim < 1.
   void validate() const;
-
- private:
-  int64_t dim_;
-  int64_t codebook_size_;
-  std::optional<int64_t> frozen_codebook_dim_;
 };
 
 class SimVq final : public Quantizer {

@@ -25,14 +25,6 @@ enum class VqEstimator {
 struct VqOptions {
   VqOptions(int64_t dim, int64_t codebook_size) : dim_(dim), codebook_size_(codebook_size) {}
 
-  VqOptions& dim(int64_t d) {
-    dim_ = d;
-    return *this;
-  }
-  VqOptions& codebook_size(int64_t k) {
-    codebook_size_ = k;
-    return *this;
-  }
   VqOptions& use_cosine_sim(bool on) {
     use_cosine_sim_ = on;
     return *this;
@@ -42,35 +34,18 @@ struct VqOptions {
     estimator_ = e;
     return *this;
   }
-  // Length of each code; unset means dim. Linear projections in and out are added when
-  // heads * codebook_dim != dim.
-  VqOptions& codebook_dim(int64_t d) {
-    codebook_dim_ = d;
-    return *this;
-  }
 
-  // Every other option: vq_options.def, one line each.
-#define LOCKSTEP_FIELD(type, name, value, limits, help) LOCKSTEP_FIELD_MEMBER(VqOptions, type, name, value)
-#include "lockstep/quant/vq_options.def"
-#undef LOCKSTEP_FIELD
+  // Every option: vq_options.def, one line each (option_fields.h).
+#define LOCKSTEP_OPTIONS VqOptions
+#define LOCKSTEP_OPTIONS_FIELDS "lockstep/quant/vq_options.def"
+#include "lockstep/quant/option_fields.inc"
 
-  // visit(key, member, limits, help) for each field of vq_options.def, in its order; `self` the options,
-  // const or not.
-  template <typename Self, typename Visit>
-  static void visit_fields(Self& self, Visit&& visit){
-#define LOCKSTEP_FIELD LOCKSTEP_FIELD_VISIT
-#include "lockstep/quant/vq_options.def"
-#undef LOCKSTEP_FIELD
-  }
-
-  int64_t dim() const {
-    return dim_;
-  }
-  int64_t codebook_size() const { return codebook_size_; }
   bool use_cosine_sim() const { return use_cosine_sim_; }
   VqEstimator estimator() const {
     return estimator_.value_or(dim_ > 1 ? VqEstimator::RotationTrick : VqEstimator::StraightThrough);
   }
+  // Length of each code; unset means dim. Linear projections in and out are added when
+  // heads * codebook_dim != dim.
   int64_t codebook_dim() const { return codebook_dim_.value_or(dim_); }
   // The commitment loss counts: its weight > 0 and not DiVeQ's estimator, as the reference's.
   bool has_commitment_loss() const { return commitment_weight_ > 0 && estimator() != VqEstimator::DirectionalReparam; }
@@ -86,11 +61,8 @@ struct VqOptions {
   void validate() const;
 
  private:
-  int64_t dim_;
-  int64_t codebook_size_;
   bool use_cosine_sim_ = false;
   std::optional<VqEstimator> estimator_;
-  std::optional<int64_t> codebook_dim_;
 };
 
 // What one call may change about the EMA update (vector-quantize-pytorch's forward arguments).
