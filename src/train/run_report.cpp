@@ -17,12 +17,13 @@ std::string format_seconds(double s) {
 }
 }  // namespace
 
-RunReport::RunReport(const std::string& metrics_file, int64_t first_step, RunShape shape,
+RunReport::RunReport(const std::string& metrics_file, int64_t first_step, const RunPlan& plan, int64_t log_every,
                      const TrainCallbacks& callbacks, bool root)
-    : shape_(shape),
+    : plan_(plan),
+      log_every_(log_every),
       callbacks_(callbacks),
       root_(root),
-      epochs_((shape.total_steps + shape.steps_per_epoch - 1) / shape.steps_per_epoch) {
+      epochs_(plan.epoch_of(plan.total_steps + plan.steps_per_epoch - 1)) {
   if (!metrics_file.empty()) metrics_.emplace(metrics_file, first_step);
 }
 
@@ -35,11 +36,11 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
   epoch_replaced_ += facts.replaced;
   ++window_steps_;
   StepReport report{step,
-                    shape_.total_steps,
-                    (step - 1) / shape_.steps_per_epoch,
+                    plan_.total_steps,
+                    plan_.epoch_of(step - 1),
                     epochs_,
                     window_loss_ / window_steps_,
-                    window_steps_ * shape_.batch_size / seconds_since(window_start_),
+                    window_steps_ * plan_.global_batch() / seconds_since(window_start_),
                     seconds_since(start_),
                     facts.image_width,
                     facts.image_height};
@@ -64,7 +65,7 @@ void RunReport::after_step(int64_t step, const StepFacts& facts, int64_t unreada
     window_wait_ = 0;
     window_start_ = Clock::now();
   }
-  if (step % shape_.steps_per_epoch == 0 || step == shape_.total_steps) {
+  if (step % plan_.steps_per_epoch == 0 || step == plan_.total_steps) {
     // The end of an epoch (or of the run): what the data did, on every rank's behalf.
     if (metrics_) {
       metrics_->write({"epoch",

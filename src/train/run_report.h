@@ -10,6 +10,7 @@
 
 #include "lockstep/train/metrics.h"
 #include "lockstep/train/trainer.h"
+#include "run_plan.h"
 
 namespace lockstep::train {
 
@@ -27,31 +28,25 @@ struct StepFacts {
   double adversarial_factor = 0;  // the adversarial loss's weight this step (adaptive, or loss.adversarial)
 };
 
-struct RunShape {
-  int64_t total_steps = 0;
-  int64_t steps_per_epoch = 1;
-  int64_t batch_size = 0;  // the global batch
-  int64_t log_every = 1;
-};
-
 class RunReport {
  public:
   // `metrics_file` empty: this rank writes no metrics (ranks other than 0). `first_step`: the step
-  // the run starts or resumes at (later lines in the file are dropped).
-  RunReport(const std::string& metrics_file, int64_t first_step, RunShape shape, const TrainCallbacks& callbacks,
-            bool root);
+  // the run starts or resumes at (later lines in the file are dropped). A train line every `log_every` steps.
+  RunReport(const std::string& metrics_file, int64_t first_step, const RunPlan& plan, int64_t log_every,
+            const TrainCallbacks& callbacks, bool root);
 
   // After step `step` (1-based, completed); `unreadable`: files the data leaves out.
   void after_step(int64_t step, const StepFacts& facts, int64_t unreadable);
   void after_eval(int64_t step, const EvalResult& result);
   double elapsed_s() const;
   // Whether step `step` (1-based) gets a line of training metrics.
-  bool logs(int64_t step) const { return step % shape_.log_every == 0 || step == shape_.total_steps; }
+  bool logs(int64_t step) const { return step % log_every_ == 0 || step == plan_.total_steps; }
 
  private:
   using Clock = std::chrono::steady_clock;
   std::optional<MetricsLog> metrics_;
-  RunShape shape_;
+  RunPlan plan_;
+  int64_t log_every_;
   const TrainCallbacks& callbacks_;
   bool root_;
   int64_t epochs_;

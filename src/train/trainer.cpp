@@ -82,7 +82,7 @@ void Trainer::State::check_plan(int64_t epoch) {
 
 bool Trainer::State::any_rank_stopping(const std::atomic<bool>* stop_requested) {
   at::Tensor flag =
-      torch::full({1}, stop_requested && stop_requested->load() ? 1.0f : 0.0f, torch::TensorOptions(device));
+      torch::full({1}, stop_requested && stop_requested->load() ? 1.0f : 0.0f, torch::TensorOptions(plan.device));
   if (group->size() == 1) return flag.item<float>() > 0;
   std::vector<at::Tensor> tensors{flag};
   group->all_reduce(tensors, dist::ReduceOp::Sum, LOCKSTEP_CALL_SITE("train.stop_after_pause"));
@@ -116,10 +116,10 @@ StepFacts Trainer::State::take_step(const TrainCallbacks& cb, bool logged, bool*
   // Every collective of this step carries it in its fingerprint: one issued elsewhere (a rank
   // running a training-mode forward to validate) cannot pair with this step's.
   const dist::PhaseScope phase(*group, dist::Phase::train_step(step + 1));
-  group->set_progress(detail::concat("step ", step + 1, " of ", total_steps));
-  check_plan(step / steps_per_epoch);
+  group->set_progress(detail::concat("step ", step + 1, " of ", plan.total_steps));
+  check_plan(plan.epoch_of(step));
   const StepBatch batch = data->batch(step);
-  const StepFacts facts = runner->take(step, batch, device, cb.stop_requested, logged, stop, [this] {
+  const StepFacts facts = runner->take(step, batch, plan.device, cb.stop_requested, logged, stop, [this] {
     return saved_step >= 0
                ? detail::concat(checkpoint_path(run_dir), " still holds step ", saved_step, ", before the divergence")
                : std::string("No checkpoint was written yet");
@@ -225,35 +225,31 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& run_dir, ResolvedRun
 
 TrainSummary Trainer::run(const TrainCallbacks& cb) {
   State& s = *s_;
-  RunShape shape;
-  shape.total_steps = s.total_steps;
-  shape.steps_per_epoch = s.steps_per_epoch;
-  shape.batch_size = s.geometry.global_batch;
-  shape.log_every = s.run.train.log_every();
-  RunReport report(s.is_root() ? metrics_path(s.run_dir) : std::string(), s.step, shape, cb, s.is_root());
+  RunReport report(s.is_root() ? metrics_path(s.run_dir) : std::string(), s.step, s.plan, s.run.train.log_every(), cb,
+                   s.is_root());
   const int64_t checkpoint_every = s.run.train.checkpoint_every();
   const int64_t eval_every = s.run.train.eval_every();
-  if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.total_steps));
+  if (s.step > 0 && cb.on_info) cb.on_info(detail::concat("resumed at step ", s.step, " of ", s.plan.total_steps));
 
   TrainSummary summary;
   summary.run_dir = s.run_dir;
   s.modules.model->train();
-  while (s.step < s.total_steps) {
+  while (s.step < s.plan.total_steps) {
     bool stop = false;
     const StepFacts facts = s.take_step(cb, report.logs(s.step + 1), &stop);
     report.after_step(s.step, facts, s.data->unreadable());
     // A stop agreed at the last step is no interruption: the run is complete (only its final
     // evaluation is skipped, below).
-    if (stop && s.step < s.total_steps) summary.interrupted = true;
+    if (stop && s.step < s.plan.total_steps) summary.interrupted = true;
     if (stop) summary.evaluation_skipped = true;
-    const bool checkpoint_due = checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.total_steps;
+    const bool checkpoint_due = checkpoint_every > 0 && s.step % checkpoint_every == 0 && s.step < s.plan.total_steps;
     if (checkpoint_due) {
       s.save();
       if (cb.on_info) cb.on_info(detail::concat("checkpoint at step ", s.step));
     }
     // Rank 0 alone evaluates (its forwards in evaluation mode issue no collective, G3). Ctrl-C
     // during it skips the rest of it.
-    const bool eval_due = eval_every > 0 && s.step % eval_every == 0 && s.step < s.total_steps && !stop;
+    const bool eval_due = eval_every > 0 && s.step % eval_every == 0 && s.step < s.plan.total_steps && !stop;
     if (s.is_root() && eval_due) {
       try {
         report.after_eval(s.step, s.evaluate_test(false, cb.stop_requested));

@@ -27,8 +27,7 @@ void Trainer::State::build(bool resuming, const std::function<void(const std::st
     on_info(detail::concat("intra-op threads: ", threads.threads, " per rank (", threads.reason, ")"));
   }
   torch::manual_seed(static_cast<uint64_t>(run.train.seed()));
-  choose_device(on_info);
-  open_data(resuming, on_info);
+  open_data(resuming, choose_device(on_info), on_info);
   build_model_and_average();
   StepLosses losses = build_losses(data->channels());  // after the model: the discriminator draws next
   check_step_fits(losses);
@@ -36,10 +35,20 @@ void Trainer::State::build(bool resuming, const std::function<void(const std::st
   for (const auto& p : modules.model->named_parameters(true)) params.emplace_back(p.key(), p.value());
   modules.adam = std::make_unique<Adam>(std::move(params),
                                         AdamOptions().lr(run.train.lr()).weight_decay(run.train.weight_decay()));
-  runner = std::make_unique<StepRunner>(group, run, geometry, total_steps, modules, std::move(losses));
+  runner = std::make_unique<StepRunner>(group, run, plan.geometry, plan.total_steps, modules, std::move(losses));
 }
 
-void Trainer::State::open_data(bool resuming, const std::function<void(const std::string&)>& on_info) {
+RunPlan RunPlan::of(const RunSettings& run, const TrainData& data, at::Device device) {
+  RunPlan plan;
+  plan.device = device;
+  plan.geometry = StepGeometry::of(run.train);
+  plan.steps_per_epoch = data.steps_per_epoch();
+  plan.total_steps = run.train.steps() > 0 ? run.train.steps() : run.train.epochs() * plan.steps_per_epoch;
+  return plan;
+}
+
+void Trainer::State::open_data(bool resuming, at::Device device,
+                               const std::function<void(const std::string&)>& on_info) {
   DataContext context;
   context.run_dir = run_dir;
   context.resuming = resuming;
@@ -55,20 +64,17 @@ void Trainer::State::open_data(bool resuming, const std::function<void(const std
   context.batch_size_is_default = config.is_default("train.batch_size");
   data = open_train_data(run, context);
   if (on_info && is_root()) on_info(data->describe());
-  // One batch size from here on: the settings, the step's shape and the record all hold the data's.
+  // One batch size from here on: the settings, the plan's step shape and the record all hold the data's.
   run.train.batch_size(data->global_batch());
-  geometry = StepGeometry::of(run.train);
   config = recorded_config(ResolvedRun{config, run});
-  steps_per_epoch = data->steps_per_epoch();
-  const int64_t steps = run.train.steps();
-  total_steps = steps > 0 ? steps : run.train.epochs() * steps_per_epoch;
-  data->set_end_step(total_steps);
+  plan = RunPlan::of(run, *data, device);
+  data->set_end_step(plan.total_steps);
 }
 
 void Trainer::State::build_model_and_average() {
   auto& model = modules.model;
   model = build_model(run, config, data->channels());
-  model->to(device);
+  model->to(plan.device);
   if (run.train.ema_decay() > 0) {
     // Its initial weights are replaced by the model's: built without drawing from torch's generator,
     // so a run with an average trains exactly as one without.
@@ -76,7 +82,7 @@ void Trainer::State::build_model_and_average() {
     const at::Tensor before = generator.get_state();
     modules.ema_model = build_model(run, config, data->channels());
     generator.set_state(before);
-    modules.ema_model->to(device);
+    modules.ema_model->to(plan.device);
     modules.ema_model->eval();
   }
   const int64_t f = model->options().downsampling();
@@ -90,7 +96,8 @@ void Trainer::State::build_model_and_average() {
 }
 
 void Trainer::State::check_step_fits(const StepLosses& losses) const {
-  if (device.is_cpu()) {
+  const StepGeometry& geometry = plan.geometry;
+  if (plan.device.is_cpu()) {
     // In shards, a pass holds one shard's activations, and each of the rank's shards keeps its
     // gradients until the step's exact sum.
     const int64_t per_pass = geometry.sharded() ? geometry.shard_size : geometry.most_per_rank(group->size());
@@ -132,7 +139,7 @@ StepLosses Trainer::State::build_losses(int64_t channels) {
     require_weights_file(lpips_path, "loss.lpips_weights", "See docs/losses.md");
     if (perceptual > 0 || is_root()) {
       lpips = load_lpips(lpips_path, "loss.lpips_weights");
-      lpips->to(device);
+      lpips->to(plan.device);
       lpips->eval();
     }
     // The loss must be the same network on every rank.
@@ -146,7 +153,7 @@ StepLosses Trainer::State::build_losses(int64_t channels) {
     require_weights_file(fid_path, "eval.fid_weights", "See docs/losses.md");
     if (is_root()) {
       fid = load_fid_inception(fid_path, "eval.fid_weights");
-      fid->to(device);
+      fid->to(plan.device);
     }
   }
   const double adversarial = run.loss.adversarial();
@@ -163,17 +170,18 @@ StepLosses Trainer::State::build_losses(int64_t channels) {
   options.layers = run.loss.disc_layers();
   options.bucket_bytes = run.train.grad_bucket_kb() * 1024;
   options.bfloat16 = losses.bfloat16;
-  modules.adversary = std::make_unique<Adversary>(options, channels, group, device);
+  modules.adversary = std::make_unique<Adversary>(options, channels, group, plan.device);
   for (const auto& size : data->image_sizes()) {
     modules.adversary->discriminator().check_image_size(size.height, size.width);
   }
   return losses;
 }
 
-void Trainer::State::choose_device(const std::function<void(const std::string&)>& on_info) {
+at::Device Trainer::State::choose_device(const std::function<void(const std::string&)>& on_info) const {
   const std::string spec = run.train.device();
   const int index = cuda_index_for(parse_device_spec(spec));
-  device = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  const at::Device device =
+      index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   LOCKSTEP_CHECK_ARG(group->carries(device), "rank ", group->rank(), " of ", group->size(), ": train.device = ", spec,
                      " puts this rank on ", device, ", but its process group (", group->describe(),
                      ") carries no tensors there; a distributed run on CUDA needs a group made with "
@@ -183,6 +191,7 @@ void Trainer::State::choose_device(const std::function<void(const std::string&)>
     on_info(distributed() ? detail::concat("rank 0 trains on ", device, " (each rank on its train.device)")
                           : detail::concat("training on ", device));
   }
+  return device;
 }
 
 }  // namespace lockstep::train

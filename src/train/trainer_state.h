@@ -16,8 +16,8 @@
 #include "lockstep/train/evaluate.h"
 #include "lockstep/train/run_dir.h"
 #include "lockstep/train/run_settings.h"
-#include "lockstep/train/step_geometry.h"
 #include "lockstep/train/trainer.h"
+#include "run_plan.h"
 #include "run_report.h"
 #include "step_runner.h"
 #include "train_data.h"
@@ -30,7 +30,7 @@ struct Trainer::State {
   // (recorded_config).
   Config config{lockstep_schema()};
   // The resolved settings, typed: what the code below reads. Once the data is open, train.batch_size is the
-  // data's global batch (a small folder's fitted one), as geometry and config hold it: one batch size.
+  // data's global batch (a small folder's fitted one), as plan and config hold it: one batch size.
   RunSettings run;
   std::string run_dir;
   std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0, which writes the run directory
@@ -41,11 +41,8 @@ struct Trainer::State {
   model::Lpips lpips{nullptr};         // loss.lpips_weights: the perceptual loss's and evaluation's network
   int64_t lpips_hash = 0;              // of its file, compared across ranks
   model::FidInception fid{nullptr};    // eval.fid_weights, on rank 0 (which evaluates)
-  at::Device device{at::kCPU};         // train.device, resolved for this rank
+  RunPlan plan;                        // device, step shape and totals, once the data is open
   int64_t step = 0;
-  StepGeometry geometry;  // the step's shape, of run.train
-  int64_t steps_per_epoch = 0;
-  int64_t total_steps = 0;
   int64_t checked_epoch = -1;  // the last epoch whose plan the ranks compared
   int64_t saved_step = -1;     // the step of the checkpoint on disk, -1 before the first
 
@@ -66,8 +63,8 @@ struct Trainer::State {
   void build(bool resuming, const std::function<void(const std::string&)>& on_info);
 
   // The training data; what it decided (a small folder's global batch) goes into the settings, and from
-  // them into the step's shape and the run's recorded configuration.
-  void open_data(bool resuming, const std::function<void(const std::string&)>& on_info);
+  // them into the run's recorded configuration; then the plan, on `device`.
+  void open_data(bool resuming, at::Device device, const std::function<void(const std::string&)>& on_info);
 
   // The model (on the CPU first: the same initial weights on any device) and its weight average.
   void build_model_and_average();
@@ -79,7 +76,7 @@ struct Trainer::State {
   StepLosses build_losses(int64_t channels);
 
   // train.device for this rank; a distributed run's group must carry tensors there (NCCL on CUDA).
-  void choose_device(const std::function<void(const std::string&)>& on_info);
+  at::Device choose_device(const std::function<void(const std::string&)>& on_info) const;
 
   // G5: at the start of each epoch the ranks compare (plan hash, steps, data hash) and stop at once
   // if their data differ (another data.dir with other images, say), instead of training on

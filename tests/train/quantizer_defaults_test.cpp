@@ -206,8 +206,8 @@ TEST(QuantizerDefaults, EveryOptionIsALineOfItsStructsListAndItsLimitsAreChecked
 TEST(QuantizerDefaults, EachKindOfOptionIsReadAsDeclared) {
   using quant::default_option_reader;
   const quant::VqOptions vq = quant::sections::vq_options(default_option_reader(
-      "vq", {{"vq.dim", int64_t{16}}, {"vq.codebook_dim", int64_t{4}}, {"vq.cosine", true},
-             {"vq.rotation_trick", false}}));
+      "vq",
+      {{"vq.dim", int64_t{16}}, {"vq.codebook_dim", int64_t{4}}, {"vq.cosine", true}, {"vq.rotation_trick", false}}));
   EXPECT_EQ(vq.dim(), 16);
   EXPECT_EQ(vq.codebook_dim(), 4);
   EXPECT_TRUE(vq.use_cosine_sim());

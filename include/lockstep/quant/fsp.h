@@ -21,7 +21,7 @@ namespace lockstep::quant {
 // The CDF that maps a channel into [0, 1] (its inverse maps a bin back with need_inv_act).
 enum class FspActivation { Tanh, Sigmoid, Normal, Laplace, Cauchy };
 const std::vector<std::string>& choice_names(FspActivation);  // "tanh", "sigmoid", ...: the key's values
-FspActivation fsp_activation(const std::string& name);         // InvalidArgument listing the names
+FspActivation fsp_activation(const std::string& name);        // InvalidArgument listing the names
 std::string fsp_activation_name(FspActivation activation);
 // The CDF, elementwise: (-inf, inf) -> [0, 1]; differentiable. The reference's build_cdf_act pair.
 at::Tensor fsp_activate(FspActivation activation, const at::Tensor& z);

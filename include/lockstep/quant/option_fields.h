@@ -101,8 +101,7 @@ template <typename Options>
 void check_fields(const char* owner, const Options& options) {
   Options::visit_fields(options, [owner](const char* key, const auto& value, const Limits& limits, const char*) {
     using T = std::decay_t<decltype(value)>;
-    if constexpr (!is_required<T>::value && !is_key_only<T>::value && !is_optional<T>::value &&
-                  !std::is_enum_v<T>) {
+    if constexpr (!is_required<T>::value && !is_key_only<T>::value && !is_optional<T>::value && !std::is_enum_v<T>) {
       check_field(owner, key, value, limits);
     }
   });
@@ -143,8 +142,7 @@ void check_fields(const char* owner, const Options& options) {
   visit(#name, self.name##_, ::lockstep::Limits().limits, help);
 #define LOCKSTEP_REQUIRED_VISIT(type, name, value, limits, help) \
   visit(#name, ::lockstep::quant::required(self.name##_), ::lockstep::Limits().limits, help);
-#define LOCKSTEP_OPTIONAL_VISIT(type, name, limits, help) \
-  visit(#name, self.name##_, ::lockstep::Limits().limits, help);
+#define LOCKSTEP_OPTIONAL_VISIT(type, name, limits, help) visit(#name, self.name##_, ::lockstep::Limits().limits, help);
 #define LOCKSTEP_CHOICE_VISIT(type, name, value, help) visit(#name, self.name##_, ::lockstep::Limits(), help);
 #define LOCKSTEP_KEY_VISIT(type, name, value, limits, help) \
   visit(#name, ::lockstep::quant::KeyOnly<type>{value}, ::lockstep::Limits().limits, help);
