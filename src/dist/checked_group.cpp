@@ -345,9 +345,13 @@ bool CheckedGroup::issue_on_prediction(const std::shared_ptr<PostedCheck>& check
   Predictor::Fingerprint fingerprint;
   if (compare_with_prediction(check->call, fingerprint) != Expected::Matches) return false;
   ++sequence_;
-  accept_prediction(check->call, fingerprint);
+  // The status keeps the call inside its check (which owns the site's strings), described only if read.
+  const std::shared_ptr<const CollectiveCall> call(check, &check->call);
+  accept_prediction(check->call, fingerprint, call);
   check->done = true;
-  check->then(nullptr, std::shared_ptr<const CollectiveCall>(check, &check->call));
+  // Moved out: kept by the status, the check must not keep what `then` holds (the Work, the tensors).
+  const WatchedThen then = std::move(check->then);
+  then(nullptr, call);
   return true;
 }
 

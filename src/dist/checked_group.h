@@ -129,7 +129,9 @@ class CheckedGroup final : public Group {
   enum class Expected { Nothing, Matches, Departs, DepartedElsewhere };
   // In turn: what the prediction says of `call` (numbered); its fingerprint, when there is a prediction.
   Expected compare_with_prediction(const CollectiveCall& call, Predictor::Fingerprint& fingerprint) const;
-  void accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint);
+  // `kept`: the call as the status keeps it (kept_call), when the caller has one that outlives it.
+  void accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint,
+                         std::shared_ptr<const CollectiveCall> kept = nullptr);
   bool issue_on_prediction(const std::shared_ptr<PostedCheck>& check);
   void depart(const CollectiveCall& call, const CollectiveOptions& opts);
   [[noreturn]] void throw_departure(const CollectiveCall& issued, const CollectiveCall& waiting,

@@ -14,7 +14,9 @@ InOrder::~InOrder() {
 void InOrder::run(const std::function<void()>& task) {
   std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t mine = next_ticket_++;
+  ++waiting_;
   turn_.wait(lock, [&] { return serving_ == mine; });
+  --waiting_;
   lock.unlock();
   const PassTurn pass{*this};
   task();
@@ -31,12 +33,18 @@ std::optional<uint64_t> InOrder::run_if_idle(const std::function<bool()>& task) 
   return task() ? std::optional<uint64_t>(mine) : std::nullopt;
 }
 
+bool InOrder::advance_locked() {
+  ++serving_;
+  return waiting_ > 0 || (!posted_.empty() && posted_.front().first == serving_);
+}
+
 void InOrder::pass_turn() {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++serving_;
+    wake = advance_locked();
   }
-  turn_.notify_all();
+  if (wake) turn_.notify_all();
 }
 
 uint64_t InOrder::post(std::function<void()> task) {
@@ -58,15 +66,16 @@ void InOrder::run_posted_front(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   task();
   lock.lock();
-  ++serving_;
-  turn_.notify_all();
+  if (advance_locked()) turn_.notify_all();
 }
 
 void InOrder::wait_for_turn(uint64_t turn) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (serving_ <= turn) {
     if (posted_.empty() || posted_.front().first != serving_) {
+      ++waiting_;
       turn_.wait(lock);
+      --waiting_;
       continue;
     }
     run_posted_front(lock);

@@ -49,15 +49,20 @@ class InOrder {
   void work();
   void run_posted_front(std::unique_lock<std::mutex>& lock);
   void pass_turn();
+  // With mutex_ held: the next turn; whether anyone asleep on turn_ may now go on.
+  bool advance_locked();
   struct PassTurn {  // the turn passes on whether the task returns or throws
     InOrder& self;
     ~PassTurn() { self.pass_turn(); }
   };
 
   std::mutex mutex_;
-  std::condition_variable turn_;  // signalled whenever serving_ moves or a task is posted
-  uint64_t next_ticket_ = 0;      // the number the next submission takes
-  uint64_t serving_ = 0;          // the number whose turn it is
+  // Signalled when a task is posted, and when serving_ moves while a caller waits or the worker's task is due:
+  // a turn that nobody waits for wakes nobody (the predicted checks pass one per collective).
+  std::condition_variable turn_;
+  int waiting_ = 0;           // callers of run() and wait_for_turn() asleep on turn_
+  uint64_t next_ticket_ = 0;  // the number the next submission takes
+  uint64_t serving_ = 0;      // the number whose turn it is
   std::deque<std::pair<uint64_t, std::function<void()>>> posted_;
   bool stopping_ = false;
   std::thread worker_;  // started at the first post: a group that only runs never has one

@@ -34,6 +34,20 @@ std::string host_name() {
 
 }  // namespace
 
+std::shared_ptr<const CollectiveCall> kept_call(const CollectiveCall& call) {
+  struct Kept {
+    std::string tag, file;
+    CollectiveCall call;
+  };
+  auto kept = std::make_shared<Kept>();
+  kept->tag = call.site.tag ? call.site.tag : "";
+  kept->file = call.site.file ? call.site.file : "";
+  kept->call = call;
+  if (call.site.tag) kept->call.site.tag = kept->tag.c_str();
+  if (call.site.file) kept->call.site.file = kept->file.c_str();
+  return std::shared_ptr<const CollectiveCall>(kept, &kept->call);
+}
+
 struct Liveness::Shared {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
@@ -42,6 +56,7 @@ struct Liveness::Shared {
   std::condition_variable changed;
   // This rank's status, which the heartbeat publishes.
   std::string where = "starting";
+  std::shared_ptr<const CollectiveCall> where_call;  // instead of `where`: a call issued on the prediction
   std::string progress;
   uint64_t where_sequence = 0;
   bool inside = false;
@@ -54,9 +69,9 @@ struct Liveness::Shared {
   Clock::time_point read_started;
   std::vector<Status> statuses;
   std::vector<std::string> processes;
-  // Predicted checks: the calls this rank issued on the prediction (sequence, description), the
-  // departures counted so far, the latest one's collective, and the one this rank's call was reported at.
-  std::deque<std::pair<uint64_t, std::string>> predicted;
+  // Predicted checks: the calls this rank issued on the prediction (sequence, call), the departures
+  // counted so far, the latest one's collective, and the one this rank's call was reported at.
+  std::deque<std::pair<uint64_t, std::shared_ptr<const CollectiveCall>>> predicted;
   int64_t departures_seen = 0;
   uint64_t departure = 0;
   uint64_t reported = 0;
@@ -96,6 +111,7 @@ void Liveness::set_progress(const std::string& progress) {
 void Liveness::set_note(const std::string& note) {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   shared_->where = note;
+  shared_->where_call = nullptr;
 }
 
 void Liveness::enter(const CollectiveCall& call) {
@@ -103,6 +119,7 @@ void Liveness::enter(const CollectiveCall& call) {
   shared_->inside = true;
   shared_->where_sequence = call.sequence;
   shared_->where = call.describe();
+  shared_->where_call = nullptr;
 }
 
 void Liveness::leave(const CollectiveCall& call) {
@@ -110,12 +127,14 @@ void Liveness::leave(const CollectiveCall& call) {
   shared_->inside = false;
   shared_->where_sequence = call.sequence;
   shared_->where = call.describe();
+  shared_->where_call = nullptr;
 }
 
 // "<progress>, in|after <collective>"; the caller holds s.mutex.
 std::string Liveness::status_text(const Shared& s) {
   std::string text = s.progress.empty() ? "" : s.progress + ", ";
-  return text + (s.where_sequence == 0 ? s.where : (s.inside ? "in " : "after ") + s.where);
+  const std::string where = s.where_call ? s.where_call->describe() : s.where;
+  return text + (s.where_sequence == 0 ? where : (s.inside ? "in " : "after ") + where);
 }
 
 // Publishes "<beat>|<sequence>|<1 inside, 0 after>|<progress>, in|after <collective>"; the store is
@@ -145,10 +164,11 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
 
 // The description of collective `sequence` when this rank issued it on the prediction and still keeps
 // it; the caller holds s.mutex.
-const std::string* Liveness::issued_call(const Shared& s, uint64_t sequence) {
+std::optional<std::string> Liveness::issued_call(const Shared& s, uint64_t sequence) {
   const auto issued =
       std::find_if(s.predicted.begin(), s.predicted.end(), [&](const auto& p) { return p.first == sequence; });
-  return issued == s.predicted.end() ? nullptr : &issued->second;
+  if (issued == s.predicted.end()) return std::nullopt;
+  return issued->second->describe();
 }
 
 // One read a beat (the count), two when it moved; the store is used without the lock held.
@@ -170,7 +190,7 @@ void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
   }
   const uint64_t departure = s.departure;
   if (departure == 0 || s.reported == departure) return;
-  const std::string* issued = issued_call(s, departure);
+  const std::optional<std::string> issued = issued_call(s, departure);
   if (!issued) return;
   const std::string report = "issued|" + *issued;
   lock.unlock();
@@ -184,14 +204,17 @@ void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
   if (published) s.reported = std::max(s.reported, departure);
 }
 
-void Liveness::issued_on_prediction(const CollectiveCall& call) {
-  std::string description = call.describe();
+void Liveness::issued_on_prediction(std::shared_ptr<const CollectiveCall> call) {
+  std::shared_ptr<const CollectiveCall> dropped;  // released after the lock, as it may be the last holder
   std::lock_guard<std::mutex> lock(shared_->mutex);
   shared_->inside = false;  // "after" it: issued, for its waiter to watch
-  shared_->where_sequence = call.sequence;
-  shared_->where = description;
-  shared_->predicted.emplace_back(call.sequence, std::move(description));
-  if (shared_->predicted.size() > kKeptPredicted) shared_->predicted.pop_front();
+  shared_->where_sequence = call->sequence;
+  shared_->where_call = call;
+  shared_->predicted.emplace_back(call->sequence, std::move(call));
+  if (shared_->predicted.size() > kKeptPredicted) {
+    dropped = std::move(shared_->predicted.front().second);
+    shared_->predicted.pop_front();
+  }
 }
 
 void Liveness::report_call(uint64_t sequence, bool departs, const std::string& description) {
@@ -199,7 +222,7 @@ void Liveness::report_call(uint64_t sequence, bool departs, const std::string& d
   std::string call = description;
   if (!departs) {  // the call this rank issued there, as it was recorded, when it still is
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (const std::string* issued = issued_call(s, sequence)) call = *issued;
+    if (const std::optional<std::string> issued = issued_call(s, sequence)) call = *issued;
   }
   s.store->set(report_key(sequence, rank_), store_bytes((departs ? "departs|" : "issued|") + call));
   if (departs) {

@@ -17,6 +17,9 @@
 
 namespace lockstep::dist {
 
+// A copy of `call` that owns what its site points to (the tag and file), for keeping past its caller's strings.
+std::shared_ptr<const CollectiveCall> kept_call(const CollectiveCall& call);
+
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
@@ -41,8 +44,10 @@ class Liveness {
   void leave(const CollectiveCall& call);          // "after #7 all_reduce ..."
 
   // Predicted checks (predictor.h, docs/distributed.md): this rank issued `call` on the prediction,
-  // with no exchange (this rank's status is then "after" it). Kept for the last kKeptPredicted such calls.
-  void issued_on_prediction(const CollectiveCall& call);
+  // with no exchange (this rank's status is then "after" it). Kept for the last kKeptPredicted such calls,
+  // and described only when read (a status the heartbeat publishes, a report): not once per collective.
+  // `call` must own what its site points to (kept_call).
+  void issued_on_prediction(std::shared_ptr<const CollectiveCall> call);
   // Publishes this rank's call at collective `sequence`, where some rank's call departs from the
   // prediction: `departs` for such a rank (which tells every rank's heartbeat), else a rank that had
   // issued the predicted call (reported as recorded by issued_on_prediction when it still is, else as
@@ -104,7 +109,7 @@ class Liveness {
   // In the heartbeat: reads whether a rank departed from the prediction, and reports this rank's call
   // there when it had issued it.
   static void watch_departures(Shared& s, std::unique_lock<std::mutex>& lock);
-  static const std::string* issued_call(const Shared& s, uint64_t sequence);
+  static std::optional<std::string> issued_call(const Shared& s, uint64_t sequence);
   static std::string status_text(const Shared& s);
   static void read_store(std::shared_ptr<Shared> s);
   static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status

@@ -69,10 +69,11 @@ CheckedGroup::Expected CheckedGroup::compare_with_prediction(const CollectiveCal
   return departure == call.sequence && departure > settled_departure_ ? Expected::DepartedElsewhere : Expected::Matches;
 }
 
-void CheckedGroup::accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint) {
+void CheckedGroup::accept_prediction(CollectiveCall& call, const Predictor::Fingerprint& fingerprint,
+                                     std::shared_ptr<const CollectiveCall> kept) {
   call.predicted = true;
   predictor_.record(fingerprint);
-  liveness_->issued_on_prediction(call);
+  liveness_->issued_on_prediction(kept ? std::move(kept) : kept_call(call));
 }
 
 // Nobody may have issued `call` yet: every rank says what it called (Liveness::report_call). When all
