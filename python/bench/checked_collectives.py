@@ -14,7 +14,8 @@ of --repeats timed runs of --calls collectives (a 4-byte and a 25 MB all_reduce,
 DDP all-reduces while backward goes on, so a check that holds up each bucket shows. On the CPU it then
 times plain Gloo, lockstep.distributed.wrap() and wrap(predict=False) (every collective exchanges its
 fingerprint) in turn in one job (the fairer comparison on a loaded or shared machine, whose speed drifts
-between separate runs).
+between separate runs); --interleaved-only skips the separate runs, --interleaved-modes none lockstep leaves
+the exchange wrapper (and its threads) out of that job.
 """
 import argparse
 import os
@@ -112,8 +113,9 @@ def interleaved(rank, size, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=size)
-    groups = {"none": dist.group.WORLD, "lockstep": lockstep.distributed.wrap(),
-              "exchange": lockstep.distributed.wrap(predict=False)}
+    makers = {"none": lambda: dist.group.WORLD, "lockstep": lockstep.distributed.wrap,
+              "exchange": lambda: lockstep.distributed.wrap(predict=False)}
+    groups = {mode: makers[mode]() for mode in args.interleaved_modes}
     small = torch.ones(1)
     x = torch.randn(args.batch, 3, 32, 32)
     trained = {}
@@ -157,6 +159,9 @@ def print_interleaved(ranks, figures):
         none = by_mode["none"]
         line = f"{row:24}{none:12.3f}"
         for mode in ("lockstep", "exchange"):
+            if mode not in by_mode:
+                line += f"{'-':>12}{'-':>9}"
+                continue
             value = by_mode[mode]
             change = f"{100 * (value - none) / none:+.1f}%" if row.startswith("DDP") else f"{value - none:+.3f}"
             line += f"{value:12.3f}{change:>9}"
@@ -228,12 +233,19 @@ def main():
                         "--simulate-ranks ranks as threads")
     parser.add_argument("--simulate-ranks", type=int, nargs="+", default=[2, 8, 64])
     parser.add_argument("--simulate-iterations", type=int, default=40)
+    parser.add_argument("--interleaved-modes", nargs="+", default=["none", "lockstep", "exchange"],
+                        choices=["none", "lockstep", "exchange"],
+                        help="the groups the one-job table takes turns with (none: plain Gloo; none first)")
+    parser.add_argument("--interleaved-only", action="store_true", help="only the one-job table (CPU)")
     args = parser.parse_args()
+    if args.interleaved_modes[0] != "none":
+        parser.error("--interleaved-modes starts with none, which the others are compared with")
     ranks_list = args.ranks or ([2] if args.cuda else [2, 4])
     if args.cuda and torch.cuda.device_count() < max(ranks_list):
         sys.exit(f"--cuda needs {max(ranks_list)} GPUs, {torch.cuda.device_count()} visible")
     for ranks in ranks_list:
-        print_table(ranks, measure(ranks, args), args)
+        if not args.interleaved_only:
+            print_table(ranks, measure(ranks, args), args)
         if not args.cuda:
             queue = mp.get_context("spawn").SimpleQueue()
             mp.spawn(interleaved, args=(ranks, free_port(), args, queue), nprocs=ranks, join=True)
