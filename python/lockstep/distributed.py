@@ -43,20 +43,28 @@ _REDUCE_NAMES = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.R
                  (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")]
 
 
-def _framework_dirs():
-    dirs = []
+_not_user_cache = [-1, ()]  # (len(sys.modules) when computed, _not_user_dirs())
+
+
+def _not_user_dirs():
+    """torch's, lockstep's and the loaded frameworks' directories; computed again only when a module was imported
+    since (every collective asks)."""
+    if _not_user_cache[0] == len(sys.modules):
+        return _not_user_cache[1]
+    dirs = list(_NOT_USER)
     for name in _FRAMEWORKS:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(os.path.dirname(module.__file__) + os.sep)
-    return tuple(dirs)
+    _not_user_cache[:] = [len(sys.modules), tuple(dirs)]
+    return _not_user_cache[1]
 
 
 def _call_site():
     """(tag, file, line) of the first Python frame outside torch, lockstep and the training frameworks;
     the tag names the API the collective came through: torch.distributed's function, or C++ (DDP's
     reducer, an extension) when no torch.distributed frame called it."""
-    skip = _NOT_USER + _framework_dirs()
+    skip = _not_user_dirs()
     frame = sys._getframe(2)  # the caller of the overridden method
     api = f"dist.{frame.f_code.co_name}" if frame.f_code.co_filename.endswith("distributed_c10d.py") else "C++ caller"
     while frame is not None and frame.f_code.co_filename.startswith(skip):

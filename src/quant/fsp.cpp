@@ -44,28 +44,18 @@ const std::vector<std::string>& choice_names(FspNormPreset) {
 }
 
 FspNorm FspNorm::preset(FspNormPreset preset) {
-  // (targets, weights) of mean, variance, skewness, excess kurtosis, as the reference's presets.
-  const auto make = [](std::array<double, 4> targets, std::array<double, 4> weights) {
-    FspNorm n;
-    n.targets = targets;
-    n.weights = weights;
-    return n;
-  };
-  switch (preset) {
-    case FspNormPreset::None:
-      return make({0, 1, 0, 0}, {0, 0, 0, 0});
-    case FspNormPreset::Var:
-      return make({0, 1, 0, 0}, {0.1, 0.07, 0, 0});
-    case FspNormPreset::Kurt:
-      return make({0, 1, 0, 0}, {0.1, 0.07, 0.06, 0.05});
-    case FspNormPreset::VarTanh:
-      return make({0, 0.8225, 0, 0}, {0.1, 0.07, 0, 0});
-    case FspNormPreset::VarSigmoid:
-      return make({0, 3.29, 0, 0}, {0.1, 0.07, 0, 0});
-    case FspNormPreset::VarLaplace:
-      return make({0, 2.0, 0, 0}, {0.1, 0.07, 0, 0});
-  }
-  throw InvalidArgument("fsp: no such vector_norm preset");
+  // (targets, weights) of mean, variance, skewness, excess kurtosis, as the reference's presets, in the
+  // enum's order.
+  static constexpr std::array<double, 4> kPresets[][2] = {{{0, 1, 0, 0}, {0, 0, 0, 0}},             // none
+                                                          {{0, 1, 0, 0}, {0.1, 0.07, 0, 0}},        // var
+                                                          {{0, 1, 0, 0}, {0.1, 0.07, 0.06, 0.05}},  // kurt
+                                                          {{0, 0.8225, 0, 0}, {0.1, 0.07, 0, 0}},   // var_tanh
+                                                          {{0, 3.29, 0, 0}, {0.1, 0.07, 0, 0}},     // var_sigmoid
+                                                          {{0, 2.0, 0, 0}, {0.1, 0.07, 0, 0}}};     // var_laplace
+  FspNorm n;
+  n.targets = kPresets[static_cast<size_t>(preset)][0];
+  n.weights = kPresets[static_cast<size_t>(preset)][1];
+  return n;
 }
 
 FspNorm FspNorm::preset(const std::string& name) {
