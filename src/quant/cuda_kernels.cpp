@@ -103,8 +103,9 @@ at::Tensor squared_norms_cuda(const at::Tensor& x_in) {
 at::Tensor smallest_first_cuda(const at::Tensor& values_in, int64_t k) {
   check_cuda(values_in, "smallest_first");
   LOCKSTEP_CHECK_ARG(values_in.dim() == 2 && k >= 1 && k <= values_in.size(1) && k <= smallest_k::kMaxK &&
-                         values_in.scalar_type() != torch::kFloat64,
-                     "smallest_first: the CUDA kernel takes values (n, m) narrower than float64 and 1 <= k <= min(m, ",
+                         at::isFloatingType(values_in.scalar_type()) && values_in.scalar_type() != torch::kFloat64,
+                     "smallest_first: the CUDA kernel takes floating values (n, m) narrower than float64 and 1 <= k <= "
+                     "min(m, ",
                      smallest_k::kMaxK, "), got ", values_in.scalar_type(), " ", values_in.sizes(), " and k = ", k);
   const c10::cuda::CUDAGuard guard(values_in.device());
   const at::Tensor values = values_in.detach().to(torch::kFloat32).contiguous();  // exact: the order is kept

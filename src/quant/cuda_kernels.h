@@ -18,7 +18,8 @@ bool cuda_kernels_built();
 NearestCode nearest_code_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
 at::Tensor code_scores_cuda(const at::Tensor& x, const at::Tensor& codebook, Metric metric);
 at::Tensor squared_norms_cuda(const at::Tensor& x);  // |x|^2 per row, as nearest_code_cuda's score adds it
-// smallest_first of CUDA values (n, m) of float32 (or a narrower float type), 1 <= k <= 32 (cuda/smallest_k.cu).
+// smallest_first of CUDA values (n, m) of float32 or a narrower float type (not integers, which float32 may
+// round), 1 <= k <= 32 (cuda/smallest_k.cu).
 at::Tensor smallest_first_cuda(const at::Tensor& values, int64_t k);
 std::vector<at::Tensor> code_counts_and_sums_cuda(const at::Tensor& tokens, const at::Tensor& indices, int64_t k);
 // LFQ's codebook-entropy halves of float32 CUDA tokens x (len, bits) (lfq_entropy.cpp): {hi (len, 2^h),

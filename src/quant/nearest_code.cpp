@@ -477,11 +477,13 @@ at::Tensor smallest_first(const at::Tensor& values_in, int64_t k) {
   LOCKSTEP_CHECK_ARG(values_in.dim() == 2 && k >= 1 && k <= values_in.size(1),
                      "smallest_first: expected values (n, m) and 1 <= k <= m, got ", values_in.sizes(), " and k = ", k);
   if (values_in.is_cuda() && detail::cuda_kernels_built() && k <= smallest_k::kMaxK &&
-      values_in.scalar_type() != torch::kFloat64 && values_in.size(1) <= std::numeric_limits<int32_t>::max()) {
+      at::isFloatingType(values_in.scalar_type()) && values_in.scalar_type() != torch::kFloat64 &&
+      values_in.size(1) <= std::numeric_limits<int32_t>::max()) {  // float32 holds every such value exactly
     return detail::smallest_first_cuda(values_in, k);
   }
   if (!values_in.device().is_cpu()) return detail::smallest_first_sorted(values_in, k);
-  const bool wide = values_in.scalar_type() == torch::kFloat64;
+  // float64 and integers (which float32 would round into ties) ranked as doubles.
+  const bool wide = values_in.scalar_type() == torch::kFloat64 || !at::isFloatingType(values_in.scalar_type());
   const at::Tensor values = values_in.detach().to(wide ? torch::kFloat64 : torch::kFloat32).contiguous();
   at::Tensor out = torch::empty({values.size(0), k}, torch::kInt64);
   if (wide) {

@@ -194,6 +194,8 @@ TEST_F(CudaKernels, SmallestFirstOnTheDeviceRanksAsTheCpu) {
     }
     EXPECT_TRUE(torch::equal(smallest_first(values.to(torch::kFloat64).to(cuda), 1).cpu(), smallest_first(values, 1)));
   }
+  const at::Tensor big = torch::tensor({{int64_t{1} << 40, (int64_t{1} << 40) - 1, int64_t{0}}});
+  EXPECT_TRUE(torch::equal(smallest_first(big.to(cuda), 3).cpu(), torch::tensor({{2, 1, 0}}))) << "integers: the sort";
   EXPECT_THROW(detail::smallest_first_cuda(torch::zeros({2, 40}, torch::kFloat32).to(cuda), 33), InvalidArgument);
 }
 

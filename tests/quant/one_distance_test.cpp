@@ -122,6 +122,9 @@ TEST(OneDistanceOrder, SmallestFirstKeepsIndexOrderOnTiesAndRanksNanAsInfinity) 
       << smallest_first(values, 6);
   EXPECT_TRUE(torch::equal(smallest_first(values, 1), torch::tensor({{4}, {4}})));
   EXPECT_TRUE(torch::equal(smallest_first(values.to(torch::kFloat64), 3), torch::tensor({{4, 1, 2}, {4, 1, 3}})));
+  // Integers keep their order where float32 would round them into a tie (2^40 and 2^40 - 1).
+  const at::Tensor big = torch::tensor({{int64_t{1} << 40, (int64_t{1} << 40) - 1, int64_t{0}}});
+  EXPECT_TRUE(torch::equal(smallest_first(big, 3), torch::tensor({{2, 1, 0}}))) << smallest_first(big, 3);
   EXPECT_THROW(smallest_first(values, 7), InvalidArgument);
   EXPECT_THROW(smallest_first(values, 0), InvalidArgument);
 }
