@@ -518,10 +518,11 @@ bool CheckedGroup::finish(TransportWork& work, const CollectiveCall& call, const
     if (call.predicted) check_departure(call, opts);
     const auto now = Clock::now();
     if (limit && now - start >= *limit) return false;
-    if (now - std::max(start, watch.last_progress()) >= timeout) throw_timeout(call, timeout, watch.silent());
+    const auto quiet = now - std::max(start, watch.last_progress());
+    if (quiet >= timeout) throw_timeout(call, timeout, watch.silent());
     if (now - last_check >= Liveness::kBeat) {  // a dead peer may leave the transport waiting forever
       last_check = now;
-      const std::vector<int> dead = watch.check();
+      const std::vector<int> dead = watch.check(quiet + Liveness::kEveryoneBeforeTimeout >= timeout);
       if (!dead.empty()) {
         mark_failed(call);
         throw PeerLost(detail::concat(who(), ": ", call.describe(), " cannot finish: rank(s) ", ranks_text(dead),

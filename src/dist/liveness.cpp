@@ -22,6 +22,9 @@ std::string process_key(int rank) { return detail::concat("lockstep/proc/", rank
 // and each rank's call there.
 const std::string kDeparturesKey = "lockstep/departures";
 const std::string kDepartedAtKey = "lockstep/departed_at";
+// How many times a rank published a status other than its previous one: what a waiting rank reads to see
+// that the group moves, in place of every rank's status.
+const std::string kChangesKey = "lockstep/status_changes";
 std::string report_key(uint64_t sequence, int rank) { return detail::concat("lockstep/report/", sequence, "/", rank); }
 
 std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
@@ -30,6 +33,11 @@ std::string host_name() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
+}
+
+// A process record is "host|pid".
+bool on_host(const std::string& record, const std::string& host) {
+  return record.size() > host.size() && record.compare(0, host.size(), host) == 0 && record[host.size()] == '|';
 }
 
 }  // namespace
@@ -58,6 +66,7 @@ struct Liveness::Shared {
   std::string where = "starting";
   std::shared_ptr<const CollectiveCall> where_call;  // instead of `where`: a call issued on the prediction
   std::string progress;
+  std::string published;  // the status text the heartbeat last published
   uint64_t where_sequence = 0;
   bool inside = false;
   bool stopping = false;
@@ -66,8 +75,10 @@ struct Liveness::Shared {
   // read so far, which never change.
   uint64_t reads_started = 0;
   uint64_t reads_finished = 0;
+  bool reading_everyone = false;  // the read under way reads every rank's status
   Clock::time_point read_started;
   std::vector<Status> statuses;
+  int64_t changes = -1;  // kChangesKey as the last read found it
   std::vector<std::string> processes;
   // Predicted checks: the calls this rank issued on the prediction (sequence, call), the departures
   // counted so far, the latest one's collective, and the one this rank's call was reported at.
@@ -85,6 +96,7 @@ Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
   shared_->rank = rank;
   shared_->size = size;
   shared_->processes.resize(size);
+  shared_->statuses.resize(size);
   shared_->store->set(process_key(rank_), store_bytes(detail::concat(host_name(), "|", ::getpid())));
   heartbeat_ = std::thread(heartbeat_loop, shared_);
 }
@@ -145,9 +157,12 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
   while (!s->stopping) {
     const std::string text = status_text(*s);
     const std::string value = detail::concat(++beat, "|", s->where_sequence, "|", s->inside ? 1 : 0, "|", text);
+    const bool changed = text != s->published;
+    s->published = text;
     lock.unlock();
     try {
       s->store->set(status_key(s->rank), store_bytes(value));
+      if (changed) s->store->add(kChangesKey, 1);
     } catch (const std::exception&) {
       // The store (rank 0) is gone; the collective that notices says so.
     }
@@ -279,65 +294,116 @@ Liveness::Status Liveness::parse_status(const std::vector<uint8_t>& bytes) {
   return status;
 }
 
-// Once every rank has published, one round trip reads every status (multiGet): a read per rank costs
-// the store W round trips from each of W ranks, which at 64 ranks took most of a collective's time.
-void Liveness::read_store(std::shared_ptr<Shared> s) {
+namespace {
+
+// The process records ("host|pid", which never change) not read yet: in one round trip once every rank has
+// published them, else rank by rank.
+void read_processes(c10d::Store& store, std::vector<std::string>& processes) {
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < processes.size(); ++r) {
+    if (processes[r].empty()) keys.push_back(process_key(static_cast<int>(r)));
+  }
+  if (keys.empty()) return;
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    if (keys.size() == processes.size() && store.check(keys)) {
+      const auto values = store.multiGet(keys);
+      for (size_t r = 0; r < processes.size(); ++r) processes[r] = text_of(values[r]);
+      return;
+    }
+  } catch (const std::exception&) {  // read rank by rank below
+  }
+#endif
+  for (size_t r = 0; r < processes.size(); ++r) {
+    try {
+      const std::string key = process_key(static_cast<int>(r));
+      if (processes[r].empty() && store.check({key})) processes[r] = text_of(store.get(key));
+    } catch (const std::exception&) {  // read again next time
+    }
+  }
+}
+
+}  // namespace
+
+// On a helper thread: every rank's status, or this host's ranks' only, and the count of status changes.
+// Once the ranks read have published, one round trip reads their statuses (multiGet): a read per rank
+// costs the store W round trips from each of W ranks, which at 64 ranks took most of a collective's time.
+void Liveness::read_store(std::shared_ptr<Shared> s, bool everyone) {
   std::vector<std::string> processes;
+  std::vector<Status> out;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
     processes = s->processes;
+    out = s->statuses;
   }
-  std::vector<Status> out(s->size);
+  read_processes(*s->store, processes);
+  const std::string host = host_name();
+  std::vector<int> ranks;
+  for (int r = 0; r < s->size; ++r) {
+    if (everyone || (r != s->rank && on_host(processes[static_cast<size_t>(r)], host))) ranks.push_back(r);
+  }
   std::vector<std::string> keys;
-  for (int r = 0; r < s->size; ++r) keys.push_back(status_key(r));
+  for (int r : ranks) keys.push_back(status_key(r));
   bool read_at_once = false;
 #if TORCH_VERSION_MAJOR >= 2
   try {
-    if (s->store->check(keys)) {
+    if (!keys.empty() && s->store->check(keys)) {
       const auto values = s->store->multiGet(keys);
-      for (int r = 0; r < s->size; ++r) out[r] = parse_status(values[static_cast<size_t>(r)]);
+      for (size_t i = 0; i < ranks.size(); ++i) out[static_cast<size_t>(ranks[i])] = parse_status(values[i]);
       read_at_once = true;
     }
   } catch (const std::exception&) {  // read rank by rank below, naming the ones that fail
   }
 #endif
-  for (int r = 0; r < s->size; ++r) {
+  for (size_t i = 0; i < ranks.size() && !read_at_once; ++i) {
+    Status& status = out[static_cast<size_t>(ranks[i])];
     try {
-      if (processes[r].empty() && s->store->check({process_key(r)})) {
-        const auto bytes = s->store->get(process_key(r));
-        processes[r].assign(bytes.begin(), bytes.end());
-      }
-      if (read_at_once || !s->store->check({status_key(r)})) continue;
-      out[r] = parse_status(s->store->get(status_key(r)));
+      status = s->store->check({keys[i]}) ? parse_status(s->store->get(keys[i])) : Status{};
     } catch (const std::exception&) {
-      out[r] = Status{};
-      out[r].text = "unreachable";
+      status = Status{};
+      status.text = "unreachable";
     }
+  }
+  int64_t changes = -1;
+  try {
+    changes = s->store->add(kChangesKey, 0);
+  } catch (const std::exception&) {  // unreadable: no sign that the group moves
   }
   std::lock_guard<std::mutex> lock(s->mutex);
   s->statuses = std::move(out);
   s->processes = std::move(processes);
+  s->changes = changes;
   ++s->reads_finished;
   s->changed.notify_all();
 }
 
 // Starts a read unless one is under way, and waits for it until kStoreAnswer after it started: a
 // read that hangs makes this and every later call (until it returns) answer at once, unreachable.
-std::vector<Liveness::Status> Liveness::read_statuses() const {
+Liveness::Reading Liveness::read_statuses(bool everyone) const {
   Shared& s = *shared_;
   std::unique_lock<std::mutex> lock(s.mutex);
-  if (s.reads_finished == s.reads_started) {
+  const auto idle = [&s] { return s.reads_finished == s.reads_started; };
+  const auto unreachable = [this] {
+    Reading out;
+    out.statuses.resize(static_cast<size_t>(size_));
+    for (auto& st : out.statuses) st.text = "unreachable";
+    return out;
+  };
+  // A read of this host's ranks under way does not answer for everyone: it finishes first.
+  if (everyone && !idle() && !s.reading_everyone && !s.changed.wait_until(lock, s.read_started + kStoreAnswer, idle)) {
+    return unreachable();
+  }
+  if (idle()) {
     ++s.reads_started;
     s.read_started = Clock::now();
-    std::thread(read_store, shared_).detach();
+    s.reading_everyone = everyone;
+    std::thread(read_store, shared_, everyone).detach();
   }
   const uint64_t wanted = s.reads_started;
   if (s.changed.wait_until(lock, s.read_started + kStoreAnswer, [&] { return s.reads_finished >= wanted; })) {
-    return s.statuses;
+    return Reading{s.statuses, s.changes};
   }
-  std::vector<Status> out(size_);
-  for (auto& st : out) st.text = "unreachable";
-  return out;
+  return unreachable();
 }
 
 // What the OS says of rank r's process when it runs on this host (a dead process and a stopped
@@ -362,11 +428,11 @@ Liveness::Process Liveness::process_of(int r) const {
 
 std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
   const auto start = Clock::now();
-  auto first = read_statuses();
+  auto first = read_statuses().statuses;
   std::vector<Clock::time_point> changed(size_, start);
   while (Clock::now() - start < window) {
     std::this_thread::sleep_for(kBeat / 2);
-    const auto now = read_statuses();
+    const auto now = read_statuses().statuses;
     std::vector<int> dead;
     bool store_gone = true;
     for (int r = 0; r < size_; ++r) {
@@ -384,25 +450,23 @@ std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
   return {};
 }
 
-std::vector<int> Liveness::Watch::check() {
+std::vector<int> Liveness::Watch::check(bool everyone) {
   const auto now = Clock::now();
-  const auto statuses = liveness_.read_statuses();
+  const Reading reading = liveness_.read_statuses(everyone || beats_.empty());
+  const auto& statuses = reading.statuses;
   if (beats_.empty()) {
-    for (const auto& st : statuses) {
-      beats_.push_back(st.beat);
-      texts_.push_back(st.text);
-    }
+    for (const auto& st : statuses) beats_.push_back(st.beat);
     changed_.assign(statuses.size(), now);
+  }
+  if (reading.changes != -1 && reading.changes != changes_) {  // unreadable is no sign of progress
+    if (changes_ != -1) last_progress_ = now;
+    changes_ = reading.changes;
   }
   std::vector<int> dead;
   for (int r = 0; r < static_cast<int>(statuses.size()); ++r) {
     if (statuses[r].beat != -1 && statuses[r].beat != beats_[r]) {  // unreadable is no sign of life
       beats_[r] = statuses[r].beat;
       changed_[r] = now;
-    }
-    if (r != liveness_.rank_ && statuses[r].beat != -1 && statuses[r].text != texts_[r]) {
-      texts_[r] = statuses[r].text;
-      last_progress_ = now;
     }
     if (r != liveness_.rank_ && now - changed_[r] >= kDeadAfter && liveness_.process_of(r) == Process::Gone) {
       dead.push_back(r);
@@ -422,7 +486,7 @@ std::vector<int> Liveness::Watch::silent() const {
 
 std::string Liveness::where_everyone_is(uint64_t sequence, std::vector<int>* waiting_for) const {
   std::string out;
-  const auto statuses = read_statuses();
+  const auto statuses = read_statuses().statuses;
   for (int r = 0; r < size_; ++r) {
     const Process p = r == rank_ ? Process::Running : process_of(r);
     std::string text = statuses[r].text;

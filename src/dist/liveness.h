@@ -31,6 +31,10 @@ class Liveness {
   // (packets dropped, nothing reset) TCPStore would wait for TCP to give up, many minutes; the
   // read goes on on its own thread and the rank that waits is never blocked by it.
   static constexpr std::chrono::milliseconds kStoreAnswer{1000};
+  // A watch reads every rank's status only this close to its timeout (to name the silent ones); before
+  // that, its own host's ranks and the group's count of status changes, so W waiting ranks cost the
+  // store O(W) reads a beat, not O(W^2).
+  static constexpr std::chrono::milliseconds kEveryoneBeforeTimeout{kDeadAfter + 2 * kBeat};
 
   // Publishes this process's host and pid and starts the heartbeat thread.
   Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
@@ -69,23 +73,26 @@ class Liveness {
 
   // For polling while a collective is pending: call check() every kBeat or so; it returns the
   // ranks silent for kDeadAfter whose process this host can see is gone (a stopped or remote
-  // silent rank is a stall, for the timeout to report). last_progress() is when another rank last
+  // silent rank is a stall, for the timeout to report). last_progress() is when a rank last
   // published a new status (progress, or a collective entered or left): a rank still working,
-  // e.g. scanning a folder before its first collective, is not stalled.
+  // e.g. scanning a folder before its first collective, is not stalled. The first check reads every
+  // rank's status, later ones only this host's ranks' (whose death this host can see) and the
+  // group's count of status changes, unless `everyone` (from kEveryoneBeforeTimeout before the timeout).
   class Watch {
    public:
     explicit Watch(const Liveness& liveness) : liveness_(liveness), last_progress_(Clock::now()) {}
-    std::vector<int> check();
+    std::vector<int> check(bool everyone = false);
     Clock::time_point last_progress() const { return last_progress_; }
     // Other ranks whose beat this watch has not seen move for kDeadAfter (an unreadable beat is
-    // not a move): stopped, or cut off from this rank.
+    // not a move): stopped, or cut off from this rank. Exact when the checks of the last kDeadAfter
+    // and a beat before it read everyone.
     std::vector<int> silent() const;
 
    private:
     const Liveness& liveness_;
     std::vector<int64_t> beats_;
-    std::vector<std::string> texts_;
     std::vector<Clock::time_point> changed_;
+    int64_t changes_ = -1;  // the group's count of status changes, as last read (-1: not read)
     Clock::time_point last_progress_;
   };
 
@@ -111,10 +118,15 @@ class Liveness {
   static void watch_departures(Shared& s, std::unique_lock<std::mutex>& lock);
   static std::optional<std::string> issued_call(const Shared& s, uint64_t sequence);
   static std::string status_text(const Shared& s);
-  static void read_store(std::shared_ptr<Shared> s);
+  struct Reading {
+    std::vector<Status> statuses;  // a rank not read keeps what an earlier read found
+    int64_t changes = -1;          // the group's count of status changes (-1: unreadable)
+  };
+  static void read_store(std::shared_ptr<Shared> s, bool everyone);
   static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status
-  // Every rank's status: read on a helper thread, unreachable when it does not answer in time.
-  std::vector<Status> read_statuses() const;
+  // Every rank's status, or with !everyone this host's ranks' only: read on a helper thread,
+  // unreachable when it does not answer in time.
+  Reading read_statuses(bool everyone = true) const;
   Process process_of(int r) const;  // from the process records that reads have brought in
 
   int rank_;

@@ -5,8 +5,12 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -14,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/liveness.h"
 #include "io/test_temp_dir.h"
 #include "lockstep/dist/collective.h"
 #include "lockstep/dist/process_group.h"
@@ -224,6 +229,8 @@ TEST(Liveness, AStoppedRankIsAStallNotADeathAndIsNamedAtTheTimeout) {
     EXPECT_EQ(out.types[r], "CollectiveTimeout") << "rank " << r << ": " << m;
     EXPECT_NE(m.find("timed out after 4000 ms waiting for rank(s) 1;"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_NE(m.find("rank 1 [process stopped]: step 3, after #3"), std::string::npos) << "rank " << r << ": " << m;
+    // Read from every rank's status in the last 2 s before the timeout.
+    EXPECT_NE(m.find("no heartbeat from rank(s) 1 for over 1500 ms"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_EQ(m.find("died"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_GT(out.seconds_after_event[r], 2.5) << "rank " << r;
   }
@@ -253,6 +260,90 @@ TEST(Liveness, AMismatchedShapeBetweenProcessesIsNamedOnEveryRankBeforeTheTimeou
 TEST(Liveness, ACollectiveOneProcessSkipsIsNamedOnEveryRankBeforeTheTimeout) {
   expect_mismatch_named_everywhere("skip",
                                    {"#4 broadcast(root 0)", "test.some_ranks_only", "#4 all_reduce(sum)", "test.loop"});
+}
+
+// A store that counts the rank statuses read from it.
+class CountingStore : public c10d::HashStore {
+ public:
+  std::atomic<int> statuses_read{0};
+  std::vector<uint8_t> get(const std::string& key) override {
+    count({key});
+    return HashStore::get(key);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    count(keys);
+    return HashStore::multiGet(keys);
+  }
+#endif
+
+ private:
+  void count(const std::vector<std::string>& keys) {
+    for (const auto& key : keys) statuses_read += key.rfind("lockstep/status/", 0) == 0 ? 1 : 0;
+  }
+};
+
+void publish_status(c10d::Store& store, int rank, int beat) {
+  const std::string text = std::to_string(beat) + "|3|1|step 3, in #3 all_reduce(sum)";
+  store.set("lockstep/status/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+// The store's load while ranks wait grows with W, not W^2: a waiting rank's watch reads every status once,
+// then only those of its own host's ranks (the ones whose death it can see) and the count of status changes.
+TEST(Liveness, AWaitingRanksWatchReadsItsHostsRanksAndTheCountOfChangesNotEveryStatus) {
+  constexpr int kSize = 64;
+  auto store = c10::make_intrusive<CountingStore>();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const pid_t gone = ::fork();  // a process of this host that exits at once: a rank that died
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  for (int r = 1; r < kSize; ++r) {  // ranks 1-3 on this host (rank 3's process gone), the rest elsewhere
+    const std::string record = r <= 3 ? std::string(host) + "|" + std::to_string(r == 3 ? gone : ::getpid())
+                                      : "another-host|" + std::to_string(r);
+    store->set("lockstep/proc/" + std::to_string(r), std::vector<uint8_t>(record.begin(), record.end()));
+    publish_status(*store, r, 1);
+  }
+  Liveness liveness(store, 0, kSize);
+  std::this_thread::sleep_for(Liveness::kBeat + std::chrono::milliseconds(100));  // its first status is out
+
+  Liveness::Watch watch(liveness);
+  const auto started = watch.last_progress();
+  store->statuses_read = 0;
+  EXPECT_TRUE(watch.check().empty());
+  EXPECT_EQ(store->statuses_read, kSize) << "the first check reads everyone";
+  store->statuses_read = 0;
+  EXPECT_TRUE(watch.check().empty());
+  EXPECT_EQ(store->statuses_read, 3) << "later checks read this host's other ranks only";
+  EXPECT_EQ(watch.last_progress(), started) << "no rank published a new status";
+
+  store->add("lockstep/status_changes", 1);  // some rank published a new status
+  watch.check();
+  EXPECT_GT(watch.last_progress(), started);
+
+  // Ranks 1, 2 and 40 beat on; rank 3 (process gone) and the other remote ranks fall silent.
+  const auto silent_from = Liveness::Clock::now();
+  while (Liveness::Clock::now() - silent_from < Liveness::kDeadAfter + Liveness::kBeat) {
+    for (int r : {1, 2, 40})
+      publish_status(*store, r,
+                     static_cast<int>((Liveness::Clock::now() - silent_from) / std::chrono::milliseconds(1)));
+    std::this_thread::sleep_for(Liveness::kBeat / 2);
+  }
+  store->statuses_read = 0;
+  EXPECT_EQ(watch.check(), std::vector<int>{3}) << "a silent rank of this host whose process is gone is dead";
+  EXPECT_EQ(store->statuses_read, 3);
+  // Rank 40 was not read: only checks that read everyone for kDeadAfter tell its silence from its beat.
+  std::vector<int> silent = watch.silent();
+  EXPECT_NE(std::find(silent.begin(), silent.end(), 40), silent.end());
+  store->statuses_read = 0;
+  EXPECT_EQ(watch.check(true), std::vector<int>{3}) << "a remote silent rank is not known to be dead";
+  EXPECT_EQ(store->statuses_read, kSize);
+  silent = watch.silent();
+  std::vector<int> expected{3};
+  for (int r = 4; r < kSize; ++r) {
+    if (r != 40) expected.push_back(r);
+  }
+  EXPECT_EQ(silent, expected);
 }
 
 }  // namespace
