@@ -14,7 +14,9 @@ of --repeats timed runs of --calls collectives (a 4-byte and a 25 MB all_reduce,
 DDP all-reduces while backward goes on, so a check that holds up each bucket shows. On the CPU it then
 times plain Gloo, lockstep.distributed.wrap() and wrap(predict=False) (every collective exchanges its
 fingerprint) in turn in one job (the fairer comparison on a loaded or shared machine, whose speed drifts
-between separate runs); --interleaved-only skips the separate runs, --interleaved-modes none lockstep leaves
+between separate runs), with the CPU time each takes (every thread of every rank; of it the callers' threads and
+the wrapper's own: its channel's worker, heartbeat and Gloo), which a machine with fewer cores than ranks turns
+into the others' wall time; --interleaved-only skips the separate runs, --interleaved-modes none lockstep leaves
 the exchange wrapper (and its threads) out of that job.
 """
 import argparse
@@ -58,6 +60,22 @@ def timed(fn, n, repeats):
             fn()
         times.append((time.perf_counter() - start) / n)
     return statistics.median(times) * 1e3
+
+
+def threads():
+    """This process's threads (Linux)."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def threads_cpu_ms(tids):
+    """The CPU time of these threads of this process, from Linux's per-thread CPU clocks."""
+    total = 0.0
+    for tid in tids:
+        try:
+            total += time.clock_gettime((~tid << 3) | 6) * 1e3  # the thread's CPUCLOCK_SCHED
+        except OSError:  # the thread has exited
+            pass
+    return total
 
 
 def run(rank, size, port, mode, part, args, queue):
@@ -115,7 +133,11 @@ def interleaved(rank, size, port, args, queue):
     dist.init_process_group("gloo", rank=rank, world_size=size)
     makers = {"none": lambda: dist.group.WORLD, "lockstep": lockstep.distributed.wrap,
               "exchange": lambda: lockstep.distributed.wrap(predict=False)}
-    groups = {mode: makers[mode]() for mode in args.interleaved_modes}
+    groups, own_threads = {}, {}
+    for mode in args.interleaved_modes:  # each wrapper's threads: its channel's worker, heartbeat and Gloo
+        before = threads()
+        groups[mode] = makers[mode]()
+        own_threads[mode] = threads() - before
     small = torch.ones(1)
     x = torch.randn(args.batch, 3, 32, 32)
     trained = {}
@@ -135,17 +157,35 @@ def interleaved(rank, size, port, args, queue):
     figures = {}
     for row, (fn, n) in rows.items():
         times = {mode: [] for mode in groups}
+        cpu = {mode: [] for mode in groups}
+        own_cpu = {mode: 0.0 for mode in groups}
+        caller_cpu = {mode: [] for mode in groups}
         for mode in groups:
             fn(mode)  # warm-up
         modes = list(groups)
         for repeat in range(2 * args.repeats):
             for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
                 dist.barrier()
-                start = time.perf_counter()
+                start, start_cpu, start_caller = time.perf_counter(), time.process_time(), time.thread_time()
+                start_own = threads_cpu_ms(own_threads[mode])
                 for _ in range(n):
                     fn(mode)
                 times[mode].append((time.perf_counter() - start) / n * 1e3)
+                cpu[mode].append((time.process_time() - start_cpu) / n * 1e3)
+                caller_cpu[mode].append((time.thread_time() - start_caller) / n * 1e3)
+                own_cpu[mode] += (threads_cpu_ms(own_threads[mode]) - start_own) / n / (2 * args.repeats)
         figures[row] = {mode: statistics.median(t) for mode, t in times.items()}
+        # The CPU time of every thread of every rank (its backward, Gloo's threads, lockstep's): on a machine
+        # with fewer cores than ranks, what one mode's extra work takes from the others' steps; and of it, the
+        # wrapper's own threads (the mean: a few microseconds a step, which a median of rounds rounds away).
+        # The caller's thread: the training loop, its backward, and what the wrapper does on it.
+        total = torch.tensor([[statistics.median(cpu[mode]) for mode in groups],
+                              [statistics.median(caller_cpu[mode]) for mode in groups],
+                              [own_cpu[mode] for mode in groups]], dtype=torch.float64)
+        dist.all_reduce(total)
+        figures[f"{row}, CPU of all ranks"] = dict(zip(groups, total[0].tolist()))
+        figures[f"{row}, of it the callers' threads"] = dict(zip(groups, total[1].tolist()))
+        figures[f"{row}, of it the wrapper's threads"] = dict(zip(groups, total[2].tolist()))
     if rank == 0:
         queue.put(figures)
     dist.destroy_process_group()
@@ -153,17 +193,23 @@ def interleaved(rank, size, port, args, queue):
 
 def print_interleaved(ranks, figures):
     print(f"\nthe same, {ranks} ranks, plain Gloo, lockstep.distributed.wrap() and wrap(predict=False) in turn "
-          "in one job: median ms")
-    print(f"{'':24}{'none':>12}{'lockstep':>12}{'+':>9}{'exchange':>12}{'+':>9}")
+          "in one job: median ms (CPU: a step's or call's CPU time, every thread of every rank summed)")
+    width = max(len(row) for row in figures) + 2
+    print(f"{'':{width}}{'none':>12}{'lockstep':>12}{'+':>9}{'exchange':>12}{'+':>9}")
     for row, by_mode in figures.items():
         none = by_mode["none"]
-        line = f"{row:24}{none:12.3f}"
+        line = f"{row:{width}}{none:12.3f}" if "wrapper's threads" not in row else f"{row:{width}}{'-':>12}"
         for mode in ("lockstep", "exchange"):
             if mode not in by_mode:
                 line += f"{'-':>12}{'-':>9}"
                 continue
             value = by_mode[mode]
-            change = f"{100 * (value - none) / none:+.1f}%" if row.startswith("DDP") else f"{value - none:+.3f}"
+            if "wrapper's threads" in row:  # none has no wrapper
+                change = ""
+            elif row.startswith("DDP"):
+                change = f"{100 * (value - none) / none:+.1f}%"
+            else:
+                change = f"{value - none:+.3f}"
             line += f"{value:12.3f}{change:>9}"
         print(line)
     sys.stdout.flush()
