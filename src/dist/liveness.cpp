@@ -25,6 +25,10 @@ const std::string kDepartedAtKey = "lockstep/departed_at";
 // How many times a rank published a status other than its previous one: what a waiting rank reads to see
 // that the group moves, in place of every rank's status.
 const std::string kChangesKey = "lockstep/status_changes";
+// Ranks found dead, for the ranks that cannot see it themselves (on another host): the count of findings,
+// and the n-th finding's ranks ("1,5").
+const std::string kDeadCountKey = "lockstep/dead_count";
+std::string dead_key(int64_t n) { return detail::concat("lockstep/dead/", n); }
 std::string report_key(uint64_t sequence, int rank) { return detail::concat("lockstep/report/", sequence, "/", rank); }
 
 std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
@@ -33,6 +37,22 @@ std::string host_name() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
+}
+
+std::vector<int> ranks_of(const std::string& text) {
+  std::vector<int> out;
+  std::istringstream in(text);
+  std::string rank;
+  while (std::getline(in, rank, ',')) {
+    if (!rank.empty()) out.push_back(std::stoi(rank));
+  }
+  return out;
+}
+
+void add_ranks(std::vector<int>& to, const std::vector<int>& ranks) {
+  to.insert(to.end(), ranks.begin(), ranks.end());
+  std::sort(to.begin(), to.end());
+  to.erase(std::unique(to.begin(), to.end()), to.end());
 }
 
 // A process record is "host|pid".
@@ -78,7 +98,13 @@ struct Liveness::Shared {
   bool reading_everyone = false;  // the read under way reads every rank's status
   Clock::time_point read_started;
   std::vector<Status> statuses;
-  int64_t changes = -1;  // kChangesKey as the last read found it
+  std::vector<bool> fresh;  // the ranks the last read read
+  int64_t changes = -1;     // kChangesKey as the last read found it
+  // The ranks found dead: those read from the store (findings 1 to dead_findings), and those this rank
+  // found, which the heartbeat publishes.
+  std::vector<int> dead;
+  int64_t dead_findings = 0;
+  std::vector<int> dead_to_publish;
   std::vector<std::string> processes;
   // Predicted checks: the calls this rank issued on the prediction (sequence, call), the departures
   // counted so far, the latest one's collective, and the one this rank's call was reported at.
@@ -97,6 +123,7 @@ Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
   shared_->size = size;
   shared_->processes.resize(size);
   shared_->statuses.resize(size);
+  shared_->fresh.resize(size);
   shared_->store->set(process_key(rank_), store_bytes(detail::concat(host_name(), "|", ::getpid())));
   heartbeat_ = std::thread(heartbeat_loop, shared_);
 }
@@ -168,6 +195,7 @@ void Liveness::heartbeat_loop(std::shared_ptr<Shared> s) {
     }
     lock.lock();
     watch_departures(*s, lock);
+    write_dead(*s, lock);
     ++s->beats;
     s->changed.notify_all();
     s->changed.wait_for(lock, kBeat, [&s] { return s->stopping || s->beat_now; });
@@ -217,6 +245,37 @@ void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   if (published) s.reported = std::max(s.reported, departure);
+}
+
+void Liveness::publish_dead(const std::vector<int>& ranks) const {
+  Shared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  bool added = false;
+  for (int r : ranks) {
+    if (std::find(s.dead.begin(), s.dead.end(), r) != s.dead.end()) continue;
+    add_ranks(s.dead_to_publish, {r});
+    added = true;
+  }
+  if (!added) return;
+  s.beat_now = true;
+  s.changed.notify_all();
+}
+
+// In the heartbeat: one finding, numbered by the count, then written; readers skip a number not written yet.
+void Liveness::write_dead(Shared& s, std::unique_lock<std::mutex>& lock) {
+  if (s.dead_to_publish.empty()) return;
+  const std::vector<int> ranks = std::move(s.dead_to_publish);
+  s.dead_to_publish.clear();
+  add_ranks(s.dead, ranks);
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  lock.unlock();
+  try {
+    const int64_t n = s.store->add(kDeadCountKey, 1);
+    s.store->set(dead_key(n), store_bytes(text));
+  } catch (const std::exception&) {  // the store is gone: every rank finds that out itself
+  }
+  lock.lock();
 }
 
 void Liveness::issued_on_prediction(std::shared_ptr<const CollectiveCall> call) {
@@ -331,10 +390,14 @@ void read_processes(c10d::Store& store, std::vector<std::string>& processes) {
 void Liveness::read_store(std::shared_ptr<Shared> s, bool everyone) {
   std::vector<std::string> processes;
   std::vector<Status> out;
+  std::vector<int> dead;
+  int64_t findings = 0;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
     processes = s->processes;
     out = s->statuses;
+    dead = s->dead;
+    findings = s->dead_findings;
   }
   read_processes(*s->store, processes);
   const std::string host = host_name();
@@ -367,12 +430,22 @@ void Liveness::read_store(std::shared_ptr<Shared> s, bool everyone) {
   int64_t changes = -1;
   try {
     changes = s->store->add(kChangesKey, 0);
+    for (int64_t n = findings + 1, count = s->store->add(kDeadCountKey, 0); n <= count; ++n) {
+      if (!s->store->check({dead_key(n)})) break;  // numbered, not written yet: the next read takes it
+      add_ranks(dead, ranks_of(text_of(s->store->get(dead_key(n)))));
+      findings = n;
+    }
   } catch (const std::exception&) {  // unreadable: no sign that the group moves
   }
+  std::vector<bool> fresh(static_cast<size_t>(s->size), false);
+  for (int r : ranks) fresh[static_cast<size_t>(r)] = true;
   std::lock_guard<std::mutex> lock(s->mutex);
   s->statuses = std::move(out);
+  s->fresh = std::move(fresh);
   s->processes = std::move(processes);
   s->changes = changes;
+  add_ranks(s->dead, dead);
+  s->dead_findings = std::max(s->dead_findings, findings);
   ++s->reads_finished;
   s->changed.notify_all();
 }
@@ -387,6 +460,7 @@ Liveness::Reading Liveness::read_statuses(bool everyone) const {
     Reading out;
     out.statuses.resize(static_cast<size_t>(size_));
     for (auto& st : out.statuses) st.text = "unreachable";
+    out.fresh.assign(static_cast<size_t>(size_), true);
     return out;
   };
   // A read of this host's ranks under way does not answer for everyone: it finishes first.
@@ -401,7 +475,7 @@ Liveness::Reading Liveness::read_statuses(bool everyone) const {
   }
   const uint64_t wanted = s.reads_started;
   if (s.changed.wait_until(lock, s.read_started + kStoreAnswer, [&] { return s.reads_finished >= wanted; })) {
-    return Reading{s.statuses, s.changes};
+    return Reading{s.statuses, s.fresh, s.changes, s.dead};
   }
   return unreachable();
 }
@@ -426,25 +500,46 @@ Liveness::Process Liveness::process_of(int r) const {
   return Process::Running;
 }
 
+// Every rank's status is read at kEveryoneFrom (a baseline of the beats), then from kDeadAfter after it
+// (who has not beaten since is silent); before and between, this host's ranks and the published dead. When
+// a rank dies, the ranks of its host see it first and publish it, and the others return at their next read,
+// most of them never reading everyone.
 std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
   const auto start = Clock::now();
-  auto first = read_statuses().statuses;
-  std::vector<Clock::time_point> changed(size_, start);
+  std::vector<int64_t> beats(static_cast<size_t>(size_), -1);
+  std::vector<Clock::time_point> changed(static_cast<size_t>(size_), start);
+  std::optional<Clock::time_point> baseline;  // when every rank's beat was read first
+  bool first = true;
   while (Clock::now() - start < window) {
-    std::this_thread::sleep_for(kBeat / 2);
-    const auto now = read_statuses().statuses;
-    std::vector<int> dead;
-    bool store_gone = true;
+    if (!first) std::this_thread::sleep_for(kBeat / 2);
+    first = false;
+    const auto now = Clock::now();
+    const bool everyone = (!baseline && now - start >= kEveryoneFrom) || (baseline && now - *baseline >= kDeadAfter);
+    const Reading reading = read_statuses(everyone);
+    if (everyone && !baseline) baseline = now;
+    std::vector<int> dead, gone;
+    bool store_gone = reading.changes == -1;
     for (int r = 0; r < size_; ++r) {
-      if (now[r].beat != -1) store_gone = false;
-      if (now[r].beat != first[r].beat) {
-        changed[r] = Clock::now();
-        first[r] = now[r];
+      if (!reading.fresh[r]) continue;
+      const int64_t beat = reading.statuses[r].beat;
+      if (beat != -1) store_gone = false;
+      if (beat != beats[r]) {
+        changed[r] = now;
+        beats[r] = beat;
       }
       if (r == rank_) continue;
-      if (process_of(r) == Process::Gone || Clock::now() - changed[r] >= kDeadAfter) dead.push_back(r);
+      if (process_of(r) == Process::Gone) {
+        gone.push_back(r);
+      } else if (now - changed[r] >= kDeadAfter) {  // silent since this rank first read its beat, or longer
+        dead.push_back(r);
+      }
     }
     if (store_gone && rank_ != 0) return {0};
+    publish_dead(gone);  // only what is certain: a silent rank may be stopped, or cut off from this one
+    add_ranks(dead, gone);
+    for (int r : reading.dead) {
+      if (r != rank_) add_ranks(dead, {r});
+    }
     if (!dead.empty()) return dead;
   }
   return {};
@@ -471,6 +566,10 @@ std::vector<int> Liveness::Watch::check(bool everyone) {
     if (r != liveness_.rank_ && now - changed_[r] >= kDeadAfter && liveness_.process_of(r) == Process::Gone) {
       dead.push_back(r);
     }
+  }
+  liveness_.publish_dead(dead);  // for the ranks of other hosts, which cannot see these processes
+  for (int r : reading.dead) {
+    if (r != liveness_.rank_) add_ranks(dead, {r});
   }
   return dead;
 }

@@ -68,12 +68,15 @@ class Liveness {
   static constexpr size_t kKeptPredicted = 256;
 
   // After a backend error: watches the others for up to `window` and returns the ranks that are
-  // gone (process gone on this host, or silent for kDeadAfter; rank 0 when the store is gone).
+  // gone (process gone on this host, silent for kDeadAfter, or found dead by another rank; rank 0 when
+  // the store is gone). Every rank's status is read only after kEveryoneFrom, when no rank has
+  // published the dead by then, and then again from kDeadAfter later.
   std::vector<int> dead_ranks(std::chrono::milliseconds window) const;
+  static constexpr std::chrono::milliseconds kEveryoneFrom{500};
 
   // For polling while a collective is pending: call check() every kBeat or so; it returns the
-  // ranks silent for kDeadAfter whose process this host can see is gone (a stopped or remote
-  // silent rank is a stall, for the timeout to report). last_progress() is when a rank last
+  // ranks silent for kDeadAfter whose process this host can see is gone, and those another rank found
+  // dead (a stopped or remote silent rank is a stall, for the timeout to report). last_progress() is when a rank last
   // published a new status (progress, or a collective entered or left): a rank still working,
   // e.g. scanning a folder before its first collective, is not stalled. The first check reads every
   // rank's status, later ones only this host's ranks' (whose death this host can see) and the
@@ -120,9 +123,14 @@ class Liveness {
   static std::string status_text(const Shared& s);
   struct Reading {
     std::vector<Status> statuses;  // a rank not read keeps what an earlier read found
+    std::vector<bool> fresh;       // the ranks this read read
     int64_t changes = -1;          // the group's count of status changes (-1: unreadable)
+    std::vector<int> dead;         // the ranks some rank found dead and published, sorted
   };
   static void read_store(std::shared_ptr<Shared> s, bool everyone);
+  // Ranks this rank found dead, for every other rank to read (written by the heartbeat, never the caller).
+  void publish_dead(const std::vector<int>& ranks) const;
+  static void write_dead(Shared& s, std::unique_lock<std::mutex>& lock);
   static Status parse_status(const std::vector<uint8_t>& bytes);  // one rank's published status
   // Every rank's status, or with !everyone this host's ranks' only: read on a helper thread,
   // unreachable when it does not answer in time.

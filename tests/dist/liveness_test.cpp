@@ -346,5 +346,77 @@ TEST(Liveness, AWaitingRanksWatchReadsItsHostsRanksAndTheCountOfChangesNotEveryS
   EXPECT_EQ(silent, expected);
 }
 
+std::string text_at(c10d::Store& store, const std::string& key) {
+  const auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// After a backend error: a rank of this host whose process is gone is found without reading everyone's
+// status, and published for the ranks of other hosts, which read it at their next check.
+TEST(Liveness, ARankFoundDeadIsPublishedAndReadByTheOthersWithoutReadingEveryStatus) {
+  constexpr int kSize = 64;
+  auto store = c10::make_intrusive<CountingStore>();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  for (int r = 1; r < kSize; ++r) {  // as above: ranks 1-3 on this host, rank 3's process gone
+    const std::string record = r <= 3 ? std::string(host) + "|" + std::to_string(r == 3 ? gone : ::getpid())
+                                      : "another-host|" + std::to_string(r);
+    store->set("lockstep/proc/" + std::to_string(r), std::vector<uint8_t>(record.begin(), record.end()));
+    publish_status(*store, r, 1);
+  }
+  Liveness liveness(store, 0, kSize);
+  store->statuses_read = 0;
+  EXPECT_EQ(liveness.dead_ranks(std::chrono::milliseconds(2500)), std::vector<int>{3});
+  EXPECT_EQ(store->statuses_read, 3) << "found among this host's ranks, before reading everyone";
+  for (int i = 0; i < 100 && !store->check({"lockstep/dead/1"}); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(store->check({"lockstep/dead/1"})) << "the heartbeat publishes what this rank found";
+  EXPECT_EQ(text_at(*store, "lockstep/dead/1"), "3");
+
+  // Another host's rank found rank 50 dead; a finding numbered but not written yet is read later.
+  store->add("lockstep/dead_count", 1);
+  store->set("lockstep/dead/2", std::vector<uint8_t>{'5', '0'});
+  store->add("lockstep/dead_count", 1);
+  Liveness::Watch watch(liveness);
+  EXPECT_EQ(watch.check(), (std::vector<int>{3, 50}));
+  store->set("lockstep/dead/3", std::vector<uint8_t>{'7'});
+  EXPECT_EQ(watch.check(), (std::vector<int>{3, 7, 50}));
+}
+
+// With no rank of this host to see and none published, the silent ranks are those whose beat did not move
+// for kDeadAfter after every status was read: two reads of everyone, not one every half beat.
+TEST(Liveness, SilentRanksOfOtherHostsAreFoundWithTwoReadsOfEveryStatus) {
+  constexpr int kSize = 64;
+  auto store = c10::make_intrusive<CountingStore>();
+  for (int r = 1; r < kSize; ++r) {
+    const std::string record = "another-host|" + std::to_string(r);
+    store->set("lockstep/proc/" + std::to_string(r), std::vector<uint8_t>(record.begin(), record.end()));
+    publish_status(*store, r, 1);
+  }
+  Liveness liveness(store, 0, kSize);
+  std::atomic<bool> done{false};
+  std::thread beating([&] {  // every rank but 7 and 9 beats on
+    for (int beat = 2; !done; ++beat) {
+      for (int r = 1; r < kSize; ++r) {
+        if (r != 7 && r != 9) publish_status(*store, r, beat);
+      }
+      std::this_thread::sleep_for(Liveness::kBeat / 2);
+    }
+  });
+  store->statuses_read = 0;
+  const auto start = Liveness::Clock::now();
+  const std::vector<int> dead = liveness.dead_ranks(std::chrono::milliseconds(3000));
+  const double seconds = std::chrono::duration<double>(Liveness::Clock::now() - start).count();
+  done = true;
+  beating.join();
+  EXPECT_EQ(dead, (std::vector<int>{7, 9}));
+  EXPECT_EQ(store->statuses_read, 2 * kSize);
+  EXPECT_GE(seconds, 2.0);  // kEveryoneFrom, then kDeadAfter
+}
+
 }  // namespace
 }  // namespace lockstep::dist
