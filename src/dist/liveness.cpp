@@ -547,7 +547,7 @@ std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
 
 std::vector<int> Liveness::Watch::check(bool everyone) {
   const auto now = Clock::now();
-  const Reading reading = liveness_.read_statuses(everyone || beats_.empty());
+  const Reading reading = liveness_.read_statuses(everyone);
   const auto& statuses = reading.statuses;
   if (beats_.empty()) {
     for (const auto& st : statuses) beats_.push_back(st.beat);

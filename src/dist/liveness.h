@@ -78,9 +78,10 @@ class Liveness {
   // ranks silent for kDeadAfter whose process this host can see is gone, and those another rank found
   // dead (a stopped or remote silent rank is a stall, for the timeout to report). last_progress() is when a rank last
   // published a new status (progress, or a collective entered or left): a rank still working,
-  // e.g. scanning a folder before its first collective, is not stalled. The first check reads every
-  // rank's status, later ones only this host's ranks' (whose death this host can see) and the
-  // group's count of status changes, unless `everyone` (from kEveryoneBeforeTimeout before the timeout).
+  // e.g. scanning a folder before its first collective, is not stalled. A check reads only this host's
+  // ranks' statuses (whose death this host can see) and the group's count of status changes, unless
+  // `everyone` (from kEveryoneBeforeTimeout before the timeout): a straggler that makes every collective
+  // wait a beat then costs the store O(W) reads a collective, not O(W^2).
   class Watch {
    public:
     explicit Watch(const Liveness& liveness) : liveness_(liveness), last_progress_(Clock::now()) {}
