@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 
@@ -49,10 +50,12 @@ std::vector<int> ranks_of(const std::string& text) {
   return out;
 }
 
-void add_ranks(std::vector<int>& to, const std::vector<int>& ranks) {
+// `to` with `ranks` added, sorted, once each, without `but` (this rank, which never names itself dead).
+void add_ranks(std::vector<int>& to, const std::vector<int>& ranks, int but = -1) {
   to.insert(to.end(), ranks.begin(), ranks.end());
   std::sort(to.begin(), to.end());
   to.erase(std::unique(to.begin(), to.end()), to.end());
+  to.erase(std::remove(to.begin(), to.end(), but), to.end());
 }
 
 // A process record is "host|pid".
@@ -250,13 +253,11 @@ void Liveness::watch_departures(Shared& s, std::unique_lock<std::mutex>& lock) {
 void Liveness::publish_dead(const std::vector<int>& ranks) const {
   Shared& s = *shared_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  bool added = false;
-  for (int r : ranks) {
-    if (std::find(s.dead.begin(), s.dead.end(), r) != s.dead.end()) continue;
-    add_ranks(s.dead_to_publish, {r});
-    added = true;
-  }
-  if (!added) return;
+  std::vector<int> found;
+  std::copy_if(ranks.begin(), ranks.end(), std::back_inserter(found),
+               [&s](int r) { return std::find(s.dead.begin(), s.dead.end(), r) == s.dead.end(); });
+  if (found.empty()) return;
+  add_ranks(s.dead_to_publish, found);
   s.beat_now = true;
   s.changed.notify_all();
 }
@@ -537,9 +538,7 @@ std::vector<int> Liveness::dead_ranks(std::chrono::milliseconds window) const {
     if (store_gone && rank_ != 0) return {0};
     publish_dead(gone);  // only what is certain: a silent rank may be stopped, or cut off from this one
     add_ranks(dead, gone);
-    for (int r : reading.dead) {
-      if (r != rank_) add_ranks(dead, {r});
-    }
+    add_ranks(dead, reading.dead, rank_);
     if (!dead.empty()) return dead;
   }
   return {};
@@ -559,6 +558,7 @@ std::vector<int> Liveness::Watch::check(bool everyone) {
   }
   std::vector<int> dead;
   for (int r = 0; r < static_cast<int>(statuses.size()); ++r) {
+    if (!reading.fresh[r]) continue;  // not read now: what an earlier read found, which moves nothing
     if (statuses[r].beat != -1 && statuses[r].beat != beats_[r]) {  // unreadable is no sign of life
       beats_[r] = statuses[r].beat;
       changed_[r] = now;
@@ -568,9 +568,7 @@ std::vector<int> Liveness::Watch::check(bool everyone) {
     }
   }
   liveness_.publish_dead(dead);  // for the ranks of other hosts, which cannot see these processes
-  for (int r : reading.dead) {
-    if (r != liveness_.rank_) add_ranks(dead, {r});
-  }
+  add_ranks(dead, reading.dead, liveness_.rank_);
   return dead;
 }
 
