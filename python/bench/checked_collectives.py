@@ -177,7 +177,7 @@ def interleaved(rank, size, port, args, queue):
         figures[row] = {mode: statistics.median(t) for mode, t in times.items()}
         # The CPU time of every thread of every rank (its backward, Gloo's threads, lockstep's): on a machine
         # with fewer cores than ranks, what one mode's extra work takes from the others' steps; and of it, the
-        # wrapper's own threads (the mean: a few microseconds a step, which a median of rounds rounds away).
+        # wrapper's own threads (the mean over rounds: a tenth of a millisecond a step, below /proc's 10 ms ticks).
         # The caller's thread: the training loop, its backward, and what the wrapper does on it.
         total = torch.tensor([[statistics.median(cpu[mode]) for mode in groups],
                               [statistics.median(caller_cpu[mode]) for mode in groups],
